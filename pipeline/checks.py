@@ -1,0 +1,115 @@
+"""'How do we know?': cross-checks of a Trace against independent computations.
+
+Each check returns a `Check` with the measured discrepancy, so pages can show the evidence, not a claim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .models import LoadedModel
+from .sampling import filter_probs
+from .trace import Trace
+
+EAGER_CHECK_MAX_T = 512
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    value: float | None = None
+
+
+def _tol(lm: LoadedModel) -> float:
+    return 1e-3 if lm.dtype == torch.float32 else 5e-2
+
+
+def check_tokens(tr: Trace) -> Check:
+    joined = b"".join(t.bytes for t in tr.tokens)
+    ok = joined == tr.text.encode("utf-8")
+    return Check("token bytes reassemble the text", ok,
+                 f"{len(tr.tokens)} tokens, {len(joined)} bytes joined vs {len(tr.text.encode('utf-8'))} in the text"
+                 + ("" if ok else " (this tokenizer normalises text)"))
+
+
+def check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
+    """A plain transformers forward (SDPA attention, no hooks, all positions) vs the trace."""
+    ids = torch.tensor([tr.input_ids], device=lm.device)
+    with lm.lock, torch.inference_mode():
+        out = lm.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    ref = out.logits[0, -1].float().cpu().numpy()
+    d = float(np.abs(ref - tr.next_logits).max())
+    same_top = int(ref.argmax()) == int(tr.next_logits.argmax())
+    hs = [h[0].float().cpu().numpy() for h in out.hidden_states]
+    dh = max(float(np.abs(a - b).max()) for a, b in zip(hs[:-1], tr.hidden_states[:-1]))
+    tol = _tol(lm)
+    return [
+        Check("next-token logits = plain transformers forward", d < tol * 50 and same_top,
+              f"max |difference| {d:.2e} over {ref.size:,} logits; same top token: {same_top} "
+              "(the trace uses eager attention, the plain forward SDPA)", d),
+        Check("hidden states = transformers' output_hidden_states", dh < tol * 100,
+              f"max |difference| {dh:.2e} over {len(hs) - 1} layers", dh),
+    ]
+
+
+def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
+    rows = tr.attentions.astype(np.float32).sum(-1)
+    err = float(np.abs(rows - 1).max())
+    out = [Check("every attention row sums to 1", err < 1e-2,
+                 f"max |row sum - 1| {err:.1e} over {rows.size:,} rows (float16 storage)", err)]
+    if tr.T > EAGER_CHECK_MAX_T:
+        out.append(Check("attention maps = transformers' eager attentions", True,
+                         f"not run: {tr.T} tokens is over {EAGER_CHECK_MAX_T} (the independent eager run keeps every "
+                         "fp32 map)"))
+        return out
+    ids = torch.tensor([tr.input_ids], device=lm.device)
+    with lm.lock, torch.inference_mode():
+        impl = lm.model.config._attn_implementation
+        lm.model.set_attn_implementation("eager")
+        try:
+            ref = lm.model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+        finally:
+            lm.model.set_attn_implementation(impl)
+    d = 0.0
+    for layer, mine in tr.attn_full.items():
+        d = max(d, float(np.abs(ref[layer][0].float().cpu().numpy() - mine.astype(np.float32)).max()))
+    out.append(Check("attention maps = transformers' eager attentions", d < 2e-3 if lm.dtype == torch.float32 else d < 3e-2,
+                     f"max |difference| {d:.1e} over {len(tr.attn_full)} layers x {tr.facts.n_heads} heads", d))
+    return out
+
+
+def hf_processed_probs(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The reference: transformers' own logits processors, in generate()'s order, then softmax."""
+    from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                              TopPLogitsWarper)
+    scores = torch.as_tensor(np.asarray(logits), dtype=torch.float32).reshape(1, -1).clone()
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(scores.argmax(-1), scores.size(-1)).float()[0]
+    procs = LogitsProcessorList()
+    if temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(temperature))
+    if top_k and top_k > 0:
+        procs.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p))
+    if min_p and min_p > 0:
+        procs.append(MinPLogitsWarper(min_p))
+    return torch.softmax(procs(torch.zeros(1, 1, dtype=torch.long), scores), dim=-1)[0]
+
+
+def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> Check:
+    mine = filter_probs(logits, temperature, top_k, top_p, min_p).reshape(-1)
+    ref = hf_processed_probs(logits, temperature, top_k, top_p, min_p)
+    d = float((mine - ref).abs().max())
+    same = bool(((mine > 0) == (ref > 0)).all())
+    return Check("filters = transformers' logits processors", d < 1e-6 and same,
+                 f"max |difference| {d:.1e}; same surviving set: {same} ({int((ref > 0).sum())} candidates)", d)
+
+
+def all_checks(lm: LoadedModel, tr: Trace, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> list[Check]:
+    return ([check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr)
+            + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)])

