@@ -5,9 +5,10 @@
     >>> tr = pipeline.trace(lm, "The capital of France is")
     >>> pipeline.sampling.filter_probs(tr.next_logits, temperature=0.7, top_k=50, top_p=0.9)
 """
-from . import sampling
+from . import checks, sampling
 from .models import EMBEDDED, GEMMA, LoadedModel, ModelLoadError, available_models, load_model
 from .tokens import Token, Segment, tokenize
+from . import trace as trace_mod
 from .trace import Trace, TraceError, trace
 
 __all__ = ["sampling", "load_model", "available_models", "LoadedModel", "ModelLoadError", "EMBEDDED", "GEMMA",

@@ -62,6 +62,7 @@ class ModelFacts:
     norm: str               # "RMSNorm" / "LayerNorm"
     tied_embeddings: bool
     n_params: int
+    attn_scaling: float     # the factor on query.key before the softmax (1/sqrt(head_dim) for Llama)
 
 
 @dataclass
@@ -247,6 +248,7 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
         positional="learned" if has_learned else "rope", rope_theta=float(theta) if theta else None,
         norm="RMSNorm" if "RMS" in norm_cls else norm_cls, tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         n_params=sum(p.numel() for p in model.parameters()),
+        attn_scaling=float(getattr(base.layers[0].self_attn, "scaling", head_dim ** -0.5)),
     )
 
 
@@ -259,6 +261,9 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from .capture import install as install_capture
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
     key = name or EMBEDDED
     if key in (EMBEDDED, GEMMA):
@@ -284,3 +289,18 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         progress(1.0, "ready")
     return LoadedModel(key=key, label=label, model=model, tokenizer=tok, facts=facts_of(model), device=dev,
                        dtype=dtype, source=str(folder), load_seconds=time.perf_counter() - t0)
+
+
+def load_tokenizer(key: str):
+    """Only the tokenizer (fast): from the safetensors cache when it exists, else from the GGUF / folder."""
+    from transformers import AutoTokenizer
+
+    if key in (EMBEDDED, GEMMA):
+        gguf = embedded_gguf() if key == EMBEDDED else (_gemma_gguf(None) if gemma_installed() else None)
+        if gguf is None:
+            raise ModelLoadError(f"{key} is not installed.")
+        folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
+        if (folder / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(check_folder(key), local_files_only=True)

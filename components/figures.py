@@ -1,0 +1,243 @@
+"""Plotly figures for every stage. Inputs are numpy arrays and lists; no model calls."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .tokens import visible
+
+SEQ = "Viridis"          # perceptually uniform, colour-blind safe
+BLUE, ORANGE, GREEN, GREY, RED = "#0072B2", "#E69F00", "#009E73", "#BBBBBB", "#D55E00"
+
+
+def _layout(fig, title=None, height=420, **kw):
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10),
+                      template="plotly_white", **kw)
+    return fig
+
+
+def labels_of(tokens) -> list[str]:
+    return [f"{i}:{visible(t.text if not t.special else t.piece)}" for i, t in enumerate(tokens)]
+
+
+# ------------------------------------------------------------------------------ overview
+def timings_bar(timings: dict[str, float]) -> go.Figure:
+    items = [(k, v * 1000) for k, v in timings.items() if k not in ("total", "forward total")]
+    layer_ms = [v for k, v in items if k.startswith("layer ")]
+    rows = [(k, v) for k, v in items if not k.startswith("layer ")]
+    if layer_ms:
+        rows.insert(3, (f"{len(layer_ms)} transformer layers", sum(layer_ms)))
+    fig = go.Figure(go.Bar(x=[v for _, v in rows], y=[k for k, _ in rows], orientation="h", marker_color=BLUE,
+                           text=[f"{v:.1f} ms" for _, v in rows], textposition="auto"))
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, "Where the time went (this run)", height=300, xaxis_title="milliseconds")
+
+
+# ---------------------------------------------------------------------------- embeddings
+def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2,
+               var: np.ndarray | None = None) -> go.Figure:
+    colors = {"prompt": BLUE, "reference": ORANGE}
+    fig = go.Figure()
+    for g in dict.fromkeys(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        kw = dict(mode="markers+text", name=g, text=[labels[i] for i in idx], textposition="top center",
+                  marker=dict(size=8, color=colors.get(g, GREEN)))
+        if dims == 3:
+            fig.add_trace(go.Scatter3d(x=coords[idx, 0], y=coords[idx, 1], z=coords[idx, 2], **kw))
+        else:
+            fig.add_trace(go.Scatter(x=coords[idx, 0], y=coords[idx, 1], **kw))
+    v = var if var is not None else np.zeros(3)
+    names = [f"PC{i + 1} ({v[i] * 100:.0f}% var)" if i < len(v) else f"PC{i + 1}" for i in range(3)]
+    if dims == 3:
+        fig.update_layout(scene=dict(xaxis_title=names[0], yaxis_title=names[1], zaxis_title=names[2]))
+    else:
+        fig.update_xaxes(title=names[0])
+        fig.update_yaxes(title=names[1])
+    return _layout(fig, f"Token embeddings projected to {dims}D (PCA)", height=480)
+
+
+def vector_strip(vec: np.ndarray, title: str) -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=vec[None, :], colorscale="RdBu", zmid=0, showscale=True,
+                               hovertemplate="dim %{x}: %{z:.4f}<extra></extra>"))
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height=140, xaxis_title="dimension")
+
+
+def drift_figure(layers: np.ndarray, cos: np.ndarray, label_a: str, label_b: str) -> go.Figure:
+    fig = go.Figure(go.Scatter(x=layers, y=cos, mode="lines+markers", line=dict(color=BLUE)))
+    fig.update_yaxes(title="cosine similarity", range=[min(0.0, float(cos.min()) - 0.05), 1.02])
+    fig.update_xaxes(title="layer (0 = embedding)")
+    return _layout(fig, f"Same word, two contexts: {label_a} vs {label_b}", height=360)
+
+
+def rope_heatmap(angles: np.ndarray) -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=np.cos(angles).T, colorscale="RdBu", zmid=0, colorbar=dict(title="cos θ"),
+                               hovertemplate="position %{x}, pair %{y}: cos θ = %{z:.3f}<extra></extra>"))
+    fig.update_xaxes(title="position")
+    fig.update_yaxes(title="frequency pair (fast → slow)")
+    return _layout(fig, "RoPE: rotation of each 2-D pair, by position", height=380)
+
+
+def relative_figure(scores: np.ndarray, shifted: np.ndarray | None = None) -> go.Figure:
+    d = np.arange(len(scores))
+    fig = go.Figure(go.Scatter(x=d, y=scores, mode="lines", name="query at position d, key at 0",
+                               line=dict(color=BLUE)))
+    if shifted is not None:
+        fig.add_trace(go.Scatter(x=d, y=shifted, mode="markers", name="both shifted by +100 (same curve)",
+                                 marker=dict(color=ORANGE, size=4)))
+    fig.update_xaxes(title="relative distance (tokens)")
+    fig.update_yaxes(title="query · key score")
+    return _layout(fig, "A query-key score depends on relative distance only", height=360)
+
+
+def learned_positions_figure(pos_emb: np.ndarray) -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=pos_emb, colorscale="RdBu", zmid=0))
+    fig.update_xaxes(title="dimension")
+    fig.update_yaxes(title="position")
+    return _layout(fig, "Learned position embeddings", height=380)
+
+
+# ------------------------------------------------------------------------------ attention
+def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3,
+                    layer: int = 0) -> go.Figure:
+    """One layer's heads as a grid of heatmaps [H, T', T'], causal upper triangle masked (blank)."""
+    H, n, _ = maps.shape
+    cols = min(max_cols, H)
+    rows = -(-H // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
+                        horizontal_spacing=0.04, vertical_spacing=0.06)
+    if block == 1:
+        ticks = labels
+    else:
+        ticks = [f"{labels[i * block].split(':')[0]}–{labels[min(len(labels), (i + 1) * block) - 1].split(':')[0]}"
+                 for i in range(n)]
+    mask = np.triu(np.ones((n, n), bool), k=1)
+    for h in range(H):
+        z = maps[h].astype(np.float32).copy()
+        z[mask] = np.nan
+        fig.add_trace(go.Heatmap(z=z, x=ticks, y=ticks, colorscale=SEQ, zmin=0, zmax=1, showscale=(h == 0),
+                                 customdata=np.array(ticks)[None, :].repeat(n, 0),
+                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
+                      row=h // cols + 1, col=h % cols + 1)
+    fig.update_yaxes(autorange="reversed", showticklabels=n <= 40, tickfont=dict(size=9))
+    fig.update_xaxes(showticklabels=n <= 40, tickfont=dict(size=9), tickangle=-60)
+    return _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)",
+                   height=max(360, 330 * rows))
+
+
+def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 2) -> np.ndarray:
+    """All layers x heads as ONE RGB image [L*(cell+gap), H*(cell+gap), 3] (viridis, upper triangle grey):
+    one picture instead of hundreds of heatmaps, so long prompts stay responsive."""
+    from plotly.colors import sample_colorscale
+
+    L, H, n, _ = maps.shape
+    lut = np.array([[int(c[1:][i:i + 2], 16) for i in (0, 2, 4)]
+                    for c in [_hex(x) for x in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))]],
+                   dtype=np.uint8)
+    idx = np.linspace(0, n - 1, min(cell, n)).round().astype(int)
+    size = len(idx)
+    img = np.full((L * (size + gap), H * (size + gap), 3), 255, np.uint8)
+    tri = np.triu(np.ones((size, size), bool), k=1)
+    for l in range(L):
+        for h in range(H):
+            m = maps[l, h][np.ix_(idx, idx)].astype(np.float32)
+            m = m / max(float(m.max()), 1e-6)        # per-map contrast: where does this head look?
+            tile = lut[(np.clip(m, 0, 1) * 255).astype(int)]
+            tile[tri] = 235
+            y, x = l * (size + gap), h * (size + gap)
+            img[y:y + size, x:x + size] = tile
+    return img
+
+
+def _hex(c: str) -> str:
+    if c.startswith("#"):
+        return c
+    r, g, b = [int(float(v)) for v in c[c.index("(") + 1:c.index(")")].split(",")[:3]]
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=None, colorscale="RdBu",
+                   height=360) -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale=colorscale, zmid=zmid,
+                               hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9))
+    fig.update_xaxes(tickfont=dict(size=9))
+    return _layout(fig, title, height=height)
+
+
+def gqa_figure(n_heads: int, n_kv: int) -> go.Figure:
+    group = n_heads // max(1, n_kv)
+    fig = go.Figure()
+    colors = [BLUE, ORANGE, GREEN, RED, "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+    for h in range(n_heads):
+        kv = h // group
+        fig.add_trace(go.Scatter(x=[h, kv * group + (group - 1) / 2], y=[1, 0], mode="lines",
+                                 line=dict(color=colors[kv % len(colors)], width=2), showlegend=False,
+                                 hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text",
+                             text=[f"Q{h}" for h in range(n_heads)], textposition="top center",
+                             marker=dict(size=16, color=[colors[(h // group) % len(colors)] for h in range(n_heads)]),
+                             showlegend=False, hovertemplate="query head %{x}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[k * group + (group - 1) / 2 for k in range(n_kv)], y=[0] * n_kv,
+                             mode="markers+text", text=[f"KV{k}" for k in range(n_kv)], textposition="bottom center",
+                             marker=dict(size=22, symbol="square", color=[colors[k % len(colors)] for k in range(n_kv)]),
+                             showlegend=False, hoverinfo="skip"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, range=[-0.6, 1.5])
+    return _layout(fig, f"Grouped-query attention: {n_heads} query heads share {n_kv} key/value heads "
+                        f"({group} per group)", height=260)
+
+
+# ---------------------------------------------------------------------------------- layers
+def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, position_label: str) -> go.Figure:
+    L = len(attn)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(range(L + 1)), y=resid, name="|residual stream|", mode="lines+markers",
+                             line=dict(color=BLUE)))
+    fig.add_trace(go.Bar(x=list(range(L)), y=attn, name="|attention adds|", marker_color=ORANGE, opacity=0.85))
+    fig.add_trace(go.Bar(x=list(range(L)), y=ffn, name="|feed-forward adds|", marker_color=GREEN, opacity=0.85))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="layer")
+    fig.update_yaxes(title="L2 norm", type="log")
+    return _layout(fig, f"Residual stream and what each sub-layer adds · token {position_label}", height=420)
+
+
+def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
+    L = len(normed)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(range(L)), y=resid[:L], name="residual entering the layer", mode="lines+markers",
+                             line=dict(color=BLUE)))
+    fig.add_trace(go.Scatter(x=list(range(L)), y=normed, name="after the layer's norm (what attention reads)",
+                             mode="lines+markers", line=dict(color=RED)))
+    fig.update_xaxes(title="layer")
+    fig.update_yaxes(title="L2 norm", type="log")
+    return _layout(fig, "The norm rescales the growing residual before attention reads it", height=340)
+
+
+def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_labels: list[str]) -> go.Figure:
+    L1, P = probs.shape
+    fig = go.Figure(go.Heatmap(z=probs, x=col_labels, y=[f"L{i}" for i in range(L1)], colorscale=SEQ, zmin=0, zmax=1,
+                               text=texts, texttemplate="%{text}" if P <= 24 else None, textfont=dict(size=9),
+                               colorbar=dict(title="p(top)"),
+                               hovertemplate="after layer %{y}, at %{x}<br>top: %{text}  p=%{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title="after layer (L0 = embeddings)")
+    fig.update_xaxes(tickangle=-45, tickfont=dict(size=9))
+    return _layout(fig, "Logit lens: the model's best guess for the NEXT token if it stopped after each layer",
+                   height=max(420, 18 * L1 + 120))
+
+
+# ------------------------------------------------------------------------------- sampling
+def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> go.Figure:
+    """Bars per filter stage for the top candidates: probability after each stage, zero = filtered out."""
+    fig = make_subplots(rows=1, cols=len(stages), shared_yaxes=True,
+                        subplot_titles=[name for name, _ in stages], horizontal_spacing=0.02)
+    for j, (name, p) in enumerate(stages):
+        colors = [BLUE if v > 0 else GREY for v in p]
+        fig.add_trace(go.Bar(x=p, y=cands, orientation="h", marker_color=colors, showlegend=False,
+                             text=[f"{v:.3f}" if v > 0 else "✗" for v in p], textposition="outside",
+                             cliponaxis=False, hovertemplate="%{y}: %{x:.4f}<extra>" + name + "</extra>"),
+                      row=1, col=j + 1)
+        fig.update_xaxes(range=[0, 1.15], row=1, col=j + 1, showticklabels=False)
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=11))
+    return _layout(fig, None, height=max(320, 26 * len(cands) + 80))

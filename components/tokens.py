@@ -1,0 +1,59 @@
+"""Token chips: coloured, grapheme-safe segments with ids on hover and visible whitespace."""
+from __future__ import annotations
+
+import html
+
+# light tints of the Okabe-Ito colour-blind-safe palette
+PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
+SPECIAL = "#3a3a3a"
+
+GLYPHS = {" ": "·", "\n": "↵\n", "\t": "→", "\r": "␍"}
+
+
+def visible(text: str) -> str:
+    """Whitespace and control characters as glyphs (space ·, newline ↵, tab →, NUL ␀ ...)."""
+    out = []
+    for ch in text:
+        if ch in GLYPHS:
+            out.append(GLYPHS[ch])
+        elif ord(ch) < 32:
+            out.append(chr(0x2400 + ord(ch)))
+        elif ord(ch) == 127:
+            out.append("␡")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def chips_html(tokens, segments, max_segments: int = 3000) -> str:
+    """HTML of the prompt as token chips. `tokens`/`segments` are pipeline.tokens.Token/Segment lists.
+
+    A segment (one or more tokens forming whole characters) is one chip; its ids are shown under it
+    and every token's id, piece and bytes are in the hover title."""
+    parts = ['<div class="tokchips" style="line-height:2.6;font-family:ui-monospace,Menlo,monospace;'
+             'font-size:15px;white-space:pre-wrap;word-break:break-all">']
+    for si, seg in enumerate(segments[:max_segments]):
+        toks = [tokens[i] for i in seg.token_indices]
+        special = all(t.special for t in toks)
+        label = toks[0].piece if special else (seg.text or toks[0].text)
+        title = "\n".join(f"#{i} id {t.id} · piece {t.piece!r} · bytes {t.bytes.hex(' ') or '—'}"
+                          for i, t in zip(seg.token_indices, toks))
+        bg = SPECIAL if special else PALETTE[si % len(PALETTE)]
+        fg = "#ffffff" if special else "#111"
+        ids = " ".join(str(t.id) for t in toks)
+        parts.append(
+            f'<span title="{html.escape(title)}" style="display:inline-block;background:{bg};color:{fg};'
+            f'border-radius:4px;padding:0 3px;margin:1px;text-align:center;vertical-align:top">'
+            f'{html.escape(visible(label))}'
+            f'<span style="display:block;font-size:9px;line-height:1.2;color:{"#ddd" if special else "#555"}">'
+            f'{html.escape(ids)}</span></span>')
+    if len(segments) > max_segments:
+        parts.append(f'<div><i>… {len(segments) - max_segments:,} more segments not drawn</i></div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def token_rows(tokens) -> list[dict]:
+    """Table rows for a dataframe: index, id, piece, text, char span, bytes, special."""
+    return [{"#": i, "id": t.id, "piece": t.piece, "text": visible(t.text), "chars": f"{t.start}–{t.end}",
+             "bytes": t.bytes.hex(" "), "special": t.special} for i, t in enumerate(tokens)]

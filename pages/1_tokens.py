@@ -1,0 +1,56 @@
+import streamlit as st
+
+import pipeline
+from components.tokens import chips_html, token_rows
+from pages import common
+
+st.title("1 · Prompt & tokens")
+st.markdown(
+    "A model never sees characters. The **tokenizer** cuts your text into subword **pieces** from a fixed "
+    "vocabulary and replaces each by its **token id**. Common words are one piece; rare words, names, emoji "
+    "and other scripts split into several, down to single bytes. In chat mode the **chat template** wraps your "
+    "message in **special tokens** that mark who is speaking. Hover a chip for its id, piece and bytes.")
+lm, tr = common.get_trace()
+prompt = tr.prompt
+c = st.columns(5)
+c[0].metric("Tokens", tr.T)
+c[1].metric("Words", len(prompt.split()))
+c[2].metric("Characters", len(prompt))
+c[3].metric("Bytes (UTF-8)", len(prompt.encode("utf-8")))
+c[4].metric("Chars per token", f"{len(tr.text) / max(1, tr.T):.2f}")
+st.html(chips_html(tr.tokens, tr.segments))
+st.caption("· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character "
+           "(say an emoji) that the tokenizer split into byte pieces.")
+if tr.chat:
+    n_special = sum(t.special for t in tr.tokens)
+    st.subheader("The chat template")
+    st.markdown(f"Chat mode wrapped your {len(prompt)} characters into {len(tr.text)} characters with "
+                f"**{n_special} special tokens** (dark chips). This is exactly the text the model reads:")
+    st.code(tr.text, language=None)
+with st.expander("Every token as a table"):
+    st.dataframe(token_rows(tr.tokens), hide_index=True, width="stretch")
+
+st.subheader("Different models use different vocabularies")
+rows = []
+for m in pipeline.available_models():
+    if not m.available:
+        rows.append({"model": m.label, "tokens": None, "pieces": f"({m.why})"})
+        continue
+    try:
+        tok = common.tokenizer_for(m.key)
+        tk = pipeline.tokenize(tok, prompt)
+        rows.append({"model": m.label, "tokens": len(tk.tokens), "vocabulary": len(tok),
+                     "pieces": " | ".join(t.piece for t in tk.tokens[:40]) + (" …" if len(tk.tokens) > 40 else "")})
+    except Exception as e:
+        rows.append({"model": m.label, "tokens": None, "pieces": f"could not tokenize: {e}"})
+st.dataframe(rows, hide_index=True, width="stretch")
+for m in pipeline.available_models():
+    if m.available and m.key != common.model_key():
+        try:
+            tk = pipeline.tokenize(common.tokenizer_for(m.key), prompt)
+            st.markdown(f"**{m.label}**")
+            st.html(chips_html(tk.tokens, tk.segments, max_segments=400))
+        except Exception:
+            pass
+
+common.how_do_we_know(lambda: [pipeline.checks.check_tokens(tr)])

@@ -1,0 +1,110 @@
+import numpy as np
+import streamlit as st
+
+from components.figures import (drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap,
+                                vector_strip)
+from components.tokens import visible
+from pipeline import analysis
+from pipeline.checks import Check
+from pages import common
+
+st.title("2 · Embeddings & positions")
+st.markdown(
+    "Each token id selects one **row of the embedding matrix**: a vector of numbers that is the token's "
+    "starting meaning. Tokens used alike end up near each other. An embedding knows nothing about context "
+    "or order: *Apple* gets the same vector in both sentences below, and *Dog bites man* holds the same "
+    "vectors as *Man bites dog*. **Positional information** is added next: Llama-style models rotate each "
+    "query and key by an angle proportional to its position (**RoPE**), so attention scores depend on how far "
+    "apart two tokens are. Context then comes from the transformer layers.")
+lm, tr = common.get_trace()
+f = tr.facts
+E = analysis.embedding_matrix(lm)
+
+st.subheader("The lookup: token id → row of the matrix")
+opts = [i for i, t in enumerate(tr.tokens)]
+i = st.selectbox("Token", opts, index=len(opts) - 1,
+                 format_func=lambda i: f"{i}: {visible(tr.tokens[i].text)!s}  (id {tr.tokens[i].id})")
+tok = tr.tokens[i]
+c = st.columns(3)
+c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
+c[1].metric("Row", f"{tok.id:,}")
+c[2].metric("Vector length (L2)", f"{float(np.linalg.norm(tr.embeddings[i])):.3f}")
+st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"),
+                width="stretch")
+nn = analysis.nearest_tokens(lm, tok.id, k=10)
+st.markdown("**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " +
+            ", ".join(f"`{visible(t)}` {s:.2f}" for _, t, s in nn))
+
+st.subheader("The prompt in embedding space")
+refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree")
+words = analysis.word_vectors(lm, [w for w in refs.split(",")])
+X = np.concatenate([tr.embeddings[[j for j, t in enumerate(tr.tokens)]]] + [w[2][None] for w in words]) \
+    if words else tr.embeddings
+labels = [visible(t.text if not t.special else t.piece) for t in tr.tokens] + [w[0] for w in words]
+groups = ["prompt"] * tr.T + ["reference"] * len(words)
+if len(X) >= 3:
+    coords, var = analysis.pca(X, 3)
+    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=lambda d: f"{d}D") or 2
+    st.plotly_chart(pca_figure(coords, labels, groups, dims=dims, var=var), width="stretch")
+else:
+    st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
+
+st.subheader("Context moves a token's vector through the layers")
+c1, c2, c3 = st.columns([2, 2, 1])
+pa = c1.text_input("Sentence A", "Apple released a new chip.")
+pb = c2.text_input("Sentence B", "Apple fell from the tree.")
+word = c3.text_input("Word", "Apple")
+_, ta = common.get_trace(pa, chat=False)
+_, tb = common.get_trace(pb, chat=False)
+ia, ib = analysis.find_token(ta, word), analysis.find_token(tb, word)
+if ia is None or ib is None:
+    st.warning(f"'{word}' is not a token start in both sentences.")
+else:
+    cos = analysis.drift(ta, ia, tb, ib)
+    st.plotly_chart(drift_figure(np.arange(len(cos)), cos, f"{word!r} in A", f"{word!r} in B"), width="stretch")
+    st.caption(f"Layer 0 (the embedding) is identical: cosine {cos[0]:.4f}. By the last layer the two vectors "
+               f"have drifted to cosine {cos[-1]:.3f}; the lowest is {cos.min():.3f} at layer {int(cos.argmin())}.")
+
+st.subheader("Positions")
+inv = analysis.rope_inv_freq(lm, 0)
+if f.positional == "rope" and inv is not None:
+    npos = max(64, min(tr.T, 512))
+    st.markdown(f"**RoPE** (θ base {f.rope_theta:g}): the {f.head_dim}-dim query and key are cut into "
+                f"{len(inv)} pairs; pair *i* is rotated by position × {f.rope_theta:g}^(−2i/{f.head_dim}). "
+                "Early pairs spin fast (fine position), late pairs slowly (coarse position).")
+    st.plotly_chart(rope_heatmap(analysis.rope_angles(inv, np.arange(npos))), width="stretch")
+    layer = st.slider("Layer for the query/key example", 0, f.n_layers - 1, 0)
+    inv_l = analysis.rope_inv_freq(lm, layer)
+    _, tq = common.get_trace(qkv_layer=layer) if layer not in tr.qkv else (lm, tr)
+    q, k = tq.qkv[layer]["q"], tq.qkv[layer]["k"]
+    # the captured q, k are after RoPE: rotate back (RoPE is orthogonal) to get the raw vectors
+    qi, ki = tq.T - 1, 0
+    q_raw = analysis.rotate(q[0, qi].astype(np.float64), -qi, inv_l)
+    k_raw = analysis.rotate(k[0, ki].astype(np.float64), -ki, inv_l)
+    dmax = 256
+    s0 = analysis.relative_scores(q_raw, k_raw, inv_l, dmax, at=0)
+    s1 = analysis.relative_scores(q_raw, k_raw, inv_l, dmax, at=100)
+    st.plotly_chart(relative_figure(s0, s1), width="stretch")
+    st.caption(f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
+               "every distance. Moving both by 100 positions gives the same curve: only the distance matters.")
+
+    def rope_checks():
+        direct = float(q[0, qi].astype(np.float64) @ k[0, ki].astype(np.float64))
+        again = float(analysis.rotate(q_raw, qi, inv_l) @ analysis.rotate(k_raw, ki, inv_l))
+        return [Check("our RoPE reproduces the model's rotated query·key", abs(direct - again) < 1e-3 * max(1, abs(direct)),
+                      f"model's q·k {direct:.5f} vs un-rotated then re-rotated {again:.5f}"),
+                Check("score depends on distance only", float(np.abs(s0 - s1).max()) < 1e-6 * max(1, np.abs(s0).max()),
+                      f"max |shift by 100 − original| {float(np.abs(s0 - s1).max()):.1e}"),
+                Check("embedding output = row of the matrix (× scale)",
+                      bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[i], atol=1e-5)),
+                      f"token {tok.id}: lookup vs the hooked embedding layer output")]
+    common.how_do_we_know(rope_checks)
+else:
+    base = lm.model.get_decoder() if hasattr(lm.model, "get_decoder") else lm.model.model
+    pe = getattr(base, "embed_positions", None) or getattr(base, "wpe", None)
+    if pe is not None:
+        st.markdown("This model learns one **position embedding** per position and adds it to the token embedding.")
+        st.plotly_chart(learned_positions_figure(pe.weight[: max(64, tr.T)].detach().float().cpu().numpy()),
+                        width="stretch")
+    else:
+        st.info("This model's positional scheme is not one this page can draw.")

@@ -1,0 +1,98 @@
+import numpy as np
+import streamlit as st
+
+from components import bertviz_offline
+from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image
+from pipeline import checks
+from pipeline.checks import Check
+from pages import common
+
+st.title("3 · Attention")
+st.markdown(
+    "In every layer each token asks which earlier tokens matter to it. It makes a **query** (what am I "
+    "looking for?); every token makes a **key** (what do I contain?) and a **value** (what do I pass on?). "
+    "Query·key scores, scaled by 1/√(head dim) and passed through a **softmax**, give attention weights that "
+    "sum to 1 over the earlier tokens (the upper triangle is masked: a token cannot see the future). Each "
+    "**head** does this with its own projections, so heads specialise: previous token, first token, same word…")
+lm, tr = common.get_trace()
+f = tr.facts
+labels = labels_of(tr.tokens)
+L, H = f.n_layers, f.n_heads
+
+layer = st.slider("Layer", 0, L - 1, min(L - 1, L // 2), key="attn_layer")
+full = tr.attention(layer)
+if full is None:
+    _, tr = common.get_trace(qkv_layer=layer)
+    full = tr.attention(layer)
+maps, block = (full, 1) if full is not None and tr.T <= 256 else (tr.attentions[layer], tr.attn_block)
+if block > 1:
+    st.caption(f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
+               "still sum to 1). The full-resolution maps are kept and checked below.")
+st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
+
+st.subheader("Every layer and head at a glance")
+st.image(mosaic_image(tr.attentions, cell=min(64, tr.attentions.shape[-1])),
+         caption=f"Rows: layers 0–{L - 1}; columns: heads 0–{H - 1}. Each tile is one attention map "
+                 "(brighter = more weight, contrast per tile).", width="content")
+
+st.subheader("Query, key, value for one head")
+head = st.slider("Head", 0, H - 1, 0, key="attn_head")
+if layer not in tr.qkv:
+    _, tr = common.get_trace(qkv_layer=layer)
+qkv = tr.qkv[layer]
+group = H // f.n_kv_heads
+kv = head // group
+q, k, v = qkv["q"][head], qkv["k"][kv], qkv["v"][kv]
+T = tr.T
+show = slice(max(0, T - 48), T)
+scores = (q @ k.T) * f.attn_scaling
+masked = scores.copy()
+masked[np.triu(np.ones((T, T), bool), k=1)] = np.nan
+c1, c2 = st.columns(2)
+c1.plotly_chart(matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show],
+                               f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), width="stretch")
+c2.plotly_chart(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show],
+                               f"K (shared KV head {kv}) after RoPE", zmid=0), width="stretch")
+c1.plotly_chart(matrix_heatmap(masked[show, show], labels[show], labels[show],
+                               f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), width="stretch")
+c2.plotly_chart(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show],
+                               f"V (shared KV head {kv})", zmid=0), width="stretch")
+if T > 48:
+    st.caption("Showing the last 48 tokens.")
+st.plotly_chart(gqa_figure(H, f.n_kv_heads), width="stretch")
+
+st.subheader("bertviz: head view and model view")
+if T > 128:
+    st.info(f"bertviz draws every token pair as a line; with {T} tokens that is unreadable. Use a prompt of at "
+            "most 128 tokens.")
+else:
+    kept = sorted(tr.attn_full) if tr.attn_block == 1 else []
+    if len(kept) == L:
+        att = tr.attentions
+        tokens = [lab.split(":", 1)[1] for lab in labels]
+        which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
+        n_layers = st.slider("Layers to include", 1, L, min(L, 6 if which == "head view" else 3),
+                             help="Fewer layers keep the page small")
+        html = bertviz_offline.offline_html("head" if which == "head view" else "model", att.astype(np.float32),
+                                            tokens, max_layers=n_layers, display_mode="light")
+        st.iframe(html, height=650 if which == "head view" else 900)
+        st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 "
+                   "decimals.")
+    else:
+        st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")
+
+
+def attention_checks():
+    out = checks.check_attention(lm, tr)
+    soft = np.exp(scores - np.nanmax(masked, axis=1, keepdims=True))
+    soft[np.triu(np.ones((T, T), bool), k=1)] = 0
+    soft /= soft.sum(1, keepdims=True)
+    mine = tr.attention(layer)
+    if mine is not None:
+        d = float(np.abs(soft - mine[head].astype(np.float64)).max())
+        out.append(Check("softmax(Q·Kᵀ × scale) from the captured Q, K = the attention map", d < 5e-3,
+                         f"layer {layer} head {head}: max |difference| {d:.1e}", d))
+    return out
+
+
+common.how_do_we_know(attention_checks)

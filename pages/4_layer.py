@@ -1,0 +1,61 @@
+import numpy as np
+import streamlit as st
+
+from components.figures import labels_of, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
+from components.tokens import visible
+from pipeline import checks
+from pipeline.checks import Check
+from pipeline.trace import LENS_GRID_MAX, lens_grid
+from pages import common
+
+st.title("4 · Inside a layer")
+st.markdown(
+    "Each transformer layer reads the **residual stream** (one vector per token), adds what **attention** "
+    "found and then what the **feed-forward network** computed, and passes the sum on. Before each of the two "
+    "sub-layers a **norm** (RMSNorm here) rescales the vector, so a stream that grows layer after layer is "
+    "read at a steady size. The **logit lens** applies the model's final norm and output matrix after every "
+    "layer: it shows what the model would predict if it stopped there, and how the answer forms.")
+lm, tr = common.get_trace()
+f = tr.facts
+labels = labels_of(tr.tokens)
+pos = st.selectbox("Token position", list(range(tr.T)), index=tr.T - 1, format_func=lambda i: labels[i])
+st.plotly_chart(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]),
+                width="stretch")
+share = tr.attn_norm[:, pos] / (tr.attn_norm[:, pos] + tr.ffn_norm[:, pos])
+c = st.columns(3)
+c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
+c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))
+c[2].metric("Layer where feed-forward adds most", int(tr.ffn_norm[:, pos].argmax()))
+st.plotly_chart(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), width="stretch")
+show = slice(max(0, tr.T - 64), tr.T)
+st.plotly_chart(matrix_heatmap(np.log10(tr.resid_norm[:, show].T + 1e-6), [f"L{i}" for i in range(f.n_layers + 1)],
+                               labels[show], "log10 |residual stream| by layer and token", colorscale="Viridis",
+                               height=max(300, 16 * (show.stop - show.start) + 100)), width="stretch")
+
+st.subheader("Logit lens")
+rows = []
+for i, top in enumerate(tr.lens_last_top):
+    rows.append({"after layer": i if i else "embedding", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} "
+                 f"({p:.2f})" for r, (t, p) in enumerate(top)}})
+st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
+st.dataframe(rows, hide_index=True, width="stretch", height=min(600, 36 * len(rows) + 40))
+auto = tr.T <= 32
+if auto or st.button(f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} positions",
+                     help="(layers + 1) × positions rows through the output matrix: a few seconds for long prompts"):
+    with st.spinner("Reading the stored hidden states through the final norm and output matrix…"):
+        positions, ids, probs = lens_grid(lm, tr)
+    texts = [[visible(lm.tokenizer.decode([int(t)]))[:8] for t in row] for row in ids]
+    st.plotly_chart(lens_figure(ids, probs, texts, [labels[p] for p in positions]), width="stretch")
+
+
+def layer_checks():
+    out = checks.check_logits(lm, tr)
+    last = tr.lens_last_top[-1][0]
+    p_final = float(np.exp(tr.next_logits[last[0]] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
+    out.append(Check("logit lens after the last layer = the model's own next-token distribution",
+                     last[0] == int(tr.next_logits.argmax()) and abs(last[1] - p_final) < 1e-3,
+                     f"lens top {last[0]} p={last[1]:.4f} vs logits top {int(tr.next_logits.argmax())} p={p_final:.4f}"))
+    return out
+
+
+common.how_do_we_know(layer_checks)

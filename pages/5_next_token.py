@@ -1,0 +1,50 @@
+import numpy as np
+import streamlit as st
+
+from components.figures import sampling_figure
+from components.tokens import visible
+from pipeline import checks, sampling
+from pages import common
+
+st.title("5 · Next token")
+st.markdown(
+    "The last layer's vector is multiplied by the output matrix: one score, a **logit**, for every token in the "
+    "vocabulary. **Softmax** turns logits into probabilities. **Temperature** divides the logits first "
+    "(below 1 sharpens, above 1 flattens; 0 means always take the top). **Top-k** keeps the k most likely, "
+    "**top-p** the smallest set whose probability reaches p, **min-p** those at least min-p × the top "
+    "probability. What survives is renormalised and one token is **sampled**. Moving a slider re-filters this "
+    "run's cached logits; the model is not run again.")
+lm, tr = common.get_trace()
+c = st.columns(5)
+temperature = c[0].slider("Temperature", 0.0, 2.0, 1.0, 0.05, key="temperature")
+top_k = c[1].slider("Top-k (0 = off)", 0, 200, 50, key="top_k")
+top_p = c[2].slider("Top-p (1 = off)", 0.0, 1.0, 0.9, 0.01, key="top_p")
+min_p = c[3].slider("Min-p (0 = off)", 0.0, 0.5, 0.0, 0.01, key="min_p")
+n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show")
+
+steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
+first, last = steps[0].probs, steps[-1].probs
+order = np.argsort(-first)[:n_show]
+cands = [f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})" for i in order]
+st.plotly_chart(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]),
+                width="stretch", key="sampling_bars")
+m = st.columns(4)
+m[0].metric("Vocabulary", f"{len(first):,}")
+m[1].metric("Candidates left", f"{steps[-1].kept:,}")
+m[2].metric("Entropy before → after", f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f} bits")
+m[3].metric("Top candidate now", f"{last.max():.3f}")
+st.caption("Grey bars (✗) were filtered out at that stage; blue bars are renormalised over the survivors. "
+           f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}.")
+
+s1, s2 = st.columns([1, 3])
+seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
+if s1.button("Sample", type="primary"):
+    tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
+    st.session_state["sampled"] = (tid, float(last[tid]), int(seed))
+if "sampled" in st.session_state:
+    tid, p, sd = st.session_state["sampled"]
+    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}, p = {p:.3f}):")
+    s2.code(tr.text + lm.tokenizer.decode([tid]), language=None)
+
+common.how_do_we_know(lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p)]
+                      + checks.check_logits(lm, tr)[:1])

@@ -1,0 +1,163 @@
+"""Glue shared by every page: the sidebar, the one loaded model per process, cached traces.
+
+Pages stay thin: they read widgets, call pipeline, hand plain data to components.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import streamlit as st
+
+import pipeline
+from pipeline.checks import Check
+from pipeline.models import ModelLoadError, available_models
+from pipeline.trace import TraceError
+
+PRESETS = {
+    "Why is the sky blue?": ("Why is the sky blue?", True),
+    "The capital of France is": ("The capital of France is", False),
+    "Apple released a new chip.": ("Apple released a new chip.", False),
+    "Apple fell from the tree.": ("Apple fell from the tree.", False),
+    "Dog bites man.": ("Dog bites man.", False),
+    "Man bites dog.": ("Man bites dog.", False),
+    "The cat sat on the mat because it was warm.": ("The cat sat on the mat because it was warm.", False),
+    "Emoji, Hindi and code": ("Hi 👋🏽! नमस्ते दुनिया\ndef add(a, b):\n    return a + b", False),
+}
+LOCAL = "Local folder…"
+DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": None, "local_path": ""}
+
+
+class Loader:
+    """Loads one model in a background thread so the page can show progress instead of freezing."""
+
+    def __init__(self, key: str):
+        self.key, self.fraction, self.message = key, 0.0, "starting"
+        self.result, self.error, self.t0 = None, None, time.time()
+        self.done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name=f"load-{key}").start()
+
+    def _progress(self, f, msg):
+        self.fraction, self.message = f, msg
+
+    def _run(self):
+        try:
+            self.result = pipeline.load_model(self.key, progress=self._progress)
+        except ModelLoadError as e:
+            self.error = str(e)
+        except Exception as e:  # keep serving whatever happens
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _loader(key: str) -> Loader:
+    return Loader(key)
+
+
+def _init_state():
+    for k, v in DEFAULTS.items():
+        st.session_state.setdefault(k, v)
+
+
+def _apply_preset():
+    name = st.session_state.get("preset")
+    if name in PRESETS:
+        st.session_state["prompt"], st.session_state["chat"] = PRESETS[name]
+
+
+def sidebar():
+    _init_state()
+    sb = st.sidebar
+    choices = [m for m in available_models()]
+    labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
+    keys = [m.key for m in choices] + [LOCAL]
+    sb.selectbox("Model", keys, key="model_choice", format_func=lambda k: labels.get(k, k),
+                 help="Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging "
+                      "Face folder (safetensors). Nothing is ever downloaded.")
+    if st.session_state["model_choice"] == LOCAL:
+        sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
+    sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
+    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000)
+    sb.toggle("Chat mode (wrap in the chat template)", key="chat")
+    info = st.session_state.get("_device_label")
+    if info:
+        sb.caption(f"**Device:** {info}")
+
+
+def model_key() -> str:
+    choice = st.session_state.get("model_choice") or pipeline.EMBEDDED
+    if choice == LOCAL:
+        return st.session_state.get("local_path", "").strip()
+    return choice
+
+
+def get_model():
+    """The loaded model for the sidebar's choice (shared by all tabs), with progress while it loads.
+    Stops the page with a clear message when it cannot load."""
+    key = model_key()
+    if not key:
+        st.info("Type the path of a local Hugging Face model folder in the sidebar.")
+        st.stop()
+    try:
+        pipeline.models.check_folder(key) if key not in (pipeline.EMBEDDED, pipeline.GEMMA) else None
+    except ModelLoadError as e:
+        st.error(str(e))
+        st.stop()
+    ldr = _loader(key)
+    if not ldr.done.is_set():
+        bar = st.progress(0.0, text="Loading the model…")
+        while not ldr.done.wait(0.25):
+            bar.progress(min(1.0, ldr.fraction), text=f"{ldr.message} · {time.time() - ldr.t0:.0f} s")
+        bar.empty()
+    if ldr.error:
+        _loader.clear()
+        st.error(f"Could not load the model: {ldr.error}")
+        st.stop()
+    lm = ldr.result
+    if st.session_state.get("_device_label") != lm.device_label:
+        st.session_state["_device_label"] = lm.device_label
+        st.sidebar.caption(f"**Device:** {lm.device_label}")
+    return lm
+
+
+@st.cache_resource(show_spinner=False, max_entries=6)
+def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None):
+    lm = _loader(model_key).result
+    return pipeline.trace(lm, prompt, chat=chat, qkv_layers=[qkv_layer] if qkv_layer is not None else None,
+                          attn_layers=None if qkv_layer is None else [qkv_layer])
+
+
+def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: int | None = None):
+    """(lm, trace) for the sidebar's prompt (or the one given); shows a clear message and stops on bad input."""
+    lm = get_model()
+    prompt = st.session_state.get("prompt", "") if prompt is None else prompt
+    chat = bool(st.session_state.get("chat")) if chat is None else chat
+    try:
+        pipeline.trace_mod.check_prompt(prompt)
+        with st.spinner("Running the model with hooks on every stage…"):
+            tr = _trace(model_key(), prompt, chat, qkv_layer)
+    except TraceError as e:
+        st.warning(str(e))
+        st.stop()
+    if chat and not tr.chat:
+        st.caption("This model has no chat template (a base model), so the prompt is used as plain text.")
+    return lm, tr
+
+
+def how_do_we_know(checks_fn, label="How do we know? Cross-checks on this run"):
+    """An expander that runs `checks_fn()` -> [Check] and shows each measured discrepancy."""
+    with st.expander(label):
+        try:
+            checks: list[Check] = checks_fn()
+        except Exception as e:
+            st.error(f"A check could not run: {type(e).__name__}: {e}")
+            return
+        for c in checks:
+            st.markdown(f"{'✅' if c.ok else '❌'} **{c.name}** — {c.detail}")
+
+
+@st.cache_resource(show_spinner="Loading tokenizer…")
+def tokenizer_for(key: str):
+    return pipeline.models.load_tokenizer(key)

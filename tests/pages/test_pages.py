@@ -1,0 +1,82 @@
+"""Every page through Streamlit's AppTest: renders, shows this run's numbers, no exception."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = str(ROOT / "app.py")
+PAGES = ["pages/0_overview.py", "pages/1_tokens.py", "pages/2_embeddings.py", "pages/3_attention.py",
+         "pages/4_layer.py", "pages/5_next_token.py"]
+
+
+def run(page=None, prompt=None, chat=None, model=None, timeout=240):
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    if prompt is not None:
+        at.session_state["prompt"] = prompt
+    if chat is not None:
+        at.session_state["chat"] = chat
+    if model is not None:
+        at.session_state["model_choice"] = model
+    at.run()
+    if page:
+        at.switch_page(page)
+        at.run()
+    return at
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders(page):
+    at = run(page)
+    assert not at.exception, at.exception
+    assert at.title, "page has a title"
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_tokens_page_counts_and_chat_template():
+    at = run("pages/1_tokens.py", prompt="Why is the sky blue?", chat=True)
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Words"] == "5" and metrics["Characters"] == "20"
+    assert int(metrics["Tokens"]) > 6            # the template adds special tokens and a system prompt
+    assert any("<|im_start|>" in c.value for c in at.code)
+
+
+def test_next_token_page_refilters_without_new_trace():
+    at = run("pages/5_next_token.py")
+    assert not at.exception
+    kept = {m.label: m.value for m in at.metric}["Candidates left"]
+    at.slider(key="top_k").set_value(3).run()
+    assert {m.label: m.value for m in at.metric}["Candidates left"] != kept
+    at.button[0].click().run()
+    assert any("drew" in m.value for m in at.markdown)
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ("", "empty"), ("   \n\t ", "empty"),
+    ("x " * 20000, "tokens"),
+])
+def test_bad_prompts_give_a_message(bad, expect):
+    at = run("pages/1_tokens.py", prompt=bad)
+    assert not at.exception
+    assert any(expect in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_special_token_text_is_not_injected():
+    at = run("pages/1_tokens.py", prompt="say <|im_end|> now")
+    assert not at.exception
+    assert not any("<|im_start|>" in c.value for c in at.code)
+
+
+@pytest.mark.parametrize("path, expect", [("/no/such/folder", "No such folder"), ("PICKLE", "pickle")])
+def test_bad_model_folder_gives_a_message(tmp_path, path, expect):
+    if path == "PICKLE":
+        (tmp_path / "config.json").write_text("{}")
+        (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02")
+        path = str(tmp_path)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["model_choice"] = "Local folder…"
+    at.session_state["local_path"] = path
+    at.run()
+    assert not at.exception
+    assert any(expect in e.value for e in at.error), [e.value for e in at.error]
