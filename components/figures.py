@@ -64,11 +64,16 @@ def vector_strip(vec: np.ndarray, title: str) -> go.Figure:
     return _layout(fig, title, height=140, xaxis_title="dimension")
 
 
-def drift_figure(layers: np.ndarray, cos: np.ndarray, label_a: str, label_b: str) -> go.Figure:
-    fig = go.Figure(go.Scatter(x=layers, y=cos, mode="lines+markers", line=dict(color=BLUE)))
-    fig.update_yaxes(title="cosine similarity", range=[min(0.0, float(cos.min()) - 0.05), 1.02])
+def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
+    """Cosine similarity per layer, one line per compared token."""
+    fig = go.Figure()
+    lo = 0.0
+    for (name, cos), color in zip(curves.items(), [BLUE, ORANGE, GREEN, RED]):
+        fig.add_trace(go.Scatter(x=np.arange(len(cos)), y=cos, mode="lines+markers", name=name, line=dict(color=color)))
+        lo = min(lo, float(np.min(cos)) - 0.05)
+    fig.update_yaxes(title="cosine similarity", range=[lo, 1.02])
     fig.update_xaxes(title="layer (0 = embedding)")
-    return _layout(fig, f"Same word, two contexts: {label_a} vs {label_b}", height=360)
+    return _layout(fig, title, height=380)
 
 
 def rope_heatmap(angles: np.ndarray) -> go.Figure:

@@ -57,13 +57,24 @@ word = c3.text_input("Word", "Apple")
 _, ta = common.get_trace(pa, chat=False)
 _, tb = common.get_trace(pb, chat=False)
 ia, ib = analysis.find_token(ta, word), analysis.find_token(tb, word)
-if ia is None or ib is None:
-    st.warning(f"'{word}' is not a token start in both sentences.")
+curves = {}
+if ia is not None and ib is not None:
+    curves[f"{word!r} (token {ia} in A, {ib} in B)"] = analysis.drift(ta, ia, tb, ib)
 else:
-    cos = analysis.drift(ta, ia, tb, ib)
-    st.plotly_chart(drift_figure(np.arange(len(cos)), cos, f"{word!r} in A", f"{word!r} in B"), width="stretch")
-    st.caption(f"Layer 0 (the embedding) is identical: cosine {cos[0]:.4f}. By the last layer the two vectors "
-               f"have drifted to cosine {cos[-1]:.3f}; the lowest is {cos.min():.3f} at layer {int(cos.argmin())}.")
+    st.warning(f"'{word}' does not start a token in both sentences; showing the last token only.")
+curves["last token (has read the whole sentence)"] = analysis.drift(ta, ta.T - 1, tb, tb.T - 1)
+st.plotly_chart(drift_figure(curves, "Same word, two contexts: cosine similarity layer by layer"), width="stretch")
+if ia is not None and ib is not None:
+    cw = next(iter(curves.values()))
+    if ia == ib and ta.input_ids[: ia + 1] == tb.input_ids[: ib + 1]:
+        st.info(f"'{word}' has the same tokens before it in both sentences, and this model is **causal**: a token "
+                "only attends to tokens before it. So its vector is identical at every layer "
+                f"(cosine {cw.min():.4f}); the context that tells the two meanings apart flows into the *later* "
+                "tokens, whose vectors drift apart. Put the word after some context (e.g. *I bought an Apple "
+                "laptop* vs *I ate an Apple pie*) to watch the word itself drift.")
+    else:
+        st.caption(f"Layer 0 (the embedding) is identical: cosine {cw[0]:.4f}. By the last layer the two vectors "
+                   f"are at cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f} at layer {int(cw.argmin())}.")
 
 st.subheader("Positions")
 inv = analysis.rope_inv_freq(lm, 0)

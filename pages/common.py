@@ -25,7 +25,7 @@ PRESETS = {
     "Emoji, Hindi and code": ("Hi 👋🏽! नमस्ते दुनिया\ndef add(a, b):\n    return a + b", False),
 }
 LOCAL = "Local folder…"
-DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": None, "local_path": ""}
+DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
 
 
 class Loader:

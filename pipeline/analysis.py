@@ -19,7 +19,7 @@ def embedding_matrix(lm: LoadedModel) -> torch.Tensor:
 
 def embed_ids(lm: LoadedModel, ids: list[int]) -> np.ndarray:
     """[n, d] the embedding lookup exactly as the model does it (row of the table, times Gemma's scale)."""
-    with torch.inference_mode():
+    with lm.lock, torch.inference_mode():   # the lock: a concurrent trace's hooks must not see this call
         return lm.model.get_input_embeddings()(torch.tensor([ids], device=lm.device))[0].float().cpu().numpy()
 
 

@@ -36,18 +36,16 @@ class Capture:
 
 
 def pool_attention(w: torch.Tensor, block: int) -> torch.Tensor:
-    """[H, T, T] -> [H, ceil(T/b), ceil(T/b)]: mean over query rows, sum over key columns of each block,
-    so each pooled row still sums to 1 (a faithful, smaller picture of where attention goes)."""
+    """[H, T, T] -> [H, ceil(T/b), ceil(T/b)]: mean over the query rows, sum over the key columns of each
+    block, so each pooled row still sums to 1 (a faithful, smaller picture of where attention goes)."""
     if block == 1:
         return w
-    h, t, _ = w.shape
-    n = -(-t // block)
-    pad = n * block - t
-    x = torch.nn.functional.pad(w.float(), (0, pad, 0, pad))
-    x = x.view(h, n, block, n, block).sum(dim=4)            # sum over key columns in a block
-    counts = torch.full((n,), float(block))
-    counts[-1] = block - pad
-    return (x.sum(dim=2) / counts.view(1, n, 1))            # mean over the query rows in a block
+    t = w.shape[-1]
+    # avg_pool2d with ceil_mode divides edge windows by their in-bounds size; times the column count -> row sums
+    avg = torch.nn.functional.avg_pool2d(w[None].float(), block, block, ceil_mode=True)[0]
+    cols = torch.full((avg.shape[-1],), float(block))
+    cols[-1] = t - block * (avg.shape[-1] - 1)
+    return avg * cols
 
 
 def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
@@ -61,7 +59,10 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     cap.last_row[layer] = w[:, -1, :].float().cpu()
     if layer in cap.full_layers:
         cap.full[layer] = w.to(torch.float16).cpu()
-    cap.pooled[layer] = pool_attention(w.float().cpu(), cap.block).to(torch.float16)
+    if cap.block == 1 and layer in cap.full:
+        cap.pooled[layer] = cap.full[layer]
+    else:
+        cap.pooled[layer] = pool_attention(w, cap.block).to(torch.float16).cpu()
     if layer in cap.qkv_layers:
         cap.qkv[layer] = {"q": query[0].detach().float().cpu(), "k": key[0].detach().float().cpu(),
                           "v": value[0].detach().float().cpu()}

@@ -108,10 +108,8 @@ def piece_bytes(tok, piece: str, tid: int, scheme: str) -> bytes:
 
 
 def display_text(b: bytes) -> str:
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return "".join(f"\\x{x:02X}" for x in b)
+    """Decoded bytes; bytes that are only part of a character are shown as \\xNN escapes."""
+    return b.decode("utf-8", errors="backslashreplace")
 
 
 def chat_parts(tok, prompt: str) -> list[tuple[str, bool]] | None:
@@ -132,8 +130,17 @@ def _encode(tok, text: str, parse_special: bool) -> list[int]:
     return tok(text, add_special_tokens=False, split_special_tokens=not parse_special)["input_ids"]
 
 
+_ADDED: dict[int, tuple[list[int], list[int]]] = {}
+
+
 def added_specials(tok) -> tuple[list[int], list[int]]:
     """Special ids the tokenizer adds around plain text (e.g. Gemma's <bos>): (prefix, suffix)."""
+    if id(tok) not in _ADDED:
+        _ADDED[id(tok)] = _added_specials(tok)
+    return _ADDED[id(tok)]
+
+
+def _added_specials(tok) -> tuple[list[int], list[int]]:
     probe = "a b"
     with_ = tok(probe, split_special_tokens=True)["input_ids"]
     without = tok(probe, add_special_tokens=False, split_special_tokens=True)["input_ids"]

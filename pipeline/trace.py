@@ -167,7 +167,9 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     base, layers = _layers(model)
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     marks: dict[str, float] = {}
-    acts: dict[str, list] = {"h": [None] * (L + 1), "mid": [None] * L, "normed": [None] * L}
+    # the residual stream per layer; per-layer norms are taken as the hooks fire (no big stacks)
+    acts: dict[str, list] = {"h": [None] * (L + 1), "mid": [None] * L, "attn": [None] * L, "ffn": [None] * L,
+                             "normed": [None] * L}
     emb: dict[str, torch.Tensor] = {}
 
     def mark(name):
@@ -181,34 +183,37 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
         mark("embed1")()
 
     def on_normed(m, a, o, i):
-        acts["normed"][i] = o[0].detach()
+        acts["normed"][i] = o[0].detach().float().norm(dim=-1)
 
-    def on_mid(m, a, i):
-        acts["mid"][i] = a[0][0].detach()
-
-    handles = [base.embed_tokens.register_forward_pre_hook(mark("embed0")),
-               base.embed_tokens.register_forward_hook(on_embed)]
-    for i, layer in enumerate(layers):
-        def pre(m, args, kwargs, i=i):
-            h = args[0] if args else kwargs["hidden_states"]
-            if i == 0:
-                acts["h"][0] = h[0].detach()
-            mark(f"L{i}.0")()
-
-        def post(m, args, kwargs, out, i=i):
-            o = out[0] if isinstance(out, tuple) else out
-            acts["h"][i + 1] = o[0].detach()
-            mark(f"L{i}.1")()
-
-        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(layer.register_forward_hook(post, with_kwargs=True))
-        handles.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)))
-        handles.append(_pre_ffn_norm(layer).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)))
-    handles.append(base.norm.register_forward_pre_hook(mark("norm0")))
-    handles.append(base.norm.register_forward_hook(mark("norm1")))
+    def on_mid(m, a, i):                     # residual after attention = input + what attention adds
+        mid = a[0][0].detach()
+        acts["mid"][i] = mid
+        acts["attn"][i] = (mid.float() - acts["h"][i].float()).norm(dim=-1)
 
     ids = torch.tensor([tk.input_ids], device=lm.device)
-    with lm.lock:
+    with lm.lock:   # hooks live on shared modules: register, run and remove them while holding the lock
+        handles = [base.embed_tokens.register_forward_pre_hook(mark("embed0")),
+                   base.embed_tokens.register_forward_hook(on_embed)]
+        for i, layer in enumerate(layers):
+            def pre(m, args, kwargs, i=i):
+                h = args[0] if args else kwargs["hidden_states"]
+                if i == 0:
+                    acts["h"][0] = h[0].detach()
+                mark(f"L{i}.0")()
+
+            def post(m, args, kwargs, out, i=i):
+                o = out[0] if isinstance(out, tuple) else out
+                acts["h"][i + 1] = o[0].detach()
+                acts["ffn"][i] = (acts["h"][i + 1].float() - acts["mid"][i].float()).norm(dim=-1)
+                acts["mid"][i] = None
+                mark(f"L{i}.1")()
+
+            handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(layer.register_forward_hook(post, with_kwargs=True))
+            handles.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)))
+            handles.append(_pre_ffn_norm(layer).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)))
+        handles.append(base.norm.register_forward_pre_hook(mark("norm0")))
+        handles.append(base.norm.register_forward_hook(mark("norm1")))
         try:
             with torch.inference_mode(), capturing(cap):
                 sync()
@@ -237,10 +242,6 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     timings["logit lens"] = timings_lens
 
     hs_f = hs.float()
-    mid = torch.stack(acts["mid"]).float()
-    normed = torch.stack(acts["normed"]).float()
-    attn_delta = mid - hs_f[:-1]
-    ffn_delta = hs_f[1:] - mid
     overview = torch.stack([cap.pooled[i] for i in range(L)])
     last_row = torch.stack([cap.last_row[i] for i in range(L)])
     tr = Trace(
@@ -248,8 +249,8 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
         segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(emb["e"]), hidden_states=_as_np(hs_f),
         attentions=overview.numpy(), attn_block=block,
         attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)}, attn_last_row=last_row.numpy(),
-        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(attn_delta.norm(dim=-1)),
-        ffn_norm=_as_np(ffn_delta.norm(dim=-1)), normed_norm=_as_np(normed.norm(dim=-1)),
+        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(torch.stack(acts["attn"])),
+        ffn_norm=_as_np(torch.stack(acts["ffn"])), normed_norm=_as_np(torch.stack(acts["normed"])),
         lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
         next_logits=logits.numpy(),
         qkv={i: {k: v.numpy() for k, v in d.items()} for i, d in sorted(cap.qkv.items())},

@@ -1,0 +1,136 @@
+"""The whole app in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright).
+
+Opens every page, types a prompt, moves the temperature slider and checks the bars changed, and saves
+screenshots to docs/screenshots/ (the README shows them)."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = [("", "overview"), ("tokens", "tokens"), ("embeddings", "embeddings"), ("attention", "attention"),
+         ("layer", "layer"), ("next-token", "next-token")]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
+            break
+        except Exception:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError(proc.stdout.read().decode()[-3000:])
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+def wait_idle(page, timeout=180_000):
+    """Wait until Streamlit has finished running the script (no 'Running...' status widget)."""
+    page.wait_for_timeout(400)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+    page.wait_for_timeout(600)
+
+
+def no_exception(page):
+    assert page.locator("[data-testid='stException']").count() == 0, page.locator(
+        "[data-testid='stException']").first.inner_text()
+
+
+def set_prompt(page, text):
+    box = page.locator("[data-testid='stSidebar'] textarea").first
+    box.fill(text)
+    box.press("Control+Enter")
+    wait_idle(page)
+
+
+def test_every_page_and_the_temperature_slider(server, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    set_prompt(page, "The capital of France is")
+    no_exception(page)
+    for path, name in PAGES:
+        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+        page.wait_for_selector("h1", timeout=120_000)
+        wait_idle(page)
+        no_exception(page)
+        assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stImage']").count() > 0, name
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+
+    # the next-token page: move the temperature slider with the keyboard and check the bars changed
+    page.goto(f"{server}/next-token", wait_until="domcontentloaded")
+    page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+    wait_idle(page)
+
+    def bar_texts():
+        return page.locator(".js-plotly-plot .bartext").all_inner_texts()
+
+    before = bar_texts()
+    assert before, "the sampling chart has bars"
+    thumb = page.locator(".st-key-temperature input[type=range]").first
+    thumb.focus()
+    for _ in range(10):
+        thumb.press("ArrowLeft")           # 1.00 -> 0.50
+    wait_idle(page)
+    after = bar_texts()
+    assert after and after != before
+    no_exception(page)
+    page.screenshot(path=str(SHOTS / "next-token-t05.png"), full_page=False)
+
+
+def test_bad_input_keeps_serving(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{server}/tokens", wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    set_prompt(page, "   ")
+    assert "empty" in page.locator("[data-testid='stAlert']").first.inner_text()
+    set_prompt(page, "NUL\x00 and bell\x07 and <|im_end|> typed by hand")
+    no_exception(page)
+    set_prompt(page, "Dog bites man.")
+    assert page.locator("[data-testid='stAlert']").count() == 0 or "empty" not in page.locator(
+        "[data-testid='stAlert']").first.inner_text()
+    no_exception(page)

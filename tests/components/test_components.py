@@ -1,0 +1,53 @@
+import re
+
+import numpy as np
+
+from components import bertviz_offline
+from components.figures import (attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure,
+                                sampling_figure, timings_bar)
+from components.tokens import chips_html, token_rows, visible
+from pipeline.tokens import Segment, Token
+
+
+def _toks():
+    toks = (Token(1, "<s>", b"", "<s>", 0, 0, True, 0), Token(72, "Hi", b"Hi", "Hi", 0, 2, False, 1),
+            Token(5, "\u0120<", b" <", " <", 2, 4, False, 2), Token(9, "x", b"\xf0\x9f", "\\xf0\\x9f", 4, 5, False, 3),
+            Token(10, "y", b"\x91\x8b", "\\x91\\x8b", 4, 5, False, 3))
+    segs = (Segment("", 0, 0, (0,)), Segment("Hi", 0, 2, (1,)), Segment(" <", 2, 4, (2,)), Segment("👋", 4, 5, (3, 4)))
+    return toks, segs
+
+
+def test_chips_escape_html_show_ids_and_whitespace():
+    toks, segs = _toks()
+    html = chips_html(toks, segs)
+    assert "&lt;s&gt;" in html and "<s>" not in html                 # special token shown, escaped
+    assert "👋" in html and "9 10" in html          # one chip, both ids under it
+    assert "·&lt;" in html                          # the space is a visible glyph
+    assert visible("a\tb\n\x00") == "a→b↵\n␀"
+    assert token_rows(toks)[3]["bytes"] == "f0 9f"
+
+
+def test_figures_have_data():
+    maps = np.random.default_rng(0).dirichlet(np.ones(6), size=(4, 6)).astype(np.float16)
+    fig = attention_heads(maps, [f"{i}:t" for i in range(6)])
+    assert len(fig.data) == 4
+    z = np.array(fig.data[0].z, dtype=float)
+    assert np.isnan(z[0, 5]) and not np.isnan(z[5, 0])        # causal upper triangle masked
+    img = mosaic_image(np.stack([maps, maps, maps]), cell=6)
+    assert img.shape == (3 * 8, 4 * 8, 3) and img.dtype == np.uint8 and img.std() > 0
+    f = sampling_figure(["a", "b", "c"], [("softmax", np.array([.5, .3, .2])), ("top-k", np.array([.625, .375, 0]))])
+    assert f.data[1].text[2] == "✗" and list(f.data[1].marker.color)[2] != list(f.data[1].marker.color)[0]
+    assert len(pca_figure(np.zeros((3, 3)), ["a", "b", "c"], ["prompt"] * 2 + ["reference"], dims=3).data) == 2
+    assert len(drift_figure({"x": np.ones(4), "y": np.linspace(1, 0, 4)}, "t").data) == 2
+    assert len(lens_figure(np.zeros((3, 2), int), np.ones((3, 2)) * .5, [["a", "b"]] * 3, ["p0", "p1"]).data) == 1
+    assert len(timings_bar({"tokenize": .001, "layer 0": .002, "layer 1": .002, "total": 1}).data[0].y) == 2
+
+
+def test_bertviz_html_is_offline_and_small():
+    att = np.random.default_rng(1).dirichlet(np.ones(8), size=(6, 4, 8)).astype(np.float32)
+    html = bertviz_offline.offline_html("head", att, [f"t{i}" for i in range(8)], max_layers=3)
+    assert "require.js" not in html and not re.search(r"<script[^>]+src=", html)
+    assert "cdnjs" not in html and "d3" in html
+    full = bertviz_offline.offline_html("model", att, [f"t{i}" for i in range(8)])
+    assert len(html) < len(full)
+    assert bertviz_offline.select_layers(30, 3) == [0, 14, 29]

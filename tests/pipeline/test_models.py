@@ -1,0 +1,66 @@
+import io
+import json
+
+import numpy as np
+import pytest
+
+import pipeline
+from pipeline.models import ModelLoadError, check_folder, load_model
+
+
+def test_embedded_model_facts(smol):
+    f = smol.facts
+    assert (f.n_layers, f.n_heads, f.n_kv_heads, f.head_dim, f.d_model, f.vocab) == (30, 9, 3, 64, 576, 49152)
+    assert f.positional == "rope" and f.rope_theta == 1e5 and f.norm == "RMSNorm" and f.tied_embeddings
+    assert smol.device.type in ("cpu", "cuda")
+
+
+def test_gemma_facts(lm):
+    if lm.key != pipeline.GEMMA:
+        pytest.skip("gemma only")
+    f = lm.facts
+    assert (f.n_layers, f.n_heads, f.n_kv_heads, f.vocab) == (18, 4, 1, 262144)
+
+
+def test_local_folder_loads_the_same_model(smol):
+    # the safetensors cache is an ordinary Hugging Face folder: load it by path
+    other = load_model(smol.source)
+    a = pipeline.trace(smol, "Hello")
+    b = pipeline.trace(other, "Hello")
+    assert np.array_equal(a.next_logits, b.next_logits)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: p / "missing", "No such folder"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
+    (lambda p: p, "no config.json"),
+    (lambda p: ((p / "config.json").write_text("{}"), p)[1], "no \\*.safetensors"),
+    (lambda p: ((p / "config.json").write_text("{}"), (p / "pytorch_model.bin").write_bytes(b"\x80"), p)[2],
+     "pickle"),
+])
+def test_bad_folders_give_clear_errors(tmp_path, make, match):
+    path = make(tmp_path)
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(str(path))
+
+
+def test_broken_safetensors_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors").write_bytes(b"not really")
+    with pytest.raises(ModelLoadError, match="Could not load"):
+        load_model(str(tmp_path))
+    assert check_folder(tmp_path) == tmp_path
+
+
+def test_cli_next_and_trace_json():
+    from pipeline.__main__ import main
+    buf = io.StringIO()
+    assert main(["next", "The capital of France is", "--top-k", "5", "--json"], out=buf) == 0
+    data = json.loads(buf.getvalue())
+    assert data["top"][0]["text"] == " Paris" and data["candidates_kept"] == 5
+    assert abs(sum(c["p"] for c in data["top"]) - 1) < 1e-4
+    buf = io.StringIO()
+    assert main(["trace", "Why is the sky blue?", "--chat", "--json"], out=buf) == 0
+    data = json.loads(buf.getvalue())
+    assert data["shapes"]["hidden_states"][0] == 31 and data["config"]["kv_heads"] == 3
+    assert main(["trace", "  "], out=io.StringIO()) == 2
