@@ -121,8 +121,8 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     for h in range(H):
         z = maps[h].astype(np.float32).copy()
         z[mask] = np.nan
-        fig.add_trace(go.Heatmap(z=z, x=ticks, y=ticks, colorscale=SEQ, zmin=0, zmax=1, showscale=(h == 0),
-                                 customdata=np.array(ticks)[None, :].repeat(n, 0),
+        fig.add_trace(go.Heatmap(z=np.round(z, 3), x=ticks, y=ticks, colorscale=SEQ, zmin=0, zmax=1,
+                                 showscale=(h == 0),
                                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
                       row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed", showticklabels=n <= 40, tickfont=dict(size=9))
@@ -240,9 +240,17 @@ def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> g
     for j, (name, p) in enumerate(stages):
         colors = [BLUE if v > 0 else GREY for v in p]
         fig.add_trace(go.Bar(x=p, y=cands, orientation="h", marker_color=colors, showlegend=False,
-                             text=[f"{v:.3f}" if v > 0 else "✗" for v in p], textposition="outside",
+                             text=[_pfmt(v) for v in p], textposition="outside",
                              cliponaxis=False, hovertemplate="%{y}: %{x:.4f}<extra>" + name + "</extra>"),
                       row=1, col=j + 1)
         fig.update_xaxes(range=[0, 1.15], row=1, col=j + 1, showticklabels=False)
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=11))
-    return _layout(fig, None, height=max(320, 26 * len(cands) + 80))
+    _layout(fig, None, height=max(320, 26 * len(cands) + 80))
+    fig.update_layout(margin=dict(t=40))
+    return fig
+
+
+def _pfmt(v: float) -> str:
+    if v <= 0:
+        return "✗"
+    return f"{v:.3f}" if v >= 0.001 else f"{v:.0e}"

@@ -84,9 +84,8 @@ if f.positional == "rope" and inv is not None:
                 f"{len(inv)} pairs; pair *i* is rotated by position × {f.rope_theta:g}^(−2i/{f.head_dim}). "
                 "Early pairs spin fast (fine position), late pairs slowly (coarse position).")
     st.plotly_chart(rope_heatmap(analysis.rope_angles(inv, np.arange(npos))), width="stretch")
-    layer = st.slider("Layer for the query/key example", 0, f.n_layers - 1, 0)
+    tq, layer = common.layer_with_qkv(tr, "Layer for the query/key example", "rope_layer", default=0)
     inv_l = analysis.rope_inv_freq(lm, layer)
-    _, tq = common.get_trace(qkv_layer=layer) if layer not in tr.qkv else (lm, tr)
     q, k = tq.qkv[layer]["q"], tq.qkv[layer]["k"]
     # the captured q, k are after RoPE: rotate back (RoPE is orthogonal) to get the raw vectors
     qi, ki = tq.T - 1, 0

@@ -5,6 +5,7 @@ from components import bertviz_offline
 from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image
 from pipeline import checks
 from pipeline.checks import Check
+from pipeline.trace import display_maps
 from pages import common
 
 st.title("3 · Attention")
@@ -19,15 +20,11 @@ f = tr.facts
 labels = labels_of(tr.tokens)
 L, H = f.n_layers, f.n_heads
 
-layer = st.slider("Layer", 0, L - 1, min(L - 1, L // 2), key="attn_layer")
-full = tr.attention(layer)
-if full is None:
-    _, tr = common.get_trace(qkv_layer=layer)
-    full = tr.attention(layer)
-maps, block = (full, 1) if full is not None and tr.T <= 256 else (tr.attentions[layer], tr.attn_block)
+tr, layer = common.layer_with_qkv(tr, "Layer", "attn_layer")
+maps, block = display_maps(tr, layer)
 if block > 1:
     st.caption(f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
-               "still sum to 1). The full-resolution maps are kept and checked below.")
+               "still sum to 1), one picture per head instead of millions of cells.")
 st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
 
 st.subheader("Every layer and head at a glance")
@@ -37,8 +34,6 @@ st.image(mosaic_image(tr.attentions, cell=min(64, tr.attentions.shape[-1])),
 
 st.subheader("Query, key, value for one head")
 head = st.slider("Head", 0, H - 1, 0, key="attn_head")
-if layer not in tr.qkv:
-    _, tr = common.get_trace(qkv_layer=layer)
 qkv = tr.qkv[layer]
 group = H // f.n_kv_heads
 kv = head // group

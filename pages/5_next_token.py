@@ -31,7 +31,8 @@ st.plotly_chart(sampling_figure(cands, [(s.name + ("" if s.active else " (off)")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")
-m[2].metric("Entropy before → after", f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f} bits")
+m[2].metric("Entropy, bits", f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f}",
+             help="Uncertainty of the distribution before any filter → after all filters")
 m[3].metric("Top candidate now", f"{last.max():.3f}")
 st.caption("Grey bars (✗) were filtered out at that stage; blue bars are renormalised over the survivors. "
            f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}.")

@@ -161,3 +161,25 @@ def how_do_we_know(checks_fn, label="How do we know? Cross-checks on this run"):
 @st.cache_resource(show_spinner="Loading tokenizer…")
 def tokenizer_for(key: str):
     return pipeline.models.load_tokenizer(key)
+
+
+def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
+    """A layer picker for views that need the layer's Q/K/V. Short prompts have them for every layer; long
+    ones for a few kept layers, and another layer is captured on request (one more forward pass).
+    Returns (trace, layer)."""
+    L = tr.facts.n_layers
+    if len(tr.qkv) == L:
+        return tr, st.slider(label, 0, L - 1, L // 2 if default is None else default, key=key)
+    extra = st.session_state.get(f"{key}_extra")
+    if extra is not None and extra not in tr.qkv:
+        _, tr = get_trace(qkv_layer=extra)
+    options = sorted(tr.qkv)
+    layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key)
+    c1, c2 = st.columns([1, 3])
+    want = c1.number_input("Capture another layer", 0, L - 1, 1, key=f"{key}_want")
+    if c2.button(f"Run the model again keeping layer {want} in full ({tr.T} tokens: seconds on CPU)", key=f"{key}_go"):
+        st.session_state[f"{key}_extra"] = int(want)
+        st.rerun()
+    st.caption(f"{tr.T} tokens: query/key/value and full-resolution maps are kept for layers {options} only, "
+               "to bound memory.")
+    return tr, layer

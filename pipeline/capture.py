@@ -56,7 +56,7 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     layer = module.layer_idx
     w = weights[0].detach()                                 # batch 1: [H, T, T]
-    cap.last_row[layer] = w[:, -1, :].float().cpu()
+    cap.last_row[layer] = w[:, -1, :].float().cpu().clone()     # clone: a view would keep all of w alive
     if layer in cap.full_layers:
         cap.full[layer] = w.to(torch.float16).cpu()
     if cap.block == 1 and layer in cap.full:
@@ -64,8 +64,8 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     else:
         cap.pooled[layer] = pool_attention(w, cap.block).to(torch.float16).cpu()
     if layer in cap.qkv_layers:
-        cap.qkv[layer] = {"q": query[0].detach().float().cpu(), "k": key[0].detach().float().cpu(),
-                          "v": value[0].detach().float().cpu()}
+        cap.qkv[layer] = {"q": query[0].detach().float().cpu().clone(), "k": key[0].detach().float().cpu().clone(),
+                          "v": value[0].detach().float().cpu().clone()}
     return out, None
 
 

@@ -99,4 +99,4 @@ def sample(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
 def entropy_bits(probs) -> float:
     p = _t(probs)
     p = p[p > 0]
-    return float(-(p * p.log2()).sum())
+    return max(0.0, float(-(p * p.log2()).sum()))

@@ -78,6 +78,21 @@ class Trace:
         return self.attn_full.get(layer)
 
 
+def display_maps(tr: "Trace", layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
+    """One layer's attention for drawing: ([H, n, n] float32, block) with n <= max_n. Full resolution when the
+    prompt is short enough, otherwise the stored overview pooled further (rows still sum to 1)."""
+    from .capture import pool_attention
+
+    full = tr.attention(layer)
+    if full is not None and tr.T <= max_n:
+        return full.astype(np.float32), 1
+    src, block = tr.attentions[layer], tr.attn_block
+    extra = max(1, -(-src.shape[-1] // max_n))
+    if extra > 1:
+        src = pool_attention(torch.from_numpy(src.astype(np.float32)), extra).numpy()
+    return src.astype(np.float32), block * extra
+
+
 def _as_np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
@@ -158,9 +173,7 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     else:
         wanted = attn_layers if attn_layers is not None else sorted({0, L // 2, L - 1})
         full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
-    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or [])
-    if qkv_layers and T <= QKV_ALL_LAYERS_MAX_T:
-        qkv = set(range(L))
+    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
     cap = Capture(full_layers=full, block=block, qkv_layers=qkv)
 
     model = lm.model

@@ -86,7 +86,7 @@ def set_prompt(page, text):
 
 def test_every_page_and_the_temperature_slider(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 2200})     # tall: one screenshot per stage
     page.goto(server, wait_until="domcontentloaded")
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
@@ -98,7 +98,8 @@ def test_every_page_and_the_temperature_slider(server, browser):
         wait_idle(page)
         no_exception(page)
         assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stImage']").count() > 0, name
-        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SHOTS / f"{name}.png"))
 
     # the next-token page: move the temperature slider with the keyboard and check the bars changed
     page.goto(f"{server}/next-token", wait_until="domcontentloaded")
@@ -106,16 +107,17 @@ def test_every_page_and_the_temperature_slider(server, browser):
     wait_idle(page)
 
     def bar_texts():
-        return page.locator(".js-plotly-plot .bartext").all_inner_texts()
+        return page.eval_on_selector_all(".js-plotly-plot .bartext", "els => els.map(e => e.textContent)")
 
     before = bar_texts()
     assert before, "the sampling chart has bars"
-    thumb = page.locator(".st-key-temperature input[type=range]").first
-    thumb.focus()
-    for _ in range(10):
-        thumb.press("ArrowLeft")           # 1.00 -> 0.50
+    track = page.locator(".st-key-temperature [data-testid='stSlider'] [role='group'] > div").first
+    box = track.bounding_box()
+    page.mouse.click(box["x"] + 0.25 * box["width"], box["y"] + box["height"] / 2)     # 1.0 -> about 0.5
     wait_idle(page)
     after = bar_texts()
+    value = page.locator(".st-key-temperature [data-testid='stSliderThumbValue']").first.inner_text()
+    assert float(value) < 0.8, value
     assert after and after != before
     no_exception(page)
     page.screenshot(path=str(SHOTS / "next-token-t05.png"), full_page=False)
