@@ -131,9 +131,10 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
                    height=max(360, 330 * rows))
 
 
-def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 2) -> np.ndarray:
-    """All layers x heads as ONE RGB image [L*(cell+gap), H*(cell+gap), 3] (viridis, upper triangle grey):
-    one picture instead of hundreds of heatmaps, so long prompts stay responsive."""
+def mosaic_image(maps: np.ndarray, cell: int = 48, gap: int = 3) -> np.ndarray:
+    """All layers x heads as ONE RGB image: heads down, layers across, each tile one attention map [n, n]
+    (viridis, contrast per tile, future masked light grey). One picture instead of hundreds of heatmaps,
+    so long prompts stay responsive. Short prompts are enlarged pixel by pixel (no blur)."""
     from plotly.colors import sample_colorscale
 
     L, H, n, _ = maps.shape
@@ -141,16 +142,18 @@ def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 2) -> np.ndarray:
                     for c in [_hex(x) for x in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))]],
                    dtype=np.uint8)
     idx = np.linspace(0, n - 1, min(cell, n)).round().astype(int)
-    size = len(idx)
-    img = np.full((L * (size + gap), H * (size + gap), 3), 255, np.uint8)
-    tri = np.triu(np.ones((size, size), bool), k=1)
+    scale = max(1, cell // len(idx))
+    size = len(idx) * scale
+    img = np.full((H * (size + gap) - gap, L * (size + gap) - gap, 3), 255, np.uint8)
+    tri = np.triu(np.ones((len(idx), len(idx)), bool), k=1)
     for l in range(L):
         for h in range(H):
             m = maps[l, h][np.ix_(idx, idx)].astype(np.float32)
             m = m / max(float(m.max()), 1e-6)        # per-map contrast: where does this head look?
             tile = lut[(np.clip(m, 0, 1) * 255).astype(int)]
             tile[tri] = 235
-            y, x = l * (size + gap), h * (size + gap)
+            tile = tile.repeat(scale, 0).repeat(scale, 1)
+            y, x = h * (size + gap), l * (size + gap)
             img[y:y + size, x:x + size] = tile
     return img
 

@@ -28,9 +28,9 @@ if block > 1:
 st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
 
 st.subheader("Every layer and head at a glance")
-st.image(mosaic_image(tr.attentions, cell=min(64, tr.attentions.shape[-1])),
-         caption=f"Rows: layers 0–{L - 1}; columns: heads 0–{H - 1}. Each tile is one attention map "
-                 "(brighter = more weight, contrast per tile).", width="content")
+st.image(mosaic_image(tr.attentions),
+         caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
+                 "query down, key across (brighter = more weight, contrast per tile).", width="stretch")
 
 st.subheader("Query, key, value for one head")
 head = st.slider("Head", 0, H - 1, 0, key="attn_head")

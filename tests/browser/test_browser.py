@@ -65,11 +65,18 @@ def browser():
 
 
 def wait_idle(page, timeout=180_000):
-    """Wait until Streamlit has finished running the script (no 'Running...' status widget)."""
-    page.wait_for_timeout(400)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
-    page.wait_for_timeout(600)
+    """Wait until Streamlit has finished the script run: no running status, no spinner, no progress bar,
+    no stale (greyed) element, twice in a row."""
+    js = """() => { const app = document.querySelector('[data-testid="stApp"]');
+                 const state = app ? app.getAttribute('data-test-script-state') : 'initial';
+                 return state !== 'running' && state !== 'initial' && state !== 'rerunRequested'
+                 && !document.querySelector('[data-testid="stSpinner"]')
+                 && !document.querySelector('[data-testid="stCacheSpinner"]')
+                 && !document.querySelector('[data-testid="stProgress"]')
+                 && !document.querySelector('[data-stale="true"]'); }"""
+    for _ in range(2):
+        page.wait_for_timeout(500)
+        page.wait_for_function(js, timeout=timeout)
 
 
 def no_exception(page):
@@ -90,19 +97,20 @@ def test_every_page_and_the_temperature_slider(server, browser):
     page.goto(server, wait_until="domcontentloaded")
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
-    set_prompt(page, "The capital of France is")
+    set_prompt(page, "Why is the sky blue?")
     no_exception(page)
     for path, name in PAGES:
-        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
-        page.wait_for_selector("h1", timeout=120_000)
+        # click the sidebar link (a new page.goto would start a new session and forget the prompt)
+        page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
         wait_idle(page)
+        assert page.locator("[data-testid='stSidebar'] textarea").first.input_value() == "Why is the sky blue?"
         no_exception(page)
         assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stImage']").count() > 0, name
         page.wait_for_timeout(1500)
         page.screenshot(path=str(SHOTS / f"{name}.png"))
 
-    # the next-token page: move the temperature slider with the keyboard and check the bars changed
-    page.goto(f"{server}/next-token", wait_until="domcontentloaded")
+    # the next-token page: move the temperature slider and check the bars changed
+    page.set_viewport_size({"width": 1400, "height": 1000})
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)
     wait_idle(page)
 

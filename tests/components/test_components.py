@@ -33,8 +33,8 @@ def test_figures_have_data():
     assert len(fig.data) == 4
     z = np.array(fig.data[0].z, dtype=float)
     assert np.isnan(z[0, 5]) and not np.isnan(z[5, 0])        # causal upper triangle masked
-    img = mosaic_image(np.stack([maps, maps, maps]), cell=6)
-    assert img.shape == (3 * 8, 4 * 8, 3) and img.dtype == np.uint8 and img.std() > 0
+    img = mosaic_image(np.stack([maps, maps, maps]), cell=12, gap=2)     # 3 layers x 4 heads, 6 -> 12 px tiles
+    assert img.shape == (4 * 14 - 2, 3 * 14 - 2, 3) and img.dtype == np.uint8 and img.std() > 0
     f = sampling_figure(["a", "b", "c"], [("softmax", np.array([.5, .3, .2])), ("top-k", np.array([.625, .375, 0]))])
     assert f.data[1].text[2] == "✗" and list(f.data[1].marker.color)[2] != list(f.data[1].marker.color)[0]
     assert len(pca_figure(np.zeros((3, 3)), ["a", "b", "c"], ["prompt"] * 2 + ["reference"], dims=3).data) == 2
