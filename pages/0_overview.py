@@ -1,5 +1,7 @@
 import streamlit as st
 
+import pipeline
+
 from components.figures import timings_bar
 from pages import common
 
@@ -28,3 +30,5 @@ st.caption(f"Running on {tr.device}. Loaded from `{lm.source}` in {lm.load_secon
 st.plotly_chart(timings_bar(tr.timings), width="stretch")
 st.caption("Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
            "extra read-out this explorer adds; a plain model does not compute it.")
+
+common.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr))

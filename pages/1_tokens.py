@@ -10,14 +10,16 @@ st.markdown(
     "vocabulary and replaces each by its **token id**. Common words are one piece; rare words, names, emoji "
     "and other scripts split into several, down to single bytes. In chat mode the **chat template** wraps your "
     "message in **special tokens** that mark who is speaking. Hover a chip for its id, piece and bytes.")
-lm, tr = common.get_trace()
+lm, tr, too_long = common.get_tokens()
 prompt = tr.prompt
+if too_long:
+    st.warning(too_long + " The tokens are shown here; the later stages need a shorter prompt.")
 c = st.columns(5)
-c[0].metric("Tokens", tr.T)
+c[0].metric("Tokens", len(tr.tokens))
 c[1].metric("Words", len(prompt.split()))
 c[2].metric("Characters", len(prompt))
 c[3].metric("Bytes (UTF-8)", len(prompt.encode("utf-8")))
-c[4].metric("Chars per token", f"{len(tr.text) / max(1, tr.T):.2f}")
+c[4].metric("Chars per token", f"{len(tr.text) / max(1, len(tr.tokens)):.2f}")
 st.html(chips_html(tr.tokens, tr.segments))
 st.caption("· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character "
            "(say an emoji) that the tokenizer split into byte pieces.")
@@ -53,4 +55,14 @@ for m in pipeline.available_models():
         except Exception:
             pass
 
-common.how_do_we_know(lambda: [pipeline.checks.check_tokens(tr)])
+def token_checks():
+    ref = lm.tokenizer(prompt, split_special_tokens=True)["input_ids"] if not tr.chat else None
+    out = [pipeline.checks.check_tokens(tr)]
+    if ref is not None:
+        same = ref == tr.input_ids
+        out.append(pipeline.checks.Check("ids = the tokenizer's own encoding", same,
+                                         f"{len(ref)} ids from tokenizer(prompt) vs {len(tr.input_ids)} shown"))
+    return out
+
+
+common.how_do_we_know(token_checks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 
 import streamlit as st
 
@@ -122,11 +123,36 @@ def get_model():
     return lm
 
 
-@st.cache_resource(show_spinner=False, max_entries=6)
+class TraceCache:
+    """Traces shared by every tab, least recently used first out, bounded by bytes (a 2,048-token trace holds
+    ~400 MB, a short one ~1 MB)."""
+
+    def __init__(self, budget: int = 1200 << 20):
+        self.budget, self.items, self.lock = budget, OrderedDict(), threading.Lock()
+
+    def get(self, key, make):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        tr = make()
+        with self.lock:
+            self.items[key] = tr
+            while len(self.items) > 1 and sum(t.nbytes for t in self.items.values()) > self.budget:
+                self.items.popitem(last=False)
+        return tr
+
+
+@st.cache_resource(show_spinner=False)
+def _traces() -> TraceCache:
+    return TraceCache()
+
+
 def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None):
     lm = _loader(model_key).result
-    return pipeline.trace(lm, prompt, chat=chat, qkv_layers=[qkv_layer] if qkv_layer is not None else None,
-                          attn_layers=None if qkv_layer is None else [qkv_layer])
+    return _traces().get((model_key, prompt, chat, qkv_layer), lambda: pipeline.trace(
+        lm, prompt, chat=chat, qkv_layers=[qkv_layer] if qkv_layer is not None else None,
+        attn_layers=None if qkv_layer is None else [qkv_layer]))
 
 
 def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: int | None = None):
@@ -136,7 +162,9 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     chat = bool(st.session_state.get("chat")) if chat is None else chat
     try:
         pipeline.trace_mod.check_prompt(prompt)
-        with st.spinner("Running the model with hooks on every stage…"):
+        with st.spinner("Running the model with hooks on every stage…" if len(prompt) < 2000 else
+                        f"Running the model with hooks on every stage ({len(prompt):,} characters: this can take "
+                        "several seconds on a CPU)…"):
             tr = _trace(model_key(), prompt, chat, qkv_layer)
     except TraceError as e:
         st.warning(str(e))
@@ -144,6 +172,30 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if chat and not tr.chat:
         st.caption("This model has no chat template (a base model), so the prompt is used as plain text.")
     return lm, tr
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _tokenized(model_key: str, prompt: str, chat: bool):
+    return pipeline.tokenize(_loader(model_key).result.tokenizer, prompt, chat=chat)
+
+
+def get_tokens():
+    """(lm, tokenized prompt, message or None): tokenizing works at any length; the message says when the
+    prompt is too long for the model to run on."""
+    lm = get_model()
+    prompt, chat = st.session_state.get("prompt", ""), bool(st.session_state.get("chat"))
+    try:
+        pipeline.trace_mod.check_prompt(prompt)
+    except TraceError as e:
+        st.warning(str(e))
+        st.stop()
+    tk = _tokenized(model_key(), prompt, chat)
+    try:
+        pipeline.trace_mod.check_prompt(prompt, len(tk.tokens), lm.facts.max_positions)
+        msg = None
+    except TraceError as e:
+        msg = str(e)
+    return lm, tk, msg
 
 
 def how_do_we_know(checks_fn, label="How do we know? Cross-checks on this run"):

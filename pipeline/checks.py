@@ -28,7 +28,8 @@ def _tol(lm: LoadedModel) -> float:
     return 1e-3 if lm.dtype == torch.float32 else 5e-2
 
 
-def check_tokens(tr: Trace) -> Check:
+def check_tokens(tr) -> Check:
+    """tr: a Trace or a tokens.Tokenized."""
     joined = b"".join(t.bytes for t in tr.tokens)
     ok = joined == tr.text.encode("utf-8")
     return Check("token bytes reassemble the text", ok,

@@ -71,6 +71,14 @@ class Trace:
     def T(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the trace's arrays."""
+        arrays = [self.embeddings, self.hidden_states, self.attentions, self.attn_last_row, self.next_logits,
+                  self.resid_norm, self.attn_norm, self.ffn_norm, self.normed_norm, *self.attn_full.values(),
+                  *(v for d in self.qkv.values() for v in d.values())]
+        return sum(a.nbytes for a in arrays)
+
     def attention(self, layer: int) -> np.ndarray | None:
         """[H, T, T] full-resolution attention for `layer`, or None when only the pooled overview was kept."""
         if self.attn_block == 1:

@@ -109,6 +109,15 @@ def test_every_page_and_the_temperature_slider(server, browser):
         page.wait_for_timeout(1500)
         page.screenshot(path=str(SHOTS / f"{name}.png"))
 
+    # bertviz inside its iframe draws SVG offline
+    page.locator("[data-testid='stSidebarNavLink'][href$='/attention']").first.click()
+    wait_idle(page)
+    frame = page.frame_locator("iframe").first
+    frame.locator("svg text").first.wait_for(timeout=60_000)
+    assert frame.locator("svg text").count() > 5
+    page.locator("[data-testid='stSidebarNavLink'][href$='/next-token']").first.click()
+    wait_idle(page)
+
     # the next-token page: move the temperature slider and check the bars changed
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.wait_for_selector(".js-plotly-plot", timeout=120_000)

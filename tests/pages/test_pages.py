@@ -52,14 +52,32 @@ def test_next_token_page_refilters_without_new_trace():
     assert any("drew" in m.value for m in at.markdown)
 
 
+@pytest.mark.parametrize("page", ["pages/1_tokens.py", "pages/3_attention.py", "pages/5_next_token.py"])
 @pytest.mark.parametrize("bad, expect", [
     ("", "empty"), ("   \n\t ", "empty"),
-    ("x " * 20000, "tokens"),
+    ("x " * 50000, "context window"),                      # 100k characters, far over 8,192 tokens
 ])
-def test_bad_prompts_give_a_message(bad, expect):
-    at = run("pages/1_tokens.py", prompt=bad)
+def test_bad_prompts_give_a_message(page, bad, expect):
+    at = run(page, prompt=bad)
     assert not at.exception
     assert any(expect in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_tokens_page_still_tokenizes_a_prompt_too_long_for_the_model():
+    at = run("pages/1_tokens.py", prompt="x " * 50000)
+    assert not at.exception
+    assert int({m.label: m.value for m in at.metric}["Tokens"].replace(",", "")) > 8192
+    assert {m.label: m.value for m in at.metric}["Characters"] == "100000"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_on_gemma(page):
+    import pipeline
+    if not any(m.key == pipeline.GEMMA and m.available for m in pipeline.available_models()):
+        pytest.skip("Gemma not installed (make models)")
+    at = run(page, model=pipeline.GEMMA, prompt="The capital of France is", chat=True)
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
 
 
 def test_special_token_text_is_not_injected():

@@ -64,3 +64,18 @@ def test_cli_next_and_trace_json():
     data = json.loads(buf.getvalue())
     assert data["shapes"]["hidden_states"][0] == 31 and data["config"]["kv_heads"] == 3
     assert main(["trace", "  "], out=io.StringIO()) == 2
+
+
+def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_EXPLORER_CACHE", str(tmp_path))
+    seen = []
+    first = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append((f, m)))
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("dequantising" in m for _, m in seen)
+    assert list(tmp_path.glob("smollm2*/model.safetensors"))
+    seen.clear()
+    again = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append((f, m)))
+    assert not any("dequantising" in m for _, m in seen)           # loaded from the safetensors cache
+    a, b = pipeline.trace(first, "Hi"), pipeline.trace(again, "Hi")
+    assert np.array_equal(a.next_logits, b.next_logits)
