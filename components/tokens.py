@@ -7,19 +7,24 @@ import html
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
 SPECIAL = "#3a3a3a"
 
-GLYPHS = {" ": "·", "\n": "↵\n", "\t": "→", "\r": "␍"}
+import unicodedata
+
+GLYPHS = {" ": "·", "\n": "↵\n", "\t": "→", "\r": "⟨CR⟩", "\x00": "⟨NUL⟩", "\x07": "⟨BEL⟩", "\x1b": "⟨ESC⟩",
+          "\x7f": "⟨DEL⟩", "\ufeff": "⟨BOM⟩", "\u200b": "⟨ZWSP⟩", "\u200d": "⟨ZWJ⟩", "\u00a0": "⟨NBSP⟩"}
 
 
 def visible(text: str) -> str:
-    """Whitespace and control characters as glyphs (space ·, newline ↵, tab →, NUL ␀ ...)."""
+    """Whitespace, control and invisible format characters made visible: space ·, newline ↵, tab →,
+    others as ⟨NAME⟩ or ⟨U+XXXX⟩ (zero-width, bidi overrides, BOM...). Joiners inside an emoji are kept."""
     out = []
-    for ch in text:
-        if ch in GLYPHS:
+    for i, ch in enumerate(text):
+        cat = unicodedata.category(ch)
+        if ch == "\u200d" and 0 < i < len(text) - 1 and not text[i - 1].isspace():
+            out.append(ch)                       # zero-width joiner inside an emoji sequence
+        elif ch in GLYPHS:
             out.append(GLYPHS[ch])
-        elif ord(ch) < 32:
-            out.append(chr(0x2400 + ord(ch)))
-        elif ord(ch) == 127:
-            out.append("␡")
+        elif cat in ("Cc", "Cf", "Zl", "Zp") or (cat == "Zs" and ch != " "):
+            out.append(f"⟨U+{ord(ch):04X}⟩")
         else:
             out.append(ch)
     return "".join(out)
@@ -57,3 +62,18 @@ def token_rows(tokens) -> list[dict]:
     """Table rows for a dataframe: index, id, piece, text, char span, bytes, special."""
     return [{"#": i, "id": t.id, "piece": t.piece, "text": visible(t.text), "chars": f"{t.start}–{t.end}",
              "bytes": t.bytes.hex(" "), "special": t.special} for i, t in enumerate(tokens)]
+
+
+def template_html(tokens) -> str:
+    """The exact text the model reads, special tokens set apart as dark chips (so a '<|im_end|>' the user
+    typed, which is plain text, looks different from the real special token)."""
+    out = ['<pre style="white-space:pre-wrap;font-size:13px;line-height:1.9;background:#f6f6f6;padding:8px;'
+           'border-radius:6px">']
+    for t in tokens:
+        if t.special:
+            out.append(f'<span style="background:{SPECIAL};color:#fff;border-radius:3px;padding:0 3px" '
+                       f'title="special token, id {t.id}">{html.escape(t.piece)}</span>')
+        else:
+            out.append(html.escape(t.bytes.decode("utf-8", errors="replace")))
+    out.append("</pre>")
+    return "".join(out)

@@ -31,4 +31,4 @@ st.plotly_chart(timings_bar(tr.timings), width="stretch")
 st.caption("Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
            "extra read-out this explorer adds; a plain model does not compute it.")
 
-common.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr))
+common.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr), "overview", tr)

@@ -1,7 +1,7 @@
 import streamlit as st
 
 import pipeline
-from components.tokens import chips_html, token_rows
+from components.tokens import chips_html, template_html, token_rows
 from pages import common
 
 st.title("1 · Prompt & tokens")
@@ -14,12 +14,15 @@ lm, tr, too_long = common.get_tokens()
 prompt = tr.prompt
 if too_long:
     st.warning(too_long + " The tokens are shown here; the later stages need a shorter prompt.")
+n_prompt = len(tr.prompt_tokens)
 c = st.columns(5)
-c[0].metric("Tokens", len(tr.tokens))
-c[1].metric("Words", len(prompt.split()))
-c[2].metric("Characters", len(prompt))
-c[3].metric("Bytes (UTF-8)", len(prompt.encode("utf-8")))
-c[4].metric("Chars per token", f"{len(tr.text) / max(1, len(tr.tokens)):.2f}")
+c[0].metric("Tokens the model reads", f"{len(tr.tokens):,}",
+            help="Everything the model sees: your prompt plus the chat template and BOS/EOS tokens")
+c[1].metric("Tokens from your prompt", f"{n_prompt:,}")
+c[2].metric("Words / characters", f"{len(prompt.split()):,} / {len(prompt):,}",
+            help="Of your prompt; characters are Unicode code points")
+c[3].metric("Bytes (UTF-8)", f"{len(prompt.encode('utf-8')):,}")
+c[4].metric("Characters per token", f"{len(prompt) / max(1, n_prompt):.2f}", help="Of your prompt")
 st.html(chips_html(tr.tokens, tr.segments))
 st.caption("· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character "
            "(say an emoji) that the tokenizer split into byte pieces.")
@@ -28,8 +31,10 @@ if tr.chat:
     st.subheader("The chat template")
     st.markdown(f"Chat mode wrapped your {len(prompt)} characters into {len(tr.text)} characters with "
                 f"**{n_special} special tokens** (dark chips). This is exactly the text the model reads:")
-    st.code(tr.text, language=None)
+    st.html(template_html(tr.tokens))
 with st.expander("Every token as a table"):
+    st.caption("The piece is the vocabulary's own spelling: byte-level BPE vocabularies (SmolLM2, GPT-2) write a "
+               "leading space as Ġ and a newline as Ċ; SentencePiece vocabularies (Gemma) write a space as ▁.")
     st.dataframe(token_rows(tr.tokens), hide_index=True, width="stretch")
 
 st.subheader("Different models use different vocabularies")
@@ -65,4 +70,4 @@ def token_checks():
     return out
 
 
-common.how_do_we_know(token_checks)
+common.how_do_we_know(token_checks, "tokens")

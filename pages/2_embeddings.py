@@ -108,7 +108,7 @@ if f.positional == "rope" and inv is not None:
                 Check("embedding output = row of the matrix (× scale)",
                       bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[i], atol=1e-5)),
                       f"token {tok.id}: lookup vs the hooked embedding layer output")]
-    common.how_do_we_know(rope_checks)
+    common.how_do_we_know(rope_checks, f"rope{layer}-{i}", tq)
 else:
     base = lm.model.get_decoder() if hasattr(lm.model, "get_decoder") else lm.model.model
     pe = getattr(base, "embed_positions", None) or getattr(base, "wpe", None)

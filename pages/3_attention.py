@@ -90,4 +90,4 @@ def attention_checks():
     return out
 
 
-common.how_do_we_know(attention_checks)
+common.how_do_we_know(attention_checks, f"attn{layer}-{head}", tr)

@@ -58,4 +58,4 @@ def layer_checks():
     return out
 
 
-common.how_do_we_know(layer_checks)
+common.how_do_we_know(layer_checks, "layer", tr)

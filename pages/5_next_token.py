@@ -41,11 +41,17 @@ s1, s2 = st.columns([1, 3])
 seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
 if s1.button("Sample", type="primary"):
     tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
-    st.session_state["sampled"] = (tid, float(last[tid]), int(seed))
-if "sampled" in st.session_state:
-    tid, p, sd = st.session_state["sampled"]
-    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}, p = {p:.3f}):")
+    st.session_state["sampled"] = (tr.text, lm.label, tid, float(last[tid]), float(first[tid]), int(seed))
+if st.session_state.get("sampled", (None, None))[:2] == (tr.text, lm.label):
+    _, _, tid, p, p_raw, sd = st.session_state["sampled"]
+    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}): p = {p:.3f} after the "
+                f"filters, {p_raw:.3f} before them:")
     s2.code(tr.text + lm.tokenizer.decode([tid]), language=None)
 
-common.how_do_we_know(lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p)]
-                      + checks.check_logits(lm, tr)[:1])
+def next_checks():
+    if ("logits check",) not in tr.extras:
+        tr.extras[("logits check",)] = checks.check_logits(lm, tr)[0]
+    return [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), tr.extras[("logits check",)]]
+
+
+common.how_do_we_know(next_checks, f"next{temperature}-{top_k}-{top_p}-{min_p}", tr if tr.T > 256 else None)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 
+import numpy as np
 import streamlit as st
 
 import pipeline
@@ -148,29 +149,37 @@ def _traces() -> TraceCache:
     return TraceCache()
 
 
-def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None):
+def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
     lm = _loader(model_key).result
     return _traces().get((model_key, prompt, chat, qkv_layer), lambda: pipeline.trace(
         lm, prompt, chat=chat, qkv_layers=[qkv_layer] if qkv_layer is not None else None,
-        attn_layers=None if qkv_layer is None else [qkv_layer]))
+        attn_layers=None if qkv_layer is None else [qkv_layer], progress=progress))
 
 
 def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: int | None = None):
-    """(lm, trace) for the sidebar's prompt (or the one given); shows a clear message and stops on bad input."""
+    """(lm, trace) for the sidebar's prompt (or the one given); shows a clear message and stops on bad input.
+    A progress bar follows the layers while the model runs."""
     lm = get_model()
+    own = prompt is None
     prompt = st.session_state.get("prompt", "") if prompt is None else prompt
     chat = bool(st.session_state.get("chat")) if chat is None else chat
+    bar = st.empty()
     try:
         pipeline.trace_mod.check_prompt(prompt)
-        with st.spinner("Running the model with hooks on every stage…" if len(prompt) < 2000 else
-                        f"Running the model with hooks on every stage ({len(prompt):,} characters: this can take "
-                        "several seconds on a CPU)…"):
-            tr = _trace(model_key(), prompt, chat, qkv_layer)
+        tr = _trace(model_key(), prompt, chat, qkv_layer,
+                    progress=lambda f, msg: bar.progress(f, text=f"Running the model with hooks: {msg}"))
     except TraceError as e:
+        bar.empty()
         st.warning(str(e))
         st.stop()
-    if chat and not tr.chat:
+    bar.empty()
+    if chat and not tr.chat and own:
         st.caption("This model has no chat template (a base model), so the prompt is used as plain text.")
+    if own:
+        nxt = int(tr.next_logits.argmax())
+        p = float(np.exp(tr.next_logits[nxt] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
+        st.sidebar.caption(f"**This run:** {tr.T} tokens → most likely next token "
+                           f"**{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
     return lm, tr
 
 
@@ -198,16 +207,24 @@ def get_tokens():
     return lm, tk, msg
 
 
-def how_do_we_know(checks_fn, label="How do we know? Cross-checks on this run"):
-    """An expander that runs `checks_fn()` -> [Check] and shows each measured discrepancy."""
+def how_do_we_know(checks_fn, key: str, tr=None, label="How do we know? Cross-checks on this run"):
+    """An expander that runs `checks_fn()` -> [Check] once per trace (results kept on the trace) and shows
+    each measured discrepancy. Checks that need extra forward passes on long prompts wait for a click."""
     with st.expander(label):
-        try:
-            checks: list[Check] = checks_fn()
-        except Exception as e:
-            st.error(f"A check could not run: {type(e).__name__}: {e}")
-            return
-        for c in checks:
-            st.markdown(f"{'✅' if c.ok else '❌'} **{c.name}** — {c.detail}")
+        store = tr.extras if tr is not None else {}
+        if ("checks", key) not in store:
+            if tr is not None and tr.T > 256 and not st.button("Run the cross-checks", key=f"chk_{key}",
+                                                               help="They re-run the model: seconds at this length"):
+                st.caption(f"{tr.T} tokens: the cross-checks re-run the model, so they wait for a click.")
+                return
+            try:
+                store[("checks", key)] = checks_fn()
+            except Exception as e:
+                st.error(f"A check could not run: {type(e).__name__}: {e}")
+                return
+        for c in store[("checks", key)]:
+            mark = "➖ not run" if c.ok is None else ("✅" if c.ok else "❌")
+            st.markdown(f"{mark} **{c.name}** — {c.detail}")
 
 
 @st.cache_resource(show_spinner="Loading tokenizer…")
@@ -217,12 +234,13 @@ def tokenizer_for(key: str):
 
 def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     """A layer picker for views that need the layer's Q/K/V. Short prompts have them for every layer; long
-    ones for a few kept layers, and another layer is captured on request (one more forward pass).
-    Returns (trace, layer)."""
+    ones for a few kept layers, and another layer is captured on request (one more forward pass, which keeps
+    the default layers too). Returns (trace, layer)."""
     L = tr.facts.n_layers
     if len(tr.qkv) == L:
         return tr, st.slider(label, 0, L - 1, L // 2 if default is None else default, key=key)
-    extra = st.session_state.get(f"{key}_extra")
+    extra_key = (f"{key}_extra", st.session_state.get("prompt"), model_key())
+    extra = st.session_state.get(str(extra_key))
     if extra is not None and extra not in tr.qkv:
         _, tr = get_trace(qkv_layer=extra)
     options = sorted(tr.qkv)
@@ -230,7 +248,7 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     c1, c2 = st.columns([1, 3])
     want = c1.number_input("Capture another layer", 0, L - 1, 1, key=f"{key}_want")
     if c2.button(f"Run the model again keeping layer {want} in full ({tr.T} tokens: seconds on CPU)", key=f"{key}_go"):
-        st.session_state[f"{key}_extra"] = int(want)
+        st.session_state[str(extra_key)] = int(want)
         st.rerun()
     st.caption(f"{tr.T} tokens: query/key/value and full-resolution maps are kept for layers {options} only, "
                "to bound memory.")

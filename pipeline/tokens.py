@@ -49,10 +49,17 @@ class Tokenized:
     tokens: tuple[Token, ...]
     segments: tuple[Segment, ...]
     exact: bool                 # True when the token bytes reassemble `text` exactly
+    prompt_start: int = 0       # where the user's prompt begins inside `text`
 
     @property
     def input_ids(self) -> list[int]:
         return [t.id for t in self.tokens]
+
+    @property
+    def prompt_tokens(self) -> list[Token]:
+        """The tokens that come from the user's prompt (not the template, not BOS/EOS)."""
+        lo, hi = self.prompt_start, self.prompt_start + len(self.prompt)
+        return [t for t in self.tokens if not t.special and t.bytes and lo <= t.start and t.end <= hi]
 
 
 @lru_cache(maxsize=1)
@@ -222,4 +229,4 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
         first = tokens[pending[0]]
         segments.append(Segment(text[first.start:], first.start, len(text), tuple(pending)))
     return Tokenized(text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments),
-                     exact=exact)
+                     exact=exact, prompt_start=len(parts[0][0]) if chat else 0)

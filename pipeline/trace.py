@@ -160,8 +160,12 @@ def lens_grid(lm: LoadedModel, tr: "Trace", n_positions: int = LENS_GRID_MAX) ->
 
 def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[int] | None = None,
           attn_layers: list[int] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-          tokenized: Tokenized | None = None) -> Trace:
-    """Tokenize and run one hooked forward pass. Raises TraceError for prompts it cannot trace."""
+          tokenized: Tokenized | None = None, progress=None) -> Trace:
+    """Tokenize and run one hooked forward pass. Raises TraceError for prompts it cannot trace.
+
+    attn_layers / qkv_layers: layers to keep at full resolution / with Q, K, V when the prompt is too long to
+    keep every layer (they are added to the first, middle and last layers, memory permitting).
+    progress(fraction, message) is called as each layer finishes."""
     check_prompt(prompt)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -179,7 +183,7 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
         full = set(range(L))
     else:
-        wanted = attn_layers if attn_layers is not None else sorted({0, L // 2, L - 1})
+        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))   # asked-for layers first
         full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
     qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
     cap = Capture(full_layers=full, block=block, qkv_layers=qkv)
@@ -228,6 +232,8 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
                 acts["ffn"][i] = (acts["h"][i + 1].float() - acts["mid"][i].float()).norm(dim=-1)
                 acts["mid"][i] = None
                 mark(f"L{i}.1")()
+                if progress:
+                    progress((i + 1) / L, f"layer {i + 1} of {L}")
 
             handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(layer.register_forward_hook(post, with_kwargs=True))

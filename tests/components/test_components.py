@@ -23,7 +23,8 @@ def test_chips_escape_html_show_ids_and_whitespace():
     assert "&lt;s&gt;" in html and "<s>" not in html                 # special token shown, escaped
     assert "👋" in html and "9 10" in html          # one chip, both ids under it
     assert "·&lt;" in html                          # the space is a visible glyph
-    assert visible("a\tb\n\x00") == "a→b↵\n␀"
+    assert visible("a\tb\n\x00") == "a→b↵\n⟨NUL⟩"
+    assert visible("x\u202ey\u200bz") == "x⟨U+202E⟩y⟨ZWSP⟩z" and visible("👨\u200d👩") == "👨\u200d👩"
     assert token_rows(toks)[3]["bytes"] == "f0 9f"
 
 

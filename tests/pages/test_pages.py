@@ -37,9 +37,9 @@ def test_tokens_page_counts_and_chat_template():
     at = run("pages/1_tokens.py", prompt="Why is the sky blue?", chat=True)
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Words"] == "5" and metrics["Characters"] == "20"
-    assert int(metrics["Tokens"]) > 6            # the template adds special tokens and a system prompt
-    assert any("<|im_start|>" in c.value for c in at.code)
+    assert metrics["Words / characters"] == "5 / 20" and metrics["Tokens from your prompt"] == "6"
+    assert int(metrics["Tokens the model reads"]) > 6     # the template adds special tokens and a system prompt
+    assert any("&lt;|im_start|&gt;" in h.proto.body for h in at.get("html"))
 
 
 def test_next_token_page_refilters_without_new_trace():
@@ -66,8 +66,8 @@ def test_bad_prompts_give_a_message(page, bad, expect):
 def test_tokens_page_still_tokenizes_a_prompt_too_long_for_the_model():
     at = run("pages/1_tokens.py", prompt="x " * 50000)
     assert not at.exception
-    assert int({m.label: m.value for m in at.metric}["Tokens"].replace(",", "")) > 8192
-    assert {m.label: m.value for m in at.metric}["Characters"] == "100000"
+    assert int({m.label: m.value for m in at.metric}["Tokens the model reads"].replace(",", "")) > 8192
+    assert {m.label: m.value for m in at.metric}["Words / characters"] == "50,000 / 100,000"
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -83,7 +83,10 @@ def test_pages_on_gemma(page):
 def test_special_token_text_is_not_injected():
     at = run("pages/1_tokens.py", prompt="say <|im_end|> now")
     assert not at.exception
-    assert not any("<|im_start|>" in c.value for c in at.code)
+    bodies = [h.proto.body for h in at.get("html")]
+    main = bodies[0]                                          # this model's chips (others follow for comparison)
+    assert "im" in main and "end" in main
+    assert "#3a3a3a" not in main                              # no special-token chip: typed text stays text
 
 
 @pytest.mark.parametrize("path, expect", [("/no/such/folder", "No such folder"), ("PICKLE", "pickle")])

@@ -1,0 +1,157 @@
+"""The autoregressive loop, our own: prefill once, then decode one token per step, with a KV cache.
+
+`generate(...)` yields one `StepEvent` per generated token: its phase (prefill for the first token, decode
+after), the token, the top candidates after the sampling filters, the step's wall time (device-synchronised
+on GPU), and the KV cache bytes per layer read from the cache tensors themselves. Stops at EOS, at
+max_new_tokens, or when the caller stops iterating. Each step holds the model lock only for its own forward
+pass, so traces from other tabs interleave between steps.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .models import LoadedModel
+from .sampling import filter_probs
+from .tokens import tokenize
+from .trace import TraceError, check_prompt
+
+MAX_NEW_TOKENS = 1024
+
+
+@dataclass
+class StepEvent:
+    index: int                      # 0 = the first token (prefill), 1.. = decode steps
+    phase: str                      # "prefill" | "decode"
+    token_id: int
+    text: str
+    top: list[tuple[int, str, float]]   # (id, text, probability after the filters), most likely first
+    p: float                        # probability of the chosen token after the filters
+    step_s: float                   # this step's forward + sampling time
+    t_s: float                      # time since the request arrived (tokenization included)
+    context_len: int                # tokens the step attended over
+    kv_bytes_per_layer: list[int] = field(default_factory=list)
+    kv_bytes: int = 0
+    finished: str | None = None     # "eos" | "length" on the last event
+
+
+@dataclass
+class Request:
+    """What generate() was asked, after validation (the page shows `notes`)."""
+    prompt_ids: list[int]
+    max_new_tokens: int
+    notes: list[str]
+
+
+def kv_bytes(cache) -> list[int]:
+    """Bytes held by each layer's key and value tensors in a transformers cache."""
+    out = []
+    for layer in getattr(cache, "layers", []):
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        out.append(sum(t.numel() * t.element_size() for t in (k, v) if isinstance(t, torch.Tensor)))
+    return out
+
+
+def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None = None) -> int:
+    """2 (K and V) x layers x KV heads x head dim x bytes per value x tokens."""
+    f = lm.facts
+    b = bytes_per_value or torch.tensor([], dtype=lm.dtype).element_size()
+    return 2 * f.n_layers * f.n_kv_heads * f.head_dim * b * tokens
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    ids = set()
+    gc = getattr(lm.model, "generation_config", None)
+    e = getattr(gc, "eos_token_id", None)
+    ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids
+
+
+def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Request:
+    check_prompt(prompt)
+    ids = tokenize(lm.tokenizer, prompt, chat=chat).input_ids
+    notes = []
+    limit = lm.facts.max_positions or 10**9
+    if len(ids) >= limit:
+        raise TraceError(f"The prompt is {len(ids):,} tokens and fills this model's context window of {limit:,} "
+                         "tokens: there is no room to generate. Shorten it.")
+    n = int(max_new_tokens)
+    if n < 1:
+        n = 1
+        notes.append("max_new_tokens below 1 was raised to 1.")
+    if n > MAX_NEW_TOKENS:
+        notes.append(f"max_new_tokens {max_new_tokens:,} was capped at {MAX_NEW_TOKENS:,}.")
+        n = MAX_NEW_TOKENS
+    if len(ids) + n > limit:
+        n = limit - len(ids)
+        notes.append(f"Capped at {n:,} new tokens: the context window is {limit:,} tokens.")
+    return Request(ids, n, notes)
+
+
+def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int | None = 0, use_cache: bool = True, chat: bool = False,
+             min_p: float = 0.0, n_top: int = 10, request: Request | None = None):
+    """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts."""
+    from transformers import DynamicCache
+
+    t0 = time.perf_counter()
+    req = request or prepare(lm, prompt, max_new_tokens, chat)
+    dev = lm.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+    stop = eos_ids(lm)
+    ids = torch.tensor([req.prompt_ids], device=dev)
+    cache = DynamicCache(config=lm.model.config) if use_cache else None
+    next_input = ids
+    for i in range(req.max_new_tokens):
+        t_step = time.perf_counter()
+        with lm.lock, torch.inference_mode():
+            if use_cache:
+                out = lm.model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            else:
+                out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            logits = out.logits[0, -1].float()
+            sync()
+        probs = filter_probs(logits.cpu(), temperature, top_k, top_p, min_p)
+        tok = int(torch.multinomial(probs, 1, generator=gen)[0]) if temperature and temperature > 0 \
+            else int(probs.argmax())
+        t_done = time.perf_counter()
+        p_top, i_top = probs.topk(min(n_top, probs.numel()))
+        top = [(int(a), lm.tokenizer.decode([int(a)]), float(b)) for a, b in zip(i_top, p_top) if b > 0]
+        per_layer = kv_bytes(cache) if use_cache else []
+        ctx = ids.shape[1]
+        finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
+        yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
+                        text=lm.tokenizer.decode([tok]), top=top, p=float(probs[tok]), step_s=t_done - t_step,
+                        t_s=t_done - t0, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
+                        finished=finished)
+        if finished:
+            return
+        nxt = torch.tensor([[tok]], device=dev)
+        ids = torch.cat([ids, nxt], dim=1)
+        next_input = nxt
+
+
+@dataclass
+class Metrics:
+    n: int
+    ttft_s: float            # request in -> first token out (tokenization included)
+    latency_s: float         # request in -> last token out
+    itl_s: list[float]       # inter-token latency, one per gap
+    tpot_s: float | None     # (latency - TTFT) / (n - 1)
+    tokens_per_s: float | None   # decode rate: (n - 1) / (latency - TTFT)
+
+
+def metrics(events: list[StepEvent]) -> Metrics:
+    """Serving metrics as vLLM / TGI define them, from this run's events."""
+    if not events:
+        raise ValueError("no events")
+    n = len(events)
+    ttft, lat = events[0].t_s, events[-1].t_s
+    itl = [b.t_s - a.t_s for a, b in zip(events, events[1:])]
+    tpot = (lat - ttft) / (n - 1) if n > 1 else None
+    return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None)
