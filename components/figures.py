@@ -111,7 +111,7 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     cols = min(max_cols, H)
     rows = -(-H // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
-                        horizontal_spacing=0.04, vertical_spacing=0.06)
+                        horizontal_spacing=0.08 if n <= 16 else 0.03, vertical_spacing=0.12 if n <= 16 else 0.05)
     if block == 1:
         ticks = labels
     else:
@@ -125,10 +125,19 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
                                  showscale=(h == 0),
                                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
                       row=h // cols + 1, col=h % cols + 1)
-    fig.update_yaxes(autorange="reversed", showticklabels=n <= 40, tickfont=dict(size=9))
-    fig.update_xaxes(showticklabels=n <= 40, tickfont=dict(size=9), tickangle=-60)
+    fig.update_yaxes(autorange="reversed", showticklabels=n <= 16, tickfont=dict(size=9))
+    fig.update_xaxes(showticklabels=n <= 16, tickfont=dict(size=9), tickangle=-60)
     return _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)",
                    height=max(360, 330 * rows))
+
+
+def without_sink(maps: np.ndarray) -> np.ndarray:
+    """Attention [..., T, T] with the first key column removed from view and rows renormalised over the rest.
+    Most heads park most of their weight on the first token (an 'attention sink'); hiding it shows the rest."""
+    m = np.array(maps, dtype=np.float32, copy=True)
+    m[..., 0] = 0
+    s = m.sum(-1, keepdims=True)
+    return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
 
 
 def mosaic_image(maps: np.ndarray, cell: int = 48, gap: int = 3) -> np.ndarray:
@@ -207,7 +216,7 @@ def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, positi
     fig.add_trace(go.Bar(x=list(range(L)), y=ffn, name="|feed-forward adds|", marker_color=GREEN, opacity=0.85))
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="layer")
-    fig.update_yaxes(title="L2 norm", type="log")
+    fig.update_yaxes(title="L2 norm (log scale)", type="log", dtick=1)
     return _layout(fig, f"Residual stream and what each sub-layer adds · token {position_label}", height=420)
 
 
@@ -219,7 +228,7 @@ def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
     fig.add_trace(go.Scatter(x=list(range(L)), y=normed, name="after the layer's norm (what attention reads)",
                              mode="lines+markers", line=dict(color=RED)))
     fig.update_xaxes(title="layer")
-    fig.update_yaxes(title="L2 norm", type="log")
+    fig.update_yaxes(title="L2 norm (log scale)", type="log", dtick=1)
     return _layout(fig, "The norm rescales the growing residual before attention reads it", height=340)
 
 

@@ -50,10 +50,27 @@ else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 
 st.subheader("Context moves a token's vector through the layers")
+PAIRS = {
+    "Apple after context: laptop vs pie": ("I bought an Apple laptop.", "I ate an Apple pie.", "Apple"),
+    "Apple first: chip vs tree (the article's example)": ("Apple released a new chip.", "Apple fell from the tree.",
+                                                          "Apple"),
+    "Word order: Dog bites man vs Man bites dog": ("Dog bites man.", "Man bites dog.", "bites"),
+}
+
+
+def _use_pair():
+    a, b, w = PAIRS[st.session_state["drift_pair"]]
+    st.session_state.update(drift_a=a, drift_b=b, drift_word=w)
+
+
+if "drift_a" not in st.session_state:
+    st.session_state["drift_pair"] = next(iter(PAIRS))
+    _use_pair()
+st.selectbox("Example", list(PAIRS), key="drift_pair", on_change=_use_pair)
 c1, c2, c3 = st.columns([2, 2, 1])
-pa = c1.text_input("Sentence A", "Apple released a new chip.")
-pb = c2.text_input("Sentence B", "Apple fell from the tree.")
-word = c3.text_input("Word", "Apple")
+pa = c1.text_input("Sentence A", key="drift_a")
+pb = c2.text_input("Sentence B", key="drift_b")
+word = c3.text_input("Word", key="drift_word")
 _, ta = common.get_trace(pa, chat=False)
 _, tb = common.get_trace(pb, chat=False)
 ia, ib = analysis.find_token(ta, word), analysis.find_token(tb, word)
@@ -80,12 +97,15 @@ st.subheader("Positions")
 inv = analysis.rope_inv_freq(lm, 0)
 if f.positional == "rope" and inv is not None:
     npos = max(64, min(tr.T, 512))
-    st.markdown(f"**RoPE** (θ base {f.rope_theta:g}): the {f.head_dim}-dim query and key are cut into "
-                f"{len(inv)} pairs; pair *i* is rotated by position × {f.rope_theta:g}^(−2i/{f.head_dim}). "
-                "Early pairs spin fast (fine position), late pairs slowly (coarse position).")
-    st.plotly_chart(rope_heatmap(analysis.rope_angles(inv, np.arange(npos))), width="stretch")
-    tq, layer = common.layer_with_qkv(tr, "Layer for the query/key example", "rope_layer", default=0)
+    tq, layer = common.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
     inv_l = analysis.rope_inv_freq(lm, layer)
+    theta = analysis.rope_theta_of(inv_l, f.head_dim)
+    kind = analysis.layer_kind(lm, layer)
+    st.markdown(f"**RoPE** in layer {layer} (θ base {theta:,.0f}{', ' + kind if kind else ''}): the "
+                f"{f.head_dim}-dim query and key are cut into {len(inv_l)} pairs; pair *i* is rotated by "
+                f"position × {theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
+                "slowly (coarse position).")
+    st.plotly_chart(rope_heatmap(analysis.rope_angles(inv_l, np.arange(npos))), width="stretch")
     q, k = tq.qkv[layer]["q"], tq.qkv[layer]["k"]
     # the captured q, k are after RoPE: rotate back (RoPE is orthogonal) to get the raw vectors
     qi, ki = tq.T - 1, 0

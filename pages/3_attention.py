@@ -2,7 +2,8 @@ import numpy as np
 import streamlit as st
 
 from components import bertviz_offline
-from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image
+from components.figures import (attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image,
+                                without_sink)
 from pipeline import checks
 from pipeline.checks import Check
 from pipeline.trace import display_maps
@@ -22,13 +23,22 @@ L, H = f.n_layers, f.n_heads
 
 tr, layer = common.layer_with_qkv(tr, "Layer", "attn_layer")
 maps, block = display_maps(tr, layer)
+sink = float(tr.attentions[..., 0].astype(np.float32).mean())
+hide = st.toggle("Hide the first token (the attention sink) and renormalise", value=False, key="attn_sink",
+                 help="Display only; the numbers checked below are the model's own")
+st.caption(f"Across all layers and heads, {sink:.0%} of attention goes to the very first token on average: many "
+           "heads use it as a place to 'park' attention when nothing else is relevant. "
+           + ("It is hidden now, rows renormalised over the other tokens." if hide else
+              "Switch the toggle to see where the rest goes."))
+if hide:
+    maps = without_sink(maps)
 if block > 1:
     st.caption(f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
                "still sum to 1), one picture per head instead of millions of cells.")
 st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
 
 st.subheader("Every layer and head at a glance")
-st.image(mosaic_image(tr.attentions),
+st.image(mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
          caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
                  "query down, key across (brighter = more weight, contrast per tile).", width="stretch")
 
@@ -66,11 +76,12 @@ else:
         att = tr.attentions
         tokens = [lab.split(":", 1)[1] for lab in labels]
         which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
-        n_layers = st.slider("Layers to include", 1, L, min(L, 6 if which == "head view" else 3),
+        n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers",
                              help="Fewer layers keep the page small")
         html = bertviz_offline.offline_html("head" if which == "head view" else "model", att.astype(np.float32),
                                             tokens, max_layers=n_layers, display_mode="light")
-        st.iframe(html, height=650 if which == "head view" else 900)
+        height = 160 + 22 * T if which == "head view" else 140 + 105 * n_layers
+        st.iframe(html, height=max(420, height))
         st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 "
                    "decimals.")
     else:

@@ -35,7 +35,7 @@ st.plotly_chart(matrix_heatmap(np.log10(tr.resid_norm[:, show].T + 1e-6), [f"L{i
 st.subheader("Logit lens")
 rows = []
 for i, top in enumerate(tr.lens_last_top):
-    rows.append({"after layer": i if i else "embedding", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} "
+    rows.append({"after layer": str(i) if i else "embedding", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} "
                  f"({p:.2f})" for r, (t, p) in enumerate(top)}})
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
 st.dataframe(rows, hide_index=True, width="stretch", height=min(600, 36 * len(rows) + 40))

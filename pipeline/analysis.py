@@ -121,3 +121,18 @@ def relative_scores(q_raw: np.ndarray, k_raw: np.ndarray, inv_freq: np.ndarray, 
     """[max_dist+1] the query-key dot product when the key sits d positions before the query, d = 0..max_dist,
     with the query placed at position at + d (RoPE makes it depend on d only)."""
     return np.array([rotate(q_raw, at + d, inv_freq) @ rotate(k_raw, at, inv_freq) for d in range(max_dist + 1)])
+
+
+def rope_theta_of(inv_freq: np.ndarray, head_dim: int) -> float:
+    """The base θ behind inv_freq[i] = θ^(-2i/head_dim) (read back from the model's own frequencies)."""
+    return float(inv_freq[1] ** (-head_dim / 2)) if len(inv_freq) > 1 else float("nan")
+
+
+def layer_kind(lm: LoadedModel, layer: int) -> str:
+    """'' for uniform models; Gemma-style models alternate local (sliding-window) and global layers."""
+    types = getattr(lm.model.config, "layer_types", None)
+    if not types or len(set(types)) < 2:
+        return ""
+    if types[layer] == "sliding_attention":
+        return f"a local layer: attends to the last {lm.model.config.sliding_window:,} tokens only"
+    return "a global layer: attends to every earlier token"
