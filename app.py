@@ -13,6 +13,12 @@ PAGES = [
     st.Page("pages/4_layer.py", title="4 · Inside a layer", icon=":material/layers:", url_path="layer"),
     st.Page("pages/5_next_token.py", title="5 · Next token", icon=":material/casino:", url_path="next-token"),
 ]
-page = st.navigation(PAGES)
+AFTER = [
+    st.Page("pages/6_generation.py", title="6 · Generation", icon=":material/autorenew:", url_path="generation"),
+    st.Page("pages/7_prefill_decode.py", title="7 · Prefill vs decode", icon=":material/speed:", url_path="prefill-decode"),
+    st.Page("pages/8_kv_cache.py", title="8 · KV cache", icon=":material/memory:", url_path="kv-cache"),
+    st.Page("pages/9_hardware.py", title="9 · Hardware", icon=":material/developer_board:", url_path="hardware"),
+]
+page = st.navigation({"Before the first token": PAGES, "After it": AFTER})
 common.sidebar()
 page.run()

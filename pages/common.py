@@ -253,3 +253,53 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     st.caption(f"{tr.T} tokens: query/key/value and full-resolution maps are kept for layers {options} only, "
                "to bound memory.")
     return tr, layer
+
+
+def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
+    """Temperature / top-k / top-p / seed / max new tokens in one row (shared by the generation pages)."""
+    c = st.columns(5)
+    return dict(
+        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n",
+                                         help=f"Capped at {pipeline.generate_mod.MAX_NEW_TOKENS}"),
+        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else 0.7, 0.05, key=f"{prefix}_t",
+                                help="0 = greedy"),
+        top_k=c[2].slider("Top-k (0 = off)", 0, 200, 50, key=f"{prefix}_k"),
+        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, 0.95, 0.01, key=f"{prefix}_p"),
+        seed=c[4].number_input("Seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed"),
+    )
+
+
+def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None,
+                   use_cache: bool = True):
+    """Stream one generation into `out` (a placeholder), keeping every event in session_state[slot] as it
+    arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input."""
+    try:
+        req = pipeline.generate_mod.prepare(lm, prompt, settings["max_new_tokens"], chat)
+    except TraceError as e:
+        st.warning(str(e))
+        return None
+    for note in req.notes:
+        st.info(note)
+    rec = {"prompt": prompt, "chat": chat, "model": lm.label, "settings": dict(settings), "events": [],
+           "done": False, "prompt_tokens": len(req.prompt_ids), "use_cache": use_cache}
+    st.session_state[slot] = rec
+    t_start = time.perf_counter()
+    for ev in pipeline.generate_mod.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache,
+                                             **{k: v for k, v in settings.items() if k != "max_new_tokens"}):
+        rec["events"].append(ev)
+        if sampler is not None:
+            sampler.mark("prefill" if ev.phase == "prefill" else "decode",
+                         t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
+        if out is not None:
+            out.markdown("".join(e.text for e in rec["events"]) + " ▌")
+    rec["done"] = True
+    if out is not None:
+        out.markdown("".join(e.text for e in rec["events"]))
+    return rec
+
+
+def last_generation(slot: str, lm):
+    rec = st.session_state.get(slot)
+    if rec and rec["model"] == lm.label and rec["events"]:
+        return rec
+    return None

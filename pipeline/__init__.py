@@ -8,6 +8,7 @@
 from . import checks, sampling
 from .models import EMBEDDED, GEMMA, LoadedModel, ModelLoadError, available_models, load_model
 from .tokens import Token, Segment, tokenize
+from . import generate as generate_mod
 from . import trace as trace_mod
 from .trace import Trace, TraceError, trace
 

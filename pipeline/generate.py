@@ -28,6 +28,7 @@ class StepEvent:
     token_id: int
     text: str
     top: list[tuple[int, str, float]]   # (id, text, probability after the filters), most likely first
+    top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
     p: float                        # probability of the chosen token after the filters
     step_s: float                   # this step's forward + sampling time
     t_s: float                      # time since the request arrived (tokenization included)
@@ -120,13 +121,17 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
         tok = int(torch.multinomial(probs, 1, generator=gen)[0]) if temperature and temperature > 0 \
             else int(probs.argmax())
         t_done = time.perf_counter()
+        dec = lm.tokenizer.decode
         p_top, i_top = probs.topk(min(n_top, probs.numel()))
-        top = [(int(a), lm.tokenizer.decode([int(a)]), float(b)) for a, b in zip(i_top, p_top) if b > 0]
+        top = [(int(a), dec([int(a)]), float(b)) for a, b in zip(i_top, p_top) if b > 0]
+        r_top, ri_top = torch.softmax(logits.cpu(), -1).topk(min(n_top, probs.numel()))
+        top_raw = [(int(a), dec([int(a)]), float(b)) for a, b in zip(ri_top, r_top)]
         per_layer = kv_bytes(cache) if use_cache else []
         ctx = ids.shape[1]
         finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
         yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
-                        text=lm.tokenizer.decode([tok]), top=top, p=float(probs[tok]), step_s=t_done - t_step,
+                        text=lm.tokenizer.decode([tok]), top=top, top_raw=top_raw, p=float(probs[tok]),
+                        step_s=t_done - t_step,
                         t_s=t_done - t0, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
                         finished=finished)
         if finished:
@@ -155,3 +160,43 @@ def metrics(events: list[StepEvent]) -> Metrics:
     itl = [b.t_s - a.t_s for a, b in zip(events, events[1:])]
     tpot = (lat - ttft) / (n - 1) if n > 1 else None
     return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None)
+
+
+def _ids_of_length(lm: LoadedModel, n: int) -> torch.Tensor:
+    """Real text, repeated and cut to exactly n tokens."""
+    text = ("The sky looks blue because air molecules scatter short wavelengths of sunlight more than long ones. "
+            "At sunset the light crosses more air, so the blue is scattered away and reds remain. ")
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = (ids * (n // len(ids) + 1))[:n]
+    return torch.tensor([ids], device=lm.device)
+
+
+def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, progress=None) -> list[dict]:
+    """For each prompt length T: time of the prefill forward (T tokens at once, filling the KV cache) and the
+    mean time of `decode_steps` single-token decode steps after it. Measured, device-synchronised."""
+    from transformers import DynamicCache
+
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    rows = []
+    for j, n in enumerate(lengths):
+        ids = _ids_of_length(lm, n)
+        with lm.lock, torch.inference_mode():
+            cache = DynamicCache(config=lm.model.config)
+            sync()
+            t = time.perf_counter()
+            out = lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync()
+            prefill = time.perf_counter() - t
+            nxt = out.logits[:, -1:].argmax(-1)
+            steps = []
+            for _ in range(decode_steps):
+                t = time.perf_counter()
+                out = lm.model(input_ids=nxt, past_key_values=cache, use_cache=True)
+                nxt = out.logits[:, -1:].argmax(-1)
+                sync()
+                steps.append(time.perf_counter() - t)
+        rows.append({"tokens": n, "prefill_s": prefill, "decode_step_s": sum(steps) / len(steps),
+                     "prefill_per_token_s": prefill / n})
+        if progress:
+            progress((j + 1) / len(lengths), f"{n} tokens")
+    return rows

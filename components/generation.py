@@ -1,0 +1,116 @@
+"""Figures for the autoregressive loop, prefill vs decode, the KV cache and hardware telemetry."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
+from .tokens import visible
+
+
+def step_times_figure(events, title="Time per generated token (this run)") -> go.Figure:
+    x = [e.index for e in events]
+    y = [e.step_s * 1000 for e in events]
+    colors = [ORANGE if e.phase == "prefill" else BLUE for e in events]
+    fig = go.Figure(go.Bar(x=x, y=y, marker_color=colors, text=[visible(e.text) for e in events],
+                           hovertemplate="token %{x}: %{text}<br>%{y:.1f} ms<extra></extra>"))
+    fig.update_xaxes(title="generated token (0 = first token: prefill, orange)")
+    fig.update_yaxes(title="milliseconds")
+    return _layout(fig, title, height=340)
+
+
+def distribution_figure(top, top_raw, chosen: int) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["after the filters (drawn from)", "before (softmax)"],
+                        horizontal_spacing=0.18)
+    for col, rows in ((1, top), (2, top_raw)):
+        fig.add_trace(go.Bar(x=[p for _, _, p in rows], y=[f"{visible(t)!r}" for _, t, _ in rows], orientation="h",
+                             marker_color=[RED if i == chosen else BLUE for i, _, _ in rows], showlegend=False,
+                             text=[f"{p:.3f}" for _, _, p in rows], textposition="outside", cliponaxis=False),
+                      row=1, col=col)
+        fig.update_xaxes(range=[0, 1.15], row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    _layout(fig, None, height=max(260, 24 * max(len(top), len(top_raw)) + 80))
+    fig.update_layout(margin=dict(t=40))
+    return fig
+
+
+def sweep_figure(rows) -> go.Figure:
+    fig = go.Figure()
+    T = [r["tokens"] for r in rows]
+    fig.add_trace(go.Scatter(x=T, y=[r["prefill_s"] * 1000 for r in rows], mode="lines+markers",
+                             name="prefill: the whole prompt at once (= time to first token)", line=dict(color=ORANGE)))
+    fig.add_trace(go.Scatter(x=T, y=[r["decode_step_s"] * 1000 for r in rows], mode="lines+markers",
+                             name="decode: one more token with the KV cache", line=dict(color=BLUE)))
+    fig.update_xaxes(title="prompt length (tokens)", type="log")
+    fig.update_yaxes(title="milliseconds", type="log")
+    return _layout(fig, "Prefill grows with the prompt; a decode step barely does", height=380,
+                   legend=dict(orientation="h", y=-0.25))
+
+
+def cache_on_off_figure(on, off) -> go.Figure:
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[e.context_len for e in on], y=[e.step_s * 1000 for e in on], mode="lines+markers",
+                             name="KV cache on: each step feeds 1 token", line=dict(color=BLUE)))
+    fig.add_trace(go.Scatter(x=[e.context_len for e in off], y=[e.step_s * 1000 for e in off], mode="lines+markers",
+                             name="cache off: each step re-reads the whole context", line=dict(color=RED)))
+    fig.update_xaxes(title="context length at this step (tokens)")
+    fig.update_yaxes(title="step time (ms)")
+    return _layout(fig, "The same generation with and without the KV cache (measured)", height=380,
+                   legend=dict(orientation="h", y=-0.25))
+
+
+def kv_growth_figure(events, formula_per_token: int) -> go.Figure:
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[e.context_len for e in events], y=[e.kv_bytes / 2**20 for e in events],
+                             mode="markers", name="measured: bytes of the cache tensors", marker=dict(color=BLUE, size=7)))
+    fig.add_trace(go.Scatter(x=[e.context_len for e in events],
+                             y=[formula_per_token * e.context_len / 2**20 for e in events], mode="lines",
+                             name="formula × tokens", line=dict(color=ORANGE, dash="dot")))
+    fig.update_xaxes(title="tokens in the cache")
+    fig.update_yaxes(title="MiB")
+    return _layout(fig, "KV cache size over the run", height=340, legend=dict(orientation="h", y=-0.3))
+
+
+def kv_layers_figure(per_layer: list[int]) -> go.Figure:
+    fig = go.Figure(go.Bar(x=list(range(len(per_layer))), y=[b / 2**10 for b in per_layer], marker_color=GREEN))
+    fig.update_xaxes(title="layer")
+    fig.update_yaxes(title="KiB (keys + values)")
+    return _layout(fig, "Per layer, at the end of the run", height=300)
+
+
+def telemetry_figure(tl) -> go.Figure:
+    s = tl.samples
+    t = [x["t"] for x in s]
+    gpu = tl.source == "nvml"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["GPU utilisation %" if gpu else "CPU % of this process (100 = one core)",
+                                        "GPU memory used (MiB)" if gpu else "resident memory (MiB)"])
+    if gpu:
+        fig.add_trace(go.Scatter(x=t, y=[x["gpu_util"] for x in s], name="NVML polled", line=dict(color=BLUE)), 1, 1)
+        if tl.nvml_util:
+            fig.add_trace(go.Scatter(x=[a for a, _ in tl.nvml_util], y=[b for _, b in tl.nvml_util], mode="markers",
+                                     name="NVML buffered samples", marker=dict(color=GREEN, size=5)), 1, 1)
+        fig.add_trace(go.Scatter(x=t, y=[x["mem_used_mb"] for x in s], name="memory used", line=dict(color=ORANGE)),
+                      2, 1)
+    else:
+        fig.add_trace(go.Scatter(x=t, y=[x["cpu_percent"] for x in s], name="process CPU %", line=dict(color=BLUE)),
+                      1, 1)
+        n = len(s[0]["per_core"]) if s and "per_core" in s[0] else 0
+        for c in range(n):
+            fig.add_trace(go.Scatter(x=t, y=[x["per_core"][c] for x in s], name=f"core {c} (whole machine)",
+                                     line=dict(width=1, dash="dot")), 1, 1)
+        fig.add_trace(go.Scatter(x=t, y=[x["rss_mb"] for x in s], name="RSS", line=dict(color=ORANGE)), 2, 1)
+    for a, b, label in tl.marks:
+        fig.add_vrect(x0=a, x1=b, fillcolor=ORANGE if label == "prefill" else GREY,
+                      opacity=0.25 if label == "prefill" else 0.12, line_width=0, row="all", col=1)
+    fig.update_xaxes(title="seconds since the request", row=2, col=1)
+    return _layout(fig, "Hardware during the run (orange = prefill, grey = decode steps)", height=520)
+
+
+def ops_figure(top) -> go.Figure:
+    fig = go.Figure(go.Bar(x=[r["share"] * 100 for r in top], y=[r["op"] for r in top], orientation="h",
+                           marker_color=[BLUE if r["matmul"] else GREY for r in top],
+                           hovertemplate="%{y}: %{x:.1f}%<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="% of one decode step's operator time")
+    return _layout(fig, "Where one decode step's time goes (blue = matrix multiplication)", height=380)

@@ -1,0 +1,56 @@
+import streamlit as st
+
+from components.generation import distribution_figure, step_times_figure
+from components.tokens import visible
+from pipeline.generate import metrics
+from pages import common
+
+st.title("6 · Generation: the autoregressive loop")
+st.markdown(
+    "After the first token the loop begins: the chosen token is appended to the input and the model runs "
+    "again, one token at a time, until it emits an end-of-sequence token or reaches the limit. Thanks to the "
+    "**KV cache** each step feeds only the newest token; the keys and values of everything before are reused. "
+    "This is our own loop (not `model.generate`), so every step's distribution and timing is visible. Click a "
+    "generated token to see the distribution it was drawn from.")
+lm = common.get_model()
+has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+prompt = st.session_state.get("prompt", "")
+c1, c2 = st.columns([3, 1])
+c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")
+chat = c2.toggle("Chat mode", value=has_template, key="gen_chat", disabled=not has_template,
+                 help="On by default for instruct models; base models have no chat template")
+settings = common.sampling_controls("gen")
+b1, b2 = st.columns([1, 5])
+go = b1.button("Generate", type="primary", key="gen_go")
+b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept")
+out = st.empty()
+if go:
+    rec = common.run_generation(lm, prompt, chat, settings, "gen", out=out)
+rec = common.last_generation("gen", lm)
+if rec is None:
+    st.info("Press **Generate** to run the loop on the sidebar's prompt.")
+    st.stop()
+ev = rec["events"]
+if not go:
+    out.markdown("".join(e.text for e in ev))
+if not rec["done"]:
+    st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
+elif ev[-1].finished == "eos":
+    st.caption("Stopped at the end-of-sequence token.")
+m = metrics(ev)
+c = st.columns(5)
+c[0].metric("Tokens generated", m.n)
+c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in → first token out, "
+            "tokenization included")
+c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
+            help="(latency − TTFT) / (n − 1)")
+c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
+c[4].metric("Prompt tokens", rec["prompt_tokens"])
+pick = st.pills("Generated tokens (click one)", list(range(len(ev))), default=len(ev) - 1 if ev else None,
+                format_func=lambda i: visible(ev[i].text) or "∅", key="gen_pick")
+if pick is not None:
+    e = ev[pick]
+    st.markdown(f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "
+                f"filters; context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms")
+    st.plotly_chart(distribution_figure(e.top, e.top_raw, e.token_id), width="stretch")
+st.plotly_chart(step_times_figure(ev), width="stretch")

@@ -1,0 +1,77 @@
+import pandas as pd
+import streamlit as st
+
+import pipeline
+from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
+from pipeline.generate import metrics, prefill_decode_sweep
+from pages import common
+
+st.title("7 · Prefill vs decode")
+st.markdown(
+    "Generation has two phases. **Prefill** runs the whole prompt through the model in one forward pass: "
+    "every prompt token is processed in parallel and its keys and values go into the KV cache. Its end is the "
+    "**time to first token** (TTFT). **Decode** then produces one token per forward pass, reading the cache "
+    "instead of recomputing the past. Prefill does a lot of arithmetic on many tokens at once; a decode step "
+    "does little arithmetic but must read every weight of the model for a single token, so its time barely "
+    "depends on the context length, until the context gets long.")
+lm = common.get_model()
+
+st.subheader("This run")
+rec = common.last_generation("gen", lm)
+if rec is None:
+    st.info("Generate something on page 6 to see its first token next to its decode steps; or run the sweep below.")
+else:
+    ev = rec["events"]
+    m = metrics(ev)
+    c = st.columns(3)
+    c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec['prompt_tokens']} prompt tokens")
+    c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
+    c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
+    st.plotly_chart(step_times_figure(ev), width="stretch")
+
+st.subheader("Prompt length sweep")
+gpu = lm.device.type == "cuda"
+lengths = [16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]
+st.caption(f"Prompt lengths {lengths} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
+           "pass, each decode time the mean of 8 steps after it.")
+if st.button("Run the sweep", key="sweep_go"):
+    bar = st.progress(0.0, text="prefill and decode at each length")
+    st.session_state["sweep"] = (lm.label, prefill_decode_sweep(
+        lm, lengths, decode_steps=8, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
+    bar.empty()
+sweep = st.session_state.get("sweep")
+if sweep and sweep[0] == lm.label:
+    rows = sweep[1]
+    st.plotly_chart(sweep_figure(rows), width="stretch")
+    st.dataframe(pd.DataFrame([{"prompt tokens": r["tokens"], "prefill ms": round(r["prefill_s"] * 1000, 1),
+                                "prefill ms per token": round(r["prefill_per_token_s"] * 1000, 2),
+                                "decode step ms": round(r["decode_step_s"] * 1000, 1)} for r in rows]),
+                 hide_index=True)
+    first, last = rows[0], rows[-1]
+    st.caption(f"From {first['tokens']} to {last['tokens']} tokens ({last['tokens'] // first['tokens']}× longer) "
+               f"prefill took {last['prefill_s'] / first['prefill_s']:.1f}× as long, a decode step "
+               f"{last['decode_step_s'] / first['decode_step_s']:.2f}× as long.")
+
+st.subheader("Without the KV cache")
+st.markdown("The same greedy generation twice: with the cache each step feeds one token; without it every step "
+            "feeds the whole context again, so step time grows with the length. Same tokens out.")
+n_off = 24 if not gpu else 64
+if st.button(f"Run {n_off} tokens with and without the cache", key="cache_go"):
+    prompt = st.session_state.get("prompt", "") or "The capital of France is"
+    with st.spinner("Generating twice…"):
+        try:
+            on = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0))
+            off = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0, use_cache=False))
+            st.session_state["cache_cmp"] = (lm.label, on, off)
+        except pipeline.TraceError as e:
+            st.warning(str(e))
+cmp_ = st.session_state.get("cache_cmp")
+if cmp_ and cmp_[0] == lm.label:
+    _, on, off = cmp_
+    st.plotly_chart(cache_on_off_figure(on, off), width="stretch")
+    same = [e.token_id for e in on] == [e.token_id for e in off]
+    mo, mf = metrics(on), metrics(off)
+    c = st.columns(3)
+    c[0].metric("Decode speed, cache on", f"{mo.tokens_per_s:.1f} tok/s" if mo.tokens_per_s else "—")
+    c[1].metric("Decode speed, cache off", f"{mf.tokens_per_s:.1f} tok/s" if mf.tokens_per_s else "—")
+    c[2].metric("Same tokens", "yes" if same else "NO")

@@ -1,0 +1,56 @@
+import pandas as pd
+import streamlit as st
+
+from components.generation import kv_growth_figure, kv_layers_figure
+from pipeline.generate import kv_bytes_formula
+from pages import common
+
+st.title("8 · The KV cache")
+st.markdown(
+    "Every layer keeps the **keys** and **values** of every token seen so far, so a decode step only computes "
+    "them for the newest token. The price is memory that grows with every token: "
+    "**2 (K and V) × layers × KV heads × head dim × bytes per value** per token. Models with "
+    "**grouped-query attention** (GQA) share each key/value head among several query heads, which divides this "
+    "memory. Below, the formula next to the bytes actually held by this run's cache tensors.")
+lm = common.get_model()
+f = lm.facts
+rec = common.last_generation("gen", lm)
+if rec is None or not rec.get("use_cache", True):
+    with st.spinner("Generating 16 tokens to measure the cache…"):
+        rec = common.run_generation(lm, st.session_state.get("prompt", "") or "The capital of France is", False,
+                                    dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "gen")
+    if rec is None:
+        st.stop()
+ev = rec["events"]
+per_token = kv_bytes_formula(lm, 1)
+bpv = per_token // (2 * f.n_layers * f.n_kv_heads * f.head_dim)      # bytes per value of this dtype
+last = ev[-1]
+measured_per_token = last.kv_bytes / last.context_len
+c = st.columns(4)
+c[0].metric("Formula, per token", f"{per_token:,} B",
+            help=f"2 × {f.n_layers} layers × {f.n_kv_heads} KV heads × {f.head_dim} × {bpv} bytes ({lm.dtype})")
+c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B", help="bytes of the cache tensors ÷ tokens in them")
+c[2].metric("Cache now", f"{last.kv_bytes / 2**20:.2f} MiB", help=f"{last.context_len} tokens")
+c[3].metric("Agree", "yes" if all(e.kv_bytes == kv_bytes_formula(lm, e.context_len) for e in ev) else "NO")
+st.latex(rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
+         rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}")
+st.plotly_chart(kv_growth_figure(ev, per_token), width="stretch")
+st.plotly_chart(kv_layers_figure(last.kv_bytes_per_layer), width="stretch")
+types = getattr(lm.model.config, "layer_types", None)
+if types and "sliding_attention" in types:
+    st.caption(f"{types.count('sliding_attention')} of {len(types)} layers are local (sliding window of "
+               f"{lm.model.config.sliding_window:,} tokens); a cache built for long runs can cap those layers at the "
+               "window. This run's cache keeps every token in every layer, as measured above.")
+
+st.subheader("What a full context would cost (computed from the config)")
+rows = []
+for n in sorted({1024, 8192, f.max_positions, 32768, 131072}):
+    mha = 2 * f.n_layers * f.n_heads * f.head_dim * bpv * n
+    rows.append({"tokens": f"{n:,}" + (" (this model's window)" if n == f.max_positions else ""),
+                 "KV cache, this model": f"{per_token * n / 2**20:,.0f} MiB",
+                 f"if every query head had its own KV head ({f.n_heads})": f"{mha / 2**20:,.0f} MiB",
+                 "weights, for scale": f"{f.n_params * bpv / 2**20:,.0f} MiB"})
+st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+st.caption(f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
+           "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
+           "its own cache.")

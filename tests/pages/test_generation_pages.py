@@ -1,0 +1,75 @@
+"""AppTest for the pages after the first token: generation, prefill vs decode, KV cache, hardware."""
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = str(ROOT / "app.py")
+
+
+def page(path, prompt="The capital of France is", timeout=300):
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.session_state["prompt"] = prompt
+    at.run()
+    at.switch_page(path)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def button(at, key):
+    return next(b for b in at.button if b.key == key)
+
+
+def metric(at, label):
+    return {m.label: m.value for m in at.metric}[label]
+
+
+def test_generation_streams_and_shows_metrics_and_distributions():
+    at = page("pages/6_generation.py")
+    assert any("Generate" in i.value for i in at.info)
+    assert at.toggle(key="gen_chat").value is True               # instruct model: chat mode on by default
+    at.toggle(key="gen_chat").set_value(False)
+    at.number_input(key="gen_n").set_value(8)
+    at.slider(key="gen_t").set_value(0.0)
+    button(at, "gen_go").click().run()
+    assert not at.exception, at.exception
+    assert int(metric(at, "Tokens generated")) == 8
+    assert metric(at, "Time to first token").endswith("ms")
+    assert any("Paris" in m.value for m in at.markdown)
+    assert len(at.get("plotly_chart")) >= 2                     # the chosen token's distribution + step times
+
+
+def test_generation_caps_and_bad_prompt():
+    at2 = page("pages/6_generation.py", prompt="   ")
+    button(at2, "gen_go").click().run()
+    assert not at2.exception
+    assert any("empty" in w.value for w in at2.warning)
+
+
+def test_prefill_decode_sweep_and_cache_experiment():
+    at = page("pages/7_prefill_decode.py")
+    button(at, "sweep_go").click().run()
+    assert not at.exception, at.exception
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 4
+    button(at, "cache_go").click().run()
+    assert not at.exception, at.exception
+    assert metric(at, "Same tokens") == "yes"
+
+
+def test_kv_cache_formula_equals_measured():
+    at = page("pages/8_kv_cache.py")
+    assert metric(at, "Formula, per token") == "46,080 B"          # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
+    assert metric(at, "Measured, per token") == "46,080 B"
+    assert metric(at, "Agree") == "yes"
+
+
+def test_hardware_telemetry_and_probe_on_cpu():
+    at = page("pages/9_hardware.py")
+    at.slider(key="hw_n").set_value(8)
+    button(at, "hw_go").click().run()
+    assert not at.exception, at.exception
+    assert any("psutil" in c.value for c in at.caption) or at.session_state["hw_timeline"][1].source == "nvml"
+    button(at, "hw_probe").click().run()
+    assert not at.exception, at.exception
+    assert "GFLOP/s" in at.metric[0].value and metric(at, "Matmul share of a decode step").endswith("%")

@@ -1,0 +1,89 @@
+import threading
+
+import pytest
+import torch
+
+import pipeline
+from pipeline.generate import (MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep,
+                               prepare)
+from pipeline.trace import TraceError
+
+
+def test_greedy_equals_transformers_generate(lm):
+    prompt = "The capital of France is"
+    ev = list(generate(lm, prompt, 20, temperature=0.0))
+    ids = torch.tensor([pipeline.tokenize(lm.tokenizer, prompt).input_ids])
+    with lm.lock, torch.inference_mode():
+        ref = lm.model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1]:].tolist()
+    mine = [e.token_id for e in ev]
+    assert mine == ref[:len(mine)]
+    assert len(mine) == len(ref) or ev[-1].finished == "eos"
+
+
+def test_cache_off_gives_the_same_tokens(smol):
+    a = [e.token_id for e in generate(smol, "Why is the sky blue?", 12, chat=True)]
+    b = [e.token_id for e in generate(smol, "Why is the sky blue?", 12, chat=True, use_cache=False)]
+    assert a == b
+
+
+def test_seeded_sampling_is_reproducible(smol):
+    kw = dict(temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    a = [e.token_id for e in generate(smol, "Once upon a time", 15, **kw)]
+    b = [e.token_id for e in generate(smol, "Once upon a time", 15, **kw)]
+    c = [e.token_id for e in generate(smol, "Once upon a time", 15, **{**kw, "seed": 8})]
+    assert a == b and a != c
+
+
+def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
+    ev = list(generate(lm, "Dog bites man because", 10, temperature=0.7, top_k=20, seed=1))
+    assert ev[0].phase == "prefill" and all(e.phase == "decode" for e in ev[1:])
+    assert [e.index for e in ev] == list(range(len(ev)))
+    ts = [e.t_s for e in ev]
+    assert ts == sorted(ts) and all(e.step_s > 0 for e in ev)
+    assert ev[-1].finished in ("eos", "length") and all(e.finished is None for e in ev[:-1])
+    n_prompt = len(pipeline.tokenize(lm.tokenizer, "Dog bites man because").input_ids)
+    for e in ev:
+        assert e.context_len == n_prompt + e.index
+        # after step i the cache holds the context the step attended over
+        assert e.kv_bytes == kv_bytes_formula(lm, e.context_len), (e.index, e.kv_bytes)
+        assert len(e.kv_bytes_per_layer) == lm.facts.n_layers
+        assert abs(sum(p for _, _, p in e.top) - 1) < 1e-4 or len(e.top) == 10
+        assert e.top[0][2] >= e.top[-1][2]
+    m = metrics(ev)
+    assert m.ttft_s == ev[0].t_s and len(m.itl_s) == len(ev) - 1
+    assert m.tpot_s == pytest.approx((ev[-1].t_s - ev[0].t_s) / (len(ev) - 1))
+
+
+def test_smollm_kv_bytes_per_token(smol):
+    assert kv_bytes_formula(smol, 1) == 2 * 30 * 3 * 64 * 4 == 46_080      # fp32
+
+
+def test_bad_generation_requests(smol):
+    assert prepare(smol, "Hi", 0).max_new_tokens == 1
+    r = prepare(smol, "Hi", 10**9)
+    assert r.max_new_tokens == MAX_NEW_TOKENS and "capped" in r.notes[0]
+    with pytest.raises(TraceError, match="empty"):
+        prepare(smol, "  ", 5)
+    with pytest.raises(TraceError, match="context window"):
+        prepare(smol, "word " * 8300, 5)
+    near = prepare(smol, "word " * 8180, 100)
+    assert near.max_new_tokens == smol.facts.max_positions - len(near.prompt_ids)
+    one = list(generate(smol, "Hi", 5, temperature=1.0, top_p=0.0, seed=3))   # top-p 0 keeps only the top token
+    greedy = list(generate(smol, "Hi", 5, temperature=0.0))
+    assert [e.token_id for e in one] == [e.token_id for e in greedy]
+
+
+def test_stopping_midway_leaves_no_thread(smol):
+    before = threading.active_count()
+    g = generate(smol, "Count to one hundred: 1, 2, 3,", 200)
+    got = [next(g) for _ in range(3)]
+    g.close()
+    assert len(got) == 3 and threading.active_count() == before
+    assert smol.lock.acquire(timeout=1)         # the lock is free again
+    smol.lock.release()
+
+
+def test_prefill_grows_with_length_decode_stays_flat_shape(smol):
+    rows = prefill_decode_sweep(smol, [8, 64], decode_steps=2)
+    assert [r["tokens"] for r in rows] == [8, 64]
+    assert all(r["prefill_s"] > 0 and r["decode_step_s"] > 0 for r in rows)

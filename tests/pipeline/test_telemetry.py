@@ -1,0 +1,38 @@
+import threading
+import time
+
+import torch
+
+from pipeline import hardware
+from pipeline.telemetry import Sampler
+
+
+def test_cpu_fallback_records_samples_and_stops_cleanly():
+    before = threading.active_count()
+    with Sampler(interval_s=0.02, force_cpu=True) as s:
+        t = time.perf_counter()
+        x = torch.randn(300, 300)
+        for _ in range(50):
+            x = x @ x / 300
+        s.mark("work", t, time.perf_counter())
+        time.sleep(0.1)
+    tl = s.timeline
+    assert tl.source.startswith("psutil")
+    assert len(tl.samples) >= 3 and {"cpu_percent", "per_core", "rss_mb"} <= set(tl.samples[-1])
+    assert [x["t"] for x in tl.samples] == sorted(x["t"] for x in tl.samples)
+    assert tl.marks and tl.marks[0][2] == "work" and tl.marks[0][0] >= 0
+    assert not s.alive and threading.active_count() == before
+
+
+def test_without_nvml_the_sampler_says_so():
+    s = Sampler()
+    if not torch.cuda.is_available():
+        assert s.timeline.source.startswith("psutil") and "NVML" in s.timeline.source
+
+
+def test_matmul_probe_and_decode_profile(smol):
+    r = hardware.matmul_probe(torch.device("cpu"), torch.float32, n=256, reps=2)
+    assert r["tflops"] > 0 and r["seconds"] > 0
+    p = hardware.decode_step_profile(smol, context=16)
+    assert 0 < p["matmul_share"] <= 1 and p["top"]
+    assert any(row["matmul"] for row in p["top"])
