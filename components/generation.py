@@ -41,8 +41,8 @@ def sweep_figure(rows) -> go.Figure:
                              name="prefill: the whole prompt at once (= time to first token)", line=dict(color=ORANGE)))
     fig.add_trace(go.Scatter(x=T, y=[r["decode_step_s"] * 1000 for r in rows], mode="lines+markers",
                              name="decode: one more token with the KV cache", line=dict(color=BLUE)))
-    fig.update_xaxes(title="prompt length (tokens)", type="log")
-    fig.update_yaxes(title="milliseconds", type="log")
+    fig.update_xaxes(title="prompt length (tokens)", type="log", dtick=0.30103)
+    fig.update_yaxes(title="milliseconds (log scale)", type="log", dtick=1)
     return _layout(fig, "Prefill grows with the prompt; a decode step barely does", height=380,
                    legend=dict(orientation="h", y=-0.25))
 

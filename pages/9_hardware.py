@@ -16,8 +16,9 @@ lm = common.get_model()
 n = st.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n")
 if st.button("Run with telemetry", type="primary", key="hw_go"):
     prompt = st.session_state.get("prompt", "") or "The capital of France is"
-    with Sampler(interval_s=0.05) as sampler:
-        rec = common.run_generation(lm, prompt, False, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0,
+    with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
+        chat = bool(getattr(lm.tokenizer, "chat_template", None))    # instruct models answer instead of stopping
+        rec = common.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0,
                                                            seed=0), "hw", sampler=sampler)
     if rec:
         st.session_state["hw_timeline"] = (lm.label, sampler.timeline)
@@ -30,6 +31,8 @@ if tl and tl[0] == lm.label:
     rec = st.session_state.get("hw")
     if rec and rec["events"]:
         m = metrics(rec["events"])
+        if rec["events"][-1].finished == "eos" and m.n < n:
+            st.info(f"The model ended its answer after {m.n} tokens (end-of-sequence).")
         st.caption(f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
                    f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms.")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -62,6 +63,11 @@ def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None =
     return 2 * f.n_layers * f.n_kv_heads * f.head_dim * b * tokens
 
 
+def _decoder(tok):
+    """Single-id decode with a cache (candidates repeat from step to step)."""
+    return lru_cache(maxsize=65536)(lambda i: tok.decode([i]))
+
+
 def eos_ids(lm: LoadedModel) -> set[int]:
     ids = set()
     gc = getattr(lm.model, "generation_config", None)
@@ -105,6 +111,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     stop = eos_ids(lm)
+    dec = _decoder(lm.tokenizer)
     ids = torch.tensor([req.prompt_ids], device=dev)
     cache = DynamicCache(config=lm.model.config) if use_cache else None
     next_input = ids
@@ -117,20 +124,20 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
                 out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
             logits = out.logits[0, -1].float()
             sync()
-        probs = filter_probs(logits.cpu(), temperature, top_k, top_p, min_p)
+        logits = logits.cpu()
+        probs = filter_probs(logits, temperature, top_k, top_p, min_p)
         tok = int(torch.multinomial(probs, 1, generator=gen)[0]) if temperature and temperature > 0 \
             else int(probs.argmax())
         t_done = time.perf_counter()
-        dec = lm.tokenizer.decode
         p_top, i_top = probs.topk(min(n_top, probs.numel()))
-        top = [(int(a), dec([int(a)]), float(b)) for a, b in zip(i_top, p_top) if b > 0]
-        r_top, ri_top = torch.softmax(logits.cpu(), -1).topk(min(n_top, probs.numel()))
-        top_raw = [(int(a), dec([int(a)]), float(b)) for a, b in zip(ri_top, r_top)]
+        top = [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0]
+        r_top, ri_top = torch.softmax(logits, -1).topk(min(n_top, probs.numel()))
+        top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
         per_layer = kv_bytes(cache) if use_cache else []
         ctx = ids.shape[1]
         finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
         yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
-                        text=lm.tokenizer.decode([tok]), top=top, top_raw=top_raw, p=float(probs[tok]),
+                        text=dec(tok), top=top, top_raw=top_raw, p=float(probs[tok]),
                         step_s=t_done - t_step,
                         t_s=t_done - t0, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
                         finished=finished)

@@ -23,7 +23,7 @@ class Timeline:
     samples: list[dict] = field(default_factory=list)
     nvml_util: list[tuple[float, float]] = field(default_factory=list)   # (t, %) from nvmlDeviceGetSamples
     marks: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, label) phase spans
-    interval_s: float = 0.05
+    interval_s: float = 0.1
 
 
 def _nvml():
@@ -41,7 +41,7 @@ class Sampler:
     """Use as a context manager around a run; call `mark(label, start, end)` for phase spans
     (times from time.perf_counter()). `timeline` holds the result."""
 
-    def __init__(self, interval_s: float = 0.05, force_cpu: bool = False):
+    def __init__(self, interval_s: float = 0.1, force_cpu: bool = False):
         self.interval_s = interval_s
         self.nv, handle = (None, "forced") if force_cpu else _nvml()
         self.handle = handle if self.nv else None

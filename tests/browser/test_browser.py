@@ -153,3 +153,36 @@ def test_bad_input_keeps_serving(server, browser):
     assert page.locator("[data-testid='stAlert']").count() == 0 or "empty" not in page.locator(
         "[data-testid='stAlert']").first.inner_text()
     no_exception(page)
+
+
+def click_button(page, text):
+    page.get_by_role("button", name=text).first.click()
+    wait_idle(page)
+
+
+def test_generation_pages(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})
+    page.goto(server, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    set_prompt(page, "Why is the sky blue?")
+    page.locator("[data-testid='stSidebarNavLink'][href$='/generation']").first.click()
+    wait_idle(page)
+    n = page.locator(".st-key-gen_n input").first
+    n.fill("20")
+    n.press("Enter")
+    wait_idle(page)
+    click_button(page, "Generate")
+    no_exception(page)
+    assert page.locator("[data-testid='stMetricValue']").first.inner_text() == "20"
+    page.screenshot(path=str(SHOTS / "generation.png"))
+    for path, button in [("prefill-decode", "Run the sweep"), ("kv-cache", None), ("hardware", "Run with telemetry")]:
+        page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
+        wait_idle(page)
+        if button:
+            click_button(page, button)
+        if path == "hardware":
+            click_button(page, "Measure")
+        no_exception(page)
+        assert page.locator(".js-plotly-plot").count() > 0, path
+        page.screenshot(path=str(SHOTS / f"{path}.png"))
