@@ -32,6 +32,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_trace.py
 	$(BIN)/python bench/bench_memory.py
+	$(BIN)/python bench/bench_generate.py
 
 clean-cache:
 	rm -rf $${LLM_EXPLORER_CACHE:-$$HOME/.cache/llm-explorer}

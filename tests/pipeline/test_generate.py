@@ -1,5 +1,7 @@
 import threading
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -87,3 +89,24 @@ def test_prefill_grows_with_length_decode_stays_flat_shape(smol):
     rows = prefill_decode_sweep(smol, [8, 64], decode_steps=2)
     assert [r["tokens"] for r in rows] == [8, 64]
     assert all(r["prefill_s"] > 0 and r["decode_step_s"] > 0 for r in rows)
+
+
+def test_traces_stay_correct_while_a_generation_runs(smol):
+    """Another tab generating must not disturb a trace (hooks are registered and removed under the lock,
+    and generation takes the lock one step at a time)."""
+    solo = pipeline.trace(smol, "The capital of France is")
+    done = threading.Event()
+    out = []
+
+    def gen():
+        out.extend(generate(smol, "Count slowly: one, two, three,", 40))
+        done.set()
+
+    th = threading.Thread(target=gen)
+    th.start()
+    traces = [pipeline.trace(smol, "The capital of France is") for _ in range(3)]
+    th.join()
+    assert done.is_set() and len(out) > 3
+    for tr in traces:
+        assert np.array_equal(tr.next_logits, solo.next_logits)
+        assert np.array_equal(tr.hidden_states, solo.hidden_states)
