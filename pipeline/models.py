@@ -309,3 +309,25 @@ def load_tokenizer(key: str):
             return AutoTokenizer.from_pretrained(folder, local_files_only=True)
         return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     return AutoTokenizer.from_pretrained(check_folder(key), local_files_only=True)
+
+
+def random_model(folder: str | Path, device: str | torch.device | None = None, seed: int = 0) -> LoadedModel:
+    """The architecture of a model folder (config.json + tokenizer) with SEEDED RANDOM weights: for speed and
+    memory measurements where the real weights cannot travel. Its outputs are meaningless; its label says so."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from .capture import install as install_capture
+
+    t0 = time.perf_counter()
+    folder = Path(folder)
+    dev, dtype = default_device()
+    if device is not None:
+        dev = torch.device(device)
+        dtype = dtype if dev.type == "cuda" else torch.float32
+    cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(dev).eval()
+    install_capture(model)
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return LoadedModel(key=str(folder), label=f"{folder.name} (random weights, same shape)", model=model,
+                       tokenizer=tok, facts=facts_of(model), device=dev, dtype=dtype, source=str(folder),
+                       load_seconds=time.perf_counter() - t0)

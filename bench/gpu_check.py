@@ -1,0 +1,98 @@
+"""One prepared script for a GPU machine (also runs on CPU, smaller): the generation issue's GPU paths.
+
+SmolLM2-135M's architecture from bench/assets/smollm2-shape (config + tokenizer, 3.5 MB) with seeded random
+weights in bf16 (the real 98 MB weights do not travel); timings and memory depend on the shape, not the values.
+Measures: TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same
+model, greedy agreement of the two, and the telemetry timeline at batch 1 (NVML utilisation over time).
+Writes JSON to $OUT (device machine) or bench/results/.
+
+    python bench/gpu_check.py [--tokens 128] [--device cuda]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main():
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    from pipeline.generate import generate, metrics
+    from pipeline.models import random_model
+    from pipeline.telemetry import Sampler
+    from pipeline.tokens import tokenize
+
+    lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device=args.device)
+    prompt, n = "Why is the sky blue?", args.tokens
+    ids = torch.tensor([tokenize(lm.tokenizer, prompt, chat=True).input_ids], device=lm.device)
+    res = {"device": lm.device_label, "model": lm.label, "dtype": str(lm.dtype), "new_tokens": n,
+           "prompt_tokens": ids.shape[1]}
+
+    def ours(use_cache=True, k=n):
+        ev = list(generate(lm, prompt, k, temperature=0.0, chat=True, use_cache=use_cache))
+        return ev
+
+    def hf(use_cache=True, k=n):
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = lm.model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, use_cache=use_cache)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t
+
+    ours(k=4), hf(k=4)                                   # warm up
+    runs, hf_rates = [], []
+    for _ in range(args.reps):
+        ev = ours()
+        runs.append(ev)
+        toks, s = hf()
+        hf_rates.append(len(toks) / s)
+    m = [metrics(ev) for ev in runs]
+    res["ours_cache"] = {"ttft_ms": statistics.median(x.ttft_s for x in m) * 1000,
+                         "tpot_ms": statistics.median(x.tpot_s for x in m) * 1000,
+                         "decode_tokens_per_s": statistics.median(x.tokens_per_s for x in m),
+                         "end_to_end_tokens_per_s": statistics.median(x.n / x.latency_s for x in m)}
+    res["hf_generate_tokens_per_s"] = statistics.median(hf_rates)
+    res["ratio_ours_vs_hf_end_to_end"] = res["ours_cache"]["end_to_end_tokens_per_s"] / res["hf_generate_tokens_per_s"]
+    res["greedy_equal_to_hf"] = [e.token_id for e in runs[-1]] == toks[:len(runs[-1])]
+    k_off = min(n, 64)
+    ev_off = ours(use_cache=False, k=k_off)
+    mo = metrics(ev_off)
+    res["ours_no_cache"] = {"tokens": k_off, "ttft_ms": mo.ttft_s * 1000, "tpot_ms": (mo.tpot_s or 0) * 1000,
+                            "decode_tokens_per_s": mo.tokens_per_s,
+                            "first_step_ms": ev_off[1].step_s * 1000, "last_step_ms": ev_off[-1].step_s * 1000}
+    with Sampler(interval_s=0.02) as sampler:
+        t_start = time.perf_counter()
+        ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
+        for e in ev:
+            sampler.mark(e.phase, t_start + e.t_s - e.step_s, t_start + e.t_s)
+    tl = sampler.timeline
+    util = [s.get("gpu_util") for s in tl.samples if "gpu_util" in s]
+    res["telemetry"] = {"source": tl.source, "samples": len(tl.samples), "nvml_buffered_samples": len(tl.nvml_util),
+                        "mean_gpu_util": statistics.mean(util) if util else None,
+                        "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
+                        "timeline": tl.samples[:400], "nvml_util": tl.nvml_util[:400], "marks": tl.marks[:400]}
+    out_dir = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gpu_check.json"
+    path.write_text(json.dumps(res, indent=1, default=float))
+    print(json.dumps({k: v for k, v in res.items() if k != "telemetry"}, indent=1, default=float))
+    print(json.dumps({k: v for k, v in res["telemetry"].items() if k not in ("timeline", "nvml_util", "marks")}))
+    print("->", path)
+
+
+if __name__ == "__main__":
+    main()
