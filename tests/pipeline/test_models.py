@@ -79,3 +79,15 @@ def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, mo
     assert not any("dequantising" in m for _, m in seen)           # loaded from the safetensors cache
     a, b = pipeline.trace(first, "Hi"), pipeline.trace(again, "Hi")
     assert np.array_equal(a.next_logits, b.next_logits)
+
+
+def test_random_weight_model_has_the_same_shape(smol):
+    from pathlib import Path
+
+    from pipeline.models import random_model
+    rnd = random_model(Path(__file__).resolve().parents[2] / "bench" / "assets" / "smollm2-shape", device="cpu")
+    assert "random weights" in rnd.label
+    a, b = rnd.facts, smol.facts
+    assert (a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, a.n_params) == \
+        (b.n_layers, b.n_heads, b.n_kv_heads, b.head_dim, b.vocab, b.n_params)
+    assert rnd.tokenizer("Hi")["input_ids"] == smol.tokenizer("Hi")["input_ids"]
