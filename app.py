@@ -19,6 +19,12 @@ AFTER = [
     st.Page("pages/8_kv_cache.py", title="8 · KV cache", icon=":material/memory:", url_path="kv-cache"),
     st.Page("pages/9_hardware.py", title="9 · Hardware", icon=":material/developer_board:", url_path="hardware"),
 ]
-page = st.navigation({"Before the first token": PAGES, "After it": AFTER})
+FASTER = [
+    st.Page("pages/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:",
+            url_path="speculative"),
+    st.Page("pages/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:",
+            url_path="streaming-sharding"),
+]
+page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER})
 common.sidebar()
 page.run()

@@ -73,3 +73,21 @@ def test_hardware_telemetry_and_probe_on_cpu():
     button(at, "hw_probe").click().run()
     assert not at.exception, at.exception
     assert "GFLOP/s" in at.metric[0].value and metric(at, "Matmul share of a decode step").endswith("%")
+
+
+def test_speculative_page_shows_equality_and_speedup():
+    at = page("pages/13_speculative.py")
+    at.number_input(key="spec_n").set_value(24)
+    button(at, "spec_go").click().run()
+    assert not at.exception, at.exception
+    assert metric(at, "Acceptance rate α").endswith("%")
+    assert any("identical to plain greedy" in m.value and m.value.startswith("✅") for m in at.markdown)
+
+
+def test_streaming_and_sharding_page_labels_the_plan():
+    at = page("pages/14_streaming_sharding.py")
+    assert any("event: token" in c.value for c in at.code)
+    assert any("plan computed" in m.value for m in at.markdown)
+    at.select_slider(key="shard_n").set_value(4).run()
+    assert not at.exception
+    assert any("query heads" in w.value for w in at.warning)

@@ -1,0 +1,62 @@
+import time
+
+import pandas as pd
+import streamlit as st
+
+from pipeline.generate import metrics
+from pipeline.sharding import devices_present, pipeline_plan, sse_lines, tensor_parallel_plan
+from pages import common
+
+st.title("Streaming and sharding")
+st.markdown(
+    "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
+    "as one message of a server-sent event stream. Below is the stream of the last generation from page 6, "
+    "as the server would send it, and a replay at its measured pace.")
+lm = common.get_model()
+rec = common.last_generation("gen", lm)
+if rec is None:
+    with st.spinner("Generating 24 tokens to stream…"):
+        rec = common.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?",
+                                    bool(getattr(lm.tokenizer, "chat_template", None)),
+                                    dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "gen")
+if rec:
+    ev = rec["events"]
+    lines = sse_lines(ev)
+    m = metrics(ev)
+    st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every "
+               f"{(m.tpot_s or 0) * 1000:.0f} ms on average.")
+    st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
+    if st.button("Replay at the measured pace", key="sse_replay"):
+        def paced():
+            prev = 0.0
+            for e in ev:
+                time.sleep(min(1.0, max(0.0, e.t_s - prev)))
+                prev = e.t_s
+                yield e.text
+        st.write_stream(paced())
+
+st.subheader("Sharding: a plan computed from the config")
+n_dev = devices_present()
+st.markdown(
+    "A model too big or too slow for one device is split. **Pipeline parallelism** gives each device a "
+    "contiguous run of layers; a token passes from device to device. **Tensor parallelism** splits every "
+    "layer's matrices: each device holds some heads and some feed-forward columns, and the partial results are "
+    "summed across devices (an all-reduce) twice per layer. "
+    + (f"This machine has {n_dev} CUDA device(s), so the figures below are a **plan computed from the model's "
+       "parameter shapes, not a measurement**." if n_dev < 2 else
+       f"This machine has {n_dev} CUDA devices; the plan below is computed from the config."))
+N = st.select_slider("Devices", [1, 2, 3, 4, 8], value=2, key="shard_n")
+plan = pipeline_plan(lm, N)
+st.markdown("**Pipeline split** (as accelerate's balanced device map places layers):")
+st.dataframe(pd.DataFrame([{**r, "weights_mb": f"{r['weights_mb']:,.1f} MiB"} for r in plan]), hide_index=True,
+             width="stretch")
+tp = tensor_parallel_plan(lm, N)
+st.markdown("**Tensor-parallel split** of every layer:")
+st.dataframe(pd.DataFrame(tp["rows"]), hide_index=True, width="stretch")
+c = st.columns(3)
+c[0].metric("Weights per device", f"{tp['weights_mb_per_device']:,.1f} MiB")
+c[1].metric("All-reduced per token", f"{tp['allreduce_bytes_per_token'] / 1024:,.1f} KiB",
+            help="2 all-reduces per layer × d_model × bytes")
+c[2].metric("KV cache per token per device", f"{tp['kv_cache_bytes_per_token_per_device']:,} B")
+for issue in tp["issues"]:
+    st.warning(issue)

@@ -1,0 +1,31 @@
+import json
+
+from pipeline.generate import generate
+from pipeline.sharding import pipeline_plan, sse_lines, tensor_parallel_plan
+
+
+def test_pipeline_plan_covers_every_layer_and_weight(smol):
+    for n in (1, 2, 3, 4, 8):
+        plan = pipeline_plan(smol, n)
+        assert len(plan) == n and sum(r["n_layers"] for r in plan) == 30
+        total = sum(r["weights_mb"] for r in plan) * 2**20 / 4          # fp32
+        assert abs(total - smol.facts.n_params) < 1
+        assert "embeddings" in plan[0]["also"] and "LM head" in plan[-1]["also"]
+
+
+def test_tensor_parallel_plan_by_hand(smol):
+    tp = tensor_parallel_plan(smol, 3)
+    assert tp["allreduce_bytes_per_token"] == 2 * 30 * 576 * 4
+    assert tp["ring_bytes_sent_per_device_per_token"] == 2 * 30 * 576 * 4 * 2 * 2 / 3
+    assert tp["kv_cache_bytes_per_token_per_device"] == 2 * 30 * 1 * 64 * 4       # 3 KV heads / 3 devices
+    assert not tp["issues"]
+    tp4 = tensor_parallel_plan(smol, 4)
+    assert any("9 query heads" in i for i in tp4["issues"]) and any("KV heads" in i for i in tp4["issues"])
+
+
+def test_sse_stream_is_one_message_per_token(smol):
+    ev = list(generate(smol, "Hi", 5))
+    lines = sse_lines(ev)
+    assert len(lines) == len(ev) + 1 and lines[-1].endswith("[DONE]\n\n")
+    first = json.loads(lines[0].split("data: ", 1)[1])
+    assert first["phase"] == "prefill" and first["token"] == ev[0].token_id

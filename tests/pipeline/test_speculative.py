@@ -1,0 +1,49 @@
+import pytest
+
+from pipeline.generate import generate
+from pipeline.speculative import PromptLookup, expected_tokens_per_call, make_draft, speculative_generate
+
+COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n"
+
+
+@pytest.mark.parametrize("draft", ["prompt_lookup", "early_exit:4", "early_exit:half"])
+def test_greedy_speculative_equals_plain_greedy(lm, draft):
+    if draft == "early_exit:half":
+        draft = f"early_exit:{lm.facts.n_layers // 2}"
+    for prompt in [COPY, "The capital of France is"]:
+        plain = [e.token_id for e in generate(lm, prompt, 24, temperature=0.0)]
+        res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=24)
+        assert res.tokens == plain, (draft, prompt)
+        assert res.target_calls == 1 + len(res.steps)
+        assert all(s.accepted <= len(s.proposed) for s in res.steps)
+
+
+def test_prompt_lookup_accepts_on_copy_prompts(smol):
+    res = speculative_generate(smol, COPY, "prompt_lookup", gamma=4, max_new_tokens=30, chat=True)
+    assert res.acceptance_rate > 0.3 and len(res.tokens) / res.target_calls > 1.2
+
+
+def test_early_exit_draft_shares_weights_and_leaves_the_target_whole(smol):
+    d = make_draft(smol, "early_exit:3")
+    assert len(d.model.get_decoder().layers) == 3 and len(smol.model.get_decoder().layers) == 30
+    assert d.model.get_decoder().layers[0] is smol.model.get_decoder().layers[0]
+    assert d.model.lm_head is smol.model.lm_head
+    with pytest.raises(ValueError):
+        make_draft(smol, "early_exit:30")
+    with pytest.raises(ValueError):
+        make_draft(smol, "nonsense")
+
+
+def test_sampling_is_seeded_and_well_formed(smol):
+    a = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, temperature=0.8, seed=5)
+    b = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, temperature=0.8, seed=5)
+    assert a.tokens == b.tokens and 0 < len(a.tokens) <= 20
+
+
+def test_prompt_lookup_proposals_and_expected_length():
+    pl = PromptLookup(max_ngram=2)
+    assert pl.propose([1, 2, 3, 4, 9, 2, 3], 2)[0] == [4, 9]       # continues the earlier "2 3"
+    assert pl.propose([1, 2, 3], 2)[0] == []
+    assert expected_tokens_per_call(0.0, 4) == 1.0
+    assert expected_tokens_per_call(1.0, 4) == 5.0
+    assert expected_tokens_per_call(0.5, 1) == pytest.approx(1.5)
