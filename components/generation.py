@@ -12,14 +12,22 @@ def step_times_figure(events, title="Time per generated token (this run)") -> go
     x = [e.index for e in events]
     y = [e.step_s * 1000 for e in events]
     colors = [ORANGE if e.phase == "prefill" else BLUE for e in events]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=colors, text=[visible(e.text) for e in events],
-                           hovertemplate="token %{x}: %{text}<br>%{y:.1f} ms<extra></extra>"))
+    fig = go.Figure(go.Bar(x=x, y=y, marker_color=colors, customdata=[visible(e.text) for e in events],
+                           text=[visible(e.text) for e in events] if len(events) <= 32 else None,
+                           hovertemplate="token %{x}: %{customdata}<br>%{y:.1f} ms<extra></extra>"))
     fig.update_xaxes(title="generated token (0 = first token: prefill, orange)")
     fig.update_yaxes(title="milliseconds")
     return _layout(fig, title, height=340)
 
 
-def distribution_figure(top, top_raw, chosen: int) -> go.Figure:
+def distribution_figure(ev) -> go.Figure:
+    """The step's top candidates after and before the filters; the drawn token (red) is always shown."""
+    chosen = ev.token_id
+    top, top_raw = list(ev.top), list(ev.top_raw)
+    if chosen not in [i for i, _, _ in top]:
+        top.append((chosen, ev.text, ev.p))
+    if chosen not in [i for i, _, _ in top_raw]:
+        top_raw.append((chosen, ev.text, ev.p_raw))
     fig = make_subplots(rows=1, cols=2, subplot_titles=["after the filters (drawn from)", "before (softmax)"],
                         horizontal_spacing=0.18)
     for col, rows in ((1, top), (2, top_raw)):
@@ -41,9 +49,9 @@ def sweep_figure(rows) -> go.Figure:
                              name="prefill: the whole prompt at once (= time to first token)", line=dict(color=ORANGE)))
     fig.add_trace(go.Scatter(x=T, y=[r["decode_step_s"] * 1000 for r in rows], mode="lines+markers",
                              name="decode: one more token with the KV cache", line=dict(color=BLUE)))
-    fig.update_xaxes(title="prompt length (tokens)", type="log", dtick=0.30103)
-    fig.update_yaxes(title="milliseconds (log scale)", type="log", dtick=1)
-    return _layout(fig, "Prefill grows with the prompt; a decode step barely does", height=380,
+    fig.update_xaxes(title="prompt length (tokens)", type="log", tickvals=T)
+    fig.update_yaxes(title="milliseconds (log scale)", type="log")
+    return _layout(fig, "Prefill and one decode step, by prompt length (medians, this device)", height=380,
                    legend=dict(orientation="h", y=-0.25))
 
 
@@ -59,15 +67,16 @@ def cache_on_off_figure(on, off) -> go.Figure:
                    legend=dict(orientation="h", y=-0.25))
 
 
-def kv_growth_figure(events, formula_per_token: int) -> go.Figure:
+def kv_growth_figure(events, formula) -> go.Figure:
+    """formula(tokens) -> bytes, drawn as a line under the measured points."""
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[e.context_len for e in events], y=[e.kv_bytes / 2**20 for e in events],
                              mode="markers", name="measured: bytes of the cache tensors", marker=dict(color=BLUE, size=7)))
     fig.add_trace(go.Scatter(x=[e.context_len for e in events],
-                             y=[formula_per_token * e.context_len / 2**20 for e in events], mode="lines",
-                             name="formula × tokens", line=dict(color=ORANGE, dash="dot")))
-    fig.update_xaxes(title="tokens in the cache")
-    fig.update_yaxes(title="MiB")
+                             y=[formula(e.context_len) / 2**20 for e in events], mode="lines",
+                             name="formula", line=dict(color=ORANGE, dash="dot")))
+    fig.update_xaxes(title="tokens in the context")
+    fig.update_yaxes(title="MiB", rangemode="tozero")
     return _layout(fig, "KV cache size over the run", height=340, legend=dict(orientation="h", y=-0.3))
 
 
@@ -100,11 +109,14 @@ def telemetry_figure(tl) -> go.Figure:
             fig.add_trace(go.Scatter(x=t, y=[x["per_core"][c] for x in s], name=f"core {c} (whole machine)",
                                      line=dict(width=1, dash="dot")), 1, 1)
         fig.add_trace(go.Scatter(x=t, y=[x["rss_mb"] for x in s], name="RSS", line=dict(color=ORANGE)), 2, 1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
     for a, b, label in tl.marks:
         fig.add_vrect(x0=a, x1=b, fillcolor=ORANGE if label == "prefill" else GREY,
                       opacity=0.25 if label == "prefill" else 0.12, line_width=0, row="all", col=1)
     fig.update_xaxes(title="seconds since the request", row=2, col=1)
-    return _layout(fig, "Hardware during the run (orange = prefill, grey = decode steps)", height=520)
+    _layout(fig, "Hardware during the run (orange = prefill, grey = decode steps)", height=540)
+    fig.update_layout(margin=dict(t=80))
+    return fig
 
 
 def ops_figure(top) -> go.Figure:

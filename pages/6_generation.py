@@ -18,21 +18,29 @@ prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
 c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")
 chat = c2.toggle("Chat mode", value=has_template, key="gen_chat", disabled=not has_template,
-                 help="On by default for instruct models; base models have no chat template")
+                 help="This page's own switch (the sidebar's applies to pages 1-5). On by default for instruct "
+                      "models, which answer questions; a completion-style prompt such as 'The capital of France "
+                      "is' reads better with it off. Base models have no chat template.")
 settings = common.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")
-b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept")
+if b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept"):
+    running = st.session_state.get("gen")
+    if running and not running["done"]:
+        running["stopped"] = True
 out = st.empty()
 if go:
     rec = common.run_generation(lm, prompt, chat, settings, "gen", out=out)
+    if rec is None:
+        st.stop()
 rec = common.last_generation("gen", lm)
 if rec is None:
     st.info("Press **Generate** to run the loop on the sidebar's prompt.")
     st.stop()
 ev = rec["events"]
 if not go:
-    out.markdown("".join(e.text for e in ev))
+    out.markdown(common.answer_text(lm, rec))
+st.caption(f"Run: {common.run_label(rec)}.")
 if not rec["done"]:
     st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
 elif ev[-1].finished == "eos":
@@ -46,11 +54,13 @@ c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s els
             help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec["prompt_tokens"])
-pick = st.pills("Generated tokens (click one)", list(range(len(ev))), default=len(ev) - 1 if ev else None,
-                format_func=lambda i: visible(ev[i].text) or "∅", key="gen_pick")
+SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+pick = st.pills("Generated tokens (click one; the small number is its position)", list(range(len(ev))),
+                default=len(ev) - 1 if ev else None,
+                format_func=lambda i: f"{visible(ev[i].text) or '∅'} {str(i).translate(SUB)}", key="gen_pick")
 if pick is not None:
     e = ev[pick]
     st.markdown(f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "
-                f"filters; context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms")
-    st.plotly_chart(distribution_figure(e.top, e.top_raw, e.token_id), width="stretch")
+                f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms")
+    st.plotly_chart(distribution_figure(e), width="stretch")
 st.plotly_chart(step_times_figure(ev), width="stretch")

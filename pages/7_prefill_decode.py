@@ -33,7 +33,7 @@ st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
 lengths = [16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]
 st.caption(f"Prompt lengths {lengths} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
-           "pass, each decode time the mean of 8 steps after it.")
+           "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up.")
 if st.button("Run the sweep", key="sweep_go"):
     bar = st.progress(0.0, text="prefill and decode at each length")
     st.session_state["sweep"] = (lm.label, prefill_decode_sweep(
@@ -48,16 +48,20 @@ if sweep and sweep[0] == lm.label:
                                 "decode step ms": round(r["decode_step_s"] * 1000, 1)} for r in rows]),
                  hide_index=True)
     first, last = rows[0], rows[-1]
-    st.caption(f"From {first['tokens']} to {last['tokens']} tokens ({last['tokens'] // first['tokens']}× longer) "
-               f"prefill took {last['prefill_s'] / first['prefill_s']:.1f}× as long, a decode step "
-               f"{last['decode_step_s'] / first['decode_step_s']:.2f}× as long.")
+    gp, gd = last["prefill_s"] / first["prefill_s"], last["decode_step_s"] / first["decode_step_s"]
+    msg = (f"From {first['tokens']} to {last['tokens']} tokens ({last['tokens'] // first['tokens']}× longer) "
+           f"prefill took {gp:.1f}× as long, a decode step {gd:.2f}× as long.")
+    if gp > 2 * gd:
+        st.caption(msg + " Prefill pays for every prompt token; a decode step mostly pays for reading the weights.")
+    else:
+        st.warning(msg + " That is not the usual picture: the machine may have been busy. Run the sweep again.")
 
 st.subheader("Without the KV cache")
 st.markdown("The same greedy generation twice: with the cache each step feeds one token; without it every step "
             "feeds the whole context again, so step time grows with the length. Same tokens out.")
-n_off = 24 if not gpu else 64
-if st.button(f"Run {n_off} tokens with and without the cache", key="cache_go"):
-    prompt = st.session_state.get("prompt", "") or "The capital of France is"
+n_off, ctx = (24, 256) if not gpu else (64, 1024)
+if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
+    prompt = pipeline.generate_mod.long_prompt(lm, ctx)
     with st.spinner("Generating twice…"):
         try:
             on = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0))

@@ -2,7 +2,7 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
-from pipeline.generate import kv_bytes_formula
+from pipeline.generate import kv_bytes_formula, kv_window
 from pages import common
 
 st.title("8 · The KV cache")
@@ -15,39 +15,47 @@ st.markdown(
 lm = common.get_model()
 f = lm.facts
 rec = common.last_generation("gen", lm)
+source = "page 6's last run"
 if rec is None or not rec.get("use_cache", True):
-    with st.spinner("Generating 16 tokens to measure the cache…"):
-        rec = common.run_generation(lm, st.session_state.get("prompt", "") or "The capital of France is", False,
-                                    dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "gen")
+    rec = common.last_generation("kv", lm)
+    source = "a 16-token greedy run made by this page (generate on page 6 to measure your own)"
     if rec is None:
-        st.stop()
+        with st.spinner("Generating 16 tokens to measure the cache…"):
+            rec = common.run_generation(lm, st.session_state.get("prompt", "") or "The capital of France is",
+                                        False, dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0),
+                                        "kv")
+        if rec is None:
+            st.stop()
+st.caption(f"Measured on {source}: {common.run_label(rec)}.")
 ev = rec["events"]
 per_token = kv_bytes_formula(lm, 1)
 bpv = per_token // (2 * f.n_layers * f.n_kv_heads * f.head_dim)      # bytes per value of this dtype
 last = ev[-1]
-measured_per_token = last.kv_bytes / last.context_len
+measured_per_token = last.kv_bytes / last.context_len if last.context_len <= (kv_window(lm)[1] or 10**9) \
+    else None
 c = st.columns(4)
 c[0].metric("Formula, per token", f"{per_token:,} B",
             help=f"2 × {f.n_layers} layers × {f.n_kv_heads} KV heads × {f.head_dim} × {bpv} bytes ({lm.dtype})")
-c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B", help="bytes of the cache tensors ÷ tokens in them")
+c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B" if measured_per_token else "window full",
+            help="bytes of the cache tensors ÷ tokens in them")
 c[2].metric("Cache now", f"{last.kv_bytes / 2**20:.2f} MiB", help=f"{last.context_len} tokens")
 c[3].metric("Agree", "yes" if all(e.kv_bytes == kv_bytes_formula(lm, e.context_len) for e in ev) else "NO")
 st.latex(rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
          rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}")
-st.plotly_chart(kv_growth_figure(ev, per_token), width="stretch")
+st.plotly_chart(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), width="stretch")
 st.plotly_chart(kv_layers_figure(last.kv_bytes_per_layer), width="stretch")
-types = getattr(lm.model.config, "layer_types", None)
-if types and "sliding_attention" in types:
-    st.caption(f"{types.count('sliding_attention')} of {len(types)} layers are local (sliding window of "
-               f"{lm.model.config.sliding_window:,} tokens); a cache built for long runs can cap those layers at the "
-               "window. This run's cache keeps every token in every layer, as measured above.")
+n_sliding, keep = kv_window(lm)
+if n_sliding:
+    st.info(f"{n_sliding} of {f.n_layers} layers are local: they attend to a sliding window of {keep + 1:,} tokens, "
+            f"so their cache keeps at most {keep:,} tokens. The formula above is per token for the global layers "
+            "and for local layers until the window fills; after that only the global layers grow.")
 
 st.subheader("What a full context would cost (computed from the config)")
 rows = []
 for n in sorted({1024, 8192, f.max_positions, 32768, 131072}):
-    mha = 2 * f.n_layers * f.n_heads * f.head_dim * bpv * n
+    mha = kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads
     rows.append({"tokens": f"{n:,}" + (" (this model's window)" if n == f.max_positions else ""),
-                 "KV cache, this model": f"{per_token * n / 2**20:,.0f} MiB",
+                 "KV cache, this model": f"{kv_bytes_formula(lm, n) / 2**20:,.0f} MiB",
                  f"if every query head had its own KV head ({f.n_heads})": f"{mha / 2**20:,.0f} MiB",
                  "weights, for scale": f"{f.n_params * bpv / 2**20:,.0f} MiB"})
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")

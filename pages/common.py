@@ -286,16 +286,31 @@ def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=N
     t_start = time.perf_counter()
     for ev in pipeline.generate_mod.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache,
                                              **{k: v for k, v in settings.items() if k != "max_new_tokens"}):
+        if rec.get("stopped"):          # Stop was pressed: the page has moved on, keep what it showed
+            break
         rec["events"].append(ev)
         if sampler is not None:
             sampler.mark("prefill" if ev.phase == "prefill" else "decode",
                          t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
         if out is not None:
-            out.markdown("".join(e.text for e in rec["events"]) + " ▌")
-    rec["done"] = True
+            out.markdown(answer_text(lm, rec) + " ▌")
+    rec["done"] = not rec.get("stopped")
     if out is not None:
-        out.markdown("".join(e.text for e in rec["events"]))
+        out.markdown(answer_text(lm, rec))
     return rec
+
+
+def answer_text(lm, rec) -> str:
+    """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
+    return lm.tokenizer.decode([e.token_id for e in rec["events"]], skip_special_tokens=True)
+
+
+def run_label(rec) -> str:
+    s = rec["settings"]
+    how = "greedy" if not s.get("temperature") else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, "
+                                                     f"top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
+    return (f"{rec['model']}, {'chat' if rec['chat'] else 'plain'} prompt of {rec['prompt_tokens']} tokens, {how}, "
+            f"up to {s['max_new_tokens']} new tokens" + ("" if rec.get("use_cache", True) else ", KV cache off"))
 
 
 def last_generation(slot: str, lm):

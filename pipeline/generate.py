@@ -31,6 +31,7 @@ class StepEvent:
     top: list[tuple[int, str, float]]   # (id, text, probability after the filters), most likely first
     top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
     p: float                        # probability of the chosen token after the filters
+    p_raw: float                    # ... and before them
     step_s: float                   # this step's forward + sampling time
     t_s: float                      # time since the request arrived (tokenization included)
     context_len: int                # tokens the step attended over
@@ -56,11 +57,24 @@ def kv_bytes(cache) -> list[int]:
     return out
 
 
+def kv_window(lm: LoadedModel) -> tuple[int, int | None]:
+    """(number of sliding-window layers, tokens such a layer keeps). A sliding layer attends to the last
+    `sliding_window` tokens, so its cache keeps sliding_window - 1 past tokens (the new one makes the window)."""
+    types = getattr(lm.model.config, "layer_types", None) or []
+    w = getattr(lm.model.config, "sliding_window", None)
+    n = sum(t == "sliding_attention" for t in types)
+    return (n, w - 1) if n and w else (0, None)
+
+
 def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None = None) -> int:
-    """2 (K and V) x layers x KV heads x head dim x bytes per value x tokens."""
+    """2 (K and V) x KV heads x head dim x bytes per value x tokens, summed over layers; a sliding-window
+    layer holds at most its window (Gemma's local layers)."""
     f = lm.facts
     b = bytes_per_value or torch.tensor([], dtype=lm.dtype).element_size()
-    return 2 * f.n_layers * f.n_kv_heads * f.head_dim * b * tokens
+    n_sliding, keep = kv_window(lm)
+    per_layer_token = 2 * f.n_kv_heads * f.head_dim * b
+    full = (f.n_layers - n_sliding) * per_layer_token * tokens
+    return full + (n_sliding * per_layer_token * min(tokens, keep) if n_sliding else 0)
 
 
 def _decoder(tok):
@@ -131,13 +145,14 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
         t_done = time.perf_counter()
         p_top, i_top = probs.topk(min(n_top, probs.numel()))
         top = [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0]
-        r_top, ri_top = torch.softmax(logits, -1).topk(min(n_top, probs.numel()))
+        raw = torch.softmax(logits, -1)
+        r_top, ri_top = raw.topk(min(n_top, probs.numel()))
         top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
         per_layer = kv_bytes(cache) if use_cache else []
         ctx = ids.shape[1]
         finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
         yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
-                        text=dec(tok), top=top, top_raw=top_raw, p=float(probs[tok]),
+                        text=dec(tok), top=top, top_raw=top_raw, p=float(probs[tok]), p_raw=float(raw[tok]),
                         step_s=t_done - t_step,
                         t_s=t_done - t0, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
                         finished=finished)
@@ -178,15 +193,23 @@ def _ids_of_length(lm: LoadedModel, n: int) -> torch.Tensor:
     return torch.tensor([ids], device=lm.device)
 
 
-def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, progress=None) -> list[dict]:
-    """For each prompt length T: time of the prefill forward (T tokens at once, filling the KV cache) and the
-    mean time of `decode_steps` single-token decode steps after it. Measured, device-synchronised."""
+def long_prompt(lm: LoadedModel, n_tokens: int) -> str:
+    """Real text of about n_tokens tokens (for experiments that need a long context)."""
+    return lm.tokenizer.decode(_ids_of_length(lm, n_tokens)[0].tolist())
+
+
+def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, repeats: int = 3,
+                         progress=None) -> list[dict]:
+    """For each prompt length T: the prefill forward (T tokens at once, filling the KV cache) and a decode
+    step after it (mean of `decode_steps`), each the median of `repeats` runs after a warm-up. Measured,
+    device-synchronised."""
+    import statistics
+
     from transformers import DynamicCache
 
     sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
-    rows = []
-    for j, n in enumerate(lengths):
-        ids = _ids_of_length(lm, n)
+
+    def once(ids):
         with lm.lock, torch.inference_mode():
             cache = DynamicCache(config=lm.model.config)
             sync()
@@ -195,14 +218,20 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
             sync()
             prefill = time.perf_counter() - t
             nxt = out.logits[:, -1:].argmax(-1)
-            steps = []
+            t = time.perf_counter()
             for _ in range(decode_steps):
-                t = time.perf_counter()
                 out = lm.model(input_ids=nxt, past_key_values=cache, use_cache=True)
                 nxt = out.logits[:, -1:].argmax(-1)
-                sync()
-                steps.append(time.perf_counter() - t)
-        rows.append({"tokens": n, "prefill_s": prefill, "decode_step_s": sum(steps) / len(steps),
+            sync()
+            return prefill, (time.perf_counter() - t) / decode_steps
+
+    once(_ids_of_length(lm, lengths[0]))                     # warm-up
+    rows = []
+    for j, n in enumerate(lengths):
+        ids = _ids_of_length(lm, n)
+        runs = [once(ids) for _ in range(repeats)]
+        prefill = statistics.median(r[0] for r in runs)
+        rows.append({"tokens": n, "prefill_s": prefill, "decode_step_s": statistics.median(r[1] for r in runs),
                      "prefill_per_token_s": prefill / n})
         if progress:
             progress((j + 1) / len(lengths), f"{n} tokens")

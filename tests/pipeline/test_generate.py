@@ -110,3 +110,14 @@ def test_traces_stay_correct_while_a_generation_runs(smol):
     for tr in traces:
         assert np.array_equal(tr.next_logits, solo.next_logits)
         assert np.array_equal(tr.hidden_states, solo.hidden_states)
+
+
+def test_kv_formula_counts_sliding_window_layers(lm):
+    from pipeline.generate import kv_window
+    n_sliding, keep = kv_window(lm)
+    prompt = "word " * ((keep or 100) + 40)
+    ev = list(generate(lm, prompt, 2))
+    for e in ev:
+        assert e.kv_bytes == kv_bytes_formula(lm, e.context_len)
+    if n_sliding:                               # Gemma: local layers stop growing at the window
+        assert min(ev[-1].kv_bytes_per_layer) < max(ev[-1].kv_bytes_per_layer)
