@@ -126,3 +126,26 @@ def ops_figure(top) -> go.Figure:
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="% of one decode step's operator time")
     return _layout(fig, "Where one decode step's time goes (blue = matrix multiplication)", height=380)
+
+
+def kernels_figure(rows) -> go.Figure:
+    """Prefill time and peak memory per attention kernel over prompt lengths, with the T x T score matrix."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill time (s)", "peak extra memory (MiB)"],
+                        horizontal_spacing=0.1)
+    colors = [RED, BLUE, GREEN, ORANGE, "#CC79A7"]
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    for k, color in zip(kernels, colors):
+        rs = [r for r in rows if r["kernel"] == k and r["seconds"] is not None]
+        x = [r["tokens"] for r in rs]
+        fig.add_trace(go.Scatter(x=x, y=[r["seconds"] for r in rs], name=k, mode="lines+markers",
+                                 line=dict(color=color), legendgroup=k), 1, 1)
+        fig.add_trace(go.Scatter(x=x, y=[max(r["peak_mb"], 0.01) for r in rs], name=k, mode="lines+markers",
+                                 line=dict(color=color), legendgroup=k, showlegend=False), 1, 2)
+    T = sorted({r["tokens"] for r in rows})
+    mat = {r["tokens"]: r["score_matrix_mb"] for r in rows}
+    fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines",
+                             line=dict(color=GREY, dash="dash")), 1, 2)
+    fig.update_xaxes(type="log", tickvals=T, title="prompt tokens")
+    fig.update_yaxes(type="log")
+    return _layout(fig, "Attention kernels: whole-model prefill on this device", height=420,
+                   legend=dict(orientation="h", y=-0.25))

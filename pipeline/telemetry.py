@@ -124,3 +124,44 @@ class Sampler:
             t = s.timeStamp / 1e6 - self._wall0
             if t >= 0:
                 self.timeline.nvml_util.append((t, float(s.sampleValue.uiVal)))
+
+
+class PeakMemory:
+    """Peak memory while a block runs: exact on CUDA (torch's allocator), sampled every 2 ms on CPU (process
+    RSS). `.extra_mb` is the peak above the level at entry."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.extra_mb = device, 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.proc = psutil.Process()
+            self.base = self.peak = self.proc.memory_info().rss
+            self._t = threading.Thread(target=self._poll, daemon=True)
+            self._t.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.extra_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
+        else:
+            self._stop.set()
+            self._t.join()
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.extra_mb = (self.peak - self.base) / 2**20
+        return False
+
+    @property
+    def method(self) -> str:
+        return ("torch.cuda.max_memory_allocated" if self.device.type == "cuda" else
+                "process RSS sampled every 2 ms (a lower bound: memory the allocator reuses does not show)")

@@ -91,3 +91,12 @@ def test_streaming_and_sharding_page_labels_the_plan():
     at.select_slider(key="shard_n").set_value(4).run()
     assert not at.exception
     assert any("query heads" in w.value for w in at.warning)
+
+
+def test_attention_kernels_page():
+    at = page("pages/11_attention_kernels.py")
+    assert any("Run the kernels" in i.value for i in at.info)
+    button(at, "kern_go").click().run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("✅") and "same logits" in m.value for m in at.markdown)
+    assert len(at.dataframe[0].value) == 3 * 3                      # 3 lengths x (eager, math, flash) on CPU

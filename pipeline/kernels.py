@@ -1,0 +1,82 @@
+"""Attention kernels, measured: eager attention (materialises the T x T score matrix in every layer) vs
+PyTorch SDPA with each backend this device offers (math, memory-efficient, flash, cuDNN). Whole-model prefill
+time and peak memory over prompt lengths, and a check that every kernel gives the same logits."""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .generate import _ids_of_length
+from .models import LoadedModel
+from .telemetry import PeakMemory
+
+BACKENDS = {"sdpa: math": SDPBackend.MATH, "sdpa: flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa: memory-efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa: cuDNN": SDPBackend.CUDNN_ATTENTION}
+
+
+def available_kernels(lm: LoadedModel) -> list[str]:
+    """Kernels that run on this device for this model's attention shape (tried on a tiny input)."""
+    out = ["eager"]
+    f = lm.facts
+    q = torch.randn(1, f.n_heads, 8, f.head_dim, device=lm.device, dtype=lm.dtype)
+    for name, backend in BACKENDS.items():
+        try:
+            with sdpa_kernel([backend]):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            out.append(name)
+        except RuntimeError:
+            pass
+    return out
+
+
+def score_matrix_mb(lm: LoadedModel, tokens: int) -> float:
+    """What eager attention materialises per layer: heads x T x T scores (fp32 softmax) - the O(T^2) term."""
+    return lm.facts.n_heads * tokens * tokens * 4 / 2**20
+
+
+def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None = None, progress=None) -> list[dict]:
+    """Prefill (one forward of T tokens) per kernel and length: seconds (best of 2 after a warm-up), peak extra
+    memory, and max |logit difference| from the eager kernel at the same length."""
+    kernels = kernels or available_kernels(lm)
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    rows, total, done = [], len(lengths) * len(kernels), 0
+    with lm.lock:
+        impl = lm.model.config._attn_implementation
+        try:
+            for n in lengths:
+                ids = _ids_of_length(lm, n)
+                ref = None
+                for k in kernels:
+                    lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
+                    ctx = (lambda: nullcontext()) if k == "eager" else (lambda: sdpa_kernel([BACKENDS[k]]))
+                    try:
+                        with torch.inference_mode(), ctx():
+                            lm.model(input_ids=ids[:, :8], use_cache=False)          # warm-up
+                            best, peak = float("inf"), 0.0
+                            for _ in range(2):
+                                with PeakMemory(lm.device) as pm:
+                                    sync()
+                                    t = time.perf_counter()
+                                    out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                                    sync()
+                                    best = min(best, time.perf_counter() - t)
+                                peak = max(peak, pm.extra_mb)
+                        logits = out.logits[0, -1].float().cpu()
+                        ref = logits if k == "eager" else ref
+                        diff = float((logits - ref).abs().max()) if ref is not None else None
+                        rows.append({"kernel": k, "tokens": n, "seconds": best, "peak_mb": peak,
+                                     "score_matrix_mb": score_matrix_mb(lm, n), "max_diff_vs_eager": diff,
+                                     "memory_method": pm.method})
+                    except RuntimeError as e:                     # out of memory or unsupported at this size
+                        rows.append({"kernel": k, "tokens": n, "seconds": None, "peak_mb": None,
+                                     "score_matrix_mb": score_matrix_mb(lm, n), "max_diff_vs_eager": None,
+                                     "error": str(e).splitlines()[0][:200]})
+                    done += 1
+                    if progress:
+                        progress(done / total, f"{k}, {n} tokens")
+        finally:
+            lm.model.set_attn_implementation(impl)
+    return rows
