@@ -20,6 +20,7 @@ AFTER = [
     st.Page("pages/9_hardware.py", title="9 · Hardware", icon=":material/developer_board:", url_path="hardware"),
 ]
 FASTER = [
+    st.Page("pages/10_roofline.py", title="10 · Roofline", icon=":material/show_chart:", url_path="roofline"),
     st.Page("pages/11_attention_kernels.py", title="11 · Attention kernels", icon=":material/bolt:",
             url_path="attention-kernels"),
     st.Page("pages/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:",

@@ -149,3 +149,29 @@ def kernels_figure(rows) -> go.Figure:
     fig.update_yaxes(type="log")
     return _layout(fig, "Attention kernels: whole-model prefill on this device", height=420,
                    legend=dict(orientation="h", y=-0.25))
+
+
+def roofline_figure(r) -> go.Figure:
+    """Log-log roofline: attainable FLOP/s = min(peak, bandwidth x intensity); each op at its intensity and
+    its measured FLOP/s (prefill orange, decode blue)."""
+    import numpy as np
+
+    peak, bw = r["peak_flops"], r["bandwidth"]
+    ops = [o for ph in r["phases"].values() for o in ph["ops"]]
+    xs = [o["intensity"] for o in ops]
+    lo, hi = min(xs + [r["ridge"]]) / 3, max(xs + [r["ridge"]]) * 3
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)",
+                               line=dict(color=GREY, width=3)))
+    for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
+        ph = r["phases"][phase]["ops"]
+        fig.add_trace(go.Scatter(x=[o["intensity"] for o in ph], y=[o["flops"] / o["measured_s"] / 1e9 for o in ph],
+                                 mode="markers", name=phase, marker=dict(color=color, size=10),
+                                 text=[o["op"] for o in ph],
+                                 hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured"
+                                               "<extra>" + phase + "</extra>"))
+    fig.add_vline(x=r["ridge"], line_dash="dot", line_color=RED,
+                  annotation_text=f"ridge {r['ridge']:.1f} FLOP/B", annotation_position="top left")
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
+    fig.update_yaxes(type="log", title="GFLOP/s")
+    return _layout(fig, "Roofline of one layer on this device", height=460, legend=dict(orientation="h", y=-0.2))

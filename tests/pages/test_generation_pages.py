@@ -100,3 +100,12 @@ def test_attention_kernels_page():
     assert not at.exception, at.exception
     assert any(m.value.startswith("✅") and "same logits" in m.value for m in at.markdown)
     assert len(at.dataframe[0].value) == 3 * 3                      # 3 lengths x (eager, math, flash) on CPU
+
+
+def test_roofline_page():
+    at = page("pages/10_roofline.py")
+    at.select_slider(key="roof_T").set_value(64)
+    at.select_slider(key="roof_C").set_value(64)
+    button(at, "roof_go").click().run()
+    assert not at.exception, at.exception
+    assert "GFLOP/s" in metric(at, "Peak matmul (measured)") and len(at.dataframe) == 2
