@@ -23,6 +23,7 @@ FASTER = [
     st.Page("pages/10_roofline.py", title="10 · Roofline", icon=":material/show_chart:", url_path="roofline"),
     st.Page("pages/11_attention_kernels.py", title="11 · Attention kernels", icon=":material/bolt:",
             url_path="attention-kernels"),
+    st.Page("pages/12_production.py", title="12 · Production mode", icon=":material/factory:", url_path="production"),
     st.Page("pages/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:",
             url_path="speculative"),
     st.Page("pages/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:",

@@ -175,3 +175,13 @@ def roofline_figure(r) -> go.Figure:
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
     fig.update_yaxes(type="log", title="GFLOP/s")
     return _layout(fig, "Roofline of one layer on this device", height=460, legend=dict(orientation="h", y=-0.2))
+
+
+def cache_modes_figure(dynamic, static) -> go.Figure:
+    fig = go.Figure()
+    for ev, name, color in ((dynamic, "dynamic cache", BLUE), (static, "static cache", GREEN)):
+        fig.add_trace(go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines",
+                                 name=name, line=dict(color=color)))
+    fig.update_xaxes(title="decode step")
+    fig.update_yaxes(title="ms per step", rangemode="tozero")
+    return _layout(fig, "Decode step time, dynamic vs static KV cache", height=340, legend=dict(orientation="h", y=-0.3))

@@ -115,9 +115,12 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
 
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | None = 0, use_cache: bool = True, chat: bool = False,
-             min_p: float = 0.0, n_top: int = 10, request: Request | None = None):
-    """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts."""
-    from transformers import DynamicCache
+             min_p: float = 0.0, n_top: int = 10, request: Request | None = None, cache: str = "dynamic"):
+    """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
+
+    cache: "dynamic" (grows by concatenation each step) or "static" (preallocated for prompt + max_new_tokens,
+    written in place: what production servers and CUDA graphs need)."""
+    from transformers import DynamicCache, StaticCache
 
     t0 = time.perf_counter()
     req = request or prepare(lm, prompt, max_new_tokens, chat)
@@ -127,13 +130,19 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     stop = eos_ids(lm)
     dec = _decoder(lm.tokenizer)
     ids = torch.tensor([req.prompt_ids], device=dev)
-    cache = DynamicCache(config=lm.model.config) if use_cache else None
+    if not use_cache:
+        cache = None
+    elif cache == "static":
+        cache = StaticCache(config=lm.model.config, max_cache_len=len(req.prompt_ids) + req.max_new_tokens)
+    else:
+        cache = DynamicCache(config=lm.model.config)
+    cache_obj = cache
     next_input = ids
     for i in range(req.max_new_tokens):
         t_step = time.perf_counter()
         with lm.lock, torch.inference_mode():
             if use_cache:
-                out = lm.model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = lm.model(input_ids=next_input, past_key_values=cache_obj, use_cache=True, logits_to_keep=1)
             else:
                 out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
             logits = out.logits[0, -1].float()
@@ -148,7 +157,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
         raw = torch.softmax(logits, -1)
         r_top, ri_top = raw.topk(min(n_top, probs.numel()))
         top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
-        per_layer = kv_bytes(cache) if use_cache else []
+        per_layer = kv_bytes(cache_obj) if use_cache else []
         ctx = ids.shape[1]
         finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
         yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
@@ -236,3 +245,24 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
         if progress:
             progress((j + 1) / len(lengths), f"{n} tokens")
     return rows
+
+
+def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2) -> dict:
+    """Greedy decoding with the dynamic and the static KV cache, interleaved `reps` times after a warm-up:
+    {mode: {"events": last run's events, "tokens_per_s": median decode rate}}."""
+    import statistics
+
+    modes = ("dynamic", "static")
+    for m in modes:
+        list(generate(lm, prompt, 2, chat=chat, cache=m))
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    last: dict[str, list[StepEvent]] = {}
+    for _ in range(reps):
+        for m in modes:
+            ev = list(generate(lm, prompt, n, chat=chat, cache=m))
+            last[m] = ev
+            r = metrics(ev).tokens_per_s
+            if r:
+                rates[m].append(r)
+    return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None}
+            for m in modes}

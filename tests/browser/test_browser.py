@@ -188,3 +188,20 @@ def test_generation_pages(server, browser):
         no_exception(page)
         assert page.locator(".js-plotly-plot").count() > 0, path
         page.screenshot(path=str(SHOTS / f"{path}.png"))
+
+
+def test_faster_inference_pages(server, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})
+    page.goto(server, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    for path, button in [("roofline", "Measure"), ("attention-kernels", "Run the kernels"), ("production", "Run both"),
+                         ("speculative", "Run plain and speculative"), ("streaming-sharding", None)]:
+        page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
+        wait_idle(page)
+        if button:
+            click_button(page, button)
+        no_exception(page)
+        assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stCode']").count() > 0, path
+        page.screenshot(path=str(SHOTS / f"{path}.png"))

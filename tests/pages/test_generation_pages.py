@@ -109,3 +109,11 @@ def test_roofline_page():
     button(at, "roof_go").click().run()
     assert not at.exception, at.exception
     assert "GFLOP/s" in metric(at, "Peak matmul (measured)") and len(at.dataframe) == 2
+
+
+def test_production_page():
+    at = page("pages/12_production.py")
+    at.slider(key="prod_n").set_value(16)
+    button(at, "prod_go").click().run()
+    assert not at.exception, at.exception
+    assert metric(at, "Same tokens (greedy)") == "yes"

@@ -121,3 +121,10 @@ def test_kv_formula_counts_sliding_window_layers(lm):
         assert e.kv_bytes == kv_bytes_formula(lm, e.context_len)
     if n_sliding:                               # Gemma: local layers stop growing at the window
         assert min(ev[-1].kv_bytes_per_layer) < max(ev[-1].kv_bytes_per_layer)
+
+
+def test_static_cache_gives_the_same_greedy_tokens(lm):
+    from pipeline.generate import compare_cache_modes
+    res = compare_cache_modes(lm, "The capital of France is", 12, reps=1)
+    assert [e.token_id for e in res["dynamic"]["events"]] == [e.token_id for e in res["static"]["events"]]
+    assert res["static"]["events"][0].kv_bytes == res["static"]["events"][-1].kv_bytes     # preallocated
