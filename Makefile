@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_trace.py
 	$(BIN)/python bench/bench_memory.py
 	$(BIN)/python bench/bench_generate.py
+	$(BIN)/python bench/bench_faster.py
 
 clean-cache:
 	rm -rf $${LLM_EXPLORER_CACHE:-$$HOME/.cache/llm-explorer}

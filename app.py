@@ -29,6 +29,6 @@ FASTER = [
     st.Page("pages/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:",
             url_path="streaming-sharding"),
 ]
-page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER})
+page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER}, expanded=True)
 common.sidebar()
 page.run()

@@ -172,7 +172,8 @@ def roofline_figure(r) -> go.Figure:
                                                "<extra>" + phase + "</extra>"))
     fig.add_vline(x=r["ridge"], line_dash="dot", line_color=RED,
                   annotation_text=f"ridge {r['ridge']:.1f} FLOP/B", annotation_position="top left")
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)",
+                     range=[np.log10(lo), np.log10(hi)])
     fig.update_yaxes(type="log", title="GFLOP/s")
     return _layout(fig, "Roofline of one layer on this device", height=460, legend=dict(orientation="h", y=-0.2))
 

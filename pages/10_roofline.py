@@ -41,6 +41,9 @@ if rec and len(rec["events"]) > 1:
     st.caption(f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r['decode_ceiling_tokens_per_s']:.0%} "
                "of the ceiling (the rest: per-operation overheads, kernel launches, Python).")
 st.plotly_chart(roofline_figure(r), width="stretch")
+st.caption("Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
+           "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
+           "that. Across the whole model the weights do not fit, which is why the decode ceiling uses main memory.")
 for phase in ("prefill", "decode"):
     ph = r["phases"][phase]
     st.markdown(f"**{phase.capitalize()}**: {ph['tokens']} token(s) over a context of {ph['context']}")

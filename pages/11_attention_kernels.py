@@ -32,7 +32,7 @@ st.plotly_chart(kernels_figure(rows), width="stretch")
 ok_rows = [r for r in rows if r["max_diff_vs_eager"] is not None]
 worst = max((r["max_diff_vs_eager"] for r in ok_rows), default=0.0)
 tol = 1e-3 if lm.dtype.is_floating_point and lm.dtype.itemsize == 4 else 5e-2
-st.markdown(("✅" if worst < tol else "❌") + f" **Every kernel gives the same logits**: largest |difference| from "
+st.markdown(common.verdict(worst < tol) + f" **Every kernel gives the same logits**: largest |difference| from "
             f"eager {worst:.1e} (tolerance {tol:g} for {str(lm.dtype).removeprefix('torch.')}).")
 errors = [r for r in rows if r.get("error")]
 for r in errors:

@@ -62,10 +62,10 @@ m[4].metric("Speedup vs plain", f"{speedup:.2f}×", delta="slower" if speedup < 
 st.html(legend_html())
 st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t])))
 st.markdown("**Output:**")
-st.code(lm.tokenizer.decode(res.tokens), language=None)
+st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
 if temp_run == 0:
     same = res.tokens == plain
-    st.markdown(("✅" if same else "❌") + f" **Greedy output identical to plain greedy decoding**: {len(res.tokens)} "
+    st.markdown(common.verdict(same) + f" **Greedy output identical to plain greedy decoding**: {len(res.tokens)} "
                 f"vs {len(plain)} tokens, {'all equal' if same else 'they differ'}.")
 else:
     st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not "

@@ -207,6 +207,14 @@ def get_tokens():
     return lm, tk, msg
 
 
+PASS, FAIL, SKIP = ":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]"
+
+
+def verdict(ok: bool | None) -> str:
+    """A pass / fail / not-run mark drawn with Streamlit's bundled icon font (no emoji font needed)."""
+    return SKIP if ok is None else (PASS if ok else FAIL)
+
+
 def how_do_we_know(checks_fn, key: str, tr=None, label="How do we know? Cross-checks on this run"):
     """An expander that runs `checks_fn()` -> [Check] once per trace (results kept on the trace) and shows
     each measured discrepancy. Checks that need extra forward passes on long prompts wait for a click."""
@@ -223,7 +231,7 @@ def how_do_we_know(checks_fn, key: str, tr=None, label="How do we know? Cross-ch
                 st.error(f"A check could not run: {type(e).__name__}: {e}")
                 return
         for c in store[("checks", key)]:
-            mark = "➖ not run" if c.ok is None else ("✅" if c.ok else "❌")
+            mark = verdict(c.ok)
             st.markdown(f"{mark} **{c.name}** — {c.detail}")
 
 
