@@ -3,7 +3,6 @@ figures (goal about 1.5 GB), the bytes those figures send, and the attention pag
 
     .venv/bin/python bench/bench_memory.py
 """
-import threading
 import time
 
 import psutil
@@ -11,31 +10,12 @@ import psutil
 from common import ROOT, write
 
 
-class PeakRSS:
-    def __init__(self):
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-
-    def __enter__(self):
-        self.peak = self.proc.memory_info().rss
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __exit__(self, *a):
-        self._stop.set()
-        self.t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-
 def main():
     import numpy as np
 
     import pipeline
     from components.figures import attention_heads, labels_of, mosaic_image
+    from pipeline.telemetry import PeakMemory
 
     lm = pipeline.load_model()
     pipeline.trace(lm, "warm up")
@@ -44,11 +24,11 @@ def main():
     ids = lm.tokenizer(text)["input_ids"][:2048]
     prompt = lm.tokenizer.decode(ids)
     rss0 = psutil.Process().memory_info().rss
-    with PeakRSS() as m_trace:
+    with PeakMemory(lm.device) as m_trace:
         t = time.perf_counter()
         tr = pipeline.trace(lm, prompt)
         t_trace = time.perf_counter() - t
-    with PeakRSS() as m_render:
+    with PeakMemory(lm.device) as m_render:
         t = time.perf_counter()
         labels = labels_of(tr.tokens)
         layer = lm.facts.n_layers // 2
@@ -86,8 +66,8 @@ def main():
     t_page_layer = time.perf_counter() - t
     write("memory", {
         "model": lm.label, "tokens": tr.T,
-        "extra_rss_mb": {"trace_peak": round((m_trace.peak - rss0) / 2**20, 1),
-                         "render_peak": round((m_render.peak - rss0) / 2**20, 1),
+        "extra_rss_mb": {"trace_peak": round(m_trace.extra_mb, 1),
+                         "render_peak": round(m_render.extra_mb + (m_render.base - rss0) / 2**20, 1),
                          "retained_after": round((rss_end - rss0) / 2**20, 1), "goal": 1536},
         "trace_arrays_mb": round(trace_bytes / 2**20, 1),
         "attention": {"overview_block": tr.attn_block, "full_layers_kept": sorted(tr.attn_full),

@@ -3,7 +3,9 @@
 SmolLM2-135M's architecture from bench/assets/smollm2-shape (config + tokenizer, 3.5 MB) with seeded random
 weights in bf16 (the real 98 MB weights do not travel); timings and memory depend on the shape, not the values.
 Measures: TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same
-model, greedy agreement of the two, and the telemetry timeline at batch 1 (NVML utilisation over time).
+model, greedy agreement of the two, the telemetry timeline at batch 1 (NVML utilisation over time); then the
+attention kernels sweep (time, peak memory, agreement), static vs dynamic KV cache tokens/s, and speculative
+decoding with prompt lookup on a copy-style prompt (random weights: speed only, acceptance is not meaningful).
 Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
@@ -27,6 +29,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
     args = ap.parse_args()
     from pipeline.generate import generate, metrics
     from pipeline.models import random_model
@@ -85,6 +88,22 @@ def main():
                         "mean_gpu_util": statistics.mean(util) if util else None,
                         "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
                         "timeline": tl.samples[:400], "nvml_util": tl.nvml_util[:400], "marks": tl.marks[:400]}
+    from pipeline.generate import compare_cache_modes
+    from pipeline.kernels import kernel_sweep
+    from pipeline.speculative import speculative_generate
+    res["attention_kernels"] = kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])
+    modes = compare_cache_modes(lm, prompt, n, chat=True)
+    res["cache_modes_tokens_per_s"] = {m: v["tokens_per_s"] for m, v in modes.items()}
+    res["cache_modes_same_tokens"] = ([e.token_id for e in modes["dynamic"]["events"]]
+                                      == [e.token_id for e in modes["static"]["events"]])
+    copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
+    t = time.perf_counter()
+    plain = [e.token_id for e in generate(lm, copy, n, temperature=0.0, chat=True)]
+    plain_s = time.perf_counter() - t
+    sp = speculative_generate(lm, copy, "prompt_lookup", gamma=4, max_new_tokens=n, chat=True)
+    res["speculative_prompt_lookup"] = {"speedup": plain_s / sp.seconds, "acceptance_rate": sp.acceptance_rate,
+                                        "tokens_per_target_call": len(sp.tokens) / sp.target_calls,
+                                        "identical_to_plain": sp.tokens == plain}
     out_dir = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_check.json"

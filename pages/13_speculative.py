@@ -26,20 +26,30 @@ chat = c2.toggle("Chat mode", value=has_template, disabled=not has_template, key
 L = lm.facts.n_layers
 kinds = {"prompt lookup (n-gram copy from the context)": "prompt_lookup",
          f"early exit: the target's first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
-         f"early exit: the target's first {L // 2} layers": f"early_exit:{L // 2}"}
+         f"early exit: the target's first {L // 2} layers": f"early_exit:{L // 2}",
+         "a local model folder with the same tokenizer…": "folder"}
 c = st.columns(4)
 kind = c[0].selectbox("Draft", list(kinds), key="spec_kind")
 gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma")
 n = c[2].number_input("Max new tokens", 1, 512, 64, key="spec_n")
 temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", help="0 = greedy (exact equality check)")
-if st.button("Run plain and speculative", type="primary", key="spec_go"):
+draft = kinds[kind]
+if draft == "folder":
+    path = st.text_input("Draft model folder (Hugging Face, safetensors, same tokenizer as the target)",
+                         key="spec_folder")
+    draft = None
+    if path.strip():
+        ldr = common.load_other_model(path.strip())
+        if ldr is not None:
+            draft = ldr
+if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
     with st.spinner("Plain decoding first, then speculative, same settings…"):
         try:
             t = time.perf_counter()
             plain = [e.token_id for e in pipeline.generate_mod.generate(lm, prompt, n, temperature=temperature,
                                                                          chat=chat, seed=0)]
             plain_s = time.perf_counter() - t
-            res = speculative_generate(lm, prompt, kinds[kind], gamma=gamma, max_new_tokens=n,
+            res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=n,
                                        temperature=temperature, chat=chat, seed=0)
             st.session_state["spec_result"] = (lm.label, kind, gamma, temperature, plain, plain_s, res)
         except (pipeline.TraceError, ValueError) as e:

@@ -107,17 +107,9 @@ def get_model():
     except ModelLoadError as e:
         st.error(str(e))
         st.stop()
-    ldr = _loader(key)
-    if not ldr.done.is_set():
-        bar = st.progress(0.0, text="Loading the model…")
-        while not ldr.done.wait(0.25):
-            bar.progress(min(1.0, ldr.fraction), text=f"{ldr.message} · {time.time() - ldr.t0:.0f} s")
-        bar.empty()
-    if ldr.error:
-        _loader.clear()
-        st.error(f"Could not load the model: {ldr.error}")
+    lm = _wait_loaded(key, "the model")
+    if lm is None:
         st.stop()
-    lm = ldr.result
     if st.session_state.get("_device_label") != lm.device_label:
         st.session_state["_device_label"] = lm.device_label
         st.sidebar.caption(f"**Device:** {lm.device_label}")
@@ -326,3 +318,28 @@ def last_generation(slot: str, lm):
     if rec and rec["model"] == lm.label and rec["events"]:
         return rec
     return None
+
+
+def load_other_model(key: str):
+    """Load a second model (e.g. a draft) with progress; a clear message and None when it cannot load."""
+    try:
+        pipeline.models.check_folder(key)
+    except ModelLoadError as e:
+        st.error(str(e))
+        return None
+    return _wait_loaded(key, "the draft model")
+
+
+def _wait_loaded(key: str, what: str):
+    """The loaded model for `key`, with a progress bar while it loads; None (and a message) if it failed."""
+    ldr = _loader(key)
+    if not ldr.done.is_set():
+        bar = st.progress(0.0, text=f"Loading {what}…")
+        while not ldr.done.wait(0.25):
+            bar.progress(min(1.0, ldr.fraction), text=f"{ldr.message} · {time.time() - ldr.t0:.0f} s")
+        bar.empty()
+    if ldr.error:
+        _loader.clear()
+        st.error(f"Could not load {what}: {ldr.error}")
+        return None
+    return ldr.result

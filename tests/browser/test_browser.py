@@ -156,6 +156,15 @@ def test_bad_input_keeps_serving(server, browser):
     no_exception(page)
 
 
+def open_app(server, browser, height=2000):
+    """A fresh session on the overview page, idle."""
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.goto(server, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    return page
+
+
 def click_button(page, text):
     page.get_by_role("button", name=text).first.click()
     wait_idle(page)
@@ -163,10 +172,7 @@ def click_button(page, text):
 
 def test_generation_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 2000})
-    page.goto(server, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
+    page = open_app(server, browser)
     set_prompt(page, "Why is the sky blue?")
     page.locator("[data-testid='stSidebarNavLink'][href$='/generation']").first.click()
     wait_idle(page)
@@ -192,10 +198,7 @@ def test_generation_pages(server, browser):
 
 def test_faster_inference_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 2000})
-    page.goto(server, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
+    page = open_app(server, browser)
     for path, button in [("roofline", "Measure"), ("attention-kernels", "Run the kernels"), ("production", "Run both"),
                          ("speculative", "Run plain and speculative"), ("streaming-sharding", None)]:
         page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()

@@ -124,3 +124,17 @@ def test_production_page():
     button(at, "prod_go").click().run()
     assert not at.exception, at.exception
     assert metric(at, "Same tokens (greedy)") == "yes"
+
+
+def test_speculative_with_a_local_model_folder_as_draft():
+    import pipeline
+    at = page("pages/13_speculative.py")
+    at.selectbox(key="spec_kind").set_value("a local model folder with the same tokenizer…").run()
+    at.text_input(key="spec_folder").set_value("/no/such/folder").run()
+    assert any("No such folder" in e.value for e in at.error)
+    folder = pipeline.load_model().source            # the embedded model's safetensors folder: same tokenizer
+    at.text_input(key="spec_folder").set_value(folder).run()
+    at.number_input(key="spec_n").set_value(12)
+    button(at, "spec_go").click().run()
+    assert not at.exception, at.exception
+    assert metric(at, "Acceptance rate α") == "100%"              # the same model drafts perfectly
