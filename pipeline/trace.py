@@ -256,7 +256,10 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
         # logit lens at the last position: final norm + LM head applied after every layer
         t_l = time.perf_counter()
         hs = torch.stack(acts["h"])                       # [L+1, T, d] (on device)
-        top5_i, top5_p = logit_lens(lm, hs[:, -1, :], top=5)
+        top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)   # after the last layer: the real logits, below
+        final = torch.softmax(logits, -1).topk(5)
+        top5_i = torch.cat([top5_i, final.indices[None]])
+        top5_p = torch.cat([top5_p, final.values[None]])
         timings_lens = time.perf_counter() - t_l
 
     timings["embeddings"] = marks["embed1"] - marks["embed0"]
