@@ -11,7 +11,6 @@ from common import ROOT, write
 
 
 def main():
-    import numpy as np
 
     import pipeline
     from components.figures import attention_heads, labels_of, mosaic_image

@@ -12,7 +12,6 @@ import numpy as np
 import streamlit as st
 
 import pipeline
-from pipeline.checks import Check
 from pipeline.models import ModelLoadError, available_models
 from pipeline.trace import TraceError
 

@@ -16,6 +16,6 @@ from .trace import Trace, TraceError, trace
 from .generate import generate, metrics
 from .speculative import speculative_generate
 
-__all__ = ["sampling", "load_model", "available_models", "LoadedModel", "ModelLoadError", "EMBEDDED", "GEMMA",
+__all__ = ["sampling", "checks", "generate_mod", "trace_mod", "load_model", "available_models", "LoadedModel", "ModelLoadError", "EMBEDDED", "GEMMA",
            "tokenize", "Token", "Segment", "trace", "Trace", "TraceError", "generate", "metrics",
            "speculative_generate"]

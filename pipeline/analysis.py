@@ -52,12 +52,21 @@ def pca(x: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     return coords, ratio
 
 
+_UNIT: dict[int, torch.Tensor] = {}
+
+
+def _unit_rows(lm: LoadedModel) -> torch.Tensor:
+    if id(lm.model) not in _UNIT:
+        e = embedding_matrix(lm).detach().float()
+        _UNIT[id(lm.model)] = e / (e.norm(dim=1, keepdim=True) + 1e-12)
+    return _UNIT[id(lm.model)]
+
+
 def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
     """The k vocabulary entries whose embedding rows are closest (cosine) to token_id's row."""
     with torch.inference_mode():
-        e = embedding_matrix(lm).float()
-        v = e[token_id]
-        sims = (e @ v) / (e.norm(dim=1) * v.norm() + 1e-12)
+        unit = _unit_rows(lm)                   # rows scaled to length 1, computed once per model
+        sims = unit @ unit[token_id]
         vals, idx = sims.topk(k + 1)
     out = []
     for s, i in zip(vals.tolist(), idx.tolist()):

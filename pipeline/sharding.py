@@ -9,7 +9,6 @@ rows, so each layer needs two all-reduces of the token's d_model activations.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import torch
 
