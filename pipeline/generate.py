@@ -118,8 +118,9 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
              min_p: float = 0.0, n_top: int = 10, request: Request | None = None, cache: str = "dynamic"):
     """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
 
-    cache: "dynamic" (grows by concatenation each step) or "static" (preallocated for prompt + max_new_tokens,
-    written in place: what production servers and CUDA graphs need)."""
+    cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
+    place) or "fused" (our own static-shape decode step, pipeline.fused: a CUDA graph replay per step on a GPU;
+    greedy steps then bring only the top candidates back to the host, not the whole vocabulary)."""
     from transformers import DynamicCache, StaticCache
 
     t0 = time.perf_counter()
@@ -130,46 +131,66 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     stop = eos_ids(lm)
     dec = _decoder(lm.tokenizer)
     ids = torch.tensor([req.prompt_ids], device=dev)
+    fd = None
     if not use_cache:
         cache = None
+    elif cache == "fused":
+        from .fused import acquire_decoder
+        fd = acquire_decoder(lm, len(req.prompt_ids) + req.max_new_tokens)
     elif cache == "static":
         cache = StaticCache(config=lm.model.config, max_cache_len=len(req.prompt_ids) + req.max_new_tokens)
     else:
         cache = DynamicCache(config=lm.model.config)
-    cache_obj = cache
-    next_input = ids
-    for i in range(req.max_new_tokens):
-        t_step = time.perf_counter()
-        with lm.lock, torch.inference_mode():
-            if use_cache:
-                out = lm.model(input_ids=next_input, past_key_values=cache_obj, use_cache=True, logits_to_keep=1)
+    greedy = not (temperature and temperature > 0)
+    on_device = fd is not None and greedy and n_top <= fd.n_top    # only a summary comes back to the host
+    next_input, n_ctx, tok = ids, ids.shape[1], None
+    try:
+        for i in range(req.max_new_tokens):
+            t_step = time.perf_counter()
+            with lm.lock, torch.inference_mode():
+                if fd is not None:
+                    logits, summary = fd.prefill(ids) if i == 0 else fd.step(tok, n_ctx - 1)
+                    summary = summary.cpu() if on_device else None
+                    logits = None if on_device else logits.cpu()
+                else:
+                    out = lm.model(input_ids=next_input, past_key_values=cache, use_cache=use_cache,
+                                   logits_to_keep=1)
+                    logits = out.logits[0, -1].float()
+                    sync()
+            if on_device:           # greedy on the device: [argmax, logsumexp, top values, top ids]
+                k = fd.n_top
+                tok, lse = int(summary[0]), float(summary[1])
+                t_done = time.perf_counter()
+                top = [(tok, dec(tok), 1.0)]
+                top_raw = [(a, dec(a), b) for a, b in zip(summary[2 + k:2 + k + n_top].long().tolist(),
+                                                          torch.exp(summary[2:2 + n_top] - lse).tolist())]
+                p, p_raw = 1.0, float(torch.exp(summary[2] - lse))
             else:
-                out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-            logits = out.logits[0, -1].float()
-            sync()
-        logits = logits.cpu()
-        probs = filter_probs(logits, temperature, top_k, top_p, min_p)
-        tok = int(torch.multinomial(probs, 1, generator=gen)[0]) if temperature and temperature > 0 \
-            else int(probs.argmax())
-        t_done = time.perf_counter()
-        p_top, i_top = probs.topk(min(n_top, probs.numel()))
-        top = [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0]
-        raw = torch.softmax(logits, -1)
-        r_top, ri_top = raw.topk(min(n_top, probs.numel()))
-        top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
-        per_layer = kv_bytes(cache_obj) if use_cache else []
-        ctx = ids.shape[1]
-        finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
-        yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
-                        text=dec(tok), top=top, top_raw=top_raw, p=float(probs[tok]), p_raw=float(raw[tok]),
-                        step_s=t_done - t_step,
-                        t_s=t_done - t0, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
-                        finished=finished)
-        if finished:
-            return
-        nxt = torch.tensor([[tok]], device=dev)
-        ids = torch.cat([ids, nxt], dim=1)
-        next_input = nxt
+                logits = logits.cpu()
+                probs = filter_probs(logits, temperature, top_k, top_p, min_p)
+                tok = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=gen)[0])
+                t_done = time.perf_counter()
+                p_top, i_top = probs.topk(min(n_top, probs.numel()))
+                top = [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0]
+                raw = torch.softmax(logits, -1)
+                r_top, ri_top = raw.topk(min(n_top, probs.numel()))
+                top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
+                p, p_raw = float(probs[tok]), float(raw[tok])
+            per_layer = fd.kv_bytes_per_layer() if fd is not None else kv_bytes(cache) if use_cache else []
+            finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
+            yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
+                            text=dec(tok), top=top, top_raw=top_raw, p=p, p_raw=p_raw, step_s=t_done - t_step,
+                            t_s=t_done - t0, context_len=n_ctx, kv_bytes_per_layer=per_layer,
+                            kv_bytes=sum(per_layer), finished=finished)
+            if finished:
+                return
+            n_ctx += 1
+            if fd is None:
+                nxt = torch.tensor([[tok]], device=dev)
+                next_input = nxt if use_cache else torch.cat([next_input, nxt], dim=1)
+    finally:
+        if fd is not None:
+            fd.release()
 
 
 @dataclass

@@ -229,6 +229,11 @@ def check_folder(path: str | Path) -> Path:
     return p
 
 
+def _first_layer(base):
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    return layers[0] if layers is not None and len(layers) else None
+
+
 def facts_of(model: torch.nn.Module) -> ModelFacts:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_heads = cfg.num_attention_heads
@@ -248,7 +253,7 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
         positional="learned" if has_learned else "rope", rope_theta=float(theta) if theta else None,
         norm="RMSNorm" if "RMS" in norm_cls else norm_cls, tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         n_params=sum(p.numel() for p in model.parameters()),
-        attn_scaling=float(getattr(base.layers[0].self_attn, "scaling", head_dim ** -0.5)),
+        attn_scaling=float(getattr(getattr(_first_layer(base), "self_attn", None), "scaling", head_dim ** -0.5)),
     )
 
 

@@ -1,0 +1,389 @@
+"""Production-mode decoding: our own decode step with fixed shapes, captured once as a CUDA graph on a GPU.
+
+transformers' forward is general: per call it builds masks, position tensors and cache bookkeeping in Python
+and launches hundreds of small kernels, so at batch 1 a small model spends most of a decode step waiting on
+the CPU. This module writes the step the way serving engines do:
+
+  * a static KV cache: one preallocated buffer per layer, written in place at position `pos`;
+  * fused projections: Q, K and V are one matmul, gate and up are one matmul. The model's own q/k/v and
+    gate/up weights are re-pointed as views into the fused tensors (`fuse_weights`), so nothing is copied
+    and every other page keeps working on the very same parameters;
+  * grouped-query attention without repeating K and V: the G query heads that share a KV head are passed to
+    SDPA as G "query positions" of that head, over the whole buffer with a mask `position <= pos`
+    (and `> pos - window` on sliding-window layers);
+  * no Python-visible data dependence: the token and the position live in device tensors, so on CUDA the
+    step is captured once with `torch.cuda.CUDAGraph` and each decode step is one `replay()`; optionally the
+    step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured.
+
+Norms, activations, the embedding and the LM head are the model's own modules, called inside the step. The
+prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
+Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
+not otherwise. `check_against_forward` compares our step's logits with a plain transformers forward.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .models import LoadedModel
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+MIN_BUCKET = 256
+# operators that only make a new view of existing memory (no kernel on a GPU)
+VIEW_OPS = {"aten::view", "aten::reshape", "aten::slice", "aten::select", "aten::split", "aten::split_with_sizes",
+            "aten::chunk", "aten::t", "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::expand",
+            "aten::as_strided", "aten::detach", "aten::alias", "aten::_unsafe_view", "aten::narrow",
+            "aten::permute", "aten::lift_fresh", "aten::unbind"}
+
+
+class FusedUnsupported(RuntimeError):
+    """The loaded model's architecture is not one our fused step implements; the message says why."""
+
+
+def _config(lm: LoadedModel):
+    c = lm.model.config
+    return getattr(c, "text_config", None) or c
+
+
+def supported(lm: LoadedModel) -> tuple[bool, str]:
+    c = _config(lm)
+    mt = getattr(c, "model_type", "?")
+    if mt not in SUPPORTED_TYPES:
+        return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is "
+                       f"'{mt}'. The dynamic and static cache loops work for it.")
+    for name in ("attn_logit_softcapping",):
+        if getattr(c, name, None):
+            return False, f"{name} is set in this model's config, which the fused step does not implement."
+    core = getattr(lm.model, "model", None)
+    layers = getattr(core, "layers", None)
+    if layers is None or not hasattr(core, "rotary_emb"):
+        return False, "the model has no `model.layers` / `model.rotary_emb` in the Llama layout."
+    for layer in layers:
+        a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not all(hasattr(a, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")) or \
+                not all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return False, "a layer lacks the q/k/v/o and gate/up/down projections of the Llama layout."
+    return True, ""
+
+
+_fuse_lock = threading.Lock()
+_fused: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _fuse(mods: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of `mods` along the output dimension, then re-point each module's
+    weight as a view into the result: one matmul instead of len(mods), and no extra memory."""
+    fused_w = torch.cat([m.weight.detach() for m in mods], 0).contiguous()
+    r = 0
+    for m in mods:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(fused_w[r:r + n], requires_grad=False)
+        r += n
+    if all(m.bias is None for m in mods):
+        return fused_w, None
+    return fused_w, torch.cat([m.bias.detach() if m.bias is not None else
+                               torch.zeros(m.weight.shape[0], dtype=fused_w.dtype, device=fused_w.device)
+                               for m in mods])
+
+
+@dataclass
+class _Layer:
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wgu: torch.Tensor
+    window: int | None          # sliding window (tokens attended, the current one included) or None
+    rope: str                   # key into the cos/sin tables
+    qk_norm: bool
+    sandwich: bool              # Gemma: norms after attention and after the MLP as well as before
+
+
+def fuse_weights(lm: LoadedModel) -> list[_Layer]:
+    """Fused QKV and gate/up per layer (views shared with the model's own parameters); done once per model."""
+    ok, why = supported(lm)
+    if not ok:
+        raise FusedUnsupported(why)
+    c = _config(lm)
+    types = getattr(c, "layer_types", None)
+    out = []
+    with _fuse_lock, torch.no_grad():
+        if lm.model in _fused:
+            return _fused[lm.model]
+        for i, layer in enumerate(lm.model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
+            wgu, _ = _fuse([m.gate_proj, m.up_proj])
+            lt = types[i] if types else "full_attention"
+            window = getattr(a, "sliding_window", None)
+            if window is None and c.model_type == "mistral":
+                window = getattr(c, "sliding_window", None)
+            if lt != "sliding_attention" and c.model_type != "mistral":
+                window = None
+            out.append(_Layer(wqkv, bqkv, wgu, window, lt, hasattr(a, "q_norm"),
+                              hasattr(layer, "pre_feedforward_layernorm")))
+        _fused[lm.model] = out
+    return out
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class FusedDecoder:
+    """Static-shape decode for one model and one maximum length (prompt + new tokens, rounded up to a power
+    of two so a few graphs cover every request).
+
+        dec = FusedDecoder(lm, max_len)          # graph=True on CUDA by default
+        logits = dec.prefill(ids)                # [vocab] float32, the prompt's last position
+        logits = dec.step(token_id, position)    # one decode step (a graph replay on CUDA)
+    """
+
+    def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False,
+                 n_top: int = 10):
+        self.lm = lm
+        c = _config(lm)
+        self.layers = fuse_weights(lm)
+        self.max_len = int(max_len)
+        limit = lm.facts.max_positions or self.max_len
+        if self.max_len > limit:
+            raise ValueError(f"max_len {self.max_len} exceeds the model's {limit} positions")
+        f = lm.facts
+        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
+        self.G = self.H // self.KV
+        dev, dt = lm.device, lm.dtype
+        self.softcap = getattr(c, "final_logit_softcapping", None)
+        self.n_top = n_top
+        core = lm.model.model
+        with torch.no_grad():
+            pos_ids = torch.arange(self.max_len, device=dev)[None]
+            dummy = torch.zeros(1, 1, self.D, device=dev, dtype=dt)
+            self.cos, self.sin = {}, {}
+            for lt in {ly.rope for ly in self.layers}:
+                args = (lt,) if "layer_type" in inspect.signature(core.rotary_emb.forward).parameters else ()
+                cs, sn = core.rotary_emb(dummy, pos_ids, *args)
+                self.cos[lt], self.sin[lt] = cs[0].contiguous(), sn[0].contiguous()
+            shape = (len(self.layers), self.KV, self.max_len, self.D)
+            self.K = torch.zeros(shape, device=dev, dtype=dt)
+            self.V = torch.zeros(shape, device=dev, dtype=dt)
+            self.ar = torch.arange(self.max_len, device=dev)
+            self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+            self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.windows = sorted({ly.window for ly in self.layers if ly.window})
+        self.compiled = False
+        body = self._body
+        if compile:
+            body = torch.compile(self._body, fullgraph=True, dynamic=False)
+            self.compiled = True
+        self._run = body
+        self.graph = None
+        self.capture_s = None
+        use_graph = (dev.type == "cuda") if graph is None else graph
+        if use_graph:
+            if dev.type != "cuda":
+                raise ValueError("CUDA graphs need a CUDA device")
+            self._capture()
+        self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else "eager")
+        self._busy = threading.Lock()
+
+    def release(self):
+        """Hand the decoder back after a generation (see acquire_decoder)."""
+        if self._busy.locked():
+            self._busy.release()
+
+    # -- the step ---------------------------------------------------------------------------------------------
+    def _body(self):
+        """One token through the model at position self.pos; returns (logits, packed) where packed =
+        [argmax, logsumexp, top values..., top ids...] (float32), all computed on the device."""
+        core = self.lm.model.model
+        pos = self.pos
+        x = core.embed_tokens(self.tok.view(1, 1))
+        allowed = self.ar <= pos
+        masks = {None: allowed.view(1, 1, 1, -1)}
+        for w in self.windows:
+            masks[w] = (allowed & (self.ar > pos - w)).view(1, 1, 1, -1)
+        rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
+        H, KV, D, G = self.H, self.KV, self.D, self.G
+        for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
+            a, mlp = layer.self_attn, layer.mlp
+            h = layer.input_layernorm(x)
+            q, k, v = F.linear(h, ly.wqkv, ly.bqkv).view(H + 2 * KV, D).split([H, KV, KV], 0)
+            if ly.qk_norm:
+                q, k = a.q_norm(q), a.k_norm(k)
+            cos, sin = rope[ly.rope]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.K[i, :, pos] = k.view(KV, 1, D)        # index_put_: in place, also under torch.compile
+            self.V[i, :, pos] = v.reshape(KV, 1, D)
+            att = F.scaled_dot_product_attention(q.view(1, KV, G, D), self.K[i][None], self.V[i][None],
+                                                 attn_mask=masks[ly.window], scale=a.scaling)
+            o = a.o_proj(att.reshape(1, 1, H * D))
+            if ly.sandwich:
+                x = x + layer.post_attention_layernorm(o)
+                h = layer.pre_feedforward_layernorm(x)
+            else:
+                x = x + o
+                h = layer.post_attention_layernorm(x)
+            g, u = F.linear(h, ly.wgu).chunk(2, dim=-1)
+            m = mlp.down_proj(mlp.act_fn(g) * u)
+            x = x + (layer.post_feedforward_layernorm(m) if ly.sandwich else m)
+        logits = self.lm.model.lm_head(core.norm(x)).float().view(-1)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits, self._summary(logits)
+
+    def _summary(self, logits):
+        tv, ti = logits.topk(self.n_top)
+        return torch.cat([logits.argmax().float().view(1), torch.logsumexp(logits, 0).view(1), tv, ti.float()])
+
+    def _capture(self):
+        t = time.perf_counter()
+        with torch.inference_mode():
+            self.pos.fill_(self.max_len - 1)          # warm-up writes land in the last slot, masked until used
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    self._run()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.out_logits, self.out_summary = self._run()
+            torch.cuda.synchronize()
+        self.graph = g
+        self.capture_s = time.perf_counter() - t
+
+    def step(self, token_id: int, position: int):
+        """Decode one token at `position` (its K/V are written there). Returns (logits, summary) on the device;
+        with a graph they are the graph's static outputs, overwritten by the next step."""
+        if not 0 <= position < self.max_len:
+            raise ValueError(f"position {position} outside the buffer of {self.max_len}")
+        with torch.inference_mode():
+            self.tok.fill_(int(token_id))
+            self.pos.fill_(int(position))
+            if self.graph is not None:
+                self.graph.replay()
+                return self.out_logits, self.out_summary
+            return self._run()
+
+    def prefill(self, ids: torch.Tensor):
+        """transformers' forward over the prompt [1, T]; its keys and values are copied into the buffers.
+        Returns (logits, summary) for the last position."""
+        from transformers import DynamicCache
+
+        T = ids.shape[1]
+        if T >= self.max_len:
+            raise ValueError(f"prompt of {T} tokens does not fit a buffer of {self.max_len}")
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.lm.model.config)
+            out = self.lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for i, layer in enumerate(cache.layers):
+                k, v = layer.keys[0], layer.values[0]          # [KV, t, D]; t < T on sliding layers
+                t = k.shape[1]
+                self.K[i, :, T - t:T].copy_(k)
+                self.V[i, :, T - t:T].copy_(v)
+            logits = out.logits[0, -1].float()
+            return logits, self._summary(logits)
+
+    def kv_bytes_per_layer(self) -> list[int]:
+        per = 2 * self.KV * self.max_len * self.D * self.K.element_size()
+        return [per] * len(self.layers)
+
+
+def bucket(n: int, limit: int | None = None) -> int:
+    """The buffer length for n positions: the next power of two, at least MIN_BUCKET, at most the model's limit."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, limit) if limit else b
+
+
+_decoders: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_dec_lock = threading.Lock()
+
+
+def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None,
+                    compile: bool = False) -> FusedDecoder:
+    """A FusedDecoder whose buffers hold n_positions, for one generation: call `.release()` when done.
+    Decoders (buffers and captured graphs) are reused across requests, one per model and bucket; one busy
+    in another generation is never shared (its KV buffers are that generation's), a fresh one is built."""
+    size = bucket(n_positions, lm.facts.max_positions)
+    key = (size, graph, compile)
+    with _dec_lock:
+        cache = _decoders.setdefault(lm.model, {})
+        dec = cache.get(key)
+        if dec is not None and dec._busy.acquire(blocking=False):
+            return dec
+    dec = FusedDecoder(lm, size, graph=graph, compile=compile)
+    dec._busy.acquire()
+    with _dec_lock:
+        if key not in cache:
+            while len(cache) >= 2:                   # keep the few most recent
+                cache.pop(next(iter(cache)))
+            cache[key] = dec
+    return dec
+
+
+def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None = None) -> dict:
+    """Feed `ids` through prefill(first token) + our step for each further token, and compare every
+    position's logits with one plain transformers forward over the whole sequence. Eager (no graph)."""
+    dev = lm.device
+    x = torch.tensor([ids], device=dev)
+    dec = FusedDecoder(lm, max_len or bucket(len(ids) + 1, lm.facts.max_positions), graph=False)
+    with lm.lock, torch.inference_mode():
+        ref = lm.model(input_ids=x, use_cache=False).logits[0].float()
+        ours = [dec.prefill(x[:, :1])[0]]
+        for t in range(1, len(ids)):
+            ours.append(dec.step(ids[t], t)[0].clone())
+        ours = torch.stack(ours)
+    err = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    same_argmax = bool((ours.argmax(-1) == ref.argmax(-1)).all())
+    return {"max_rel_err": err, "same_argmax": same_argmax, "positions": len(ids)}
+
+
+def launches_per_step(lm: LoadedModel, context: int = 32) -> dict:
+    """What one decode step costs the host: operators dispatched from Python (and on CUDA, kernels launched)
+    by transformers' forward with a dynamic cache, and by our fused step, counted by torch.profiler on one step
+    each. On a GPU every operator is at least one launch of a few microseconds of CPU time; a CUDA graph
+    replays all of the fused step's kernels with one launch."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    cuda = lm.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ids = torch.arange(100, 100 + context, device=lm.device)[None] % lm.facts.vocab
+
+    def count(prof):
+        evs = prof.events()
+        top = [e for e in evs if e.name.startswith("aten::")
+               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+        compute = [e for e in top if e.name not in VIEW_OPS and not (e.name == "aten::to" and not e.cpu_children)]
+        kernels = sum(1 for e in evs if str(getattr(e, "device_type", "")).endswith("CUDA"))
+        return len(top), len(compute), kernels
+
+    dec = FusedDecoder(lm, bucket(context + 2, lm.facts.max_positions), graph=False)
+    out = {}
+    with lm.lock, torch.inference_mode():
+        cache = DynamicCache(config=lm.model.config)
+        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)     # warm
+        sync()
+        with profile(activities=acts) as prof:
+            lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync()
+        out["transformers"] = count(prof)
+        dec.prefill(ids)
+        dec.step(int(ids[0, -1]), context)                                                         # warm
+        sync()
+        with profile(activities=acts) as prof:
+            dec.step(int(ids[0, -1]), context + 1)
+            sync()
+        out["fused"] = count(prof)
+    return {"ops": {k: v[0] for k, v in out.items()}, "compute_ops": {k: v[1] for k, v in out.items()},
+            "kernels": {k: v[2] for k, v in out.items()} if cuda else None}

@@ -1,0 +1,131 @@
+"""Production-mode decode (pipeline.fused): our static-shape step against plain transformers forwards, on the
+real models and on small seeded models of every architecture it claims, sliding windows included."""
+import threading
+
+import pytest
+import torch
+
+from pipeline.fused import (FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward,
+                            launches_per_step, supported)
+from pipeline.generate import generate
+from pipeline.models import LoadedModel, facts_of
+
+
+def tiny(model_type: str, seed: int = 0, **extra) -> LoadedModel:
+    """A 3-layer model of the given architecture with seeded random weights (no tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=512)
+    kw.update(extra)
+    cfg = AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    return LoadedModel(key=model_type, label=f"tiny {model_type}", model=model, tokenizer=None,
+                       facts=facts_of(model), device=torch.device("cpu"), dtype=torch.float32, source="",
+                       load_seconds=0.0)
+
+
+ARCHS = {
+    "llama": {},
+    "qwen2": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                  layer_types=["full_attention", "sliding_attention", "sliding_attention"]),   # biases on q/k/v
+    "qwen3": {},                                                                                # q/k norms
+    "mistral": dict(sliding_window=8),
+    "gemma3_text": dict(sliding_window=8, query_pre_attn_scalar=16,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_step_equals_a_plain_forward(arch):
+    lm = tiny(arch, **ARCHS[arch])
+    assert supported(lm)[0]
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()   # > the window
+    r = check_against_forward(lm, ids)
+    assert r["max_rel_err"] < 1e-4 and r["same_argmax"], r
+
+
+def test_fused_weights_are_views_of_the_model_parameters():
+    lm = tiny("llama")
+    before = sum(p.numel() for p in lm.model.parameters())
+    ref = lm.model(torch.tensor([[1, 2, 3]])).logits
+    dec = FusedDecoder(lm, 256, graph=False)
+    a = lm.model.model.layers[0].self_attn
+    assert a.k_proj.weight.untyped_storage().data_ptr() == dec.layers[0].wqkv.untyped_storage().data_ptr()
+    assert sum(p.numel() for p in lm.model.parameters()) == before
+    assert torch.equal(lm.model(torch.tensor([[1, 2, 3]])).logits, ref)      # the model computes the same
+
+
+def test_unsupported_architecture_says_why():
+    lm = tiny("gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=300, n_positions=128)
+    ok, why = supported(lm)
+    assert not ok and "gpt2" in why
+    with pytest.raises(FusedUnsupported):
+        FusedDecoder(lm, 256, graph=False)
+
+
+def test_torch_compile_of_the_step_traces_whole_and_agrees():
+    """fullgraph=True: the step has no graph breaks and no host syncs, which is what CUDA-graph capture needs."""
+    lm = tiny("llama", num_hidden_layers=2)
+    eager, comp = FusedDecoder(lm, 256, graph=False), FusedDecoder(lm, 256, graph=False, compile=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for d in (eager, comp):
+        d.prefill(ids)
+    for pos, t in enumerate([9, 10, 11], start=4):
+        a, b = eager.step(t, pos)[0], comp.step(t, pos)[0]
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert comp.mode.startswith("torch.compile")
+
+
+def test_bucket_sizes():
+    assert bucket(1) == 256 and bucket(257) == 512 and bucket(3000, 2048) == 2048
+
+
+def test_fused_generation_gives_the_same_tokens(lm):
+    prompt = "The capital of France is"
+    a = list(generate(lm, prompt, 16, cache="dynamic"))
+    b = list(generate(lm, prompt, 16, cache="fused"))
+    assert [e.token_id for e in a] == [e.token_id for e in b]
+    for x, y in zip(a, b):                      # what the page shows per step, from the device summary
+        assert [t for t, _, _ in x.top_raw] == [t for t, _, _ in y.top_raw]
+        assert abs(x.p_raw - y.p_raw) < 1e-4 and y.p == 1.0
+    assert b[0].kv_bytes == b[-1].kv_bytes > 0          # preallocated
+    r = check_against_forward(lm, lm.tokenizer("Why is the sky blue? Because")["input_ids"])
+    assert r["max_rel_err"] < 1e-4 and r["same_argmax"]
+
+
+def test_fused_sampling_matches_the_dynamic_loop(smol):
+    kw = dict(temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    a = [e.token_id for e in generate(smol, "Once upon a time", 16, **kw)]
+    b = [e.token_id for e in generate(smol, "Once upon a time", 16, cache="fused", **kw)]
+    assert a == b
+
+
+def test_concurrent_generations_never_share_buffers(smol):
+    d1 = acquire_decoder(smol, 40)
+    d2 = acquire_decoder(smol, 40)
+    assert d1 is not d2
+    d1.release()
+    assert acquire_decoder(smol, 40) is d1
+    d1.release(), d2.release()
+    out, errs = {}, []
+
+    def run(name, prompt):
+        try:
+            out[name] = [e.token_id for e in generate(smol, prompt, 12, cache="fused")]
+        except Exception as e:      # noqa: BLE001 - surfaced below
+            errs.append(e)
+
+    ts = [threading.Thread(target=run, args=(p, p)) for p in ("Dog bites man", "The capital of France is")]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errs
+    for p in out:
+        assert out[p] == [e.token_id for e in generate(smol, p, 12)]
+
+
+def test_launch_counts(smol):
+    r = launches_per_step(smol)
+    assert r["ops"]["transformers"] > r["compute_ops"]["transformers"] > 30 * 7     # >= 7 matmuls per layer
+    assert 30 * 4 < r["compute_ops"]["fused"] < r["compute_ops"]["transformers"]    # 4 matmuls per layer
