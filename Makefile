@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py
 	$(BIN)/python bench/bench_generate.py
 	$(BIN)/python bench/bench_faster.py
+	$(BIN)/python bench/bench_production.py
 
 clean-cache:
 	rm -rf $${LLM_EXPLORER_CACHE:-$$HOME/.cache/llm-explorer}

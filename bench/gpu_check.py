@@ -2,10 +2,16 @@
 
 SmolLM2-135M's architecture from bench/assets/smollm2-shape (config + tokenizer, 3.5 MB) with seeded random
 weights in bf16 (the real 98 MB weights do not travel); timings and memory depend on the shape, not the values.
-Measures: TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same
-model, greedy agreement of the two, the telemetry timeline at batch 1 (NVML utilisation over time); then the
-attention kernels sweep (time, peak memory, agreement), static vs dynamic KV cache tokens/s, and speculative
-decoding with prompt lookup on a copy-style prompt (random weights: speed only, acceptance is not meaningful).
+Measures, in this order (the JSON is rewritten after each section, so a timeout keeps what was done; a
+section that fails records its error and the rest go on):
+  1. production mode: greedy tokens/s of the dynamic-cache loop, transformers' static cache, our fused step
+     (a CUDA graph on CUDA) and the fused step compiled by torch.compile and then captured; same-token checks;
+     the fused step alone back to back (the device floor per token, so loop minus floor = host work); operators
+     and kernels per step; graph capture and compile times; the fused step's logits against a plain forward;
+  2. TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same model,
+     greedy agreement, the telemetry timeline at batch 1 (NVML utilisation over time);
+  3. the attention kernels sweep (time, peak memory, agreement);
+  4. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only).
 Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
@@ -30,7 +36,10 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
+    ap.add_argument("--only", default="production,loop,kernels,speculative")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     from pipeline.generate import generate, metrics
     from pipeline.models import random_model
     from pipeline.telemetry import Sampler
@@ -42,74 +51,124 @@ def main():
     res = {"device": lm.device_label, "model": lm.label, "dtype": str(lm.dtype), "new_tokens": n,
            "prompt_tokens": ids.shape[1]}
 
-    def ours(use_cache=True, k=n):
-        ev = list(generate(lm, prompt, k, temperature=0.0, chat=True, use_cache=use_cache))
-        return ev
-
-    def hf(use_cache=True, k=n):
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with torch.inference_mode():
-            out = lm.model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, use_cache=use_cache)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize()
-        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t
-
-    ours(k=4), hf(k=4)                                   # warm up
-    runs, hf_rates = [], []
-    for _ in range(args.reps):
-        ev = ours()
-        runs.append(ev)
-        toks, s = hf()
-        hf_rates.append(len(toks) / s)
-    m = [metrics(ev) for ev in runs]
-    res["ours_cache"] = {"ttft_ms": statistics.median(x.ttft_s for x in m) * 1000,
-                         "tpot_ms": statistics.median(x.tpot_s for x in m) * 1000,
-                         "decode_tokens_per_s": statistics.median(x.tokens_per_s for x in m),
-                         "end_to_end_tokens_per_s": statistics.median(x.n / x.latency_s for x in m)}
-    res["hf_generate_tokens_per_s"] = statistics.median(hf_rates)
-    res["ratio_ours_vs_hf_end_to_end"] = res["ours_cache"]["end_to_end_tokens_per_s"] / res["hf_generate_tokens_per_s"]
-    res["greedy_equal_to_hf"] = [e.token_id for e in runs[-1]] == toks[:len(runs[-1])]
-    k_off = min(n, 64)
-    ev_off = ours(use_cache=False, k=k_off)
-    mo = metrics(ev_off)
-    res["ours_no_cache"] = {"tokens": k_off, "ttft_ms": mo.ttft_s * 1000, "tpot_ms": (mo.tpot_s or 0) * 1000,
-                            "decode_tokens_per_s": mo.tokens_per_s,
-                            "first_step_ms": ev_off[1].step_s * 1000, "last_step_ms": ev_off[-1].step_s * 1000}
-    with Sampler(interval_s=0.02) as sampler:
-        t_start = time.perf_counter()
-        ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
-        for e in ev:
-            sampler.mark(e.phase, t_start + e.t_s - e.step_s, t_start + e.t_s)
-    tl = sampler.timeline
-    util = [s.get("gpu_util") for s in tl.samples if "gpu_util" in s]
-    res["telemetry"] = {"source": tl.source, "samples": len(tl.samples), "nvml_buffered_samples": len(tl.nvml_util),
-                        "mean_gpu_util": statistics.mean(util) if util else None,
-                        "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
-                        "timeline": tl.samples[:400], "nvml_util": tl.nvml_util[:400], "marks": tl.marks[:400]}
-    from pipeline.generate import compare_cache_modes
-    from pipeline.kernels import kernel_sweep
-    from pipeline.speculative import speculative_generate
-    res["attention_kernels"] = kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])
-    modes = compare_cache_modes(lm, prompt, n, chat=True)
-    res["cache_modes_tokens_per_s"] = {m: v["tokens_per_s"] for m, v in modes.items()}
-    res["cache_modes_same_tokens"] = ([e.token_id for e in modes["dynamic"]["events"]]
-                                      == [e.token_id for e in modes["static"]["events"]])
-    copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
-    t = time.perf_counter()
-    plain = [e.token_id for e in generate(lm, copy, n, temperature=0.0, chat=True)]
-    plain_s = time.perf_counter() - t
-    sp = speculative_generate(lm, copy, "prompt_lookup", gamma=4, max_new_tokens=n, chat=True)
-    res["speculative_prompt_lookup"] = {"speedup": plain_s / sp.seconds, "acceptance_rate": sp.acceptance_rate,
-                                        "tokens_per_target_call": len(sp.tokens) / sp.target_calls,
-                                        "identical_to_plain": sp.tokens == plain}
     out_dir = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_check.json"
-    path.write_text(json.dumps(res, indent=1, default=float))
-    print(json.dumps({k: v for k, v in res.items() if k != "telemetry"}, indent=1, default=float))
-    print(json.dumps({k: v for k, v in res["telemetry"].items() if k not in ("timeline", "nvml_util", "marks")}))
+
+    def save():
+        path.write_text(json.dumps(res, indent=1, default=float))
+
+    def section(name, fn):
+        if name not in only:
+            return
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:          # record and go on: one failure must not lose the other figures
+            import traceback
+            res.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
+        res.setdefault("section_seconds", {})[name] = time.perf_counter() - t
+        save()
+        print(f"[{name}] {res['section_seconds'][name]:.1f} s", flush=True)
+
+    def production():
+        from pipeline import fused
+        from pipeline.generate import compare_cache_modes
+        cuda = lm.device.type == "cuda"
+        modes = ("dynamic", "static", "fused") + (("fused+compile",) if cuda and not args.no_compile else ())
+        out = res["production"] = {"fused_mode": fused.mode_label(lm)}
+        out["launches_per_step"] = fused.launches_per_step(lm)
+        out["fused_vs_forward"] = fused.check_against_forward(lm, ids[0].tolist())
+        save()
+        for compile_ in (False, True) if "fused+compile" in modes else (False,):
+            t = time.perf_counter()
+            dec = fused.acquire_decoder(lm, ids.shape[1] + n, compile=compile_)
+            dec.release()
+            key = "compile" if compile_ else "plain"
+            out[f"build_{key}_s"] = time.perf_counter() - t            # compile (first call) + capture
+            out[f"capture_{key}_s"] = dec.capture_s
+            out[f"step_floor_{key}"] = fused.step_floor(lm, 200 if cuda else 10, compile=compile_)
+            save()
+        r = compare_cache_modes(lm, prompt, n, chat=True, reps=args.reps, modes=modes)
+        ref = [e.token_id for e in r["dynamic"]["events"]]
+        for m, v in r.items():
+            mt = metrics(v["events"])
+            out[m] = {"tokens_per_s": v["tokens_per_s"], "tpot_ms": (mt.tpot_s or 0) * 1000,
+                      "ttft_ms": mt.ttft_s * 1000, "warmup_s": v["warmup_s"],
+                      "same_tokens_as_dynamic": [e.token_id for e in v["events"]] == ref,
+                      "ratio_vs_dynamic": (v["tokens_per_s"] or 0) / r["dynamic"]["tokens_per_s"]}
+        for key, m in (("plain", "fused"), ("compile", "fused+compile")):
+            if m in out and f"step_floor_{key}" in out:      # what the loop adds per token on the host
+                out[m]["host_ms_per_token"] = out[m]["tpot_ms"] - out[f"step_floor_{key}"]["step_ms"]
+
+    def loop():
+        def ours(use_cache=True, k=n):
+            ev = list(generate(lm, prompt, k, temperature=0.0, chat=True, use_cache=use_cache))
+            return ev
+
+        def hf(use_cache=True, k=n):
+            if lm.device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            with torch.inference_mode():
+                out = lm.model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, use_cache=use_cache)
+            if lm.device.type == "cuda":
+                torch.cuda.synchronize()
+            return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t
+
+        ours(k=4), hf(k=4)                                   # warm up
+        runs, hf_rates = [], []
+        for _ in range(args.reps):
+            ev = ours()
+            runs.append(ev)
+            toks, s = hf()
+            hf_rates.append(len(toks) / s)
+        m = [metrics(ev) for ev in runs]
+        res["ours_cache"] = {"ttft_ms": statistics.median(x.ttft_s for x in m) * 1000,
+                             "tpot_ms": statistics.median(x.tpot_s for x in m) * 1000,
+                             "decode_tokens_per_s": statistics.median(x.tokens_per_s for x in m),
+                             "end_to_end_tokens_per_s": statistics.median(x.n / x.latency_s for x in m)}
+        res["hf_generate_tokens_per_s"] = statistics.median(hf_rates)
+        res["ratio_ours_vs_hf_end_to_end"] = res["ours_cache"]["end_to_end_tokens_per_s"] / res["hf_generate_tokens_per_s"]
+        res["greedy_equal_to_hf"] = [e.token_id for e in runs[-1]] == toks[:len(runs[-1])]
+        k_off = min(n, 64)
+        ev_off = ours(use_cache=False, k=k_off)
+        mo = metrics(ev_off)
+        res["ours_no_cache"] = {"tokens": k_off, "ttft_ms": mo.ttft_s * 1000, "tpot_ms": (mo.tpot_s or 0) * 1000,
+                                "decode_tokens_per_s": mo.tokens_per_s,
+                                "first_step_ms": ev_off[1].step_s * 1000, "last_step_ms": ev_off[-1].step_s * 1000}
+        with Sampler(interval_s=0.02) as sampler:
+            t_start = time.perf_counter()
+            ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
+            for e in ev:
+                sampler.mark(e.phase, t_start + e.t_s - e.step_s, t_start + e.t_s)
+        tl = sampler.timeline
+        util = [s.get("gpu_util") for s in tl.samples if "gpu_util" in s]
+        res["telemetry"] = {"source": tl.source, "samples": len(tl.samples), "nvml_buffered_samples": len(tl.nvml_util),
+                            "mean_gpu_util": statistics.mean(util) if util else None,
+                            "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
+                            "timeline": tl.samples[:400], "nvml_util": tl.nvml_util[:400], "marks": tl.marks[:400]}
+
+    def kernels():
+        from pipeline.kernels import kernel_sweep
+        res["attention_kernels"] = kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])
+
+    def speculative():
+        from pipeline.speculative import speculative_generate
+        copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
+        t = time.perf_counter()
+        plain = [e.token_id for e in generate(lm, copy, n, temperature=0.0, chat=True)]
+        plain_s = time.perf_counter() - t
+        sp = speculative_generate(lm, copy, "prompt_lookup", gamma=4, max_new_tokens=n, chat=True)
+        res["speculative_prompt_lookup"] = {"speedup": plain_s / sp.seconds, "acceptance_rate": sp.acceptance_rate,
+                                            "tokens_per_target_call": len(sp.tokens) / sp.target_calls,
+                                            "identical_to_plain": sp.tokens == plain}
+
+    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels),
+                     ("speculative", speculative)):
+        section(name, fn)
+    print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1,
+                     default=float))
     print("->", path)
 
 

@@ -178,11 +178,36 @@ def roofline_figure(r) -> go.Figure:
     return _layout(fig, "Roofline of one layer on this device", height=460, legend=dict(orientation="h", y=-0.2))
 
 
-def cache_modes_figure(dynamic, static) -> go.Figure:
+MODE_LABELS = {"dynamic": "dynamic cache (transformers)", "static": "static cache (transformers)",
+               "fused": "fused step", "fused+compile": "fused step, torch.compile"}
+MODE_COLORS = {"dynamic": BLUE, "static": GREEN, "fused": ORANGE, "fused+compile": RED}
+
+
+def cache_modes_figure(results: dict, fused_label: str = "") -> go.Figure:
+    """Per-step decode time of each mode ({mode: {"events": [...]}}), same request."""
     fig = go.Figure()
-    for ev, name, color in ((dynamic, "dynamic cache", BLUE), (static, "static cache", GREEN)):
+    for m, r in results.items():
+        ev = r["events"]
+        name = MODE_LABELS.get(m, m) + (f" ({fused_label})" if m.startswith("fused") and fused_label else "")
         fig.add_trace(go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines",
-                                 name=name, line=dict(color=color)))
+                                 name=name, line=dict(color=MODE_COLORS.get(m, GREY))))
     fig.update_xaxes(title="decode step")
     fig.update_yaxes(title="ms per step", rangemode="tozero")
-    return _layout(fig, "Decode step time, dynamic vs static KV cache", height=340, legend=dict(orientation="h", y=-0.3))
+    return _layout(fig, "Decode step time per mode, same request", height=360, legend=dict(orientation="h", y=-0.3))
+
+
+def launches_figure(counts: dict) -> go.Figure:
+    """Operators (and on a GPU, kernels) one decode step dispatches, transformers' forward vs the fused step."""
+    names = ["transformers forward", "fused step"]
+    keys = ["transformers", "fused"]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=names, y=[counts["ops"][k] for k in keys], name="operators dispatched",
+                         marker_color=GREY, text=[counts["ops"][k] for k in keys], textposition="outside"))
+    fig.add_trace(go.Bar(x=names, y=[counts["compute_ops"][k] for k in keys], name="of which compute (not views)",
+                         marker_color=BLUE, text=[counts["compute_ops"][k] for k in keys], textposition="outside"))
+    if counts.get("kernels"):
+        fig.add_trace(go.Bar(x=names, y=[counts["kernels"][k] for k in keys], name="GPU kernels launched",
+                             marker_color=ORANGE, text=[counts["kernels"][k] for k in keys], textposition="outside"))
+    fig.update_yaxes(title="per decode step", rangemode="tozero")
+    return _layout(fig, "What one decode step asks of the host (counted by torch.profiler)", height=340,
+                   barmode="group", legend=dict(orientation="h", y=-0.25))

@@ -1,46 +1,106 @@
+from types import SimpleNamespace
+
+import pandas as pd
 import streamlit as st
 
-from components.generation import cache_modes_figure
+from components.generation import MODE_LABELS, cache_modes_figure, launches_figure
+from pipeline import checks, fused
 from pipeline.generate import compare_cache_modes
 from pages import common
 
-st.title("Production mode: a static KV cache")
+st.title("Production mode: static cache, fused step, CUDA graph")
 st.markdown(
-    "The loop on page 6 grows its KV cache by concatenation, so every step allocates new, larger tensors. "
-    "Production servers **preallocate** the cache for the whole request (a *static* cache) and write each new "
-    "key and value in place: no allocation per step, fixed shapes, which is also what lets a GPU capture the "
-    "whole decode step once as a **CUDA graph** and replay it without launching hundreds of kernels from Python. "
-    "Below: the same greedy generation with both caches, measured on this device.")
+    "The loop on page 6 calls transformers' forward once per token. That forward is general: every step it "
+    "builds masks and position tensors in Python, grows the KV cache by concatenation, and dispatches well over "
+    "a thousand operators. At batch 1 a small model's matrices are tiny, so on a GPU the step is bounded by "
+    "the **CPU launching kernels**, not by the GPU computing them. Production servers fix this in three moves:\n"
+    "1. a **static KV cache**, preallocated for the whole request and written in place;\n"
+    "2. a **decode step with fixed shapes**: fused matrices (Q, K, V in one matmul; gate and up in one), the "
+    "token and its position kept in device tensors, attention over the whole buffer with a mask;\n"
+    "3. on a GPU, that step **captured once as a CUDA graph** and replayed with a single launch per token "
+    "(optionally compiled by `torch.compile` first, which fuses small operators into fewer kernels).\n\n"
+    "Below, the same greedy request in each mode, measured on this device.")
 lm = common.get_model()
 gpu = lm.device.type == "cuda"
+ok, why = fused.supported(lm)
 n = st.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
-if st.button("Run both", type="primary", key="prod_go"):
+compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)",
+                                          key="prod_compile")
+modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
+if not ok:
+    st.info(f"The fused step is not available for this model: {why}")
+st.caption("Fused step on this device: " + fused.mode_label(lm) + ("" if gpu else
+           ". On a CPU each operator runs as soon as Python calls it and the time goes into streaming the weights "
+           "from memory, so expect little difference here; on a GPU the graph is the point."))
+if st.button("Run all modes", type="primary", key="prod_go"):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
-    with st.spinner("Dynamic and static cache, interleaved, after a warm-up…"):
-        try:
-            st.session_state["prod"] = (lm.label, compare_cache_modes(
-                lm, prompt, n, chat=bool(getattr(lm.tokenizer, "chat_template", None))))
-        except Exception as e:
-            st.warning(f"Could not run: {e}")
+    bar = st.progress(0.0, text="warm-up")
+    try:
+        res = compare_cache_modes(lm, prompt, n, chat=bool(getattr(lm.tokenizer, "chat_template", None)),
+                                  modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
+        counts = fused.launches_per_step(lm) if ok else None
+        st.session_state["prod"] = (lm.label, res, counts, SimpleNamespace(extras={}, T=0))  # checks kept here
+    except Exception as e:  # a model the fused step cannot run, out of memory: say so, keep serving
+        st.warning(f"Could not run: {type(e).__name__}: {e}")
+    bar.empty()
 got = st.session_state.get("prod")
 if not got or got[0] != lm.label:
-    st.info("Press **Run both**.")
+    st.info("Press **Run all modes**.")
     st.stop()
-res = got[1]
-d, s = res["dynamic"], res["static"]
-same = [e.token_id for e in d["events"]] == [e.token_id for e in s["events"]]
-c = st.columns(4)
-c[0].metric("Dynamic cache", f"{d['tokens_per_s']:.1f} tok/s" if d["tokens_per_s"] else "—")
-c[1].metric("Static cache", f"{s['tokens_per_s']:.1f} tok/s" if s["tokens_per_s"] else "—")
-if d["tokens_per_s"] and s["tokens_per_s"]:
-    c[2].metric("Static ÷ dynamic", f"{s['tokens_per_s'] / d['tokens_per_s']:.2f}×")
-c[3].metric("Same tokens (greedy)", "yes" if same else "NO")
-st.plotly_chart(cache_modes_figure(d["events"], s["events"]), width="stretch")
-st.caption(f"Static cache memory is reserved up front: {s['events'][-1].kv_bytes / 2**20:.1f} MiB from the first step, "
-           f"against {d['events'][-1].kv_bytes / 2**20:.1f} MiB that the dynamic cache reached at the end.")
-if gpu:
-    st.info("CUDA-graph capture of the decode step is not implemented in this explorer yet; this comparison is the "
-            "static cache alone.")
-else:
-    st.caption("On a CPU there are no kernel launches to save, so the static cache buys little; on a GPU it is the "
-               "prerequisite for CUDA graphs (not run here: no CUDA device).")
+_, res, counts, run = got
+base = res["dynamic"]["tokens_per_s"]
+ref_tokens = [e.token_id for e in res["dynamic"]["events"]]
+cols = st.columns(len(res))
+for c, (m, r) in zip(cols, res.items()):
+    rate = r["tokens_per_s"]
+    c.metric(MODE_LABELS.get(m, m), f"{rate:.1f} tok/s" if rate else "—",
+             f"{rate / base:.2f}× dynamic" if rate and base and m != "dynamic" else None, delta_color="off",
+             delta_arrow="off")
+st.plotly_chart(cache_modes_figure(res, fused.mode_label(lm)), width="stretch")
+st.dataframe(pd.DataFrame([{
+    "mode": MODE_LABELS.get(m, m), "decode tok/s (median)": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
+    "× dynamic": None if not (r["tokens_per_s"] and base) else round(r["tokens_per_s"] / base, 2),
+    "first token ms": round(r["events"][0].step_s * 1000, 1),
+    "KV memory MiB": round(r["events"][-1].kv_bytes / 2**20, 2),
+    "warm-up s": round(r["warmup_s"], 2),
+    "same greedy tokens as dynamic": [e.token_id for e in r["events"]] == ref_tokens} for m, r in res.items()]),
+    hide_index=True, width="stretch")
+st.caption("Decode rate: (tokens − 1) / (time from first to last token), median of two interleaved runs after a "
+           "warm-up. KV memory: the dynamic cache grows to what it holds; the static cache and the fused step "
+           "reserve their buffers up front (the fused step rounds the length up to a power of two so a few "
+           "captured graphs serve every request).")
+if counts:
+    st.subheader("Why a graph helps: what one step asks of the host")
+    st.plotly_chart(launches_figure(counts), width="stretch")
+    k = counts.get("kernels")
+    st.markdown(
+        f"transformers' forward dispatches **{counts['ops']['transformers']:,}** operators per token "
+        f"({counts['compute_ops']['transformers']:,} that do work, the rest are views); the fused step "
+        f"**{counts['ops']['fused']:,}** ({counts['compute_ops']['fused']:,})."
+        + (f" On this GPU they launch {k['transformers']:,} and {k['fused']:,} kernels; captured as a CUDA "
+           "graph, the fused step's kernels are replayed by **one** launch." if k else
+           " On a GPU each operator that does work is at least one kernel launch costing the CPU a few "
+           "microseconds, which at batch 1 is longer than the GPU needs to run it: the CUDA graph replaces "
+           "them all with one launch. Counted here on the CPU by torch.profiler."))
+
+
+def _checks():
+    out = []
+    ids = lm.tokenizer(st.session_state.get("prompt", "") or "Why is the sky blue?")["input_ids"][:64]
+    r = fused.check_against_forward(lm, ids) if ok else None
+    if r:
+        tol = 1e-3 if lm.dtype.itemsize == 4 else 5e-2
+        out.append(checks.Check(
+            "the fused step equals a plain transformers forward", r["max_rel_err"] < tol and r["same_argmax"],
+            f"the prompt's {r['positions']} tokens fed one at a time through our step vs one forward over all of "
+            f"them: largest relative difference of the logits {r['max_rel_err']:.1e} (tolerance {tol:g}), "
+            f"same top token at every position: {r['same_argmax']}", r["max_rel_err"]))
+    for m, rr in res.items():
+        if m != "dynamic":
+            same = [e.token_id for e in rr["events"]] == ref_tokens
+            out.append(checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop", same,
+                                    f"{len(rr['events'])} tokens compared"))
+    return out
+
+
+common.how_do_we_know(_checks, "production", run)

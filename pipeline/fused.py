@@ -387,3 +387,40 @@ def launches_per_step(lm: LoadedModel, context: int = 32) -> dict:
         out["fused"] = count(prof)
     return {"ops": {k: v[0] for k, v in out.items()}, "compute_ops": {k: v[1] for k, v in out.items()},
             "kernels": {k: v[2] for k, v in out.items()} if cuda else None}
+
+
+def mode_label(lm: LoadedModel, compile: bool = False) -> str:
+    """How the fused step runs on this model's device."""
+    return ("torch.compile + " if compile else "") + ("CUDA graph" if lm.device.type == "cuda" else
+                                                       "eager: no CUDA device, so no graph")
+
+
+def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> dict:
+    """The fused step alone, back to back, with the next token fed on the device (no host round trip per
+    token): what the device needs per token, against which a generation loop's extra time is host work.
+    Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
+    smallest buffer, the one (and the graph) a short request uses."""
+    cuda = lm.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dec = acquire_decoder(lm, context + steps + 8, compile=compile)
+    try:
+        ids = (torch.arange(100, 100 + context, device=lm.device) % lm.facts.vocab)[None]
+        with lm.lock, torch.inference_mode():
+            _, summary = dec.prefill(ids)
+            tok = int(summary[0])
+            for p in range(context, context + 3):                          # warm
+                _, summary = dec.step(tok, p)
+            sync()
+            t = time.perf_counter()
+            for p in range(context + 3, context + 3 + steps):
+                dec.pos.fill_(p)
+                dec.tok.copy_(summary[0:1].long())                          # argmax of the last step, on device
+                if dec.graph is not None:
+                    dec.graph.replay()
+                else:
+                    _, summary = dec._run()
+            sync()
+            s = (time.perf_counter() - t) / steps
+    finally:
+        dec.release()
+    return {"mode": dec.mode, "step_ms": s * 1000, "tokens_per_s": 1 / s, "steps": steps}

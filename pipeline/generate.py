@@ -119,8 +119,9 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
 
     cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
-    place) or "fused" (our own static-shape decode step, pipeline.fused: a CUDA graph replay per step on a GPU;
-    greedy steps then bring only the top candidates back to the host, not the whole vocabulary)."""
+    place), "fused" (our own static-shape decode step, pipeline.fused: a CUDA graph replay per step on a GPU;
+    greedy steps then bring only the top candidates back to the host, not the whole vocabulary) or
+    "fused+compile" (the same step compiled by torch.compile first)."""
     from transformers import DynamicCache, StaticCache
 
     t0 = time.perf_counter()
@@ -134,9 +135,9 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     fd = None
     if not use_cache:
         cache = None
-    elif cache == "fused":
+    elif cache in ("fused", "fused+compile"):
         from .fused import acquire_decoder
-        fd = acquire_decoder(lm, len(req.prompt_ids) + req.max_new_tokens)
+        fd = acquire_decoder(lm, len(req.prompt_ids) + req.max_new_tokens, compile=cache == "fused+compile")
     elif cache == "static":
         cache = StaticCache(config=lm.model.config, max_cache_len=len(req.prompt_ids) + req.max_new_tokens)
     else:
@@ -268,22 +269,38 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
     return rows
 
 
-def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2) -> dict:
-    """Greedy decoding with the dynamic and the static KV cache, interleaved `reps` times after a warm-up:
-    {mode: {"events": last run's events, "tokens_per_s": median decode rate}}."""
+CACHE_MODES = ("dynamic", "static", "fused")
+
+
+def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2,
+                        modes: tuple[str, ...] = CACHE_MODES, progress=None) -> dict:
+    """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
+    (which also builds buffers, captures graphs, compiles): {mode: {"events": last run's events,
+    "tokens_per_s": median decode rate, "warmup_s": the warm-up's wall time}}."""
     import statistics
 
-    modes = ("dynamic", "static")
-    for m in modes:
-        list(generate(lm, prompt, 2, chat=chat, cache=m))
+    req = prepare(lm, prompt, n, chat)
+    warm = {}
+    for j, m in enumerate(modes):
+        if progress:
+            progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}")
+        t = time.perf_counter()
+        g = generate(lm, prompt, chat=chat, cache=m, request=req)
+        for ev in g:
+            if ev.index >= 2:
+                break
+        g.close()                                   # hands a fused decoder back at once
+        warm[m] = time.perf_counter() - t
     rates: dict[str, list[float]] = {m: [] for m in modes}
     last: dict[str, list[StepEvent]] = {}
-    for _ in range(reps):
-        for m in modes:
-            ev = list(generate(lm, prompt, n, chat=chat, cache=m))
+    for r in range(reps):
+        for j, m in enumerate(modes):
+            if progress:
+                progress((len(modes) * (r + 1) + j) / (len(modes) * (reps + 1)), f"run {r + 1}/{reps}: {m}")
+            ev = list(generate(lm, prompt, chat=chat, cache=m, request=req))
             last[m] = ev
-            r = metrics(ev).tokens_per_s
-            if r:
-                rates[m].append(r)
-    return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None}
-            for m in modes}
+            rate = metrics(ev).tokens_per_s
+            if rate:
+                rates[m].append(rate)
+    return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None,
+                "warmup_s": warm[m]} for m in modes}

@@ -123,7 +123,12 @@ def test_production_page():
     at.slider(key="prod_n").set_value(16)
     button(at, "prod_go").click().run()
     assert not at.exception, at.exception
-    assert metric(at, "Same tokens (greedy)") == "yes"
+    table = at.dataframe[0].value
+    assert list(table["mode"]) == ["dynamic cache (transformers)", "static cache (transformers)", "fused step"]
+    assert table["same greedy tokens as dynamic"].all() and (table["decode tok/s (median)"] > 0).all()
+    assert "tok/s" in metric(at, "fused step")
+    text = " ".join(m.value for m in at.markdown)
+    assert "operators per token" in text and "largest relative difference" in text and ":red[" not in text
 
 
 def test_speculative_with_a_local_model_folder_as_draft():
