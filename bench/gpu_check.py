@@ -77,7 +77,6 @@ def main():
         cuda = lm.device.type == "cuda"
         modes = ("dynamic", "static", "fused") + (("fused+compile",) if cuda and not args.no_compile else ())
         out = res["production"] = {"fused_mode": fused.mode_label(lm)}
-        out["launches_per_step"] = fused.launches_per_step(lm)
         out["fused_vs_forward"] = fused.check_against_forward(lm, ids[0].tolist())
         save()
         for compile_ in (False, True) if "fused+compile" in modes else (False,):
@@ -89,12 +88,15 @@ def main():
             out[f"capture_{key}_s"] = dec.capture_s
             out[f"step_floor_{key}"] = fused.step_floor(lm, 200 if cuda else 10, compile=compile_)
             save()
+        out["launches_per_step"] = fused.launches_per_step(lm, compile="fused+compile" in modes)
+        save()
         r = compare_cache_modes(lm, prompt, n, chat=True, reps=args.reps, modes=modes)
         ref = [e.token_id for e in r["dynamic"]["events"]]
         for m, v in r.items():
             mt = metrics(v["events"])
             out[m] = {"tokens_per_s": v["tokens_per_s"], "tpot_ms": (mt.tpot_s or 0) * 1000,
                       "ttft_ms": mt.ttft_s * 1000, "warmup_s": v["warmup_s"],
+                      "utilisation": v["utilisation"], "utilisation_of": v["utilisation_of"],
                       "same_tokens_as_dynamic": [e.token_id for e in v["events"]] == ref,
                       "ratio_vs_dynamic": (v["tokens_per_s"] or 0) / r["dynamic"]["tokens_per_s"]}
         for key, m in (("plain", "fused"), ("compile", "fused+compile")):

@@ -63,6 +63,7 @@ st.dataframe(pd.DataFrame([{
     "first token ms": round(r["events"][0].step_s * 1000, 1),
     "KV memory MiB": round(r["events"][-1].kv_bytes / 2**20, 2),
     "warm-up s": round(r["warmup_s"], 2),
+    r["utilisation_of"]: None if r["utilisation"] is None else round(r["utilisation"]),
     "same greedy tokens as dynamic": [e.token_id for e in r["events"]] == ref_tokens} for m, r in res.items()]),
     hide_index=True, width="stretch")
 st.caption("Decode rate: (tokens − 1) / (time from first to last token), median of two interleaved runs after a "

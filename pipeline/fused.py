@@ -111,7 +111,7 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
     c = _config(lm)
     types = getattr(c, "layer_types", None)
     out = []
-    with _fuse_lock, torch.no_grad():
+    with lm.lock, _fuse_lock, torch.no_grad():     # no forward runs while parameters are re-pointed
         if lm.model in _fused:
             return _fused[lm.model]
         for i, layer in enumerate(lm.model.model.layers):
@@ -243,7 +243,8 @@ class FusedDecoder:
 
     def _capture(self):
         t = time.perf_counter()
-        with torch.inference_mode():
+        # under the model lock: while a stream captures, no other thread may run work on the device
+        with self.lm.lock, torch.inference_mode():
             self.pos.fill_(self.max_len - 1)          # warm-up writes land in the last slot, masked until used
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -346,11 +347,12 @@ def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None =
     return {"max_rel_err": err, "same_argmax": same_argmax, "positions": len(ids)}
 
 
-def launches_per_step(lm: LoadedModel, context: int = 32) -> dict:
+def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False) -> dict:
     """What one decode step costs the host: operators dispatched from Python (and on CUDA, kernels launched)
-    by transformers' forward with a dynamic cache, and by our fused step, counted by torch.profiler on one step
-    each. On a GPU every operator is at least one launch of a few microseconds of CPU time; a CUDA graph
-    replays all of the fused step's kernels with one launch."""
+    by transformers' forward with a dynamic cache, by our fused step, and with compile=True by the fused step
+    after torch.compile; counted by torch.profiler on one step each, run without a graph. On a GPU every
+    operator is at least one launch of a few microseconds of CPU time; a CUDA graph replays all of a step's
+    kernels with one launch."""
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
@@ -359,7 +361,12 @@ def launches_per_step(lm: LoadedModel, context: int = 32) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     ids = torch.arange(100, 100 + context, device=lm.device)[None] % lm.facts.vocab
 
-    def count(prof):
+    def count(fn):
+        fn()                                                    # warm
+        sync()
+        with profile(activities=acts) as prof:
+            fn()
+            sync()
         evs = prof.events()
         top = [e for e in evs if e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
@@ -367,24 +374,22 @@ def launches_per_step(lm: LoadedModel, context: int = 32) -> dict:
         kernels = sum(1 for e in evs if str(getattr(e, "device_type", "")).endswith("CUDA"))
         return len(top), len(compute), kernels
 
-    dec = FusedDecoder(lm, bucket(context + 2, lm.facts.max_positions), graph=False)
     out = {}
     with lm.lock, torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)     # warm
-        sync()
-        with profile(activities=acts) as prof:
-            lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-            sync()
-        out["transformers"] = count(prof)
-        dec.prefill(ids)
-        dec.step(int(ids[0, -1]), context)                                                         # warm
-        sync()
-        with profile(activities=acts) as prof:
-            dec.step(int(ids[0, -1]), context + 1)
-            sync()
-        out["fused"] = count(prof)
+        out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
+                                                     logits_to_keep=1))
+    for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
+        dec = acquire_decoder(lm, context + 2, compile=comp)
+        try:
+            with lm.lock, torch.inference_mode():
+                dec.prefill(ids)
+                dec.tok.fill_(int(ids[0, -1]))
+                dec.pos.fill_(context)
+                out[name] = count(dec._run)                     # the step's own launches, outside any graph
+        finally:
+            dec.release()
     return {"ops": {k: v[0] for k, v in out.items()}, "compute_ops": {k: v[1] for k, v in out.items()},
             "kernels": {k: v[2] for k, v in out.items()} if cuda else None}
 

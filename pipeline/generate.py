@@ -276,8 +276,11 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
                         modes: tuple[str, ...] = CACHE_MODES, progress=None) -> dict:
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
     (which also builds buffers, captures graphs, compiles): {mode: {"events": last run's events,
-    "tokens_per_s": median decode rate, "warmup_s": the warm-up's wall time}}."""
+    "tokens_per_s": median decode rate, "warmup_s": the warm-up's wall time, "utilisation": mean device
+    utilisation during the last run, "utilisation_of": what that figure is}}."""
     import statistics
+
+    from .telemetry import Sampler
 
     req = prepare(lm, prompt, n, chat)
     warm = {}
@@ -293,14 +296,17 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
         warm[m] = time.perf_counter() - t
     rates: dict[str, list[float]] = {m: [] for m in modes}
     last: dict[str, list[StepEvent]] = {}
+    util: dict[str, tuple] = {}
     for r in range(reps):
         for j, m in enumerate(modes):
             if progress:
                 progress((len(modes) * (r + 1) + j) / (len(modes) * (reps + 1)), f"run {r + 1}/{reps}: {m}")
-            ev = list(generate(lm, prompt, chat=chat, cache=m, request=req))
+            with Sampler(interval_s=0.05) as s:
+                ev = list(generate(lm, prompt, chat=chat, cache=m, request=req))
             last[m] = ev
+            util[m] = s.timeline.mean_utilisation()          # the last run's
             rate = metrics(ev).tokens_per_s
             if rate:
                 rates[m].append(rate)
     return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None,
-                "warmup_s": warm[m]} for m in modes}
+                "warmup_s": warm[m], "utilisation": util[m][0], "utilisation_of": util[m][1]} for m in modes}

@@ -25,6 +25,17 @@ class Timeline:
     marks: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, label) phase spans
     interval_s: float = 0.1
 
+    def mean_utilisation(self) -> tuple[float | None, str]:
+        """(mean %, what it is): GPU utilisation from NVML's own buffered samples (else the polled ones), or
+        without a GPU the process's CPU % (100 % = one core busy)."""
+        if self.nvml_util:
+            return sum(v for _, v in self.nvml_util) / len(self.nvml_util), "GPU utilisation % (NVML samples)"
+        vals = [s["gpu_util"] for s in self.samples if "gpu_util" in s]
+        if vals:
+            return sum(vals) / len(vals), "GPU utilisation % (NVML, polled)"
+        vals = [s["cpu_percent"] for s in self.samples[1:] if "cpu_percent" in s]   # the first reads 0 by design
+        return (sum(vals) / len(vals) if vals else None), "process CPU % (psutil; 100 % = one core)"
+
 
 def _nvml():
     """(pynvml module, handle) or (None, reason)."""
