@@ -86,6 +86,9 @@ def main():
             key = "compile" if compile_ else "plain"
             out[f"build_{key}_s"] = time.perf_counter() - t            # compile (first call) + capture
             out[f"capture_{key}_s"] = dec.capture_s
+            out[f"compile_{key}_s"] = dec.compile_s
+            out[f"mode_{key}"] = dec.mode
+            out[f"problems_{key}"] = dec.problems
             out[f"step_floor_{key}"] = fused.step_floor(lm, 200 if cuda else 10, compile=compile_)
             save()
         out["launches_per_step"] = fused.launches_per_step(lm, compile="fused+compile" in modes)
@@ -96,7 +99,7 @@ def main():
             mt = metrics(v["events"])
             out[m] = {"tokens_per_s": v["tokens_per_s"], "tpot_ms": (mt.tpot_s or 0) * 1000,
                       "ttft_ms": mt.ttft_s * 1000, "warmup_s": v["warmup_s"],
-                      "utilisation": v["utilisation"], "utilisation_of": v["utilisation_of"],
+                      "utilisation": v["utilisation"], "utilisation_of": v["utilisation_of"], "engine": v["engine"],
                       "same_tokens_as_dynamic": [e.token_id for e in v["events"]] == ref,
                       "ratio_vs_dynamic": (v["tokens_per_s"] or 0) / r["dynamic"]["tokens_per_s"]}
         for key, m in (("plain", "fused"), ("compile", "fused+compile")):

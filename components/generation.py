@@ -183,12 +183,13 @@ MODE_LABELS = {"dynamic": "dynamic cache (transformers)", "static": "static cach
 MODE_COLORS = {"dynamic": BLUE, "static": GREEN, "fused": ORANGE, "fused+compile": RED}
 
 
-def cache_modes_figure(results: dict, fused_label: str = "") -> go.Figure:
-    """Per-step decode time of each mode ({mode: {"events": [...]}}), same request."""
+def cache_modes_figure(results: dict) -> go.Figure:
+    """Per-step decode time of each mode ({mode: {"events": [...], "engine": str}}), same request."""
     fig = go.Figure()
     for m, r in results.items():
         ev = r["events"]
-        name = MODE_LABELS.get(m, m) + (f" ({fused_label})" if m.startswith("fused") and fused_label else "")
+        name = MODE_LABELS.get(m, m) + (f" ({r['engine'].removeprefix('fused step, ')})" if m.startswith("fused")
+                                        else "")
         fig.add_trace(go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines",
                                  name=name, line=dict(color=MODE_COLORS.get(m, GREY))))
     fig.update_xaxes(title="decode step")

@@ -56,9 +56,12 @@ for c, (m, r) in zip(cols, res.items()):
     c.metric(MODE_LABELS.get(m, m), f"{rate:.1f} tok/s" if rate else "—",
              f"{rate / base:.2f}× dynamic" if rate and base and m != "dynamic" else None, delta_color="off",
              delta_arrow="off")
-st.plotly_chart(cache_modes_figure(res, fused.mode_label(lm)), width="stretch")
+for m, r in res.items():
+    if "failed" in r["engine"]:
+        st.warning(f"{MODE_LABELS.get(m, m)}: {r['engine']}")
+st.plotly_chart(cache_modes_figure(res), width="stretch")
 st.dataframe(pd.DataFrame([{
-    "mode": MODE_LABELS.get(m, m), "decode tok/s (median)": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
+    "mode": MODE_LABELS.get(m, m), "ran as": r["engine"].split(" (")[0], "decode tok/s (median)": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
     "× dynamic": None if not (r["tokens_per_s"] and base) else round(r["tokens_per_s"] / base, 2),
     "first token ms": round(r["events"][0].step_s * 1000, 1),
     "KV memory MiB": round(r["events"][-1].kv_bytes / 2**20, 2),

@@ -175,21 +175,39 @@ class FusedDecoder:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.compiled = False
-        body = self._body
-        if compile:
-            body = torch.compile(self._body, fullgraph=True, dynamic=False)
-            self.compiled = True
-        self._run = body
+        self._run = self._body
         self.graph = None
-        self.capture_s = None
+        self.compiled = False
+        self.capture_s = self.compile_s = None
+        self.problems: list[str] = []       # a compile or capture that failed, and what ran instead
         use_graph = (dev.type == "cuda") if graph is None else graph
+        if use_graph and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        if compile:
+            self._compile()
         if use_graph:
-            if dev.type != "cuda":
-                raise ValueError("CUDA graphs need a CUDA device")
-            self._capture()
+            try:
+                self._capture()
+            except Exception as e:  # noqa: BLE001 - a driver or capture error: run the same step without a graph
+                self.graph = None
+                self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); "
+                                     "the step runs without a graph")
         self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else "eager")
         self._busy = threading.Lock()
+
+    def _compile(self):
+        """torch.compile the step (fullgraph: no Python between kernels) and run it once, which compiles."""
+        t = time.perf_counter()
+        try:
+            run = torch.compile(self._body, fullgraph=True, dynamic=False)
+            with self.lm.lock, torch.inference_mode():
+                self.pos.fill_(self.max_len - 1)     # a write to the last slot, masked until overwritten
+                run()
+            self._run, self.compiled = run, True
+        except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the eager step is the same maths
+            self.problems.append(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                                 "the step runs uncompiled")
+        self.compile_s = time.perf_counter() - t
 
     def release(self):
         """Hand the decoder back after a generation (see acquire_decoder)."""

@@ -38,6 +38,7 @@ class StepEvent:
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes: int = 0
     finished: str | None = None     # "eos" | "length" on the last event
+    engine: str = "transformers"    # what ran the step: transformers' forward, or the fused step's mode
 
 
 @dataclass
@@ -145,6 +146,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     greedy = not (temperature and temperature > 0)
     on_device = fd is not None and greedy and n_top <= fd.n_top    # only a summary comes back to the host
     next_input, n_ctx, tok = ids, ids.shape[1], None
+    engine = f"fused step, {fd.mode}" + "".join(f" ({p})" for p in fd.problems) if fd else "transformers"
     try:
         for i in range(req.max_new_tokens):
             t_step = time.perf_counter()
@@ -182,7 +184,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
             yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
                             text=dec(tok), top=top, top_raw=top_raw, p=p, p_raw=p_raw, step_s=t_done - t_step,
                             t_s=t_done - t0, context_len=n_ctx, kv_bytes_per_layer=per_layer,
-                            kv_bytes=sum(per_layer), finished=finished)
+                            kv_bytes=sum(per_layer), finished=finished, engine=engine)
             if finished:
                 return
             n_ctx += 1
@@ -309,4 +311,5 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
             if rate:
                 rates[m].append(rate)
     return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None,
-                "warmup_s": warm[m], "utilisation": util[m][0], "utilisation_of": util[m][1]} for m in modes}
+                "warmup_s": warm[m], "utilisation": util[m][0], "utilisation_of": util[m][1],
+                "engine": last[m][0].engine} for m in modes}
