@@ -23,7 +23,11 @@ st.markdown(
 lm = common.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
-n = st.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
+has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+c1, c2 = st.columns([3, 1])
+n = c1.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
+chat = c2.toggle("Chat mode", value=has_template, key="prod_chat", disabled=not has_template,
+                 help="This page's own switch, as on page 6: the sidebar's prompt wrapped in the chat template.")
 compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)",
                                           key="prod_compile")
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
@@ -36,8 +40,9 @@ if st.button("Run all modes", type="primary", key="prod_go"):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
     bar = st.progress(0.0, text="warm-up")
     try:
-        res = compare_cache_modes(lm, prompt, n, chat=bool(getattr(lm.tokenizer, "chat_template", None)),
-                                  modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
+        res = compare_cache_modes(lm, prompt, n, chat=chat, modes=modes,
+                                  progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
+        bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
         counts = fused.launches_per_step(lm) if ok else None
         st.session_state["prod"] = (lm.label, res, counts, SimpleNamespace(extras={}, T=0))  # checks kept here
     except Exception as e:  # a model the fused step cannot run, out of memory: say so, keep serving
@@ -60,19 +65,26 @@ for m, r in res.items():
     if "failed" in r["engine"]:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r['engine']}")
 st.plotly_chart(cache_modes_figure(res), width="stretch")
+util_of = next(iter(res.values()))["utilisation_of"]
+util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
 st.dataframe(pd.DataFrame([{
-    "mode": MODE_LABELS.get(m, m), "ran as": r["engine"].split(" (")[0], "decode tok/s (median)": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
+    "mode": MODE_LABELS.get(m, m), "ran as": r["engine"].split(" (")[0],
+    "tok/s": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
+    "runs": " / ".join(f"{x:.1f}" for x in r["runs"]),
     "× dynamic": None if not (r["tokens_per_s"] and base) else round(r["tokens_per_s"] / base, 2),
-    "first token ms": round(r["events"][0].step_s * 1000, 1),
-    "KV memory MiB": round(r["events"][-1].kv_bytes / 2**20, 2),
+    "KV MiB": round(r["events"][-1].kv_bytes / 2**20, 2),
+    util_col: None if r["utilisation"] is None else round(r["utilisation"]),
     "warm-up s": round(r["warmup_s"], 2),
-    r["utilisation_of"]: None if r["utilisation"] is None else round(r["utilisation"]),
-    "same greedy tokens as dynamic": [e.token_id for e in r["events"]] == ref_tokens} for m, r in res.items()]),
+    "same tokens": [e.token_id for e in r["events"]] == ref_tokens} for m, r in res.items()]),
     hide_index=True, width="stretch")
-st.caption("Decode rate: (tokens − 1) / (time from first to last token), median of two interleaved runs after a "
-           "warm-up. KV memory: the dynamic cache grows to what it holds; the static cache and the fused step "
-           "reserve their buffers up front (the fused step rounds the length up to a power of two so a few "
-           "captured graphs serve every request).")
+st.caption(
+    f"Request: {len(res['dynamic']['prompt_ids'])} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
+    "(tokens − 1) / (time from first to last token), the median of the runs listed (interleaved, after a warm-up "
+    "of each mode); on a shared machine the runs spread by 10-20 %, so read small ratios as ties. "
+    f"{util_col}: {util_of}, mean over the last run. KV MiB: the dynamic cache grows to what it holds; the static "
+    "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
+    f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
+    "output to the dynamic loop.")
 if counts:
     st.subheader("Why a graph helps: what one step asks of the host")
     st.plotly_chart(launches_figure(counts), width="stretch")
@@ -90,13 +102,13 @@ if counts:
 
 def _checks():
     out = []
-    ids = lm.tokenizer(st.session_state.get("prompt", "") or "Why is the sky blue?")["input_ids"][:64]
+    ids = res["dynamic"]["prompt_ids"][:64]              # the request that ran (its first 64 tokens)
     r = fused.check_against_forward(lm, ids) if ok else None
     if r:
         tol = 1e-3 if lm.dtype.itemsize == 4 else 5e-2
         out.append(checks.Check(
             "the fused step equals a plain transformers forward", r["max_rel_err"] < tol and r["same_argmax"],
-            f"the prompt's {r['positions']} tokens fed one at a time through our step vs one forward over all of "
+            f"this request's {r['positions']} prompt tokens fed one at a time through our step vs one forward over all of "
             f"them: largest relative difference of the logits {r['max_rel_err']:.1e} (tolerance {tol:g}), "
             f"same top token at every position: {r['same_argmax']}", r["max_rel_err"]))
     for m, rr in res.items():

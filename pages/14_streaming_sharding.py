@@ -4,21 +4,30 @@ import pandas as pd
 import streamlit as st
 
 from pipeline.generate import metrics
-from pipeline.sharding import devices_present, pipeline_plan, sse_lines, tensor_parallel_plan
+from pipeline.sharding import (devices_present, even_device_counts, pipeline_plan, sse_lines,
+                               tensor_parallel_plan)
 from pages import common
 
 st.title("Streaming and sharding")
 st.markdown(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
-    "as one message of a server-sent event stream. Below is the stream of the last generation from page 6, "
-    "as the server would send it, and a replay at its measured pace.")
+    "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
+    "and a replay at its measured pace.")
 lm = common.get_model()
 rec = common.last_generation("gen", lm)
-if rec is None:
-    with st.spinner("Generating 24 tokens to stream…"):
-        rec = common.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?",
-                                    bool(getattr(lm.tokenizer, "chat_template", None)),
-                                    dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "gen")
+if rec is not None:
+    st.caption("The stream of the last generation on page 6.")
+else:
+    rec = common.last_generation("sse", lm)
+    if rec is None:
+        has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+        chat = bool(st.session_state.get("gen_chat", has_template)) and has_template
+        with st.spinner("Generating 24 tokens to stream…"):
+            rec = common.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat,
+                                        dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "sse")
+    if rec:
+        st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: "
+                   f"{common.run_label(rec)}.")
 if rec:
     ev = rec["events"]
     lines = sse_lines(ev)
@@ -45,18 +54,23 @@ st.markdown(
     + (f"This machine has {n_dev} CUDA device(s), so the figures below are a **plan computed from the model's "
        "parameter shapes, not a measurement**." if n_dev < 2 else
        f"This machine has {n_dev} CUDA devices; the plan below is computed from the config."))
-N = st.select_slider("Devices", [1, 2, 3, 4, 8], value=2, key="shard_n")
+even = even_device_counts(lm)
+N = st.select_slider("Devices", [1, 2, 3, 4, 8], value=even[0] if even else 2, key="shard_n",
+                     help="Counts that split this model's heads evenly: " + (", ".join(map(str, even)) or "none"))
 plan = pipeline_plan(lm, N)
-st.markdown("**Pipeline split** (as accelerate's balanced device map places layers):")
-st.dataframe(pd.DataFrame([{**r, "weights_mb": f"{r['weights_mb']:,.1f} MiB"} for r in plan]), hide_index=True,
-             width="stretch")
+st.markdown("**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
+            "(the goal of accelerate's `device_map=\"balanced\"`; its own placement may differ by a layer):")
+st.dataframe(pd.DataFrame([{"device": r["device"], "layers": r["layers"], "number of layers": r["n_layers"],
+                            "also holds": r["also"], "weights": f"{r['weights_mb']:,.1f} MiB"} for r in plan]),
+             hide_index=True, width="stretch")
 tp = tensor_parallel_plan(lm, N)
-st.markdown("**Tensor-parallel split** of every layer:")
+st.markdown("**Tensor-parallel split** of every layer (heads stay whole):")
 st.dataframe(pd.DataFrame(tp["rows"]), hide_index=True, width="stretch")
 c = st.columns(3)
 c[0].metric("Weights per device", f"{tp['weights_mb_per_device']:,.1f} MiB")
 c[1].metric("All-reduced per token", f"{tp['allreduce_bytes_per_token'] / 1024:,.1f} KiB",
             help="2 all-reduces per layer × d_model × bytes")
-c[2].metric("KV cache per token per device", f"{tp['kv_cache_bytes_per_token_per_device']:,} B")
+c[2].metric("KV cache per token, busiest device", f"{tp['kv_cache_bytes_per_token_per_device']:,} B",
+            help=f"2 (K and V) × layers × {tp['kv_heads_on_busiest_device']} KV head(s) × head dim × bytes")
 for issue in tp["issues"]:
     st.warning(issue)

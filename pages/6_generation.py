@@ -30,6 +30,7 @@ if b2.button("Stop", key="gen_stop", help="Stops after the current token; what w
         running["stopped"] = True
 out = st.empty()
 if go:
+    st.session_state.pop("gen_pick", None)          # a new run: show its last token, not the old selection
     rec = common.run_generation(lm, prompt, chat, settings, "gen", out=out)
     if rec is None:
         st.stop()

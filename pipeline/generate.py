@@ -279,7 +279,8 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
     (which also builds buffers, captures graphs, compiles): {mode: {"events": last run's events,
     "tokens_per_s": median decode rate, "warmup_s": the warm-up's wall time, "utilisation": mean device
-    utilisation during the last run, "utilisation_of": what that figure is}}."""
+    utilisation during the last run, "utilisation_of": what that figure is, "engine": what ran the steps,
+    "runs": every run's decode rate, "prompt_ids": the request's tokens}}."""
     import statistics
 
     from .telemetry import Sampler
@@ -312,4 +313,4 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
                 rates[m].append(rate)
     return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None,
                 "warmup_s": warm[m], "utilisation": util[m][0], "utilisation_of": util[m][1],
-                "engine": last[m][0].engine} for m in modes}
+                "engine": last[m][0].engine, "runs": rates[m], "prompt_ids": req.prompt_ids} for m in modes}
