@@ -23,11 +23,11 @@ def main():
     ids = lm.tokenizer(text)["input_ids"][:2048]
     prompt = lm.tokenizer.decode(ids)
     rss0 = psutil.Process().memory_info().rss
-    with PeakMemory(lm.device) as m_trace:
+    with PeakMemory(lm.device, what="rss") as m_trace:
         t = time.perf_counter()
         tr = pipeline.trace(lm, prompt)
         t_trace = time.perf_counter() - t
-    with PeakMemory(lm.device) as m_render:
+    with PeakMemory(lm.device, what="rss") as m_render:
         t = time.perf_counter()
         labels = labels_of(tr.tokens)
         layer = lm.facts.n_layers // 2

@@ -139,16 +139,19 @@ def kernels_figure(rows) -> go.Figure:
         x = [r["tokens"] for r in rs]
         fig.add_trace(go.Scatter(x=x, y=[r["seconds"] for r in rs], name=k, mode="lines+markers",
                                  line=dict(color=color), legendgroup=k), 1, 1)
-        fig.add_trace(go.Scatter(x=x, y=[max(r["peak_mb"], 0.01) for r in rs], name=k, mode="lines+markers",
+        fig.add_trace(go.Scatter(x=x, y=[r["peak_mb"] if r["peak_mb"] > 0 else None for r in rs], name=k,
+                                 mode="lines+markers",
                                  line=dict(color=color), legendgroup=k, showlegend=False), 1, 2)
     T = sorted({r["tokens"] for r in rows})
     mat = {r["tokens"]: r["score_matrix_mb"] for r in rows}
     fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines",
                              line=dict(color=GREY, dash="dash")), 1, 2)
     fig.update_xaxes(type="log", tickvals=T, title="prompt tokens")
-    fig.update_yaxes(type="log")
-    return _layout(fig, "Attention kernels: whole-model prefill on this device", height=420,
-                   legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(type="log", dtick=1, tickformat="~g")
+    fig = _layout(fig, "Attention kernels: whole-model prefill on this device", height=440,
+                  legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(margin=dict(t=90))           # the figure title above the two subplot titles
+    return fig
 
 
 def roofline_figure(r) -> go.Figure:
@@ -170,12 +173,15 @@ def roofline_figure(r) -> go.Figure:
                                  text=[o["op"] for o in ph],
                                  hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured"
                                                "<extra>" + phase + "</extra>"))
-    fig.add_vline(x=r["ridge"], line_dash="dot", line_color=RED,
-                  annotation_text=f"ridge {r['ridge']:.1f} FLOP/B", annotation_position="top left")
+    fig.add_vline(x=r["ridge"], line_dash="dot", line_color=RED)
+    # annotations on a log axis take log10 coordinates (add_vline's own annotation is lost there)
+    fig.add_annotation(x=np.log10(r["ridge"]), y=1, yref="paper", text=f"ridge {r['ridge']:.1f} FLOP/byte",
+                       showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED))
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)",
-                     range=[np.log10(lo), np.log10(hi)])
-    fig.update_yaxes(type="log", title="GFLOP/s")
-    return _layout(fig, "Roofline of one layer on this device", height=460, legend=dict(orientation="h", y=-0.2))
+                     range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
+    fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g")
+    return _layout(fig, "Roofline of one layer and the LM head on this device", height=460,
+                   legend=dict(orientation="h", y=-0.2))
 
 
 MODE_LABELS = {"dynamic": "dynamic cache (transformers)", "static": "static cache (transformers)",

@@ -31,7 +31,7 @@ m = st.columns(4)
 m[0].metric("Peak matmul (measured)", f"{r['peak_flops'] / 1e9:,.0f} GFLOP/s",
             help=f"{r['matmul_probe']['n']}³ {r['matmul_probe']['dtype']} matmul")
 m[1].metric("Copy bandwidth (measured)", f"{r['bandwidth'] / 1e9:,.1f} GB/s", help=f"{r['copy_probe']['mb']} MiB copy")
-m[2].metric("Ridge point", f"{r['ridge']:.1f} FLOP/byte")
+m[2].metric("Ridge point", f"{r['ridge']:.1f} FLOP/B", help="FLOPs per byte: peak FLOP/s ÷ bandwidth")
 m[3].metric("Batch-1 decode ceiling", f"{r['decode_ceiling_tokens_per_s']:,.0f} tok/s",
             help=f"bandwidth / (weights {r['weight_bytes'] / 2**20:,.0f} MiB + KV cache {r['kv_bytes'] / 2**20:,.1f} "
                  f"MiB at {C_run} tokens): every decode step reads all of them once")
@@ -52,4 +52,6 @@ for phase in ("prefill", "decode"):
         "FLOP/byte": round(o["intensity"], 2), "bound by": o["bound_by"],
         "bound µs": round(o["bound_s"] * 1e6, 1), "measured µs": round(o["measured_s"] * 1e6, 1),
         "measured / bound": round(o["measured_s"] / o["bound_s"], 1)} for o in ph["ops"]]),
-        hide_index=True, width="stretch")
+        hide_index=True, width="stretch", height=36 * (len(ph["ops"]) + 1) + 3)      # every row, no scrolling
+st.caption("Peaks and times are measured on a shared machine: they move between runs (tens of percent on a "
+           "busy CPU), so compare operations within one run.")

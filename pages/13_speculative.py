@@ -24,12 +24,15 @@ prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt",
                       help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
 chat = c2.toggle("Chat mode", value=has_template, disabled=not has_template, key="spec_chat")
 L = lm.facts.n_layers
-kinds = {"prompt lookup (n-gram copy from the context)": "prompt_lookup",
-         f"early exit: the target's first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
-         f"early exit: the target's first {L // 2} layers": f"early_exit:{L // 2}",
-         "a local model folder with the same tokenizer…": "folder"}
-c = st.columns(4)
-kind = c[0].selectbox("Draft", list(kinds), key="spec_kind")
+kinds = {"prompt lookup (n-gram copy)": "prompt_lookup",
+         f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
+         f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
+         "a local model folder…": "folder"}
+c = st.columns([2, 1, 1, 1])
+kind = c[0].selectbox("Draft", list(kinds), key="spec_kind",
+                      help="Prompt lookup copies the tokens that followed the last n-gram's earlier occurrence in "
+                           "the context. Early exit runs only the target's first layers and its LM head. A local "
+                           "folder: a smaller model with the same tokenizer.")
 gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma")
 n = c[2].number_input("Max new tokens", 1, 512, 64, key="spec_n")
 temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", help="0 = greedy (exact equality check)")
@@ -63,14 +66,19 @@ a = res.acceptance_rate
 speedup = plain_s / res.seconds if res.seconds else 0
 m = st.columns(5)
 m[0].metric("Acceptance rate α", f"{a:.0%}", help=f"{res.accepted} of {res.proposed} proposed tokens")
-m[1].metric("Mean accepted per call", f"{res.mean_accepted:.2f}")
-m[2].metric("Tokens per target call", f"{len(res.tokens) / res.target_calls:.2f}",
-            help=f"measured: {len(res.tokens)} tokens in {res.target_calls} target forward passes")
-m[3].metric("Expected per call", f"{expected_tokens_per_call(a, gamma_run):.2f}", help="(1 − α^(γ+1)) / (1 − α)")
-m[4].metric("Speedup vs plain", f"{speedup:.2f}×", delta="slower" if speedup < 1 else None, delta_color="inverse",
+calls = len(res.steps)
+m[1].metric("Proposals accepted per call", f"{res.mean_accepted:.2f}",
+            help=f"{res.accepted} accepted over {calls} verify calls")
+m[2].metric("Tokens per verify call", f"{(len(res.tokens) - 1) / calls:.2f}" if calls else "—",
+            help=f"measured: {len(res.tokens) - 1} tokens after the first, in {calls} verify calls (accepted "
+                 "proposals + the target's own token; the prefill pass that gave the first token is not counted)")
+m[3].metric("Expected per verify call", f"{expected_tokens_per_call(a, gamma_run):.2f}",
+            help="(1 − α^(γ+1)) / (1 − α): what α predicts if every proposal were accepted independently")
+m[4].metric("Speedup vs plain", f"{speedup:.2f}×", delta=f"{speedup - 1:+.0%} tokens/s" + ("" if speedup >= 1 else ": slower"),
+            delta_color="normal",
             help=f"plain {plain_s:.2f} s, speculative {res.seconds:.2f} s, this machine, this run")
 st.html(legend_html())
-st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t])))
+st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None))
 st.markdown("**Output:**")
 st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
 if temp_run == 0:

@@ -138,11 +138,16 @@ class Sampler:
 
 
 class PeakMemory:
-    """Peak memory while a block runs: exact on CUDA (torch's allocator), sampled every 2 ms on CPU (process
-    RSS). `.extra_mb` is the peak above the level at entry."""
+    """Peak memory while a block runs, above the level at entry (`.extra_mb`).
 
-    def __init__(self, device: torch.device):
-        self.device, self.extra_mb = device, 0.0
+    CUDA: torch's allocator (max_memory_allocated), exact. CPU, `what="tensors"` (default): every tensor
+    allocation and free inside the block as recorded by torch.profiler (profile_memory), summed in time order:
+    the exact peak of live tensor bytes, independent of the allocator's reuse (the block runs slower while
+    recorded, so do not time it). CPU, `what="rss"`: the process's resident memory sampled every 2 ms, which
+    includes everything (Python objects, allocator slack) but misses memory the allocator reuses."""
+
+    def __init__(self, device: torch.device, what: str = "tensors"):
+        self.device, self.what, self.extra_mb = device, what, 0.0
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -150,6 +155,10 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
+        elif self.what == "tensors":
+            from torch.profiler import ProfilerActivity, profile
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
         else:
             self.proc = psutil.Process()
             self.base = self.peak = self.proc.memory_info().rss
@@ -165,6 +174,15 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.extra_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
+        elif self.what == "tensors":
+            self._prof.__exit__(*exc)
+            events = sorted((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+            cur = peak = 0
+            for _, b in events:             # allocations positive, frees negative
+                cur += b
+                peak = max(peak, cur)
+            self.extra_mb = peak / 2**20
         else:
             self._stop.set()
             self._t.join()
@@ -174,5 +192,9 @@ class PeakMemory:
 
     @property
     def method(self) -> str:
-        return ("torch.cuda.max_memory_allocated" if self.device.type == "cuda" else
-                "process RSS sampled every 2 ms (a lower bound: memory the allocator reuses does not show)")
+        if self.device.type == "cuda":
+            return "torch.cuda.max_memory_allocated"
+        if self.what == "tensors":
+            return ("tensor allocations and frees recorded by torch.profiler, summed in time order: the exact peak "
+                    "of live tensor bytes (in a separate, untimed run)")
+        return "process RSS sampled every 2 ms (a lower bound: memory the allocator reuses does not show)"

@@ -136,7 +136,7 @@ def test_production_page():
 def test_speculative_with_a_local_model_folder_as_draft():
     import pipeline
     at = page("pages/13_speculative.py")
-    at.selectbox(key="spec_kind").set_value("a local model folder with the same tokenizer…").run()
+    at.selectbox(key="spec_kind").set_value("a local model folder…").run()
     at.text_input(key="spec_folder").set_value("/no/such/folder").run()
     assert any("No such folder" in e.value for e in at.error)
     folder = pipeline.load_model().source            # the embedded model's safetensors folder: same tokenizer
