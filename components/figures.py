@@ -17,6 +17,19 @@ def _layout(fig, title=None, height=420, **kw):
     return fig
 
 
+def log_ticks(values) -> dict:
+    """Tick values 1-2-5 per decade spanning `values`, labelled with their magnitude (Plotly's default log
+    ticks label minor ticks "2 5" without it)."""
+    import math
+
+    vals = [v for v in values if v and v > 0]
+    if not vals:
+        return {}
+    lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
+    ticks = [m * 10 ** e for e in range(lo, hi + 1) for m in (1, 2, 5) if min(vals) / 2 <= m * 10 ** e <= max(vals) * 2]
+    return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+
+
 def labels_of(tokens) -> list[str]:
     return [f"{i}:{visible(t.text if not t.special else t.piece)}" for i, t in enumerate(tokens)]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
+from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks
 from .tokens import visible
 
 
@@ -147,7 +147,9 @@ def kernels_figure(rows) -> go.Figure:
     fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines",
                              line=dict(color=GREY, dash="dash")), 1, 2)
     fig.update_xaxes(type="log", tickvals=T, title="prompt tokens")
-    fig.update_yaxes(type="log", dtick=1, tickformat="~g")
+    ok = [r for r in rows if r["seconds"] is not None]
+    fig.update_yaxes(type="log", row=1, col=1, **log_ticks([r["seconds"] for r in ok]))
+    fig.update_yaxes(type="log", row=1, col=2, **log_ticks([r["peak_mb"] for r in ok] + list(mat.values())))
     fig = _layout(fig, "Attention kernels: whole-model prefill on this device", height=440,
                   legend=dict(orientation="h", y=-0.25))
     fig.update_layout(margin=dict(t=90))           # the figure title above the two subplot titles

@@ -67,8 +67,8 @@ speedup = plain_s / res.seconds if res.seconds else 0
 m = st.columns(5)
 m[0].metric("Acceptance rate α", f"{a:.0%}", help=f"{res.accepted} of {res.proposed} proposed tokens")
 calls = len(res.steps)
-m[1].metric("Proposals accepted per call", f"{res.mean_accepted:.2f}",
-            help=f"{res.accepted} accepted over {calls} verify calls")
+m[1].metric("Accepted per call", f"{res.mean_accepted:.2f}",
+            help=f"proposals accepted: {res.accepted} over {calls} verify calls")
 m[2].metric("Tokens per verify call", f"{(len(res.tokens) - 1) / calls:.2f}" if calls else "—",
             help=f"measured: {len(res.tokens) - 1} tokens after the first, in {calls} verify calls (accepted "
                  "proposals + the target's own token; the prefill pass that gave the first token is not counted)")
