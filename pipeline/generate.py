@@ -289,7 +289,10 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
     warm = {}
     for j, m in enumerate(modes):
         if progress:
-            progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}")
+            what = {"fused+compile": " (torch.compile compiles the step once: about a minute)",
+                    "fused": " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda"
+                                                       else ")")}.get(m, "")
+            progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}{what}")
         t = time.perf_counter()
         g = generate(lm, prompt, chat=chat, cache=m, request=req)
         for ev in g:
