@@ -15,8 +15,9 @@ the CPU. This module writes the step the way serving engines do:
     step is captured once with `torch.cuda.CUDAGraph` and each decode step is one `replay()`; optionally the
     step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured.
 
-Norms, activations, the embedding and the LM head are the model's own modules, called inside the step. The
-prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
+The activation, the embedding and the LM head are the model's own modules, called inside the step; each
+RMSNorm is one `F.rms_norm` with the module's own weight, epsilon and formula (Llama-style or Gemma's 1 + w).
+The prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
 Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
 not otherwise. `check_against_forward` compares our step's logits with a plain transformers forward.
 """
