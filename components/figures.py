@@ -36,15 +36,26 @@ def labels_of(tokens) -> list[str]:
 
 # ------------------------------------------------------------------------------ overview
 def timings_bar(timings: dict[str, float]) -> go.Figure:
-    items = [(k, v * 1000) for k, v in timings.items() if k not in ("total", "forward total")]
-    layer_ms = [v for k, v in items if k.startswith("layer ")]
-    rows = [(k, v) for k, v in items if not k.startswith("layer ")]
+    """The forward pass's stages (blue, summing exactly to the forward pass: what the hooks cannot attribute is
+    its own bar) and the work around it (grey: tokenizing before, the logit-lens read-out after)."""
+    ms = {k: v * 1000 for k, v in timings.items() if k not in ("total",)}
+    outside = ["tokenize", "logit lens"]
+    layer_ms = [v for k, v in ms.items() if k.startswith("layer ")]
+    inside = [(k, v) for k, v in ms.items() if k not in outside and k != "forward total" and not k.startswith("layer ")]
     if layer_ms:
-        rows.insert(3, (f"{len(layer_ms)} transformer layers", sum(layer_ms)))
-    fig = go.Figure(go.Bar(x=[v for _, v in rows], y=[k for k, _ in rows], orientation="h", marker_color=BLUE,
-                           text=[f"{v:.1f} ms" for _, v in rows], textposition="auto"))
+        inside.insert(2, (f"{len(layer_ms)} transformer layers", sum(layer_ms)))
+    total = ms.get("forward total", sum(v for _, v in inside))
+    rest = total - sum(v for _, v in inside)
+    if rest > 0:
+        inside.append(("between stages (hooks, Python)", rest))
+    rows = [(k, v, BLUE) for k, v in inside] + [(f"{k} (outside the forward pass)", ms[k], GREY)
+                                                for k in outside if k in ms]
+    fig = go.Figure(go.Bar(x=[v for _, v, _ in rows], y=[k for k, _, _ in rows], orientation="h",
+                           marker_color=[c for _, _, c in rows], text=[f"{v:.1f} ms" for _, v, _ in rows],
+                           textposition="auto"))
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, "Where the time went (this run)", height=300, xaxis_title="milliseconds")
+    return _layout(fig, f"Where the time went (this run): the blue bars make the {total:.0f} ms forward pass",
+                   height=320, xaxis_title="milliseconds")
 
 
 # ---------------------------------------------------------------------------- embeddings
@@ -77,15 +88,30 @@ def vector_strip(vec: np.ndarray, title: str) -> go.Figure:
     return _layout(fig, title, height=140, xaxis_title="dimension")
 
 
+def layer_labels(n_states: int) -> list[str]:
+    """Names of the residual-stream states: the embeddings, then after layer 0, 1, ... (layers count from 0
+    everywhere in this app)."""
+    return ["emb"] + [str(i) for i in range(n_states - 1)]
+
+
+def _residual_axis(fig, n_states: int, title: str = "after layer (emb = the embeddings, before layer 0)"):
+    """x positions -1 (embeddings), 0 .. L-1 (after that layer), labelled so that layer numbers match."""
+    step = max(1, n_states // 15)
+    vals = [-1] + list(range(0, n_states - 1, step))
+    fig.update_xaxes(title=title, tickvals=vals, ticktext=["emb" if v < 0 else str(v) for v in vals])
+
+
 def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
-    """Cosine similarity per layer, one line per compared token."""
+    """Cosine similarity after each layer (and at the embeddings), one line per compared token; the y range
+    fits the data so that small drifts are visible."""
     fig = go.Figure()
-    lo = 0.0
+    lo = min(float(np.min(c)) for c in curves.values())
     for (name, cos), color in zip(curves.items(), [BLUE, ORANGE, GREEN, RED]):
-        fig.add_trace(go.Scatter(x=np.arange(len(cos)), y=cos, mode="lines+markers", name=name, line=dict(color=color)))
-        lo = min(lo, float(np.min(cos)) - 0.05)
-    fig.update_yaxes(title="cosine similarity", range=[lo, 1.02])
-    fig.update_xaxes(title="layer (0 = embedding)")
+        fig.add_trace(go.Scatter(x=np.arange(len(cos)) - 1, y=cos, mode="lines+markers", name=name,
+                                 line=dict(color=color)))
+    pad = max(0.005, (1 - lo) * 0.1)
+    fig.update_yaxes(title="cosine similarity", range=[max(-1.0, lo - pad), 1 + pad / 2])
+    _residual_axis(fig, len(next(iter(curves.values()))))
     return _layout(fig, title, height=380)
 
 
@@ -191,8 +217,8 @@ def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=N
                    height=360) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale=colorscale, zmid=zmid,
                                hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9))
-    fig.update_xaxes(tickfont=dict(size=9))
+    fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), type="category")
+    fig.update_xaxes(tickfont=dict(size=9), type="category")      # labels stay labels, even "0", "1", ...
     return _layout(fig, title, height=height)
 
 
@@ -223,12 +249,12 @@ def gqa_figure(n_heads: int, n_kv: int) -> go.Figure:
 def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, position_label: str) -> go.Figure:
     L = len(attn)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=list(range(L + 1)), y=resid, name="|residual stream|", mode="lines+markers",
-                             line=dict(color=BLUE)))
+    fig.add_trace(go.Scatter(x=list(range(-1, L)), y=resid, name="|residual stream| after the layer",
+                             mode="lines+markers", line=dict(color=BLUE)))
     fig.add_trace(go.Bar(x=list(range(L)), y=attn, name="|attention adds|", marker_color=ORANGE, opacity=0.85))
     fig.add_trace(go.Bar(x=list(range(L)), y=ffn, name="|feed-forward adds|", marker_color=GREEN, opacity=0.85))
     fig.update_layout(barmode="group")
-    fig.update_xaxes(title="layer")
+    _residual_axis(fig, L + 1, "layer (emb = the embeddings, before layer 0)")
     fig.update_yaxes(title="L2 norm (log scale)", type="log", dtick=1)
     return _layout(fig, f"Residual stream and what each sub-layer adds · token {position_label}", height=420)
 
@@ -247,11 +273,11 @@ def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
 
 def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_labels: list[str]) -> go.Figure:
     L1, P = probs.shape
-    fig = go.Figure(go.Heatmap(z=probs, x=col_labels, y=[f"L{i}" for i in range(L1)], colorscale=SEQ, zmin=0, zmax=1,
+    fig = go.Figure(go.Heatmap(z=probs, x=col_labels, y=layer_labels(L1), colorscale=SEQ, zmin=0, zmax=1,
                                text=texts, texttemplate="%{text}" if P <= 24 else None, textfont=dict(size=9),
                                colorbar=dict(title="p(top)"),
                                hovertemplate="after layer %{y}, at %{x}<br>top: %{text}  p=%{z:.3f}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", title="after layer (L0 = embeddings)")
+    fig.update_yaxes(autorange="reversed", title="after layer (emb = embeddings)", type="category")
     fig.update_xaxes(tickangle=-45, tickfont=dict(size=9))
     return _layout(fig, "Logit lens: the model's best guess for the NEXT token if it stopped after each layer",
                    height=max(420, 18 * L1 + 120))

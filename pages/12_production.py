@@ -23,11 +23,9 @@ st.markdown(
 lm = common.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
-has_template = bool(getattr(lm.tokenizer, "chat_template", None))
 c1, c2 = st.columns([3, 1])
 n = c1.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
-chat = c2.toggle("Chat mode", value=has_template, key="prod_chat", disabled=not has_template,
-                 help="This page's own switch, as on page 6: the sidebar's prompt wrapped in the chat template.")
+chat = common.chat_switch(lm, "prod_chat", c2)
 compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)",
                                           key="prod_compile")
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())

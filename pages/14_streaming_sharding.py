@@ -20,8 +20,7 @@ if rec is not None:
 else:
     rec = common.last_generation("sse", lm)
     if rec is None:
-        has_template = bool(getattr(lm.tokenizer, "chat_template", None))
-        chat = bool(st.session_state.get("gen_chat", has_template)) and has_template
+        chat = bool(st.session_state.get("_gen_chat", True)) and bool(getattr(lm.tokenizer, "chat_template", None))
         with st.spinner("Generating 24 tokens to stream…"):
             rec = common.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat,
                                         dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "sse")

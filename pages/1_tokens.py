@@ -19,9 +19,9 @@ c = st.columns(5)
 c[0].metric("Tokens the model reads", f"{len(tr.tokens):,}",
             help="Everything the model sees: your prompt plus the chat template and BOS/EOS tokens")
 c[1].metric("Tokens from your prompt", f"{n_prompt:,}")
-c[2].metric("Words / characters", f"{len(prompt.split()):,} / {len(prompt):,}",
-            help="Of your prompt; characters are Unicode code points")
-c[3].metric("Bytes (UTF-8)", f"{len(prompt.encode('utf-8')):,}")
+c[2].metric("Words", f"{len(prompt.split()):,}", help="Of your prompt, split at whitespace")
+c[3].metric("Characters", f"{len(prompt):,}",
+            help=f"Of your prompt, Unicode code points; {len(prompt.encode('utf-8')):,} bytes in UTF-8")
 c[4].metric("Characters per token", f"{len(prompt) / max(1, n_prompt):.2f}", help="Of your prompt")
 st.html(chips_html(tr.tokens, tr.segments))
 st.caption("· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character "

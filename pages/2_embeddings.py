@@ -33,7 +33,7 @@ st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)
                 width="stretch")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
 st.markdown("**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " +
-            ", ".join(f"`{visible(t)}` {s:.2f}" for _, t, s in nn))
+            ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn))   # isolated: RTL tokens stay put
 
 st.subheader("The prompt in embedding space")
 refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree")
@@ -52,7 +52,7 @@ else:
 st.subheader("Context moves a token's vector through the layers")
 PAIRS = {
     "Apple after context: laptop vs pie": ("I bought an Apple laptop.", "I ate an Apple pie.", "Apple"),
-    "Apple first: chip vs tree (the article's example)": ("Apple released a new chip.", "Apple fell from the tree.",
+    "Apple first: chip vs tree": ("Apple released a new chip.", "Apple fell from the tree.",
                                                           "Apple"),
     "Word order: Dog bites man vs Man bites dog": ("Dog bites man.", "Man bites dog.", "bites"),
 }
@@ -90,8 +90,8 @@ if ia is not None and ib is not None:
                 "tokens, whose vectors drift apart. Put the word after some context (e.g. *I bought an Apple "
                 "laptop* vs *I ate an Apple pie*) to watch the word itself drift.")
     else:
-        st.caption(f"Layer 0 (the embedding) is identical: cosine {cw[0]:.4f}. By the last layer the two vectors "
-                   f"are at cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f} at layer {int(cw.argmin())}.")
+        st.caption(f"At the embeddings the two are identical: cosine {cw[0]:.4f}. After the last layer they are at "
+                   f"cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f}, after layer {int(cw.argmin()) - 1}.")
 
 st.subheader("Positions")
 inv = analysis.rope_inv_freq(lm, 0)

@@ -1,7 +1,8 @@
 import numpy as np
 import streamlit as st
 
-from components.figures import labels_of, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
+from components.figures import (labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure,
+                                residual_figure)
 from components.tokens import visible
 from pipeline import checks
 from pipeline.checks import Check
@@ -28,17 +29,17 @@ c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()
 c[2].metric("Layer where feed-forward adds most", int(tr.ffn_norm[:, pos].argmax()))
 st.plotly_chart(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), width="stretch")
 show = slice(max(0, tr.T - 64), tr.T)
-st.plotly_chart(matrix_heatmap(np.log10(tr.resid_norm[:, show].T + 1e-6), [f"L{i}" for i in range(f.n_layers + 1)],
+st.plotly_chart(matrix_heatmap(np.log10(tr.resid_norm[:, show].T + 1e-6), layer_labels(f.n_layers + 1),
                                labels[show], "log10 |residual stream| by layer and token", colorscale="Viridis",
                                height=max(300, 16 * (show.stop - show.start) + 100)), width="stretch")
 
 st.subheader("Logit lens")
 rows = []
 for i, top in enumerate(tr.lens_last_top):
-    rows.append({"after layer": str(i) if i else "embedding", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} "
+    rows.append({"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} "
                  f"({p:.2f})" for r, (t, p) in enumerate(top)}})
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
-st.dataframe(rows, hide_index=True, width="stretch", height=min(600, 36 * len(rows) + 40))
+st.dataframe(rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)     # every layer, no scrolling
 auto = tr.T <= 32
 if auto or st.button(f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} positions",
                      help="(layers + 1) × positions rows through the output matrix: a few seconds for long prompts"):
@@ -54,7 +55,9 @@ def layer_checks():
     p_final = float(np.exp(tr.next_logits[last[0]] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
     out.append(Check("logit lens after the last layer = the model's own next-token distribution",
                      last[0] == int(tr.next_logits.argmax()) and abs(last[1] - p_final) < 1e-3,
-                     f"lens top {last[0]} p={last[1]:.4f} vs logits top {int(tr.next_logits.argmax())} p={p_final:.4f}"))
+                     f"lens: {visible(lm.tokenizer.decode([last[0]]))!r} (id {last[0]}) with p = {last[1]:.4f}; "
+                     f"logits: {visible(lm.tokenizer.decode([int(tr.next_logits.argmax())]))!r} (id "
+                     f"{int(tr.next_logits.argmax())}) with p = {p_final:.4f}"))
     return out
 
 

@@ -34,8 +34,11 @@ m[1].metric("Candidates left", f"{steps[-1].kept:,}")
 m[2].metric("Entropy, bits", f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f}",
              help="Uncertainty of the distribution before any filter → after all filters")
 m[3].metric("Top candidate now", f"{last.max():.3f}")
-st.caption("Grey bars (✗) were filtered out at that stage; blue bars are renormalised over the survivors. "
+st.caption("✗ marks a candidate filtered out at that stage; the bars are renormalised over the survivors. "
            f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}.")
+if steps[-1].kept == 1 and temperature > 0:
+    st.info("Only one candidate survives these filters, so sampling always draws it. Raise the temperature or "
+            "top-p to let more through.")
 
 s1, s2 = st.columns([1, 3])
 seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")

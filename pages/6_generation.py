@@ -17,10 +17,7 @@ has_template = bool(getattr(lm.tokenizer, "chat_template", None))
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
 c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")
-chat = c2.toggle("Chat mode", value=has_template, key="gen_chat", disabled=not has_template,
-                 help="This page's own switch (the sidebar's applies to pages 1-5). On by default for instruct "
-                      "models, which answer questions; a completion-style prompt such as 'The capital of France "
-                      "is' reads better with it off. Base models have no chat template.")
+chat = common.chat_switch(lm, "gen_chat", c2)
 settings = common.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")

@@ -23,6 +23,9 @@ if rec is None:
 else:
     ev = rec["events"]
     m = metrics(ev)
+    st.caption(f"Page 6's last run: {common.run_label(rec)}."
+               + (" The sidebar's prompt has changed since; generate again on page 6 to measure it."
+                  if rec["prompt"] != st.session_state.get("prompt", "") else ""))
     c = st.columns(3)
     c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec['prompt_tokens']} prompt tokens")
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
@@ -60,8 +63,9 @@ st.subheader("Without the KV cache")
 st.markdown("The same greedy generation twice: with the cache each step feeds one token; without it every step "
             "feeds the whole context again, so step time grows with the length. Same tokens out.")
 n_off, ctx = (24, 256) if not gpu else (64, 1024)
+prompt = pipeline.generate_mod.long_prompt(lm, ctx)
+ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)        # what generate will see
 if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
-    prompt = pipeline.generate_mod.long_prompt(lm, ctx)
     with st.spinner("Generating twice…"):
         try:
             on = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0))

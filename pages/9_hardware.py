@@ -13,11 +13,12 @@ st.markdown(
     "weight matrices. GPUs exist to do exactly that in parallel. Below: this machine's measured matmul "
     "throughput and the measured share of a decode step spent in matrix multiplications.")
 lm = common.get_model()
-n = st.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n")
-if st.button("Run with telemetry", type="primary", key="hw_go"):
-    prompt = st.session_state.get("prompt", "") or "The capital of France is"
+c1, c2 = st.columns([3, 1])
+n = c1.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n")
+chat = common.chat_switch(lm, "hw_chat", c2)
+prompt = common.generation_prompt()
+if st.button("Run with telemetry", type="primary", key="hw_go", disabled=prompt is None):
     with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
-        chat = bool(getattr(lm.tokenizer, "chat_template", None))    # instruct models answer instead of stopping
         rec = common.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0,
                                                            seed=0), "hw", sampler=sampler)
     if rec:
@@ -33,7 +34,8 @@ if tl and tl[0] == lm.label:
         m = metrics(rec["events"])
         if rec["events"][-1].finished == "eos" and m.n < n:
             st.info(f"The model ended its answer after {m.n} tokens (end-of-sequence).")
-        st.caption(f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
+        st.caption(f"Run: {common.run_label(rec)}. "
+                   f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
                    f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms.")
 
 st.subheader("Why a GPU: matrix multiplication")

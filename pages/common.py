@@ -254,6 +254,33 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     return tr, layer
 
 
+def chat_switch(lm, key: str, where=None) -> bool:
+    """The generation pages' "Chat mode" switch. Each page has its own widget, but they share one preference,
+    so turning it off on page 6 also turns it off on the KV, hardware, production and streaming pages. On by
+    default for instruct models (they answer a question); off and disabled for base models."""
+    has = bool(getattr(lm.tokenizer, "chat_template", None))
+
+    def keep():
+        st.session_state["_gen_chat"] = st.session_state[key]
+
+    w = where or st
+    return w.toggle("Chat mode", value=bool(st.session_state.get("_gen_chat", True)) and has, key=key,
+                    disabled=not has, on_change=keep,
+                    help="For the generation pages (6-14; the sidebar's switch applies to pages 1-5): the sidebar's "
+                         "prompt wrapped in the chat template. Instruct models answer questions in chat mode; a "
+                         "completion-style prompt such as 'The capital of France is' reads better with it off. "
+                         "Base models have no chat template.")
+
+
+def generation_prompt() -> str | None:
+    """The sidebar's prompt for a generation page; None (with a message in the page) when it is empty."""
+    prompt = st.session_state.get("prompt", "") or ""
+    if not prompt.strip():
+        st.info("The sidebar's prompt is empty: type one (or pick a preset) to generate.")
+        return None
+    return prompt
+
+
 def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
     """Temperature / top-k / top-p / seed / max new tokens in one row (shared by the generation pages)."""
     c = st.columns(5)

@@ -107,10 +107,13 @@ def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: f
     ref = hf_processed_probs(logits, temperature, top_k, top_p, min_p)
     d = float((mine - ref).abs().max())
     same = bool(((mine > 0) == (ref > 0)).all())
-    return Check("filters = transformers' logits processors", d < 1e-6 and same,
-                 f"max |difference| {d:.1e}; same surviving set: {same} ({int((ref > 0).sum())} candidates)", d)
+    n = int((ref > 0).sum())
+    return Check(f"filters = transformers' logits processors (temperature {temperature:g}, top-k {top_k}, "
+                 f"top-p {top_p:g}, min-p {min_p:g})", d < 1e-6 and same,
+                 f"max |difference| {d:.1e}; same surviving set: {same} ({n:,} candidate{'s' if n != 1 else ''})", d)
 
 
-def all_checks(lm: LoadedModel, tr: Trace, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> list[Check]:
+def all_checks(lm: LoadedModel, tr: Trace, temperature=0.7, top_k=50, top_p=0.9, min_p=0.0) -> list[Check]:
+    """Every check on one trace; the filters with typical settings (every filter active), as page 5 would."""
     return ([check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr)
             + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)])
