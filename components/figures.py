@@ -65,10 +65,11 @@ def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: i
     fig = go.Figure()
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
-        # labels alternate above / below / right / left of their points so that neighbours overlap less
+        # labels of points neighbouring along x alternate above / below / right / left: fewer overlaps
         spots = ["top center", "bottom center", "middle right", "middle left"]
+        rank = np.argsort(np.argsort(coords[idx, 0]))
         kw = dict(mode="markers+text", name=g, text=[labels[i] for i in idx],
-                  textposition=[spots[j % 4] for j in range(len(idx))] if dims == 2 else "top center",
+                  textposition=[spots[r % 4] for r in rank] if dims == 2 else "top center",
                   marker=dict(size=8, color=colors.get(g, GREEN)))
         if dims == 3:
             fig.add_trace(go.Scatter3d(x=coords[idx, 0], y=coords[idx, 1], z=coords[idx, 2], **kw))
