@@ -16,7 +16,7 @@ lm = common.get_model()
 gpu = lm.device.type == "cuda"
 kernels = available_kernels(lm)
 lengths = [512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024]
-st.caption(f"Kernels available here: {', '.join(kernels)}. Prompt lengths {lengths}"
+st.caption(f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
            + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)") + ". Best of 2 runs after a warm-up.")
 if st.button("Run the kernels", type="primary", key="kern_go"):
     bar = st.progress(0.0, text="prefill with each kernel")

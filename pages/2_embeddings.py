@@ -22,7 +22,7 @@ E = analysis.embedding_matrix(lm)
 
 st.subheader("The lookup: token id → row of the matrix")
 opts = [i for i, t in enumerate(tr.tokens)]
-i = st.selectbox("Token", opts, index=len(opts) - 1,
+i = st.selectbox("Token", opts, index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
                  format_func=lambda i: f"{i}: {visible(tr.tokens[i].text)!s}  (id {tr.tokens[i].id})")
 tok = tr.tokens[i]
 c = st.columns(3)

@@ -35,7 +35,7 @@ else:
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
 lengths = [16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]
-st.caption(f"Prompt lengths {lengths} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
+st.caption(f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
            "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up.")
 if st.button("Run the sweep", key="sweep_go"):
     bar = st.progress(0.0, text="prefill and decode at each length")

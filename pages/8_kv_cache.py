@@ -62,7 +62,7 @@ st.subheader("What a full context would cost (computed from the config)")
 rows = []
 for n in sorted({1024, 8192, f.max_positions, 32768, 131072}):
     mha = kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads
-    rows.append({"tokens": f"{n:,}" + (" (this model's window)" if n == f.max_positions else ""),
+    rows.append({"tokens": f"{n:,}" + (" (this model's context length)" if n == f.max_positions else ""),
                  "KV cache, this model": f"{kv_bytes_formula(lm, n) / 2**20:,.0f} MiB",
                  f"if every query head had its own KV head ({f.n_heads})": f"{mha / 2**20:,.0f} MiB",
                  "weights, for scale": f"{f.n_params * bpv / 2**20:,.0f} MiB"})

@@ -62,6 +62,13 @@ def _init_state():
         st.session_state.setdefault(k, v)
 
 
+def _prompt_edited():
+    """A typed prompt is no longer the preset: the preset box says so."""
+    name = st.session_state.get("preset")
+    if name in PRESETS and PRESETS[name][0] != st.session_state.get("prompt"):
+        st.session_state["preset"] = "—"
+
+
 def _apply_preset():
     name = st.session_state.get("preset")
     if name in PRESETS:
@@ -80,11 +87,12 @@ def sidebar():
     if st.session_state["model_choice"] == LOCAL:
         sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
-    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000)
+    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000, on_change=_prompt_edited)
     sb.toggle("Chat mode (wrap in the chat template)", key="chat")
     info = st.session_state.get("_device_label")
     if info:
         sb.caption(f"**Device:** {info}")
+    st.session_state["_run_caption"] = sb.empty()     # one "This run" line, however many traces a page reads
 
 
 def model_key() -> str:
@@ -169,8 +177,9 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if own:
         nxt = int(tr.next_logits.argmax())
         p = float(np.exp(tr.next_logits[nxt] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
-        st.sidebar.caption(f"**This run:** {tr.T} tokens → most likely next token "
-                           f"**{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
+        where = st.session_state.get("_run_caption") or st.sidebar
+        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token "
+                      f"**{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
     return lm, tr
 
 
@@ -243,14 +252,20 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     if extra is not None and extra not in tr.qkv:
         _, tr = get_trace(qkv_layer=extra)
     options = sorted(tr.qkv)
-    layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key)
+    if len(options) > 1:
+        layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2],
+                                 key=key)
+    else:
+        layer = options[0]
+        st.markdown(f"{label}: **{layer}**")
     c1, c2 = st.columns([1, 3])
     want = c1.number_input("Capture another layer", 0, L - 1, 1, key=f"{key}_want")
-    if c2.button(f"Run the model again keeping layer {want} in full ({tr.T} tokens: seconds on CPU)", key=f"{key}_go"):
+    if c2.button(f"Run the model again keeping layer {want} in full ({tr.T:,} tokens: seconds on CPU)",
+                 key=f"{key}_go"):
         st.session_state[str(extra_key)] = int(want)
         st.rerun()
-    st.caption(f"{tr.T} tokens: query/key/value and full-resolution maps are kept for layers {options} only, "
-               "to bound memory.")
+    st.caption(f"{tr.T:,} tokens: query/key/value and full-resolution maps are kept for layer"
+               f"{'s' if len(options) > 1 else ''} {', '.join(map(str, options))} only, to bound memory.")
     return tr, layer
 
 

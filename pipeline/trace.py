@@ -66,6 +66,7 @@ class Trace:
     device: str
     exact_tokens: bool = True
     extras: dict = field(default_factory=dict)
+    last_prompt_index: int | None = None   # position of the prompt's last token (before any chat-template suffix)
 
     @property
     def T(self) -> int:
@@ -275,6 +276,8 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     overview = torch.stack([cap.pooled[i] for i in range(L)])
     last_row = torch.stack([cap.last_row[i] for i in range(L)])
     tr = Trace(
+        last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)),
+                              default=None),
         model_label=lm.label, facts=f, prompt=prompt, chat=tk.chat, text=tk.text, tokens=tk.tokens,
         segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(emb["e"]), hidden_states=_as_np(hs_f),
         attentions=overview.numpy(), attn_block=block,
