@@ -153,8 +153,10 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     H, n, _ = maps.shape
     cols = min(max_cols, H)
     rows = -(-H // cols)
+    labelled = n <= 48                      # token names on the outer axes (shared), up to 48 rows
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
-                        horizontal_spacing=0.08 if n <= 16 else 0.03, vertical_spacing=0.12 if n <= 16 else 0.05)
+                        shared_xaxes=labelled, shared_yaxes=labelled,
+                        horizontal_spacing=0.02 if labelled else 0.03, vertical_spacing=0.06 if n <= 16 else 0.04)
     if block == 1:
         ticks = labels
     else:
@@ -168,10 +170,17 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
                                  showscale=(h == 0),
                                  hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
                       row=h // cols + 1, col=h % cols + 1)
-    fig.update_yaxes(autorange="reversed", showticklabels=n <= 16, tickfont=dict(size=9))
-    fig.update_xaxes(showticklabels=n <= 16, tickfont=dict(size=9), tickangle=-60)
-    return _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)",
-                   height=max(360, 330 * rows))
+    size = 9 if n <= 16 else 7
+    fig.update_yaxes(autorange="reversed", showticklabels=False, tickfont=dict(size=size), type="category")
+    fig.update_xaxes(showticklabels=False, tickfont=dict(size=size), tickangle=-60, type="category")
+    if labelled:                               # token names once: left column, and under each column's last map
+        fig.update_yaxes(showticklabels=True, col=1)
+        for h in range(max(0, H - cols), H):
+            fig.update_xaxes(showticklabels=True, row=h // cols + 1, col=h % cols + 1)
+    fig = _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)",
+                  height=max(360, (330 if n <= 16 else 380) * rows))
+    fig.update_layout(margin=dict(t=80))       # room between the title and the "head n" titles
+    return fig
 
 
 def without_sink(maps: np.ndarray) -> np.ndarray:
@@ -183,10 +192,11 @@ def without_sink(maps: np.ndarray) -> np.ndarray:
     return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
 
 
-def mosaic_image(maps: np.ndarray, cell: int = 48, gap: int = 3) -> np.ndarray:
+def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 3) -> np.ndarray:
     """All layers x heads as ONE RGB image: heads down, layers across, each tile one attention map [n, n]
-    (viridis, contrast per tile, future masked light grey). One picture instead of hundreds of heatmaps,
-    so long prompts stay responsive. Short prompts are enlarged pixel by pixel (no blur)."""
+    (viridis, brightness = sqrt(weight / the tile's largest weight), future masked light grey). One picture
+    instead of hundreds of heatmaps, so long prompts stay responsive. Short prompts are enlarged pixel by pixel
+    (no blur), to at least `cell` pixels a tile."""
     from plotly.colors import sample_colorscale
 
     L, H, n, _ = maps.shape
@@ -194,14 +204,14 @@ def mosaic_image(maps: np.ndarray, cell: int = 48, gap: int = 3) -> np.ndarray:
                     for c in [_hex(x) for x in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))]],
                    dtype=np.uint8)
     idx = np.linspace(0, n - 1, min(cell, n)).round().astype(int)
-    scale = max(1, cell // len(idx))
+    scale = max(1, -(-cell // len(idx)))
     size = len(idx) * scale
     img = np.full((H * (size + gap) - gap, L * (size + gap) - gap, 3), 255, np.uint8)
     tri = np.triu(np.ones((len(idx), len(idx)), bool), k=1)
     for l in range(L):
         for h in range(H):
             m = maps[l, h][np.ix_(idx, idx)].astype(np.float32)
-            m = m / max(float(m.max()), 1e-6)        # per-map contrast: where does this head look?
+            m = np.sqrt(m / max(float(m.max()), 1e-6))   # per-map contrast, square root: weaker links show too
             tile = lut[(np.clip(m, 0, 1) * 255).astype(int)]
             tile[tri] = 235
             tile = tile.repeat(scale, 0).repeat(scale, 1)

@@ -40,7 +40,8 @@ st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="
 st.subheader("Every layer and head at a glance")
 st.image(mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
          caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
-                 "query down, key across (brighter = more weight, contrast per tile).", width="stretch")
+                 "query down, key across (brighter = more weight: square root of the weight over the tile's largest, "
+                 "so weaker links show next to the first-token sink).", width="stretch")
 
 st.subheader("Query, key, value for one head")
 head = st.slider("Head", 0, H - 1, 0, key="attn_head")
