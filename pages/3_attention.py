@@ -74,7 +74,7 @@ if T > 128:
 else:
     kept = sorted(tr.attn_full) if tr.attn_block == 1 else []
     if len(kept) == L:
-        att = tr.attentions
+        att = without_sink(tr.attentions) if hide else tr.attentions      # the sink toggle applies here too
         tokens = [lab.split(":", 1)[1] for lab in labels]
         which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
         n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers",
