@@ -18,7 +18,7 @@ import torch
 
 @dataclass
 class Timeline:
-    source: str                                   # "nvml" or "psutil (no NVIDIA GPU/NVML: ...)"
+    source: str                                   # "nvml" or "psutil (NVML unavailable: why)"
     t0: float                                     # perf_counter at start; all t are seconds since t0
     samples: list[dict] = field(default_factory=list)
     nvml_util: list[tuple[float, float]] = field(default_factory=list)   # (t, %) from nvmlDeviceGetSamples
@@ -44,8 +44,12 @@ def _nvml():
         pynvml.nvmlInit()
         idx = torch.cuda.current_device() if torch.cuda.is_available() else 0
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx)
-    except Exception as e:       # NVMLError_LibraryNotFound without a driver, ImportError without the package
-        return None, f"{type(e).__name__}"
+    except ImportError:
+        return None, "nvidia-ml-py is not installed"
+    except Exception as e:       # NVMLError_LibraryNotFound without a driver, others for a broken install
+        name = type(e).__name__
+        return None, ("no NVIDIA driver on this machine" if "LibraryNotFound" in name or "DriverNotLoaded" in name
+                      else f"NVML did not start ({name})")
 
 
 class Sampler:
@@ -56,7 +60,7 @@ class Sampler:
         self.interval_s = interval_s
         self.nv, handle = (None, "forced") if force_cpu else _nvml()
         self.handle = handle if self.nv else None
-        src = "nvml" if self.nv else f"psutil (no NVIDIA GPU/NVML: {handle})"
+        src = "nvml" if self.nv else f"psutil (NVML unavailable: {handle})"
         self.timeline = Timeline(source=src, t0=time.perf_counter(), interval_s=interval_s)
         self.proc = psutil.Process()
         self._stop = threading.Event()
