@@ -50,7 +50,8 @@ def sweep_figure(rows) -> go.Figure:
     fig.add_trace(go.Scatter(x=T, y=[r["decode_step_s"] * 1000 for r in rows], mode="lines+markers",
                              name="decode: one more token with the KV cache", line=dict(color=BLUE)))
     fig.update_xaxes(title="prompt length (tokens)", type="log", tickvals=T)
-    fig.update_yaxes(title="milliseconds (log scale)", type="log")
+    fig.update_yaxes(title="milliseconds (log scale)", type="log",
+                     **log_ticks([r[k] * 1000 for r in rows for k in ("prefill_s", "decode_step_s")]))
     return _layout(fig, "Prefill and one decode step, by prompt length (medians, this device)", height=380,
                    legend=dict(orientation="h", y=-0.25))
 

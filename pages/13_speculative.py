@@ -18,11 +18,10 @@ st.markdown(
     "sampling, rejection sampling keeps the target's distribution. It pays off only when the draft is cheap "
     "and often right, and a draft that is rarely right makes things slower: that is shown honestly here.")
 lm = common.get_model()
-has_template = bool(getattr(lm.tokenizer, "chat_template", None))
 c1, c2 = st.columns([3, 1])
 prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt",
                       help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
-chat = c2.toggle("Chat mode", value=has_template, disabled=not has_template, key="spec_chat")
+chat = common.chat_switch(lm, "spec_chat", c2)
 L = lm.facts.n_layers
 kinds = {"prompt lookup (n-gram copy)": "prompt_lookup",
          f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",

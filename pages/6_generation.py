@@ -13,7 +13,6 @@ st.markdown(
     "This is our own loop (not `model.generate`), so every step's distribution and timing is visible. Click a "
     "generated token to see the distribution it was drawn from.")
 lm = common.get_model()
-has_template = bool(getattr(lm.tokenizer, "chat_template", None))
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
 c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")

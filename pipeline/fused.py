@@ -58,9 +58,8 @@ def supported(lm: LoadedModel) -> tuple[bool, str]:
     if mt not in SUPPORTED_TYPES:
         return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is "
                        f"'{mt}'. The dynamic and static cache loops work for it.")
-    for name in ("attn_logit_softcapping",):
-        if getattr(c, name, None):
-            return False, f"{name} is set in this model's config, which the fused step does not implement."
+    if getattr(c, "attn_logit_softcapping", None):
+        return False, "attn_logit_softcapping is set in this model's config; the fused step does not implement it."
     core = getattr(lm.model, "model", None)
     layers = getattr(core, "layers", None)
     if layers is None or not hasattr(core, "rotary_emb"):
