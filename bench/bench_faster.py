@@ -7,6 +7,7 @@ interleaved with plain decoding, medians).
 import argparse
 import statistics
 import time
+from dataclasses import asdict
 
 from common import write
 
@@ -21,7 +22,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     import pipeline
-    from pipeline.generate import generate
+    from pipeline.generation import generate
     from pipeline.kernels import kernel_sweep
     from pipeline.speculative import expected_tokens_per_call, speculative_generate
 
@@ -49,8 +50,8 @@ def main():
                 "expected_tokens_per_call": round(expected_tokens_per_call(a, 4), 2),
                 "identical_to_plain_greedy": res.tokens == plain, "tokens": len(res.tokens)}
     write("faster", {"model": lm.label, "device": lm.device_label, "gamma": 4,
-                     "attention_kernels": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()}
-                                           for r in kernels],
+                     "attention_kernels": [{k: (round(v, 5) if isinstance(v, float) else v)
+                                            for k, v in asdict(r).items()} for r in kernels],
                      "speculative": spec})
 
 

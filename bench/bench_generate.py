@@ -19,7 +19,7 @@ def main():
     import torch
 
     import pipeline
-    from pipeline.generate import generate, metrics
+    from pipeline.generation import generate, metrics
     from pipeline.telemetry import Sampler
 
     lm = pipeline.load_model()

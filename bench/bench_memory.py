@@ -56,7 +56,7 @@ def main():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
     at.session_state["prompt"] = prompt
     at.run()
-    at.switch_page("pages/3_attention.py")
+    at.switch_page("views/3_attention.py")
     t = time.perf_counter()
     at.run()
     t_page_first = time.perf_counter() - t

@@ -2,12 +2,10 @@
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]        # the project is installed into .venv (make install)
 RESULTS = ROOT / "bench" / "results"
 
 

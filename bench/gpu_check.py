@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def main():
     ap.add_argument("--only", default="production,loop,kernels,speculative")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    from pipeline.generate import generate, metrics
+    from pipeline.generation import generate, metrics
     from pipeline.models import random_model
     from pipeline.telemetry import Sampler
     from pipeline.tokens import tokenize
@@ -73,11 +74,11 @@ def main():
 
     def production():
         from pipeline import fused
-        from pipeline.generate import compare_cache_modes
+        from pipeline.generation import compare_cache_modes
         cuda = lm.device.type == "cuda"
         modes = ("dynamic", "static", "fused") + (("fused+compile",) if cuda and not args.no_compile else ())
         out = res["production"] = {"fused_mode": fused.mode_label(lm)}
-        out["fused_vs_forward"] = fused.check_against_forward(lm, ids[0].tolist())
+        out["fused_vs_forward"] = asdict(fused.check_against_forward(lm, ids[0].tolist()))
         save()
         for compile_ in (False, True) if "fused+compile" in modes else (False,):
             t = time.perf_counter()
@@ -89,19 +90,17 @@ def main():
             out[f"compile_{key}_s"] = dec.compile_s
             out[f"mode_{key}"] = dec.mode
             out[f"problems_{key}"] = dec.problems
-            out[f"step_floor_{key}"] = fused.step_floor(lm, 200 if cuda else 10, compile=compile_)
+            out[f"step_floor_{key}"] = asdict(fused.step_floor(lm, 200 if cuda else 10, compile=compile_))
             save()
-        out["launches_per_step"] = fused.launches_per_step(lm, compile="fused+compile" in modes)
+        out["launches_per_step"] = asdict(fused.launches_per_step(lm, compile="fused+compile" in modes))
         save()
         r = compare_cache_modes(lm, prompt, n, chat=True, reps=args.reps, modes=modes)
-        ref = [e.token_id for e in r["dynamic"]["events"]]
-        for m, v in r.items():
-            mt = metrics(v["events"])
-            out[m] = {"tokens_per_s": v["tokens_per_s"], "tpot_ms": (mt.tpot_s or 0) * 1000,
-                      "ttft_ms": mt.ttft_s * 1000, "warmup_s": v["warmup_s"],
-                      "utilisation": v["utilisation"], "utilisation_of": v["utilisation_of"], "engine": v["engine"],
-                      "same_tokens_as_dynamic": [e.token_id for e in v["events"]] == ref,
-                      "ratio_vs_dynamic": (v["tokens_per_s"] or 0) / r["dynamic"]["tokens_per_s"]}
+        for m, v in r.modes.items():
+            mt = metrics(v.events)
+            out[m] = {"tokens_per_s": v.tokens_per_s, "tpot_ms": (mt.tpot_s or 0) * 1000,
+                      "ttft_ms": mt.ttft_s * 1000, "warmup_s": v.warmup_s, "runs": v.runs,
+                      "utilisation": v.utilisation, "utilisation_of": v.utilisation_of, "engine": v.engine,
+                      "same_tokens_as_dynamic": r.same_tokens(m), "ratio_vs_dynamic": r.ratio(m) or 0}
         for key, m in (("plain", "fused"), ("compile", "fused+compile")):
             if m in out and f"step_floor_{key}" in out:      # what the loop adds per token on the host
                 out[m]["host_ms_per_token"] = out[m]["tpot_ms"] - out[f"step_floor_{key}"]["step_ms"]
@@ -156,7 +155,7 @@ def main():
 
     def kernels():
         from pipeline.kernels import kernel_sweep
-        res["attention_kernels"] = kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])
+        res["attention_kernels"] = [asdict(r) for r in kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])]
 
     def speculative():
         from pipeline.speculative import speculative_generate

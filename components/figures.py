@@ -30,8 +30,14 @@ def log_ticks(values) -> dict:
     return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
+def token_texts(tokens) -> list[str]:
+    """Each token as drawn: its text with whitespace made visible (a special token by its piece)."""
+    return [visible(t.text if not t.special else t.piece) for t in tokens]
+
+
 def labels_of(tokens) -> list[str]:
-    return [f"{i}:{visible(t.text if not t.special else t.piece)}" for i, t in enumerate(tokens)]
+    """Axis labels "position:text" (unique, so a repeated token keeps its own row)."""
+    return [f"{i}:{s}" for i, s in enumerate(token_texts(tokens))]
 
 
 # ------------------------------------------------------------------------------ overview
@@ -160,8 +166,7 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     if block == 1:
         ticks = labels
     else:
-        ticks = [f"{labels[i * block].split(':')[0]}–{labels[min(len(labels), (i + 1) * block) - 1].split(':')[0]}"
-                 for i in range(n)]
+        ticks = [f"{i * block}–{min(len(labels), (i + 1) * block) - 1}" for i in range(n)]
     mask = np.triu(np.ones((n, n), bool), k=1)
     for h in range(H):
         z = maps[h].astype(np.float32).copy()

@@ -44,10 +44,10 @@ def distribution_figure(ev) -> go.Figure:
 
 def sweep_figure(rows) -> go.Figure:
     fig = go.Figure()
-    T = [r["tokens"] for r in rows]
-    fig.add_trace(go.Scatter(x=T, y=[r["prefill_s"] * 1000 for r in rows], mode="lines+markers",
+    T = [r.tokens for r in rows]
+    fig.add_trace(go.Scatter(x=T, y=[r.prefill_s * 1000 for r in rows], mode="lines+markers",
                              name="prefill: the whole prompt at once (= time to first token)", line=dict(color=ORANGE)))
-    fig.add_trace(go.Scatter(x=T, y=[r["decode_step_s"] * 1000 for r in rows], mode="lines+markers",
+    fig.add_trace(go.Scatter(x=T, y=[r.decode_step_s * 1000 for r in rows], mode="lines+markers",
                              name="decode: one more token with the KV cache", line=dict(color=BLUE)))
     fig.update_xaxes(title="prompt length (tokens)", type="log", tickvals=T)
     fig.update_yaxes(title="milliseconds (log scale)", type="log",
@@ -121,8 +121,8 @@ def telemetry_figure(tl) -> go.Figure:
 
 
 def ops_figure(top) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[r["share"] * 100 for r in top], y=[r["op"] for r in top], orientation="h",
-                           marker_color=[BLUE if r["matmul"] else GREY for r in top],
+    fig = go.Figure(go.Bar(x=[r.share * 100 for r in top], y=[r.op for r in top], orientation="h",
+                           marker_color=[BLUE if r.matmul else GREY for r in top],
                            hovertemplate="%{y}: %{x:.1f}%<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="% of one decode step's operator time")
@@ -134,23 +134,23 @@ def kernels_figure(rows) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill time (s)", "peak extra memory (MiB)"],
                         horizontal_spacing=0.1)
     colors = [RED, BLUE, GREEN, ORANGE, "#CC79A7"]
-    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    kernels = list(dict.fromkeys(r.kernel for r in rows))
     for k, color in zip(kernels, colors):
-        rs = [r for r in rows if r["kernel"] == k and r["seconds"] is not None]
-        x = [r["tokens"] for r in rs]
-        fig.add_trace(go.Scatter(x=x, y=[r["seconds"] for r in rs], name=k, mode="lines+markers",
+        rs = [r for r in rows if r.kernel == k and r.seconds is not None]
+        x = [r.tokens for r in rs]
+        fig.add_trace(go.Scatter(x=x, y=[r.seconds for r in rs], name=k, mode="lines+markers",
                                  line=dict(color=color), legendgroup=k), 1, 1)
-        fig.add_trace(go.Scatter(x=x, y=[r["peak_mb"] if r["peak_mb"] > 0 else None for r in rs], name=k,
+        fig.add_trace(go.Scatter(x=x, y=[r.peak_mb if r.peak_mb > 0 else None for r in rs], name=k,
                                  mode="lines+markers",
                                  line=dict(color=color), legendgroup=k, showlegend=False), 1, 2)
-    T = sorted({r["tokens"] for r in rows})
-    mat = {r["tokens"]: r["score_matrix_mb"] for r in rows}
+    T = sorted({r.tokens for r in rows})
+    mat = {r.tokens: r.score_matrix_mb for r in rows}
     fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines",
                              line=dict(color=GREY, dash="dash")), 1, 2)
     fig.update_xaxes(type="log", tickvals=T, title="prompt tokens")
-    ok = [r for r in rows if r["seconds"] is not None]
-    fig.update_yaxes(type="log", row=1, col=1, **log_ticks([r["seconds"] for r in ok]))
-    fig.update_yaxes(type="log", row=1, col=2, **log_ticks([r["peak_mb"] for r in ok] + list(mat.values())))
+    ok = [r for r in rows if r.seconds is not None]
+    fig.update_yaxes(type="log", row=1, col=1, **log_ticks([r.seconds for r in ok]))
+    fig.update_yaxes(type="log", row=1, col=2, **log_ticks([r.peak_mb for r in ok] + list(mat.values())))
     fig = _layout(fig, "Attention kernels: whole-model prefill on this device", height=440,
                   legend=dict(orientation="h", y=-0.25))
     fig.update_layout(margin=dict(t=90))           # the figure title above the two subplot titles
@@ -162,23 +162,23 @@ def roofline_figure(r) -> go.Figure:
     its measured FLOP/s (prefill orange, decode blue)."""
     import numpy as np
 
-    peak, bw = r["peak_flops"], r["bandwidth"]
-    ops = [o for ph in r["phases"].values() for o in ph["ops"]]
-    xs = [o["intensity"] for o in ops]
-    lo, hi = min(xs + [r["ridge"]]) / 3, max(xs + [r["ridge"]]) * 3
+    peak, bw = r.peak_flops, r.bandwidth
+    ops = [o for ph in r.phases.values() for o in ph.ops]
+    xs = [o.intensity for o in ops]
+    lo, hi = min(xs + [r.ridge]) / 3, max(xs + [r.ridge]) * 3
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)",
                                line=dict(color=GREY, width=3)))
     for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
-        ph = r["phases"][phase]["ops"]
-        fig.add_trace(go.Scatter(x=[o["intensity"] for o in ph], y=[o["flops"] / o["measured_s"] / 1e9 for o in ph],
+        ph = r.phases[phase].ops
+        fig.add_trace(go.Scatter(x=[o.intensity for o in ph], y=[o.flops / o.measured_s / 1e9 for o in ph],
                                  mode="markers", name=phase, marker=dict(color=color, size=10),
-                                 text=[o["op"] for o in ph],
+                                 text=[o.op for o in ph],
                                  hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured"
                                                "<extra>" + phase + "</extra>"))
-    fig.add_vline(x=r["ridge"], line_dash="dot", line_color=RED)
+    fig.add_vline(x=r.ridge, line_dash="dot", line_color=RED)
     # annotations on a log axis take log10 coordinates (add_vline's own annotation is lost there)
-    fig.add_annotation(x=np.log10(r["ridge"]), y=1, yref="paper", text=f"ridge {r['ridge']:.1f} FLOP/byte",
+    fig.add_annotation(x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte",
                        showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED))
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)",
                      range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
@@ -193,11 +193,11 @@ MODE_COLORS = {"dynamic": BLUE, "static": GREEN, "fused": ORANGE, "fused+compile
 
 
 def cache_modes_figure(results: dict) -> go.Figure:
-    """Per-step decode time of each mode ({mode: {"events": [...], "engine": str}}), same request."""
+    """Per-step decode time of each mode ({mode: ModeRun}), same request."""
     fig = go.Figure()
     for m, r in results.items():
-        ev = r["events"]
-        name = MODE_LABELS.get(m, m) + (f" ({r['engine'].removeprefix('fused step, ')})" if m.startswith("fused")
+        ev = r.events
+        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if m.startswith("fused")
                                         else "")
         fig.add_trace(go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines",
                                  name=name, line=dict(color=MODE_COLORS.get(m, GREY))))
@@ -206,18 +206,18 @@ def cache_modes_figure(results: dict) -> go.Figure:
     return _layout(fig, "Decode step time per mode, same request", height=360, legend=dict(orientation="h", y=-0.3))
 
 
-def launches_figure(counts: dict) -> go.Figure:
+def launches_figure(counts) -> go.Figure:
     """Operators (and on a GPU, kernels) one decode step dispatches, transformers' forward vs the fused step."""
     names = ["transformers forward", "fused step"]
     keys = ["transformers", "fused"]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=names, y=[counts["ops"][k] for k in keys], name="operators dispatched",
-                         marker_color=GREY, text=[counts["ops"][k] for k in keys], textposition="outside"))
-    fig.add_trace(go.Bar(x=names, y=[counts["compute_ops"][k] for k in keys], name="of which compute (not views)",
-                         marker_color=BLUE, text=[counts["compute_ops"][k] for k in keys], textposition="outside"))
-    if counts.get("kernels"):
-        fig.add_trace(go.Bar(x=names, y=[counts["kernels"][k] for k in keys], name="GPU kernels launched",
-                             marker_color=ORANGE, text=[counts["kernels"][k] for k in keys], textposition="outside"))
+    fig.add_trace(go.Bar(x=names, y=[counts.ops[k] for k in keys], name="operators dispatched",
+                         marker_color=GREY, text=[counts.ops[k] for k in keys], textposition="outside"))
+    fig.add_trace(go.Bar(x=names, y=[counts.compute_ops[k] for k in keys], name="of which compute (not views)",
+                         marker_color=BLUE, text=[counts.compute_ops[k] for k in keys], textposition="outside"))
+    if counts.kernels:
+        fig.add_trace(go.Bar(x=names, y=[counts.kernels[k] for k in keys], name="GPU kernels launched",
+                             marker_color=ORANGE, text=[counts.kernels[k] for k in keys], textposition="outside"))
     fig.update_yaxes(title="per decode step", rangemode="tozero")
     return _layout(fig, "What one decode step asks of the host (counted by torch.profiler)", height=340,
                    barmode="group", legend=dict(orientation="h", y=-0.25))

@@ -33,7 +33,7 @@ def cmd_tokens(args, out):
 
 def cmd_next(args, out):
     from .sampling import entropy_bits, filter_probs
-    from .trace import trace
+    from .tracing import trace
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
     p = filter_probs(tr.next_logits, args.temperature, args.top_k, args.top_p, args.min_p).numpy()
@@ -53,7 +53,7 @@ def cmd_next(args, out):
 
 
 def cmd_trace(args, out):
-    from .trace import trace
+    from .tracing import trace
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
     f = tr.facts
@@ -98,7 +98,7 @@ def main(argv=None, out=None) -> int:
             p.add_argument("-n", type=int, default=10, help="how many candidates to print")
     args = ap.parse_args(argv)
     from .models import ModelLoadError
-    from .trace import TraceError
+    from .tracing import TraceError
     try:
         args.fn(args, out)
     except (ModelLoadError, TraceError) as e:

@@ -4,11 +4,14 @@ No forward passes here except where a function says so; everything reads the wei
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from .memo import per_object
 from .models import LoadedModel
-from .trace import Trace
+from .tracing import Trace
 
 
 # ------------------------------------------------------------------------------- embeddings
@@ -52,14 +55,15 @@ def pca(x: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     return coords, ratio
 
 
-_UNIT: dict[int, torch.Tensor] = {}
+@per_object
+def _unit_rows_of(model: torch.nn.Module) -> torch.Tensor:
+    """[vocab, d] float32 embedding rows scaled to length 1 (one copy per live model, freed with it)."""
+    e = model.get_input_embeddings().weight.detach().float()
+    return e / (e.norm(dim=1, keepdim=True) + 1e-12)
 
 
 def _unit_rows(lm: LoadedModel) -> torch.Tensor:
-    if id(lm.model) not in _UNIT:
-        e = embedding_matrix(lm).detach().float()
-        _UNIT[id(lm.model)] = e / (e.norm(dim=1, keepdim=True) + 1e-12)
-    return _UNIT[id(lm.model)]
+    return _unit_rows_of(lm.model)
 
 
 def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
@@ -98,17 +102,8 @@ def drift(tr_a: Trace, ia: int, tr_b: Trace, ib: int) -> np.ndarray:
 # ------------------------------------------------------------------------------------ RoPE
 def rope_inv_freq(lm: LoadedModel, layer: int = 0) -> np.ndarray | None:
     """[D/2] the rotation frequencies the model uses in `layer` (None for models without RoPE)."""
-    base = lm.model.get_decoder() if hasattr(lm.model, "get_decoder") else lm.model.model
-    rot = getattr(base, "rotary_emb", None)
-    if rot is None:
-        return None
-    if hasattr(rot, "inv_freq"):
-        return rot.inv_freq.float().cpu().numpy()
-    types = getattr(lm.model.config, "layer_types", None) or []
-    name = f"{types[layer]}_inv_freq" if layer < len(types) else None
-    if name and hasattr(rot, name):
-        return getattr(rot, name).float().cpu().numpy()
-    return None
+    f = lm.arch.inv_freq(layer)
+    return None if f is None else f.float().cpu().numpy()
 
 
 def rope_angles(inv_freq: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -139,9 +134,84 @@ def rope_theta_of(inv_freq: np.ndarray, head_dim: int) -> float:
 
 def layer_kind(lm: LoadedModel, layer: int) -> str:
     """'' for uniform models; Gemma-style models alternate local (sliding-window) and global layers."""
-    types = getattr(lm.model.config, "layer_types", None)
-    if not types or len(set(types)) < 2:
-        return ""
-    if types[layer] == "sliding_attention":
-        return f"a local layer: attends to the last {lm.model.config.sliding_window:,} tokens only"
-    return "a global layer: attends to every earlier token"
+    return lm.arch.layer_kind(layer)
+
+
+@dataclass
+class RopeDemo:
+    """RoPE as one layer of this run applies it, read back from the captured (rotated) query and key."""
+    layer: int
+    inv_freq: np.ndarray        # [D/2] rotation frequencies (radians per position)
+    theta: float                # the base θ behind them
+    kind: str                   # '' or "a local layer ..." / "a global layer ..."
+    angles: np.ndarray          # [P, D/2] angle of each pair at positions 0..P-1
+    q_index: int                # the query's position (the last token)
+    k_index: int                # the key's position (the first token)
+    q_rot: np.ndarray           # [D] head 0's query as the model rotated it
+    k_rot: np.ndarray           # [D] head 0's key as the model rotated it
+    q_raw: np.ndarray           # [D] the query before rotation (RoPE is orthogonal: rotate back by -position)
+    k_raw: np.ndarray           # [D]
+    scores_at_0: np.ndarray     # [dmax+1] q·k with the key at 0 and the query d positions later
+    scores_at_100: np.ndarray   # [dmax+1] the same, both moved 100 positions on
+
+
+def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dmax: int = 256) -> RopeDemo | None:
+    """Everything page 2 draws about RoPE for `layer` (whose Q/K the trace kept); None without RoPE."""
+    inv = rope_inv_freq(lm, layer)
+    if inv is None or layer not in tr.qkv:
+        return None
+    q, k = tr.qkv[layer]["q"], tr.qkv[layer]["k"]
+    qi, ki = tr.T - 1, 0
+    q_rot, k_rot = q[0, qi].astype(np.float64), k[0, ki].astype(np.float64)
+    q_raw, k_raw = rotate(q_rot, -qi, inv), rotate(k_rot, -ki, inv)
+    return RopeDemo(layer, inv, rope_theta_of(inv, tr.facts.head_dim), layer_kind(lm, layer),
+                    rope_angles(inv, np.arange(max(64, min(tr.T, n_positions)))), qi, ki, q_rot, k_rot, q_raw, k_raw,
+                    relative_scores(q_raw, k_raw, inv, dmax, at=0), relative_scores(q_raw, k_raw, inv, dmax, at=100))
+
+
+def learned_positions(lm: LoadedModel, n: int) -> np.ndarray | None:
+    """[n, d] the first n rows of a learned position-embedding table (GPT-2 style), or None."""
+    pe = getattr(lm.arch.decoder, "embed_positions", None) or getattr(lm.arch.decoder, "wpe", None)
+    return None if pe is None else pe.weight[:n].detach().float().cpu().numpy()
+
+
+# ------------------------------------------------------------------------------------ attention
+@dataclass
+class HeadScores:
+    """One head's attention inputs from a trace (after RoPE) and its scaled, causally masked scores."""
+    layer: int
+    head: int
+    kv_head: int                # the key/value head this query head shares (grouped-query attention)
+    q: np.ndarray               # [T, D]
+    k: np.ndarray               # [T, D]
+    v: np.ndarray               # [T, D]
+    scores: np.ndarray          # [T, T] float64  Q·Kᵀ × the model's scaling
+    masked: np.ndarray          # [T, T] float64  the same with the future (upper triangle) set to NaN
+
+
+def causal_mask(T: int) -> np.ndarray:
+    """[T, T] True where a query may NOT look (a key after it)."""
+    return np.triu(np.ones((T, T), bool), k=1)
+
+
+def head_scores(tr: Trace, layer: int, head: int) -> HeadScores:
+    f = tr.facts
+    kv = head // (f.n_heads // f.n_kv_heads)
+    d = tr.qkv[layer]
+    q, k, v = d["q"][head], d["k"][kv], d["v"][kv]
+    scores = (q.astype(np.float64) @ k.astype(np.float64).T) * f.attn_scaling
+    masked = scores.copy()
+    masked[causal_mask(tr.T)] = np.nan
+    return HeadScores(layer, head, kv, q, k, v, scores, masked)
+
+
+def masked_softmax(masked: np.ndarray) -> np.ndarray:
+    """Row softmax of scores whose masked entries are NaN (they get weight 0)."""
+    soft = np.exp(masked - np.nanmax(masked, axis=1, keepdims=True))
+    soft = np.nan_to_num(soft, nan=0.0)
+    return soft / soft.sum(1, keepdims=True)
+
+
+def sink_share(tr: Trace) -> float:
+    """Mean attention weight on the very first token over every layer, head and query."""
+    return float(tr.attentions[..., 0].astype(np.float32).mean())

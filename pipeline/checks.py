@@ -4,14 +4,15 @@ Each check returns a `Check` with the measured discrepancy, so pages can show th
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .models import LoadedModel
-from .sampling import filter_probs
-from .trace import Trace
+from .sampling import filter_probs, prob_of, top_token
+from .tracing import Trace
 
 EAGER_CHECK_MAX_T = 512
 
@@ -24,10 +25,6 @@ class Check:
     value: float | None = None
 
 
-def _tol(lm: LoadedModel) -> float:
-    return 1e-3 if lm.dtype == torch.float32 else 5e-2
-
-
 def check_tokens(tr) -> Check:
     """tr: a Trace or a tokens.Tokenized."""
     joined = b"".join(t.bytes for t in tr.tokens)
@@ -37,8 +34,29 @@ def check_tokens(tr) -> Check:
                  + ("" if ok else " (this tokenizer normalises text)"))
 
 
+_LOGITS: "weakref.WeakKeyDictionary[Trace, list[Check]]" = weakref.WeakKeyDictionary()
+
+
+def token_checks(tokenizer, tk) -> list[Check]:
+    """Page 1's evidence: the token bytes reassemble the text and, for a plain prompt, the ids are the
+    tokenizer's own encoding of it."""
+    out = [check_tokens(tk)]
+    if not tk.chat:
+        ref = tokenizer(tk.prompt, split_special_tokens=True)["input_ids"]
+        out.append(Check("ids = the tokenizer's own encoding", ref == tk.input_ids,
+                         f"{len(ref)} ids from tokenizer(prompt) vs {len(tk.input_ids)} shown"))
+    return out
+
+
 def check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
-    """A plain transformers forward (SDPA attention, no hooks, all positions) vs the trace."""
+    """A plain transformers forward (SDPA attention, no hooks, all positions) vs the trace. Run once per trace
+    (a forward pass): the result is kept while the trace lives."""
+    if tr not in _LOGITS:
+        _LOGITS[tr] = _check_logits(lm, tr)
+    return list(_LOGITS[tr])
+
+
+def _check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
     ids = torch.tensor([tr.input_ids], device=lm.device)
     with lm.lock, torch.inference_mode():
         out = lm.model(input_ids=ids, output_hidden_states=True, use_cache=False)
@@ -47,7 +65,7 @@ def check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
     same_top = int(ref.argmax()) == int(tr.next_logits.argmax())
     hs = [h[0].float().cpu().numpy() for h in out.hidden_states]
     dh = max(float(np.abs(a - b).max()) for a, b in zip(hs[:-1], tr.hidden_states[:-1]))
-    tol = _tol(lm)
+    tol = lm.arch.tol
     return [
         Check("next-token logits = plain transformers forward", d < tol * 50 and same_top,
               f"max |difference| {d:.2e} over {ref.size:,} logits; same top token: {same_top} "
@@ -117,3 +135,46 @@ def all_checks(lm: LoadedModel, tr: Trace, temperature=0.7, top_k=50, top_p=0.9,
     """Every check on one trace; the filters with typical settings (every filter active), as page 5 would."""
     return ([check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr)
             + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)])
+
+
+def check_rope(lm: LoadedModel, tr: Trace, demo, token_index: int) -> list[Check]:
+    """Page 2's RoPE evidence: our rotation reproduces the model's rotated q·k, the score depends on the distance
+    only, and the embedding layer's output is the matrix row (times the model's scale)."""
+    from . import analysis
+
+    direct = float(demo.q_rot @ demo.k_rot)
+    again = float(analysis.rotate(demo.q_raw, demo.q_index, demo.inv_freq)
+                  @ analysis.rotate(demo.k_raw, demo.k_index, demo.inv_freq))
+    shift = float(np.abs(demo.scores_at_0 - demo.scores_at_100).max())
+    tok = tr.tokens[token_index]
+    return [Check("our RoPE reproduces the model's rotated query·key", abs(direct - again) < 1e-3 * max(1, abs(direct)),
+                  f"model's q·k {direct:.5f} vs un-rotated then re-rotated {again:.5f}"),
+            Check("score depends on distance only", bool(shift < 1e-6 * max(1, np.abs(demo.scores_at_0).max())),
+                  f"max |shift by 100 − original| {shift:.1e}"),
+            Check("embedding output = row of the matrix (× scale)",
+                  bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[token_index], atol=1e-5)),
+                  f"token {tok.id}: lookup vs the hooked embedding layer output")]
+
+
+def check_head_softmax(tr: Trace, hs) -> list[Check]:
+    """softmax(Q·Kᵀ × scale) recomputed from one head's captured Q and K equals the captured attention map."""
+    from .analysis import masked_softmax
+
+    mine = tr.attention(hs.layer)
+    if mine is None:
+        return []
+    d = float(np.abs(masked_softmax(hs.masked) - mine[hs.head].astype(np.float64)).max())
+    return [Check("softmax(Q·Kᵀ × scale) from the captured Q, K = the attention map", d < 5e-3,
+                  f"layer {hs.layer} head {hs.head}: max |difference| {d:.1e}", d)]
+
+
+def check_lens(lm: LoadedModel, tr: Trace) -> Check:
+    """The logit lens after the last layer is the model's own next-token distribution."""
+    tid, p = tr.lens_last_top[-1][0]
+    best, p_final = top_token(tr.next_logits)
+    p_lens_tok = prob_of(tr.next_logits, tid)
+    dec = lm.tokenizer.decode
+    return Check("logit lens after the last layer = the model's own next-token distribution",
+                 tid == best and abs(p - p_lens_tok) < 1e-3,
+                 f"lens: {dec([tid])!r} (id {tid}) with p = {p:.4f}; logits: {dec([best])!r} (id {best}) with "
+                 f"p = {p_final:.4f}")

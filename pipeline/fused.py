@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .models import LoadedModel
+from .timing import ids_of_length, syncer
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_BUCKET = 256
@@ -47,22 +48,16 @@ class FusedUnsupported(RuntimeError):
     """The loaded model's architecture is not one our fused step implements; the message says why."""
 
 
-def _config(lm: LoadedModel):
-    c = lm.model.config
-    return getattr(c, "text_config", None) or c
-
-
 def supported(lm: LoadedModel) -> tuple[bool, str]:
-    c = _config(lm)
-    mt = getattr(c, "model_type", "?")
+    c = lm.arch.text_config
+    mt = lm.arch.model_type
     if mt not in SUPPORTED_TYPES:
         return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is "
                        f"'{mt}'. The dynamic and static cache loops work for it.")
     if getattr(c, "attn_logit_softcapping", None):
         return False, "attn_logit_softcapping is set in this model's config; the fused step does not implement it."
-    core = getattr(lm.model, "model", None)
-    layers = getattr(core, "layers", None)
-    if layers is None or not hasattr(core, "rotary_emb"):
+    core, layers = lm.arch.decoder, lm.arch.layers
+    if not layers or not hasattr(core, "rotary_emb"):
         return False, "the model has no `model.layers` / `model.rotary_emb` in the Llama layout."
     for layer in layers:
         a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -130,24 +125,17 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
     ok, why = supported(lm)
     if not ok:
         raise FusedUnsupported(why)
-    c = _config(lm)
-    types = getattr(c, "layer_types", None)
+    arch = lm.arch
     out = []
     with lm.lock, _fuse_lock, torch.no_grad():     # no forward runs while parameters are re-pointed
         if lm.model in _fused:
             return _fused[lm.model]
-        for i, layer in enumerate(lm.model.model.layers):
+        for i, layer in enumerate(arch.layers):
             a, m = layer.self_attn, layer.mlp
             wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
             wgu, _ = _fuse([m.gate_proj, m.up_proj])
-            lt = types[i] if types else "full_attention"
-            window = getattr(a, "sliding_window", None)
-            if window is None and c.model_type == "mistral":
-                window = getattr(c, "sliding_window", None)
-            if lt != "sliding_attention" and c.model_type != "mistral":
-                window = None
-            sandwich = hasattr(layer, "pre_feedforward_layernorm")
-            out.append(_Layer(wqkv, bqkv, wgu, window, lt, _norm_fn(layer.input_layernorm),
+            sandwich = arch.sandwich(i)
+            out.append(_Layer(wqkv, bqkv, wgu, arch.windows[i], arch.layer_types[i], _norm_fn(layer.input_layernorm),
                               _norm_fn(layer.post_attention_layernorm),
                               _norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
                               _norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
@@ -174,7 +162,6 @@ class FusedDecoder:
     def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False,
                  n_top: int = 10):
         self.lm = lm
-        c = _config(lm)
         self.layers = fuse_weights(lm)
         self.max_len = int(max_len)
         limit = lm.facts.max_positions or self.max_len
@@ -184,9 +171,8 @@ class FusedDecoder:
         self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
         self.G = self.H // self.KV
         dev, dt = lm.device, lm.dtype
-        self.softcap = getattr(c, "final_logit_softcapping", None)
         self.n_top = n_top
-        core = lm.model.model
+        core = lm.arch.decoder
         with torch.no_grad():
             pos_ids = torch.arange(self.max_len, device=dev)[None]
             dummy = torch.zeros(1, 1, self.D, device=dev, dtype=dt)
@@ -246,7 +232,7 @@ class FusedDecoder:
     def _body(self):
         """One token through the model at position self.pos; returns (logits, packed) where packed =
         [argmax, logsumexp, top values..., top ids...] (float32), all computed on the device."""
-        core = self.lm.model.model
+        core = self.lm.arch.decoder
         pos = self.pos
         x = core.embed_tokens(self.tok.view(1, 1))
         allowed = self.ar <= pos
@@ -278,9 +264,7 @@ class FusedDecoder:
             g, u = F.linear(h, ly.wgu).chunk(2, dim=-1)
             m = mlp.down_proj(mlp.act_fn(g) * u)
             x = x + (ly.norm_out(m) if ly.norm_out is not None else m)
-        logits = self.lm.model.lm_head(self.final_norm(x)).float().view(-1)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        logits = self.lm.arch.apply_softcap(self.lm.model.lm_head(self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
     def _summary(self, logits):
@@ -376,7 +360,32 @@ def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None
     return dec
 
 
-def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None = None) -> dict:
+@dataclass
+class ForwardCheck:
+    """Our step fed token by token vs one plain transformers forward over the same ids."""
+    max_rel_err: float          # max over positions of |ours - reference| / |reference| (logit vectors, L2)
+    same_argmax: bool           # the same top token at every position
+    positions: int
+
+
+@dataclass
+class StepCounts:
+    """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile")."""
+    ops: dict[str, int]                 # top-level aten operators
+    compute_ops: dict[str, int]         # of which do work (not views)
+    kernels: dict[str, int] | None      # CUDA kernels launched (None on a CPU)
+
+
+@dataclass
+class StepFloor:
+    """The fused step replayed back to back, the next token fed on the device: the device's time per token."""
+    mode: str
+    step_ms: float
+    tokens_per_s: float
+    steps: int
+
+
+def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None = None) -> ForwardCheck:
     """Feed `ids` through prefill(first token) + our step for each further token, and compare every
     position's logits with one plain transformers forward over the whole sequence. Eager (no graph)."""
     dev = lm.device
@@ -390,10 +399,10 @@ def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None =
         ours = torch.stack(ours)
     err = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     same_argmax = bool((ours.argmax(-1) == ref.argmax(-1)).all())
-    return {"max_rel_err": err, "same_argmax": same_argmax, "positions": len(ids)}
+    return ForwardCheck(err, same_argmax, len(ids))
 
 
-def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False) -> dict:
+def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False) -> StepCounts:
     """What one decode step costs the host: operators dispatched from Python (and on CUDA, kernels launched)
     by transformers' forward with a dynamic cache, by our fused step, and with compile=True by the fused step
     after torch.compile; counted by torch.profiler on one step each, run without a graph. On a GPU every
@@ -404,8 +413,8 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
 
     cuda = lm.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    ids = torch.arange(100, 100 + context, device=lm.device)[None] % lm.facts.vocab
+    sync = syncer(lm.device)
+    ids = ids_of_length(lm, context)
 
     def count(fn):
         fn()                                                    # warm
@@ -436,8 +445,8 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
                 out[name] = count(dec._run)                     # the step's own launches, outside any graph
         finally:
             dec.release()
-    return {"ops": {k: v[0] for k, v in out.items()}, "compute_ops": {k: v[1] for k, v in out.items()},
-            "kernels": {k: v[2] for k, v in out.items()} if cuda else None}
+    return StepCounts({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()},
+                      {k: v[2] for k, v in out.items()} if cuda else None)
 
 
 def mode_label(lm: LoadedModel, compile: bool = False) -> str:
@@ -446,16 +455,15 @@ def mode_label(lm: LoadedModel, compile: bool = False) -> str:
                                                        "eager: no CUDA device, so no graph")
 
 
-def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> dict:
+def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:
     """The fused step alone, back to back, with the next token fed on the device (no host round trip per
     token): what the device needs per token, against which a generation loop's extra time is host work.
     Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
     smallest buffer, the one (and the graph) a short request uses."""
-    cuda = lm.device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = syncer(lm.device)
     dec = acquire_decoder(lm, context + steps + 8, compile=compile)
     try:
-        ids = (torch.arange(100, 100 + context, device=lm.device) % lm.facts.vocab)[None]
+        ids = ids_of_length(lm, context)
         with lm.lock, torch.inference_mode():
             _, summary = dec.prefill(ids)
             tok = int(summary[0])
@@ -474,4 +482,4 @@ def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bo
             s = (time.perf_counter() - t) / steps
     finally:
         dec.release()
-    return {"mode": dec.mode, "step_ms": s * 1000, "tokens_per_s": 1 / s, "steps": steps}
+    return StepFloor(dec.mode, s * 1000, 1 / s, steps)

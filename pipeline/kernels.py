@@ -3,13 +3,13 @@ PyTorch SDPA with each backend this device offers (math, memory-efficient, flash
 time and peak memory over prompt lengths, and a check that every kernel gives the same logits."""
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .generate import _ids_of_length
+from .timing import best_of, ids_of_length
 from .models import LoadedModel
 from .telemetry import PeakMemory
 
@@ -37,17 +37,30 @@ def score_matrix_mb(lm: LoadedModel, tokens: int) -> float:
     return lm.facts.n_heads * tokens * tokens * 4 / 2**20
 
 
-def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None = None, progress=None) -> list[dict]:
+@dataclass
+class KernelRun:
+    """One attention kernel at one prompt length: a whole-model prefill."""
+    kernel: str                         # "eager" or "sdpa: <backend>"
+    tokens: int                         # prompt length T
+    seconds: float | None               # best of 2 after a warm-up (s); None when it could not run
+    peak_mb: float | None               # peak extra memory of a third, untimed run (MiB)
+    score_matrix_mb: float              # one layer's H x T x T fp32 scores, what eager materialises (MiB)
+    max_diff_vs_eager: float | None     # max |logit difference| from the eager kernel
+    memory_method: str = ""             # how peak_mb was measured
+    error: str = ""                     # why it did not run
+
+
+def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None = None,
+                 progress=None) -> list[KernelRun]:
     """Prefill (one forward of T tokens) per kernel and length: seconds (best of 2 after a warm-up), peak extra
     memory (a third run, see telemetry.PeakMemory), and max |logit difference| from the eager kernel."""
     kernels = kernels or available_kernels(lm)
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
     rows, total, done = [], len(lengths) * len(kernels), 0
     with lm.lock:
         impl = lm.model.config._attn_implementation
         try:
             for n in lengths:
-                ids = _ids_of_length(lm, n)
+                ids = ids_of_length(lm, n)
                 ref = None
                 for k in kernels:
                     lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
@@ -55,26 +68,21 @@ def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None 
                     try:
                         with torch.inference_mode(), ctx():
                             lm.model(input_ids=ids[:, :8], use_cache=False)          # warm-up
-                            best = float("inf")
-                            for _ in range(2):
-                                sync()
-                                t = time.perf_counter()
-                                out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                                sync()
-                                best = min(best, time.perf_counter() - t)
+                            last = {}
+                            best = best_of(lambda: last.update(out=lm.model(input_ids=ids, use_cache=False,
+                                                                            logits_to_keep=1)),
+                                           lm.device, reps=2, warmup=False)
+                            out = last["out"]
                             with PeakMemory(lm.device) as pm:           # a third, untimed run
                                 lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
                             peak = pm.extra_mb
                         logits = out.logits[0, -1].float().cpu()
                         ref = logits if k == "eager" else ref
                         diff = float((logits - ref).abs().max()) if ref is not None else None
-                        rows.append({"kernel": k, "tokens": n, "seconds": best, "peak_mb": peak,
-                                     "score_matrix_mb": score_matrix_mb(lm, n), "max_diff_vs_eager": diff,
-                                     "memory_method": pm.method})
+                        rows.append(KernelRun(k, n, best, peak, score_matrix_mb(lm, n), diff, pm.method))
                     except RuntimeError as e:                     # out of memory or unsupported at this size
-                        rows.append({"kernel": k, "tokens": n, "seconds": None, "peak_mb": None,
-                                     "score_matrix_mb": score_matrix_mb(lm, n), "max_diff_vs_eager": None,
-                                     "error": str(e).splitlines()[0][:200]})
+                        rows.append(KernelRun(k, n, None, None, score_matrix_mb(lm, n), None,
+                                              error=str(e).splitlines()[0][:200]))
                     done += 1
                     if progress:
                         progress(done / total, f"{k}, {n} tokens")

@@ -28,6 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from .arch import Arch, decoder_of  # noqa: E402
+
 EMBEDDED = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 ProgressFn = Callable[[float, str], None]
@@ -78,6 +80,11 @@ class LoadedModel:
     source: str
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    arch: Arch = field(default=None, repr=False)       # the architecture adapter, made once here
+
+    def __post_init__(self):
+        if self.arch is None:
+            self.arch = Arch.of(self.model, self.dtype)
 
     @property
     def device_label(self) -> str:
@@ -207,6 +214,84 @@ def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
     return folder
 
 
+def canonical_key(key: str | None) -> str:
+    """One key per model: the built-in keys as they are, a folder as its resolved absolute path (so "x/", "x//"
+    and a symlink to x are the same model, loaded once)."""
+    key = (key or EMBEDDED).strip()
+    if key in (EMBEDDED, GEMMA):
+        return key
+    try:
+        return str(Path(key).expanduser().resolve())
+    except (OSError, RuntimeError):
+        return key
+
+
+def _safetensors_header(path: Path) -> dict:
+    """{tensor name: shape} from a safetensors file's JSON header (no tensor data is read)."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelLoadError(f"{path.name} is not a safetensors file (too short).")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or n > 100 << 20 or n > path.stat().st_size - 8:
+            raise ModelLoadError(f"{path.name} is not a safetensors file (bad header length).")
+        try:
+            meta = json.loads(f.read(n))
+        except ValueError as e:
+            raise ModelLoadError(f"{path.name} is not a safetensors file (its header is not JSON).") from e
+    return {k: tuple(v.get("shape", ())) for k, v in meta.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def check_weights(folder: Path) -> None:
+    """Refuse a folder whose safetensors do not hold exactly the tensors its config.json asks for, BEFORE
+    anything is allocated: a mismatch would otherwise load as random weights, and a config asking for
+    10,000 layers would allocate without bound. The expected names and shapes come from the model built on
+    PyTorch's "meta" device (shapes only, no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    found: dict[str, tuple] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        found.update(_safetensors_header(f))
+    try:
+        cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the user needs the reason
+        raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}") from e
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers_cfg = getattr(text, "num_hidden_layers", None)
+    layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k
+                 and k.split("layers.")[1].split(".")[0].isdigit()}
+    if layers_cfg is not None and layer_ids and layers_cfg != len(layer_ids):
+        raise ModelLoadError(f"config.json asks for {layers_cfg:,} layers but the weight files hold {len(layer_ids):,}: "
+                             "the folder's config does not match its weights.")
+    try:
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"{folder.name}: transformers cannot build this config: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}") from e
+    expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    tied = getattr(meta, "_tied_weights_keys", None) or []
+    tied = set(tied if isinstance(tied, (list, tuple, set)) else tied.keys()) \
+        if getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False) else set()
+    missing = sorted(k for k in expected if k not in found and k not in tied)
+    extra = sorted(k for k in found if k not in expected)
+    wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing):,} tensor{'s' if len(missing) > 1 else ''} missing ({', '.join(missing[:3])}"
+                        f"{', …' if len(missing) > 3 else ''})")
+    if extra:
+        problems.append(f"{len(extra):,} unexpected ({', '.join(extra[:3])}{', …' if len(extra) > 3 else ''})")
+    if wrong:
+        k = wrong[0]
+        problems.append(f"{len(wrong):,} of the wrong shape ({k}: {list(found[k])} in the file, "
+                        f"{list(expected[k])} in the config)")
+    if problems:
+        raise ModelLoadError(f"The weights in {folder.name} do not match its config.json: " + "; ".join(problems)
+                             + ". Loading it would give a model with random weights, so it is refused.")
+
+
 def check_folder(path: str | Path) -> Path:
     """Validate a user-named Hugging Face folder; raise ModelLoadError with a clear reason."""
     p = Path(str(path)).expanduser()
@@ -242,7 +327,7 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
     if isinstance(rope, dict) and "rope_theta" not in rope and rope:
         rope = next(iter(rope.values())) if isinstance(next(iter(rope.values())), dict) else rope
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(cfg, "rope_theta", None)
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    base = decoder_of(model)
     norm_cls = type(base.norm).__name__ if hasattr(base, "norm") else "?"
     has_learned = hasattr(base, "embed_positions") or hasattr(base, "wpe")
     return ModelFacts(
@@ -270,11 +355,12 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
-    key = name or EMBEDDED
+    key = canonical_key(name)
     if key in (EMBEDDED, GEMMA):
         folder, label = _cached_folder(key, progress), ("SmolLM2-135M-Instruct" if key == EMBEDDED else "Gemma-3 270M")
     else:
         folder = check_folder(key)
+        check_weights(folder)
         label = folder.name
     dev, dtype = default_device()
     if device is not None:

@@ -100,3 +100,15 @@ def entropy_bits(probs) -> float:
     p = _t(probs)
     p = p[p > 0]
     return max(0.0, float(-(p * p.log2()).sum()))
+
+
+def prob_of(logits, token_id: int) -> float:
+    """softmax(logits)[token_id], computed stably in float64 (log-sum-exp)."""
+    x = np.asarray(logits, dtype=np.float64)
+    return float(np.exp(x[token_id] - np.logaddexp.reduce(x)))
+
+
+def top_token(logits) -> tuple[int, float]:
+    """(the most likely token id, its softmax probability)."""
+    i = int(np.asarray(logits).argmax())
+    return i, prob_of(logits, i)

@@ -9,6 +9,7 @@ rows, so each layer needs two all-reduces of the token's d_model activations.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -61,14 +62,34 @@ def _balanced_split(sizes: list[int], first: int, last: int, n: int) -> list[int
     return counts[::-1]
 
 
-def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[dict]:
+@dataclass
+class PipelineStage:
+    """One device of a pipeline-parallel plan (computed from parameter shapes: a plan, not a measurement)."""
+    device: int
+    layers: str                 # "0–9", or "—" for none
+    n_layers: int
+    also: str                   # embeddings / final norm + LM head held besides the layers
+    weights_mb: float           # MiB of weights on this device
+
+
+@dataclass
+class TensorParallelPlan:
+    """How one layer's matrices split over N devices (a plan from the config)."""
+    rows: list[dict]                        # per weight: shape, how it splits, what each device holds (a table)
+    allreduce_bytes_per_token: int          # activations all-reduced per token (2 per layer x d_model x bytes)
+    ring_bytes_sent_per_device_per_token: float
+    kv_cache_bytes_per_token_per_device: int    # on the busiest device
+    kv_heads_on_busiest_device: int
+    weights_mb_per_device: float
+    issues: list[str]                       # uneven splits
+
+
+def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
     """Contiguous layers per device, balanced by the bytes of weights each device holds (the goal of
     accelerate's device_map="balanced"; its own placement may differ by a layer), with the embeddings on the
     first device and the final norm and LM head on the last. A plan, from the model's parameter shapes."""
     model = lm.model
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    layers = list(base.layers)
-    bpv = torch.tensor([], dtype=lm.dtype).element_size()
+    base, layers, bpv = lm.arch.decoder, lm.arch.layers, lm.arch.bytes_per_value
     N = max(1, n_devices)
     emb = _params(base.embed_tokens)
     head = 0 if lm.facts.tied_embeddings else _params(model.get_output_embeddings())
@@ -84,8 +105,7 @@ def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[dict]:
         if i == N - 1:
             p += _params(base.norm) + head
             extra.append("final norm + LM head" + (" (tied: reads device 0's embedding)" if head == 0 else ""))
-        plan.append({"device": i, "layers": f"{start}–{start + n - 1}" if n else "—", "n_layers": n,
-                     "also": ", ".join(extra), "weights_mb": p * bpv / 2**20})
+        plan.append(PipelineStage(i, f"{start}–{start + n - 1}" if n else "—", n, ", ".join(extra), p * bpv / 2**20))
         start += n
     return plan
 
@@ -104,11 +124,11 @@ def even_device_counts(lm: LoadedModel, choices=(2, 3, 4, 8)) -> list[int]:
     return [n for n in choices if H % n == 0 and (Hkv % n == 0 or n % Hkv == 0)]
 
 
-def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> dict:
+def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> TensorParallelPlan:
     """How each projection of a layer splits over N devices, KV heads per device, and communication. Heads
     stay whole: with N not dividing them, some devices hold one more (the busiest device is what counts)."""
     f, N = lm.facts, max(1, n_devices)
-    bpv = torch.tensor([], dtype=lm.dtype).element_size()
+    bpv = lm.arch.bytes_per_value
     d, D, H, Hkv, ff = f.d_model, f.head_dim, f.n_heads, f.n_kv_heads, f.d_ff
     kv_max = -(-Hkv // N) if Hkv >= N else 1            # KV heads on the busiest device
     rows = [
@@ -134,9 +154,7 @@ def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> dict:
     if uneven_kv:
         issues.append(f"{Hkv} KV heads and {N} devices do not divide: uneven KV split.")
     kv_per_token = 2 * f.n_layers * kv_max * D * bpv
-    return {"rows": rows, "allreduce_bytes_per_token": allreduce, "ring_bytes_sent_per_device_per_token": ring,
-            "kv_cache_bytes_per_token_per_device": kv_per_token, "kv_heads_on_busiest_device": kv_max,
-            "weights_mb_per_device": f.n_params * bpv / N / 2**20, "issues": issues}
+    return TensorParallelPlan(rows, allreduce, ring, kv_per_token, kv_max, f.n_params * bpv / N / 2**20, issues)
 
 
 def devices_present() -> int:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .arch import decoder_of
 from .models import LoadedModel
 from .sampling import filter_probs
-from .generate import eos_ids, prepare
+from .generation import eos_ids, prepare
 
 
 @dataclass
@@ -102,8 +103,7 @@ def early_exit_model(lm: LoadedModel, k: int) -> nn.Module:
         cfg.layer_types = cfg.layer_types[:k]
     with torch.device("meta"):
         draft = AutoModelForCausalLM.from_config(cfg)
-    src = lm.model.get_decoder() if hasattr(lm.model, "get_decoder") else lm.model.model
-    dst = draft.get_decoder() if hasattr(draft, "get_decoder") else draft.model
+    src, dst = lm.arch.decoder, decoder_of(draft)
     for name, module in src.named_children():
         if name == "layers":
             dst.layers = nn.ModuleList(list(src.layers)[:k])
@@ -158,6 +158,39 @@ def make_draft(lm: LoadedModel, kind, gamma: int = 4):
     raise ValueError(f"unknown draft {kind!r}")
 
 
+# --------------------------------------------------------------------------------- acceptance
+def accept_greedy(ps: list[torch.Tensor], proposal: list[int], stop: set[int]) -> tuple[int, int | None]:
+    """Greedy verification of a draft's proposal against the target's distributions ps[i] ([vocab], the
+    target's next-token distribution after proposal[:i]). Accept while the target's argmax agrees; at the first
+    disagreement the target's argmax is the correction. Returns (accepted, correction), correction None when
+    every proposal was accepted or an accepted one was EOS."""
+    for i, x in enumerate(proposal):
+        best = int(ps[i].argmax())
+        if best != x:
+            return i, best
+        if x in stop:
+            return i + 1, None
+    return len(proposal), None
+
+
+def accept_sampled(ps: list[torch.Tensor], qs: list[torch.Tensor] | None, proposal: list[int], stop: set[int],
+                   gen: torch.Generator | None) -> tuple[int, int | None]:
+    """Speculative sampling (Leviathan et al., Algorithm 1): accept proposal x with probability
+    min(1, p(x) / q(x)) (q = the draft's distribution; a deterministic draft such as prompt lookup has q = 1 on
+    x); at the first rejection draw the correction from norm(max(0, p - q)). The output is then distributed
+    exactly as sampling from the target. Random draws come from `gen`, in order, one per examined proposal."""
+    for i, x in enumerate(proposal):
+        p = ps[i]
+        q = qs[i] if qs is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).float()
+        if torch.rand(1, generator=gen).item() >= min(1.0, float(p[x]) / max(float(q[x]), 1e-20)):
+            resid = (p - q).clamp(min=0)
+            resid = resid / resid.sum() if resid.sum() > 0 else p
+            return i, int(torch.multinomial(resid, 1, generator=gen)[0])
+        if x in stop:
+            return i + 1, None
+    return len(proposal), None
+
+
 # --------------------------------------------------------------------------------- the loop
 def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4,
                          max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -207,28 +240,9 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
             o = lm.model(input_ids=torch.tensor([feed], device=dev), past_key_values=cache, use_cache=True)
         res.target_calls += 1
         logits = o.logits[0].float().cpu()                     # [1 + len(proposal), vocab]
-        accepted = 0
-        correction = None
-        for i, x in enumerate(proposal):
-            p = dist(logits[i])
-            if greedy:
-                ok = int(p.argmax()) == x
-            else:
-                q = qs[i] if qs is not None else None
-                qx = float(q[x]) if q is not None else 1.0
-                ok = torch.rand(1, generator=gen).item() < min(1.0, float(p[x]) / max(qx, 1e-20))
-            if not ok:
-                if greedy:
-                    correction = int(p.argmax())
-                else:
-                    resid = (p - (qs[i] if qs is not None else torch.nn.functional.one_hot(
-                        torch.tensor(x), p.numel()).float())).clamp(min=0)
-                    resid = resid / resid.sum() if resid.sum() > 0 else p
-                    correction = int(torch.multinomial(resid, 1, generator=gen)[0])
-                break
-            accepted += 1
-            if x in stop:
-                break
+        ps = [dist(logits[i]) for i in range(len(proposal))]
+        accepted, correction = (accept_greedy(ps, proposal, stop) if greedy else
+                                accept_sampled(ps, qs, proposal, stop, gen))
         new = proposal[:accepted]
         if correction is None and not (new and new[-1] in stop):
             correction, _ = pick(logits[accepted])             # bonus token after a fully accepted proposal

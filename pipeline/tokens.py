@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import regex
 
+from .memo import per_object
+
 SENTINEL = "\ue000USER\ue001"   # private-use chars: never produced by a template
 
 
@@ -75,16 +77,8 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-_SCHEMES: dict[int, str] = {}
-
-
+@per_object
 def _scheme(tok) -> str:
-    if id(tok) not in _SCHEMES:
-        _SCHEMES[id(tok)] = _scheme_uncached(tok)
-    return _SCHEMES[id(tok)]
-
-
-def _scheme_uncached(tok) -> str:
     try:
         dec = json.loads(tok.backend_tokenizer.to_str()).get("decoder") or {}
     except Exception:
@@ -137,17 +131,9 @@ def _encode(tok, text: str, parse_special: bool) -> list[int]:
     return tok(text, add_special_tokens=False, split_special_tokens=not parse_special)["input_ids"]
 
 
-_ADDED: dict[int, tuple[list[int], list[int]]] = {}
-
-
+@per_object
 def added_specials(tok) -> tuple[list[int], list[int]]:
     """Special ids the tokenizer adds around plain text (e.g. Gemma's <bos>): (prefix, suffix)."""
-    if id(tok) not in _ADDED:
-        _ADDED[id(tok)] = _added_specials(tok)
-    return _ADDED[id(tok)]
-
-
-def _added_specials(tok) -> tuple[list[int], list[int]]:
     probe = "a b"
     with_ = tok(probe, split_special_tokens=True)["input_ids"]
     without = tok(probe, add_special_tokens=False, split_special_tokens=True)["input_ids"]

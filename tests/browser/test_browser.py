@@ -3,93 +3,13 @@
 Opens every page, types a prompt, moves the temperature slider and checks the bars changed, generates 20
 tokens, and saves screenshots (to docs/screenshots/, which the README shows, with `make screenshots`)."""
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
-import pytest
+from ui import ROOT, click_button, no_exception, open_app, set_prompt, wait_idle
 
-ROOT = Path(__file__).resolve().parents[2]
 # `make screenshots` refreshes the README's pictures; a plain test run writes to artifacts/ (ignored by git)
 SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PAGES = [("", "overview"), ("tokens", "tokens"), ("embeddings", "embeddings"), ("attention", "attention"),
          ("layer", "layer"), ("next-token", "next-token")]
-
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
-            break
-        except Exception:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError(proc.stdout.read().decode()[-3000:])
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
-
-
-def wait_idle(page, timeout=180_000):
-    """Wait until Streamlit has finished the script run: no running status, no spinner, no progress bar,
-    no stale (greyed) element, twice in a row."""
-    js = """() => { const app = document.querySelector('[data-testid="stApp"]');
-                 const state = app ? app.getAttribute('data-test-script-state') : 'initial';
-                 return state !== 'running' && state !== 'initial' && state !== 'rerunRequested'
-                 && !document.querySelector('[data-testid="stSpinner"]')
-                 && !document.querySelector('[data-testid="stCacheSpinner"]')
-                 && !document.querySelector('[data-testid="stProgress"]')
-                 && !document.querySelector('[data-stale="true"]'); }"""
-    for _ in range(2):
-        page.wait_for_timeout(500)
-        page.wait_for_function(js, timeout=timeout)
-
-
-def no_exception(page):
-    assert page.locator("[data-testid='stException']").count() == 0, page.locator(
-        "[data-testid='stException']").first.inner_text()
-
-
-def set_prompt(page, text):
-    box = page.locator("[data-testid='stSidebar'] textarea").first
-    box.fill(text)
-    box.press("Control+Enter")
-    wait_idle(page)
 
 
 def test_every_page_and_the_temperature_slider(server, browser):
@@ -154,20 +74,6 @@ def test_bad_input_keeps_serving(server, browser):
     assert page.locator("[data-testid='stAlert']").count() == 0 or "empty" not in page.locator(
         "[data-testid='stAlert']").first.inner_text()
     no_exception(page)
-
-
-def open_app(server, browser, height=2000):
-    """A fresh session on the overview page, idle."""
-    page = browser.new_page(viewport={"width": 1400, "height": height})
-    page.goto(server, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
-
-
-def click_button(page, text):
-    page.get_by_role("button", name=text).first.click()
-    wait_idle(page)
 
 
 def test_generation_pages(server, browser):

@@ -7,7 +7,7 @@ import torch
 
 from pipeline.fused import (FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward,
                             launches_per_step, supported)
-from pipeline.generate import generate
+from pipeline.generation import generate
 from pipeline.models import LoadedModel, facts_of
 
 
@@ -43,7 +43,7 @@ def test_fused_step_equals_a_plain_forward(arch):
     assert supported(lm)[0]
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()   # > the window
     r = check_against_forward(lm, ids)
-    assert r["max_rel_err"] < 1e-4 and r["same_argmax"], r
+    assert r.max_rel_err < 1e-4 and r.same_argmax, r
 
 
 def test_fused_weights_are_views_of_the_model_parameters():
@@ -93,7 +93,7 @@ def test_fused_generation_gives_the_same_tokens(lm):
     assert b[0].kv_bytes == b[-1].kv_bytes > 0          # preallocated
     assert a[0].engine == "transformers" and b[0].engine == "fused step, eager"
     r = check_against_forward(lm, lm.tokenizer("Why is the sky blue? Because")["input_ids"])
-    assert r["max_rel_err"] < 1e-4 and r["same_argmax"]
+    assert r.max_rel_err < 1e-4 and r.same_argmax
 
 
 def test_fused_sampling_matches_the_dynamic_loop(smol):
@@ -128,8 +128,8 @@ def test_concurrent_generations_never_share_buffers(smol):
 
 def test_launch_counts(smol):
     r = launches_per_step(smol)
-    assert r["ops"]["transformers"] > r["compute_ops"]["transformers"] > 30 * 7     # >= 7 matmuls per layer
-    assert 30 * 4 < r["compute_ops"]["fused"] < r["compute_ops"]["transformers"]    # 4 matmuls per layer
+    assert r.ops["transformers"] > r.compute_ops["transformers"] > 30 * 7     # >= 7 matmuls per layer
+    assert 30 * 4 < r.compute_ops["fused"] < r.compute_ops["transformers"]    # 4 matmuls per layer
 
 
 def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.generate import (MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep,
+from pipeline.generation import (MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep,
                                prepare)
-from pipeline.trace import TraceError
+from pipeline.tracing import TraceError
 
 
 def test_greedy_equals_transformers_generate(lm):
@@ -85,10 +85,20 @@ def test_stopping_midway_leaves_no_thread(smol):
     smol.lock.release()
 
 
-def test_prefill_grows_with_length_decode_stays_flat_shape(smol):
-    rows = prefill_decode_sweep(smol, [8, 64], decode_steps=2)
-    assert [r["tokens"] for r in rows] == [8, 64]
-    assert all(r["prefill_s"] > 0 and r["decode_step_s"] > 0 for r in rows)
+def test_sweep_prefills_the_whole_prompt_then_decodes_one_token_per_step(smol):
+    """What the sweep times is what it says: a prefill feeds all T tokens in one forward, each decode step
+    feeds ONE token over a cache that already holds T (counted by a hook on the embedding, not by a clock)."""
+    fed = []
+    h = smol.arch.decoder.embed_tokens.register_forward_pre_hook(lambda m, a: fed.append(a[0].shape[1]))
+    try:
+        rows = prefill_decode_sweep(smol, [8, 64], decode_steps=2, repeats=1)
+    finally:
+        h.remove()
+    assert [r.tokens for r in rows] == [8, 64]
+    # warm-up (8) then per length: [T, 1, 1] (prefill, two decode steps)
+    assert fed == [8, 1, 1, 8, 1, 1, 64, 1, 1]
+    assert all(r.prefill_s > 0 and r.decode_step_s > 0 for r in rows)
+    assert rows[1].prefill_per_token_s == rows[1].prefill_s / 64
 
 
 def test_traces_stay_correct_while_a_generation_runs(smol):
@@ -113,7 +123,7 @@ def test_traces_stay_correct_while_a_generation_runs(smol):
 
 
 def test_kv_formula_counts_sliding_window_layers(lm):
-    from pipeline.generate import kv_window
+    from pipeline.generation import kv_window
     n_sliding, keep = kv_window(lm)
     prompt = "word " * ((keep or 100) + 40)
     ev = list(generate(lm, prompt, 2))
@@ -124,7 +134,7 @@ def test_kv_formula_counts_sliding_window_layers(lm):
 
 
 def test_static_cache_gives_the_same_greedy_tokens(lm):
-    from pipeline.generate import compare_cache_modes
+    from pipeline.generation import compare_cache_modes
     res = compare_cache_modes(lm, "The capital of France is", 12, reps=1)
-    assert [e.token_id for e in res["dynamic"]["events"]] == [e.token_id for e in res["static"]["events"]]
-    assert res["static"]["events"][0].kv_bytes == res["static"]["events"][-1].kv_bytes     # preallocated
+    assert res.modes["dynamic"].token_ids == res.modes["static"].token_ids and res.same_tokens("static")
+    assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes     # preallocated

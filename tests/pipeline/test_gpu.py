@@ -3,10 +3,10 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.generate import generate, kv_bytes_formula, metrics
+from pipeline.generation import generate, kv_bytes_formula, metrics
 from pipeline.telemetry import Sampler
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,11 +48,66 @@ def test_bad_folders_give_clear_errors(tmp_path, make, match):
 def test_broken_safetensors_folder_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "model.safetensors").write_bytes(b"not really")
-    with pytest.raises(ModelLoadError, match="Could not load"):
+    with pytest.raises(ModelLoadError, match="not a safetensors file"):
         load_model(str(tmp_path))
     assert check_folder(tmp_path) == tmp_path
 
 
+def _fake_folder(tmp_path, smol, tensors: dict, **config):
+    """A folder with the embedded model's config (edited) and a safetensors file holding `tensors`."""
+    from safetensors.torch import save_file
+    cfg = json.loads((Path(smol.source) / "config.json").read_text())
+    cfg.update(config)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+@pytest.mark.model
+def test_weights_that_do_not_match_the_config_are_refused_before_loading(tmp_path, smol):
+    """A config with a dummy safetensors file used to load silently as a random-weights model."""
+    import torch
+    _fake_folder(tmp_path, smol, {"dummy": torch.zeros(2)})
+    with pytest.raises(ModelLoadError, match="do not match its config.json.*missing.*unexpected.*random weights"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.model
+def test_a_config_asking_for_10000_layers_is_refused_without_allocating(tmp_path, smol):
+    import resource
+
+    from safetensors.torch import load_file
+    real = load_file(str(Path(smol.source) / "model.safetensors"))
+    _fake_folder(tmp_path, smol, {k: v for k, v in real.items() if ".layers.0." in k or "layers" not in k},
+                 num_hidden_layers=10_000)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ModelLoadError, match="asks for 10,000 layers but the weight files hold 1"):
+        load_model(str(tmp_path))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 500_000    # KiB: 10,000 layers never allocated
+
+
+@pytest.mark.model
+def test_wrong_shapes_are_refused(tmp_path, smol):
+    from safetensors.torch import load_file
+    real = load_file(str(Path(smol.source) / "model.safetensors"))
+    real["model.norm.weight"] = real["model.norm.weight"][:10].clone()
+    _fake_folder(tmp_path, smol, real)
+    with pytest.raises(ModelLoadError, match="wrong shape.*model.norm.weight"):
+        load_model(str(tmp_path))
+
+
+def test_one_folder_is_one_key_however_it_is_typed(tmp_path):
+    from pipeline.models import canonical_key
+    (tmp_path / "m").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "m")
+    keys = {canonical_key(str(tmp_path / "m")), canonical_key(str(tmp_path / "m") + "/"),
+            canonical_key(str(tmp_path / "m") + "//"), canonical_key(str(tmp_path / "link")),
+            canonical_key(f" {tmp_path}/./m ")}
+    assert keys == {str((tmp_path / "m").resolve())}
+    assert canonical_key(pipeline.EMBEDDED) == pipeline.EMBEDDED and canonical_key(None) == pipeline.EMBEDDED
+
+
+@pytest.mark.model
 def test_cli_next_and_trace_json():
     from pipeline.__main__ import main
     buf = io.StringIO()
@@ -66,6 +122,7 @@ def test_cli_next_and_trace_json():
     assert main(["trace", "  "], out=io.StringIO()) == 2
 
 
+@pytest.mark.model
 def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_EXPLORER_CACHE", str(tmp_path))
     seen = []

@@ -2,24 +2,24 @@ from pipeline.roofline import layer_ops, roofline
 
 
 def test_q_projection_counted_by_hand(smol):
-    ops = {o["op"]: o for o in layer_ops(smol, tokens=10, context=10)}
+    ops = {o.op: o for o in layer_ops(smol, tokens=10, context=10)}
     q = ops["q projection"]
     # 10 tokens x (576 -> 9 heads x 64): 2 FLOPs per multiply-add; fp32 weights + input + output
-    assert q["flops"] == 2 * 10 * 576 * 576
-    assert q["bytes"] == (576 * 576 + 10 * 576 + 10 * 576) * 4
+    assert q.flops == 2 * 10 * 576 * 576
+    assert q.bytes == (576 * 576 + 10 * 576 + 10 * 576) * 4
     k = ops["k projection"]
-    assert k["flops"] == 2 * 10 * 576 * 192                 # 3 KV heads x 64
-    dec = {o["op"]: o for o in layer_ops(smol, tokens=1, context=100)}
-    assert dec["scores Q·Kᵀ"]["flops"] == 2 * 9 * 1 * 100 * 64
+    assert k.flops == 2 * 10 * 576 * 192                 # 3 KV heads x 64
+    dec = {o.op: o for o in layer_ops(smol, tokens=1, context=100)}
+    assert dec["scores Q·Kᵀ"].flops == 2 * 9 * 1 * 100 * 64
 
 
 def test_roofline_measures_peaks_and_times(smol):
     r = roofline(smol, prompt_tokens=32, context=32)
-    assert r["peak_flops"] > 0 and r["bandwidth"] > 0 and r["ridge"] > 0
+    assert r.peak_flops > 0 and r.bandwidth > 0 and r.ridge > 0
     for phase in ("prefill", "decode"):
-        for o in r["phases"][phase]["ops"]:
-            assert o["measured_s"] > 0 and o["bound_s"] > 0 and o["bound_by"] in ("compute", "memory")
-    dec = {o["op"]: o for o in r["phases"]["decode"]["ops"]}
-    pre = {o["op"]: o for o in r["phases"]["prefill"]["ops"]}
-    assert dec["q projection"]["intensity"] < pre["q projection"]["intensity"]   # decode: little work per byte
-    assert r["decode_ceiling_tokens_per_s"] > 0
+        for o in r.phases[phase].ops:
+            assert o.measured_s > 0 and o.bound_s > 0 and o.bound_by in ("compute", "memory")
+    dec = {o.op: o for o in r.phases["decode"].ops}
+    pre = {o.op: o for o in r.phases["prefill"].ops}
+    assert dec["q projection"].intensity < pre["q projection"].intensity   # decode: little work per byte
+    assert r.decode_ceiling_tokens_per_s > 0

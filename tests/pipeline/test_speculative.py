@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.generate import generate
+from pipeline.generation import generate
 from pipeline.speculative import PromptLookup, expected_tokens_per_call, make_draft, speculative_generate
 
 COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n"
@@ -54,7 +54,7 @@ def test_attention_kernels_agree_and_eager_materialises_more(smol):
     ks = available_kernels(smol)
     assert "eager" in ks and "sdpa: math" in ks
     rows = kernel_sweep(smol, [64], ks)
-    assert {r["kernel"] for r in rows} == set(ks)
-    assert all(r["max_diff_vs_eager"] < 1e-3 for r in rows)
+    assert {r.kernel for r in rows} == set(ks)
+    assert all(r.max_diff_vs_eager < 1e-3 for r in rows)
     assert score_matrix_mb(smol, 1024) == 9 * 1024 * 1024 * 4 / 2**20
     assert smol.model.config._attn_implementation == "explorer"       # restored after the sweep

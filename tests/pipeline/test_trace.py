@@ -6,7 +6,7 @@ import torch
 
 import pipeline
 from pipeline import checks
-from pipeline.trace import TraceError, lens_grid
+from pipeline.tracing import TraceError, lens_grid
 
 
 def test_trace_shapes_and_first_token(lm):

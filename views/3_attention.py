@@ -3,11 +3,10 @@ import streamlit as st
 
 from components import bertviz_offline
 from components.figures import (attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image,
-                                without_sink)
-from pipeline import checks
-from pipeline.checks import Check
-from pipeline.trace import display_maps
-from pages import common
+                                token_texts, without_sink)
+from pipeline import analysis, checks
+from pipeline.tracing import display_maps
+from views import widgets
 
 st.title("3 · Attention")
 st.markdown(
@@ -16,14 +15,14 @@ st.markdown(
     "Query·key scores, scaled by 1/√(head dim) and passed through a **softmax**, give attention weights that "
     "sum to 1 over the earlier tokens (the upper triangle is masked: a token cannot see the future). Each "
     "**head** does this with its own projections, so heads specialise: previous token, first token, same word…")
-lm, tr = common.get_trace()
+lm, tr = widgets.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
 L, H = f.n_layers, f.n_heads
 
-tr, layer = common.layer_with_qkv(tr, "Layer", "attn_layer")
+tr, layer = widgets.layer_with_qkv(tr, "Layer", "attn_layer")
 maps, block = display_maps(tr, layer)
-sink = float(tr.attentions[..., 0].astype(np.float32).mean())
+sink = analysis.sink_share(tr)
 hide = st.toggle("Hide the first token (the attention sink) and renormalise", value=False, key="attn_sink",
                  help="Display only; the numbers checked below are the model's own")
 st.caption(f"Across all layers and heads, {sink:.0%} of attention goes to the very first token on average: many "
@@ -45,15 +44,11 @@ st.image(mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
 
 st.subheader("Query, key, value for one head")
 head = st.slider("Head", 0, H - 1, 0, key="attn_head")
-qkv = tr.qkv[layer]
-group = H // f.n_kv_heads
-kv = head // group
-q, k, v = qkv["q"][head], qkv["k"][kv], qkv["v"][kv]
+hs = analysis.head_scores(tr, layer, head)
+q, k, v, kv = hs.q, hs.k, hs.v, hs.kv_head
 T = tr.T
 show = slice(max(0, T - 48), T)
-scores = (q @ k.T) * f.attn_scaling
-masked = scores.copy()
-masked[np.triu(np.ones((T, T), bool), k=1)] = np.nan
+masked = hs.masked
 c1, c2 = st.columns(2)
 c1.plotly_chart(matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show],
                                f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), width="stretch")
@@ -75,7 +70,7 @@ else:
     kept = sorted(tr.attn_full) if tr.attn_block == 1 else []
     if len(kept) == L:
         att = without_sink(tr.attentions) if hide else tr.attentions      # the sink toggle applies here too
-        tokens = [lab.split(":", 1)[1] for lab in labels]
+        tokens = token_texts(tr.tokens)
         which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
         n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers",
                              help="Fewer layers keep the page small")
@@ -89,17 +84,5 @@ else:
         st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")
 
 
-def attention_checks():
-    out = checks.check_attention(lm, tr)
-    soft = np.exp(scores - np.nanmax(masked, axis=1, keepdims=True))
-    soft[np.triu(np.ones((T, T), bool), k=1)] = 0
-    soft /= soft.sum(1, keepdims=True)
-    mine = tr.attention(layer)
-    if mine is not None:
-        d = float(np.abs(soft - mine[head].astype(np.float64)).max())
-        out.append(Check("softmax(Q·Kᵀ × scale) from the captured Q, K = the attention map", d < 5e-3,
-                         f"layer {layer} head {head}: max |difference| {d:.1e}", d))
-    return out
-
-
-common.how_do_we_know(attention_checks, f"attn{layer}-{head}", tr)
+widgets.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs),
+                      f"attn{layer}-{head}", tr)

@@ -3,8 +3,8 @@ import streamlit as st
 
 import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
-from pipeline.generate import metrics, prefill_decode_sweep
-from pages import common
+from pipeline.generation import metrics, prefill_decode_sweep
+from views import widgets
 
 st.title("7 · Prefill vs decode")
 st.markdown(
@@ -14,20 +14,20 @@ st.markdown(
     "instead of recomputing the past. Prefill does a lot of arithmetic on many tokens at once; a decode step "
     "does little arithmetic but must read every weight of the model for a single token, so its time barely "
     "depends on the context length, until the context gets long.")
-lm = common.get_model()
+lm = widgets.get_model()
 
 st.subheader("This run")
-rec = common.last_generation("gen", lm)
+rec = widgets.last_generation("gen", lm)
 if rec is None:
     st.info("Generate something on page 6 to see its first token next to its decode steps; or run the sweep below.")
 else:
-    ev = rec["events"]
+    ev = rec.events
     m = metrics(ev)
-    st.caption(f"Page 6's last run: {common.run_label(rec)}."
+    st.caption(f"Page 6's last run: {rec.label}."
                + (" The sidebar's prompt has changed since; generate again on page 6 to measure it."
-                  if rec["prompt"] != st.session_state.get("prompt", "") else ""))
+                  if rec.prompt != st.session_state.get("prompt", "") else ""))
     c = st.columns(3)
-    c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec['prompt_tokens']} prompt tokens")
+    c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
     c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
     st.plotly_chart(step_times_figure(ev), width="stretch")
@@ -39,20 +39,19 @@ st.caption(f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gp
            "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up.")
 if st.button("Run the sweep", key="sweep_go"):
     bar = st.progress(0.0, text="prefill and decode at each length")
-    st.session_state["sweep"] = (lm.label, prefill_decode_sweep(
-        lm, lengths, decode_steps=8, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
+    widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8,
+                                                   progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
     bar.empty()
-sweep = st.session_state.get("sweep")
-if sweep and sweep[0] == lm.label:
-    rows = sweep[1]
+rows = widgets.recall("sweep")
+if rows is not None:
     st.plotly_chart(sweep_figure(rows), width="stretch")
-    st.dataframe(pd.DataFrame([{"prompt tokens": r["tokens"], "prefill ms": round(r["prefill_s"] * 1000, 1),
-                                "prefill ms per token": round(r["prefill_per_token_s"] * 1000, 2),
-                                "decode step ms": round(r["decode_step_s"] * 1000, 1)} for r in rows]),
+    st.dataframe(pd.DataFrame([{"prompt tokens": r.tokens, "prefill ms": round(r.prefill_s * 1000, 1),
+                                "prefill ms per token": round(r.prefill_per_token_s * 1000, 2),
+                                "decode step ms": round(r.decode_step_s * 1000, 1)} for r in rows]),
                  hide_index=True)
     first, last = rows[0], rows[-1]
-    gp, gd = last["prefill_s"] / first["prefill_s"], last["decode_step_s"] / first["decode_step_s"]
-    msg = (f"From {first['tokens']} to {last['tokens']} tokens ({last['tokens'] // first['tokens']}× longer) "
+    gp, gd = last.prefill_s / first.prefill_s, last.decode_step_s / first.decode_step_s
+    msg = (f"From {first.tokens} to {last.tokens} tokens ({last.tokens // first.tokens}× longer) "
            f"prefill took {gp:.1f}× as long, a decode step {gd:.2f}× as long.")
     if gp > 2 * gd:
         st.caption(msg + " Prefill pays for every prompt token; a decode step mostly pays for reading the weights.")
@@ -63,19 +62,19 @@ st.subheader("Without the KV cache")
 st.markdown("The same greedy generation twice: with the cache each step feeds one token; without it every step "
             "feeds the whole context again, so step time grows with the length. Same tokens out.")
 n_off, ctx = (24, 256) if not gpu else (64, 1024)
-prompt = pipeline.generate_mod.long_prompt(lm, ctx)
+prompt = pipeline.generation.long_prompt(lm, ctx)
 ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)        # what generate will see
 if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
     with st.spinner("Generating twice…"):
         try:
-            on = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0))
-            off = list(pipeline.generate_mod.generate(lm, prompt, n_off, temperature=0.0, use_cache=False))
-            st.session_state["cache_cmp"] = (lm.label, on, off)
+            on = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0))
+            off = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0, use_cache=False))
+            widgets.remember("cache_cmp", (on, off))
         except pipeline.TraceError as e:
             st.warning(str(e))
-cmp_ = st.session_state.get("cache_cmp")
-if cmp_ and cmp_[0] == lm.label:
-    _, on, off = cmp_
+cmp_ = widgets.recall("cache_cmp")
+if cmp_ is not None:
+    on, off = cmp_
     st.plotly_chart(cache_on_off_figure(on, off), width="stretch")
     same = [e.token_id for e in on] == [e.token_id for e in off]
     mo, mf = metrics(on), metrics(off)

@@ -3,7 +3,7 @@ import streamlit as st
 import pipeline
 
 from components.figures import timings_bar
-from pages import common
+from views import widgets
 
 st.title("What happens between Enter and the first token")
 st.markdown(
@@ -13,7 +13,7 @@ st.markdown(
     "multi-head attention, feed-forward, residual) → **logits** → **softmax** → **temperature** → "
     "**top-k / top-p** → **sample** → the first token. Every page has a *How do we know?* box that re-checks "
     "its numbers against an independent computation.")
-lm, tr = common.get_trace()
+lm, tr = widgets.get_trace()
 f = tr.facts
 nxt = int(tr.next_logits.argmax())
 c = st.columns(4)
@@ -35,4 +35,4 @@ st.plotly_chart(timings_bar(tr.timings), width="stretch")
 st.caption("Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
            "extra read-out this explorer adds; a plain model does not compute it.")
 
-common.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr), "overview", tr)
+widgets.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr), "overview", tr)

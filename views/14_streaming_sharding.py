@@ -3,32 +3,32 @@ import time
 import pandas as pd
 import streamlit as st
 
-from pipeline.generate import metrics
+from pipeline.generation import metrics
 from pipeline.sharding import (devices_present, even_device_counts, pipeline_plan, sse_lines,
                                tensor_parallel_plan)
-from pages import common
+from views import widgets
 
 st.title("Streaming and sharding")
 st.markdown(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
     "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
     "and a replay at its measured pace.")
-lm = common.get_model()
-rec = common.last_generation("gen", lm)
+lm = widgets.get_model()
+rec = widgets.last_generation("gen", lm)
 if rec is not None:
     st.caption("The stream of the last generation on page 6.")
 else:
-    rec = common.last_generation("sse", lm)
+    rec = widgets.last_generation("sse", lm)
     if rec is None:
         chat = bool(st.session_state.get("_gen_chat", True)) and bool(getattr(lm.tokenizer, "chat_template", None))
         with st.spinner("Generating 24 tokens to stream…"):
-            rec = common.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat,
+            rec = widgets.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat,
                                         dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "sse")
     if rec:
         st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: "
-                   f"{common.run_label(rec)}.")
+                   f"{rec.label}.")
 if rec:
-    ev = rec["events"]
+    ev = rec.events
     lines = sse_lines(ev)
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every "
@@ -59,17 +59,17 @@ N = st.select_slider("Devices", [1, 2, 3, 4, 8], value=even[0] if even else 2, k
 plan = pipeline_plan(lm, N)
 st.markdown("**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
             "(the goal of accelerate's `device_map=\"balanced\"`; its own placement may differ by a layer):")
-st.dataframe(pd.DataFrame([{"device": r["device"], "layers": r["layers"], "number of layers": r["n_layers"],
-                            "also holds": r["also"], "weights": f"{r['weights_mb']:,.1f} MiB"} for r in plan]),
+st.dataframe(pd.DataFrame([{"device": r.device, "layers": r.layers, "number of layers": r.n_layers,
+                            "also holds": r.also, "weights": f"{r.weights_mb:,.1f} MiB"} for r in plan]),
              hide_index=True, width="stretch")
 tp = tensor_parallel_plan(lm, N)
 st.markdown("**Tensor-parallel split** of every layer (heads stay whole):")
-st.dataframe(pd.DataFrame(tp["rows"]), hide_index=True, width="stretch")
+st.dataframe(pd.DataFrame(tp.rows), hide_index=True, width="stretch")
 c = st.columns(3)
-c[0].metric("Weights per device", f"{tp['weights_mb_per_device']:,.1f} MiB")
-c[1].metric("All-reduced per token", f"{tp['allreduce_bytes_per_token'] / 1024:,.1f} KiB",
+c[0].metric("Weights per device", f"{tp.weights_mb_per_device:,.1f} MiB")
+c[1].metric("All-reduced per token", f"{tp.allreduce_bytes_per_token / 1024:,.1f} KiB",
             help="2 all-reduces per layer × d_model × bytes")
-c[2].metric("KV cache per token, busiest device", f"{tp['kv_cache_bytes_per_token_per_device']:,} B",
-            help=f"2 (K and V) × layers × {tp['kv_heads_on_busiest_device']} KV head(s) × head dim × bytes")
-for issue in tp["issues"]:
+c[2].metric("KV cache per token, busiest device", f"{tp.kv_cache_bytes_per_token_per_device:,} B",
+            help=f"2 (K and V) × layers × {tp.kv_heads_on_busiest_device} KV head(s) × head dim × bytes")
+for issue in tp.issues:
     st.warning(issue)

@@ -5,7 +5,7 @@ import streamlit as st
 import pipeline
 from components.speculative import legend_html, steps_html
 from pipeline.speculative import expected_tokens_per_call, speculative_generate
-from pages import common
+from views import widgets
 
 COPY_PROMPT = ("Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n")
 
@@ -17,11 +17,11 @@ st.markdown(
     "token of its own. With greedy decoding the output is exactly what the target alone would write; with "
     "sampling, rejection sampling keeps the target's distribution. It pays off only when the draft is cheap "
     "and often right, and a draft that is rarely right makes things slower: that is shown honestly here.")
-lm = common.get_model()
+lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
 prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt",
                       help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
-chat = common.chat_switch(lm, "spec_chat", c2)
+chat = widgets.chat_switch(lm, "spec_chat", c2)
 L = lm.facts.n_layers
 kinds = {"prompt lookup (n-gram copy)": "prompt_lookup",
          f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
@@ -41,26 +41,26 @@ if draft == "folder":
                          key="spec_folder")
     draft = None
     if path.strip():
-        ldr = common.load_other_model(path.strip())
+        ldr = widgets.load_other_model(path.strip())
         if ldr is not None:
             draft = ldr
 if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
     with st.spinner("Plain decoding first, then speculative, same settings…"):
         try:
             t = time.perf_counter()
-            plain = [e.token_id for e in pipeline.generate_mod.generate(lm, prompt, n, temperature=temperature,
+            plain = [e.token_id for e in pipeline.generation.generate(lm, prompt, n, temperature=temperature,
                                                                          chat=chat, seed=0)]
             plain_s = time.perf_counter() - t
             res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=n,
                                        temperature=temperature, chat=chat, seed=0)
-            st.session_state["spec_result"] = (lm.label, kind, gamma, temperature, plain, plain_s, res)
+            widgets.remember("spec", (kind, gamma, temperature, plain, plain_s, res))
         except (pipeline.TraceError, ValueError) as e:
             st.warning(str(e))
-got = st.session_state.get("spec_result")
-if not got or got[0] != lm.label:
+got = widgets.recall("spec")
+if got is None:
     st.info("Press **Run** to decode the prompt twice: plainly and with the draft.")
     st.stop()
-_, kind_run, gamma_run, temp_run, plain, plain_s, res = got
+kind_run, gamma_run, temp_run, plain, plain_s, res = got
 a = res.acceptance_rate
 speedup = plain_s / res.seconds if res.seconds else 0
 m = st.columns(5)
@@ -82,7 +82,7 @@ st.markdown("**Output:**")
 st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
 if temp_run == 0:
     same = res.tokens == plain
-    st.markdown(common.verdict(same) + f" **Greedy output identical to plain greedy decoding**: {len(res.tokens)} "
+    st.markdown(widgets.verdict(same) + f" **Greedy output identical to plain greedy decoding**: {len(res.tokens)} "
                 f"vs {len(plain)} tokens, {'all equal' if same else 'they differ'}.")
 else:
     st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not "

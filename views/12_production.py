@@ -1,12 +1,10 @@
-from types import SimpleNamespace
-
 import pandas as pd
 import streamlit as st
 
 from components.generation import MODE_LABELS, cache_modes_figure, launches_figure
 from pipeline import checks, fused
-from pipeline.generate import compare_cache_modes
-from pages import common
+from pipeline.generation import compare_cache_modes
+from views import widgets
 
 st.title("Production mode: static cache, fused step, CUDA graph")
 st.markdown(
@@ -20,12 +18,12 @@ st.markdown(
     "3. on a GPU, that step **captured once as a CUDA graph** and replayed with a single launch per token "
     "(optionally compiled by `torch.compile` first, which fuses small operators into fewer kernels).\n\n"
     "Below, the same greedy request in each mode, measured on this device.")
-lm = common.get_model()
+lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
 c1, c2 = st.columns([3, 1])
 n = c1.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
-chat = common.chat_switch(lm, "prod_chat", c2)
+chat = widgets.chat_switch(lm, "prod_chat", c2)
 compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)",
                                           key="prod_compile")
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
@@ -42,41 +40,39 @@ if st.button("Run all modes", type="primary", key="prod_go"):
                                   progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
         bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
         counts = fused.launches_per_step(lm) if ok else None
-        st.session_state["prod"] = (lm.label, res, counts, SimpleNamespace(extras={}, T=0))  # checks kept here
+        widgets.remember("prod", (res, counts))
     except Exception as e:  # a model the fused step cannot run, out of memory: say so, keep serving
         st.warning(f"Could not run: {type(e).__name__}: {e}")
     bar.empty()
-got = st.session_state.get("prod")
-if not got or got[0] != lm.label:
+got = widgets.recall("prod")
+if got is None:
     st.info("Press **Run all modes**.")
     st.stop()
-_, res, counts, run = got
-base = res["dynamic"]["tokens_per_s"]
-ref_tokens = [e.token_id for e in res["dynamic"]["events"]]
-cols = st.columns(len(res))
-for c, (m, r) in zip(cols, res.items()):
-    rate = r["tokens_per_s"]
-    c.metric(MODE_LABELS.get(m, m), f"{rate:.1f} tok/s" if rate else "—",
-             f"{rate / base:.2f}× dynamic" if rate and base and m != "dynamic" else None, delta_color="off",
-             delta_arrow="off")
-for m, r in res.items():
-    if "failed" in r["engine"]:
-        st.warning(f"{MODE_LABELS.get(m, m)}: {r['engine']}")
-st.plotly_chart(cache_modes_figure(res), width="stretch")
-util_of = next(iter(res.values()))["utilisation_of"]
+res, counts = got
+ref_tokens = res.modes["dynamic"].token_ids
+cols = st.columns(len(res.modes))
+for c, (m, r) in zip(cols, res.modes.items()):
+    ratio = res.ratio(m)
+    c.metric(MODE_LABELS.get(m, m), f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
+             f"{ratio:.2f}× dynamic" if ratio and m != "dynamic" else None, delta_color="off", delta_arrow="off")
+for m, r in res.modes.items():
+    if "failed" in r.engine:
+        st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
+st.plotly_chart(cache_modes_figure(res.modes), width="stretch")
+util_of = res.modes["dynamic"].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
 st.dataframe(pd.DataFrame([{
-    "mode": MODE_LABELS.get(m, m), "ran as": r["engine"].split(" (")[0],
-    "tok/s": None if not r["tokens_per_s"] else round(r["tokens_per_s"], 1),
-    "runs": " / ".join(f"{x:.1f}" for x in r["runs"]),
-    "× dynamic": None if not (r["tokens_per_s"] and base) else round(r["tokens_per_s"] / base, 2),
-    "KV MiB": round(r["events"][-1].kv_bytes / 2**20, 2),
-    util_col: None if r["utilisation"] is None else round(r["utilisation"]),
-    "warm-up s": round(r["warmup_s"], 2),
-    "same tokens": [e.token_id for e in r["events"]] == ref_tokens} for m, r in res.items()]),
+    "mode": MODE_LABELS.get(m, m), "ran as": r.engine.split(" (")[0],
+    "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
+    "runs": " / ".join(f"{x:.1f}" for x in r.runs),
+    "× dynamic": None if res.ratio(m) is None else round(res.ratio(m), 2),
+    "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
+    util_col: None if r.utilisation is None else round(r.utilisation),
+    "warm-up s": round(r.warmup_s, 2),
+    "same tokens": res.same_tokens(m)} for m, r in res.modes.items()]),
     hide_index=True, width="stretch")
 st.caption(
-    f"Request: {len(res['dynamic']['prompt_ids'])} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
+    f"Request: {len(res.prompt_ids)} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
     "(tokens − 1) / (time from first to last token), the median of the runs listed (interleaved, after a warm-up "
     "of each mode); on a shared machine the runs spread by 10-20 %, so read small ratios as ties. "
     f"{util_col}: {util_of}, mean over the last run. KV MiB: the dynamic cache grows to what it holds; the static "
@@ -86,11 +82,11 @@ st.caption(
 if counts:
     st.subheader("Why a graph helps: what one step asks of the host")
     st.plotly_chart(launches_figure(counts), width="stretch")
-    k = counts.get("kernels")
+    k = counts.kernels
     st.markdown(
-        f"transformers' forward dispatches **{counts['ops']['transformers']:,}** operators per token "
-        f"({counts['compute_ops']['transformers']:,} that do work, the rest are views); the fused step "
-        f"**{counts['ops']['fused']:,}** ({counts['compute_ops']['fused']:,})."
+        f"transformers' forward dispatches **{counts.ops['transformers']:,}** operators per token "
+        f"({counts.compute_ops['transformers']:,} that do work, the rest are views); the fused step "
+        f"**{counts.ops['fused']:,}** ({counts.compute_ops['fused']:,})."
         + (f" On this GPU they launch {k['transformers']:,} and {k['fused']:,} kernels; captured as a CUDA "
            "graph, the fused step's kernels are replayed by **one** launch." if k else
            " On a GPU each operator that does work is at least one kernel launch costing the CPU a few "
@@ -100,21 +96,20 @@ if counts:
 
 def _checks():
     out = []
-    ids = res["dynamic"]["prompt_ids"][:64]              # the request that ran (its first 64 tokens)
+    ids = res.prompt_ids[:64]                            # the request that ran (its first 64 tokens)
     r = fused.check_against_forward(lm, ids) if ok else None
     if r:
-        tol = 1e-3 if lm.dtype.itemsize == 4 else 5e-2
+        tol = lm.arch.tol
         out.append(checks.Check(
-            "the fused step equals a plain transformers forward", r["max_rel_err"] < tol and r["same_argmax"],
-            f"this request's {r['positions']} prompt tokens fed one at a time through our step vs one forward over all of "
-            f"them: largest relative difference of the logits {r['max_rel_err']:.1e} (tolerance {tol:g}), "
-            f"same top token at every position: {r['same_argmax']}", r["max_rel_err"]))
-    for m, rr in res.items():
+            "the fused step equals a plain transformers forward", r.max_rel_err < tol and r.same_argmax,
+            f"this request's {r.positions} prompt tokens fed one at a time through our step vs one forward over all of "
+            f"them: largest relative difference of the logits {r.max_rel_err:.1e} (tolerance {tol:g}), "
+            f"same top token at every position: {r.same_argmax}", r.max_rel_err))
+    for m, rr in res.modes.items():
         if m != "dynamic":
-            same = [e.token_id for e in rr["events"]] == ref_tokens
-            out.append(checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop", same,
-                                    f"{len(rr['events'])} tokens compared"))
+            out.append(checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop",
+                                    res.same_tokens(m), f"{len(rr.events)} tokens compared"))
     return out
 
 
-common.how_do_we_know(_checks, "production", run)
+widgets.how_do_we_know(_checks, "production", res)

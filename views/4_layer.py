@@ -5,9 +5,8 @@ from components.figures import (labels_of, layer_labels, lens_figure, matrix_hea
                                 residual_figure)
 from components.tokens import visible
 from pipeline import checks
-from pipeline.checks import Check
-from pipeline.trace import LENS_GRID_MAX, lens_grid
-from pages import common
+from pipeline.tracing import LENS_GRID_MAX, lens_grid
+from views import widgets
 
 st.title("4 · Inside a layer")
 st.markdown(
@@ -16,7 +15,7 @@ st.markdown(
     "sub-layers a **norm** (RMSNorm here) rescales the vector, so a stream that grows layer after layer is "
     "read at a steady size. The **logit lens** applies the model's final norm and output matrix after every "
     "layer: it shows what the model would predict if it stopped there, and how the answer forms.")
-lm, tr = common.get_trace()
+lm, tr = widgets.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
 pos = st.selectbox("Token position", list(range(tr.T)), format_func=lambda i: labels[i],
@@ -25,7 +24,6 @@ pos = st.selectbox("Token position", list(range(tr.T)), format_func=lambda i: la
                         "logit lens below reads the very last position, whose prediction is the answer's first token")
 st.plotly_chart(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]),
                 width="stretch")
-share = tr.attn_norm[:, pos] / (tr.attn_norm[:, pos] + tr.ffn_norm[:, pos])
 c = st.columns(3)
 c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
 c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))
@@ -52,16 +50,4 @@ if auto or st.button(f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} p
     st.plotly_chart(lens_figure(ids, probs, texts, [labels[p] for p in positions]), width="stretch")
 
 
-def layer_checks():
-    out = checks.check_logits(lm, tr)
-    last = tr.lens_last_top[-1][0]
-    p_final = float(np.exp(tr.next_logits[last[0]] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
-    out.append(Check("logit lens after the last layer = the model's own next-token distribution",
-                     last[0] == int(tr.next_logits.argmax()) and abs(last[1] - p_final) < 1e-3,
-                     f"lens: {visible(lm.tokenizer.decode([last[0]]))!r} (id {last[0]}) with p = {last[1]:.4f}; "
-                     f"logits: {visible(lm.tokenizer.decode([int(tr.next_logits.argmax())]))!r} (id "
-                     f"{int(tr.next_logits.argmax())}) with p = {p_final:.4f}"))
-    return out
-
-
-common.how_do_we_know(layer_checks, "layer", tr)
+widgets.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)

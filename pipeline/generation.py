@@ -16,8 +16,9 @@ import torch
 
 from .models import LoadedModel
 from .sampling import filter_probs
+from .timing import ids_of_length, syncer
 from .tokens import tokenize
-from .trace import TraceError, check_prompt
+from .tracing import TraceError, check_prompt
 
 MAX_NEW_TOKENS = 1024
 
@@ -41,6 +42,34 @@ class StepEvent:
     engine: str = "transformers"    # what ran the step: transformers' forward, or the fused step's mode
 
 
+@dataclass(eq=False)
+class GenerationRecord:
+    """One generation as the pages keep it: what was asked, and every event as it arrived (so a Stop, which
+    reruns the page, loses nothing). Six pages read it: generation, prefill/decode, KV cache, hardware,
+    roofline, streaming."""
+    prompt: str
+    chat: bool
+    model: str                      # label of the model that ran it
+    settings: dict                  # max_new_tokens, temperature, top_k, top_p, seed (and min_p)
+    prompt_tokens: int              # tokens of the (templated) prompt
+    use_cache: bool = True
+    events: list = field(default_factory=list)      # [StepEvent], in order
+    done: bool = False              # ran to EOS or the length limit
+    stopped: bool = False           # Stop was pressed: the page moved on, what was generated is kept
+
+    def text(self, tokenizer) -> str:
+        """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
+        return tokenizer.decode([e.token_id for e in self.events], skip_special_tokens=True)
+
+    @property
+    def label(self) -> str:
+        s = self.settings
+        how = "greedy" if not s.get("temperature") else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, "
+                                                         f"top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
+        return (f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, "
+                f"up to {s['max_new_tokens']} new tokens" + ("" if self.use_cache else ", KV cache off"))
+
+
 @dataclass
 class Request:
     """What generate() was asked, after validation (the page shows `notes`)."""
@@ -61,17 +90,15 @@ def kv_bytes(cache) -> list[int]:
 def kv_window(lm: LoadedModel) -> tuple[int, int | None]:
     """(number of sliding-window layers, tokens such a layer keeps). A sliding layer attends to the last
     `sliding_window` tokens, so its cache keeps sliding_window - 1 past tokens (the new one makes the window)."""
-    types = getattr(lm.model.config, "layer_types", None) or []
-    w = getattr(lm.model.config, "sliding_window", None)
-    n = sum(t == "sliding_attention" for t in types)
-    return (n, w - 1) if n and w else (0, None)
+    a = lm.arch
+    return (a.n_sliding, a.sliding_window - 1) if a.n_sliding and a.sliding_window else (0, None)
 
 
 def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None = None) -> int:
     """2 (K and V) x KV heads x head dim x bytes per value x tokens, summed over layers; a sliding-window
     layer holds at most its window (Gemma's local layers)."""
     f = lm.facts
-    b = bytes_per_value or torch.tensor([], dtype=lm.dtype).element_size()
+    b = bytes_per_value or lm.arch.bytes_per_value
     n_sliding, keep = kv_window(lm)
     per_layer_token = 2 * f.n_kv_heads * f.head_dim * b
     full = (f.n_layers - n_sliding) * per_layer_token * tokens
@@ -128,7 +155,7 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     t0 = time.perf_counter()
     req = request or prepare(lm, prompt, max_new_tokens, chat)
     dev = lm.device
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync = syncer(dev)
     gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     stop = eos_ids(lm)
     dec = _decoder(lm.tokenizer)
@@ -217,22 +244,25 @@ def metrics(events: list[StepEvent]) -> Metrics:
     return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None)
 
 
-def _ids_of_length(lm: LoadedModel, n: int) -> torch.Tensor:
-    """Real text, repeated and cut to exactly n tokens."""
-    text = ("The sky looks blue because air molecules scatter short wavelengths of sunlight more than long ones. "
-            "At sunset the light crosses more air, so the blue is scattered away and reds remain. ")
-    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    ids = (ids * (n // len(ids) + 1))[:n]
-    return torch.tensor([ids], device=lm.device)
-
-
 def long_prompt(lm: LoadedModel, n_tokens: int) -> str:
     """Real text of about n_tokens tokens (for experiments that need a long context)."""
-    return lm.tokenizer.decode(_ids_of_length(lm, n_tokens)[0].tolist())
+    return lm.tokenizer.decode(ids_of_length(lm, n_tokens)[0].tolist())
+
+
+@dataclass
+class SweepRow:
+    """Prefill and decode at one prompt length (medians of the repeats, device-synchronised)."""
+    tokens: int                     # prompt length T
+    prefill_s: float                # one forward over T tokens, filling the KV cache (s)
+    decode_step_s: float            # one token over the T-token cache, mean of the decode steps (s)
+
+    @property
+    def prefill_per_token_s(self) -> float:
+        return self.prefill_s / self.tokens
 
 
 def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, repeats: int = 3,
-                         progress=None) -> list[dict]:
+                         progress=None) -> list[SweepRow]:
     """For each prompt length T: the prefill forward (T tokens at once, filling the KV cache) and a decode
     step after it (mean of `decode_steps`), each the median of `repeats` runs after a warm-up. Measured,
     device-synchronised."""
@@ -240,7 +270,7 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
 
     from transformers import DynamicCache
 
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    sync = syncer(lm.device)
 
     def once(ids):
         with lm.lock, torch.inference_mode():
@@ -258,14 +288,13 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
             sync()
             return prefill, (time.perf_counter() - t) / decode_steps
 
-    once(_ids_of_length(lm, lengths[0]))                     # warm-up
+    once(ids_of_length(lm, lengths[0]))                     # warm-up
     rows = []
     for j, n in enumerate(lengths):
-        ids = _ids_of_length(lm, n)
+        ids = ids_of_length(lm, n)
         runs = [once(ids) for _ in range(repeats)]
         prefill = statistics.median(r[0] for r in runs)
-        rows.append({"tokens": n, "prefill_s": prefill, "decode_step_s": statistics.median(r[1] for r in runs),
-                     "prefill_per_token_s": prefill / n})
+        rows.append(SweepRow(n, prefill, statistics.median(r[1] for r in runs)))
         if progress:
             progress((j + 1) / len(lengths), f"{n} tokens")
     return rows
@@ -274,13 +303,41 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
 CACHE_MODES = ("dynamic", "static", "fused")
 
 
+@dataclass
+class ModeRun:
+    """One decoding mode's runs of the same greedy request."""
+    events: list                    # [StepEvent] of the last run
+    tokens_per_s: float | None      # median decode rate over the runs (tokens/s)
+    runs: list[float]               # every run's decode rate (tokens/s), in order
+    warmup_s: float                 # the warm-up's wall time (s): buffers, graph capture, compile
+    utilisation: float | None       # mean device utilisation during the last run (%)
+    utilisation_of: str             # what that figure is (NVML GPU %, or process CPU %)
+    engine: str                     # what ran the steps (transformers, or the fused step's mode)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [e.token_id for e in self.events]
+
+
+@dataclass(eq=False)
+class CacheModeComparison:
+    """compare_cache_modes(): the same request decoded in each mode, runs interleaved."""
+    modes: dict[str, ModeRun]       # mode name -> its runs; "dynamic" is the reference
+    prompt_ids: list[int]           # the request's tokens
+
+    def ratio(self, mode: str) -> float | None:
+        """tokens/s of `mode` over the dynamic loop's."""
+        a, b = self.modes[mode].tokens_per_s, self.modes["dynamic"].tokens_per_s
+        return a / b if a and b else None
+
+    def same_tokens(self, mode: str) -> bool:
+        return self.modes[mode].token_ids == self.modes["dynamic"].token_ids
+
+
 def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2,
-                        modes: tuple[str, ...] = CACHE_MODES, progress=None) -> dict:
+                        modes: tuple[str, ...] = CACHE_MODES, progress=None) -> CacheModeComparison:
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
-    (which also builds buffers, captures graphs, compiles): {mode: {"events": last run's events,
-    "tokens_per_s": median decode rate, "warmup_s": the warm-up's wall time, "utilisation": mean device
-    utilisation during the last run, "utilisation_of": what that figure is, "engine": what ran the steps,
-    "runs": every run's decode rate, "prompt_ids": the request's tokens}}."""
+    (which also builds buffers, captures graphs, compiles)."""
     import statistics
 
     from .telemetry import Sampler
@@ -314,6 +371,7 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
             rate = metrics(ev).tokens_per_s
             if rate:
                 rates[m].append(rate)
-    return {m: {"events": last[m], "tokens_per_s": statistics.median(rates[m]) if rates[m] else None,
-                "warmup_s": warm[m], "utilisation": util[m][0], "utilisation_of": util[m][1],
-                "engine": last[m][0].engine, "runs": rates[m], "prompt_ids": req.prompt_ids} for m in modes}
+    return CacheModeComparison(
+        {m: ModeRun(events=last[m], tokens_per_s=statistics.median(rates[m]) if rates[m] else None, runs=rates[m],
+                    warmup_s=warm[m], utilisation=util[m][0], utilisation_of=util[m][1], engine=last[m][0].engine)
+         for m in modes}, req.prompt_ids)

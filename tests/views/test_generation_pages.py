@@ -18,9 +18,7 @@ def page(path, prompt="The capital of France is", timeout=300):
 
 
 def common_pass():
-    import sys
-    sys.path.insert(0, str(ROOT))
-    from pages.common import PASS
+    from views.widgets import PASS
     return PASS
 
 
@@ -33,7 +31,7 @@ def metric(at, label):
 
 
 def test_generation_streams_and_shows_metrics_and_distributions():
-    at = page("pages/6_generation.py")
+    at = page("views/6_generation.py")
     assert any("Generate" in i.value for i in at.info)
     assert at.toggle(key="gen_chat").value is True               # instruct model: chat mode on by default
     at.toggle(key="gen_chat").set_value(False)
@@ -48,14 +46,14 @@ def test_generation_streams_and_shows_metrics_and_distributions():
 
 
 def test_generation_caps_and_bad_prompt():
-    at2 = page("pages/6_generation.py", prompt="   ")
+    at2 = page("views/6_generation.py", prompt="   ")
     button(at2, "gen_go").click().run()
     assert not at2.exception
     assert any("empty" in w.value for w in at2.warning)
 
 
 def test_prefill_decode_sweep_and_cache_experiment():
-    at = page("pages/7_prefill_decode.py")
+    at = page("views/7_prefill_decode.py")
     button(at, "sweep_go").click().run()
     assert not at.exception, at.exception
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 4
@@ -65,14 +63,14 @@ def test_prefill_decode_sweep_and_cache_experiment():
 
 
 def test_kv_cache_formula_equals_measured():
-    at = page("pages/8_kv_cache.py")
+    at = page("views/8_kv_cache.py")
     assert metric(at, "Formula, per token") == "46,080 B"          # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
     assert metric(at, "Measured, per token") == "46,080 B"
     assert metric(at, "Agree") == "yes"
 
 
 def test_hardware_telemetry_and_probe_on_cpu():
-    at = page("pages/9_hardware.py")
+    at = page("views/9_hardware.py")
     at.slider(key="hw_n").set_value(8)
     button(at, "hw_go").click().run()
     assert not at.exception, at.exception
@@ -83,7 +81,7 @@ def test_hardware_telemetry_and_probe_on_cpu():
 
 
 def test_speculative_page_shows_equality_and_speedup():
-    at = page("pages/13_speculative.py")
+    at = page("views/13_speculative.py")
     at.number_input(key="spec_n").set_value(24)
     button(at, "spec_go").click().run()
     assert not at.exception, at.exception
@@ -92,7 +90,7 @@ def test_speculative_page_shows_equality_and_speedup():
 
 
 def test_streaming_and_sharding_page_labels_the_plan():
-    at = page("pages/14_streaming_sharding.py")
+    at = page("views/14_streaming_sharding.py")
     assert any("event: token" in c.value for c in at.code)
     assert any("plan computed" in m.value for m in at.markdown)
     assert any("its own short generation" in c.value for c in at.caption)     # page 6 has not run here
@@ -103,7 +101,7 @@ def test_streaming_and_sharding_page_labels_the_plan():
 
 
 def test_attention_kernels_page():
-    at = page("pages/11_attention_kernels.py")
+    at = page("views/11_attention_kernels.py")
     assert any("Run the kernels" in i.value for i in at.info)
     button(at, "kern_go").click().run()
     assert not at.exception, at.exception
@@ -112,7 +110,7 @@ def test_attention_kernels_page():
 
 
 def test_roofline_page():
-    at = page("pages/10_roofline.py")
+    at = page("views/10_roofline.py")
     at.select_slider(key="roof_T").set_value(64)
     at.select_slider(key="roof_C").set_value(64)
     button(at, "roof_go").click().run()
@@ -121,7 +119,7 @@ def test_roofline_page():
 
 
 def test_production_page():
-    at = page("pages/12_production.py")
+    at = page("views/12_production.py")
     at.slider(key="prod_n").set_value(16)
     button(at, "prod_go").click().run()
     assert not at.exception, at.exception
@@ -135,7 +133,7 @@ def test_production_page():
 
 def test_speculative_with_a_local_model_folder_as_draft():
     import pipeline
-    at = page("pages/13_speculative.py")
+    at = page("views/13_speculative.py")
     at.selectbox(key="spec_kind").set_value("a local model folder…").run()
     at.text_input(key="spec_folder").set_value("/no/such/folder").run()
     assert any("No such folder" in e.value for e in at.error)

@@ -19,13 +19,16 @@ browser tabs tracing at once never see each other's numbers.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .capture import Capture, capturing
 from .models import LoadedModel, ModelFacts
+from .timing import syncer
 from .tokens import Segment, Token, Tokenized, tokenize
 
 ATTN_FULL_BUDGET = 256 << 20     # bytes of full-resolution float16 attention maps kept per trace
@@ -39,7 +42,7 @@ class TraceError(ValueError):
     """The prompt cannot be traced; the message is meant for the user."""
 
 
-@dataclass
+@dataclass(eq=False)            # compared and hashed by identity: memos keyed by a trace die with it
 class Trace:
     model_label: str
     facts: ModelFacts
@@ -65,7 +68,6 @@ class Trace:
     timings: dict[str, float]
     device: str
     exact_tokens: bool = True
-    extras: dict = field(default_factory=dict)
     last_prompt_index: int | None = None   # position of the prompt's last token (before any chat-template suffix)
 
     @property
@@ -119,29 +121,17 @@ def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int = 
                              "tokens at once (every attention map is kept). Shorten it.")
 
 
-def _layers(model):
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    return base, list(base.layers)
-
-
-def _pre_ffn_norm(layer):
-    # The norm whose INPUT is the residual after attention: Llama `post_attention_layernorm`,
-    # Gemma `pre_feedforward_layernorm` (Gemma's post_attention_layernorm normalises attention's output).
-    return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
-
-
 def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the final norm and LM head to hidden states [..., d]: (top ids, top probs) [..., top]."""
-    base, _ = _layers(lm.model)
     head = lm.model.get_output_embeddings()
     with torch.inference_mode():
-        logits = head(base.norm(hidden.to(lm.device, lm.dtype))).float()
-        soft = getattr(lm.model.config, "final_logit_softcapping", None)
-        if soft:
-            logits = torch.tanh(logits / soft) * soft
+        logits = lm.arch.apply_softcap(head(lm.arch.decoder.norm(hidden.to(lm.device, lm.dtype))).float())
         v, i = logits.topk(top, dim=-1)
         p = torch.exp(v - torch.logsumexp(logits, dim=-1, keepdim=True))
     return i.cpu(), p.cpu()
+
+
+_LENS: "weakref.WeakKeyDictionary[Trace, dict]" = weakref.WeakKeyDictionary()   # lens_grid memo, dies with its trace
 
 
 def lens_grid(lm: LoadedModel, tr: "Trace", n_positions: int = LENS_GRID_MAX) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -150,13 +140,110 @@ def lens_grid(lm: LoadedModel, tr: "Trace", n_positions: int = LENS_GRID_MAX) ->
     Returns (positions, top ids [L+1, P], top probs [L+1, P])."""
     T = tr.T
     P = min(T, n_positions)
-    key = ("lens", P)
-    if key not in tr.extras:
+    memo = _LENS.setdefault(tr, {})
+    if P not in memo:
         hs = torch.from_numpy(tr.hidden_states[:, T - P:, :])
         with lm.lock:
             ids, probs = logit_lens(lm, hs)
-        tr.extras[key] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
-    return tr.extras[key]
+        memo[P] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
+    return memo[P]
+
+
+def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None,
+                 qkv_layers: list[int] | None = None) -> Capture:
+    """What one trace of T tokens keeps: every layer's attention at full resolution and its Q/K/V when that fits
+    the memory budget, otherwise the pooled overview plus a few full layers (the asked-for ones first)."""
+    L, H = f.n_layers, f.n_heads
+    block = max(1, -(-T // ATTN_OVERVIEW_MAX))
+    per_layer = H * T * T * 2
+    if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
+        full = set(range(L))
+    else:
+        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))   # asked-for layers first
+        full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
+    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
+    return Capture(full_layers=full, block=block, qkv_layers=qkv)
+
+
+@dataclass
+class _Acts:
+    """What the hooks record during one forward pass (per call: two tabs tracing at once never mix)."""
+    h: list            # [L+1] residual stream [T, d] entering each layer, and leaving the last (on device)
+    mid: list          # [L]   residual after attention (freed once the layer finishes)
+    attn: list         # [L]   |what attention adds| [T]
+    ffn: list          # [L]   |what the feed-forward network adds| [T]
+    normed: list       # [L]   |input to attention after the layer's norm| [T]
+    marks: dict        # name -> perf_counter, device-synchronised
+    emb: torch.Tensor | None = None     # [T, d] embedding output
+
+    @classmethod
+    def empty(cls, L: int) -> "_Acts":
+        return cls([None] * (L + 1), [None] * L, [None] * L, [None] * L, [None] * L, {})
+
+
+@contextmanager
+def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
+    """Forward hooks on the embedding, each layer, its norms and the final norm, recording into `acts`. The
+    hooks live on shared modules, so the caller holds lm.lock; they are removed whatever happens."""
+    arch, sync = lm.arch, syncer(lm.device)
+    L = len(arch.layers)
+
+    def mark(name):
+        def hook(*_):
+            sync()
+            acts.marks[name] = time.perf_counter()
+        return hook
+
+    def on_embed(m, i, o):          # hooks must return None, or they replace the module's output
+        acts.emb = o[0].detach()
+        mark("embed1")()
+
+    def pre(m, args, kwargs, i):
+        if i == 0:
+            acts.h[0] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+        mark(f"L{i}.0")()
+
+    def post(m, args, kwargs, out, i):
+        o = out[0] if isinstance(out, tuple) else out
+        acts.h[i + 1] = o[0].detach()
+        acts.ffn[i] = (acts.h[i + 1].float() - acts.mid[i].float()).norm(dim=-1)
+        acts.mid[i] = None
+        mark(f"L{i}.1")()
+        if progress:
+            progress((i + 1) / L, f"layer {i + 1} of {L}")
+
+    def on_normed(m, a, o, i):
+        acts.normed[i] = o[0].detach().float().norm(dim=-1)
+
+    def on_mid(m, a, i):             # residual after attention = input + what attention adds
+        acts.mid[i] = a[0][0].detach()
+        acts.attn[i] = (acts.mid[i].float() - acts.h[i].float()).norm(dim=-1)
+
+    dec = arch.decoder
+    handles = [dec.embed_tokens.register_forward_pre_hook(mark("embed0")),
+               dec.embed_tokens.register_forward_hook(on_embed)]
+    try:
+        for i, layer in enumerate(arch.layers):
+            handles += [layer.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True),
+                        layer.register_forward_hook(lambda m, a, k, o, i=i: post(m, a, k, o, i), with_kwargs=True),
+                        layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)),
+                        arch.pre_ffn_norm(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i))]
+        handles += [dec.norm.register_forward_pre_hook(mark("norm0")), dec.norm.register_forward_hook(mark("norm1"))]
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stage_timings(marks: dict, L: int, t_fwd: float, t_end: float) -> dict[str, float]:
+    out = {"embeddings": marks["embed1"] - marks["embed0"],
+           "positions (RoPE tables)": max(0.0, marks["L0.0"] - marks["embed1"])}
+    for i in range(L):
+        out[f"layer {i}"] = marks[f"L{i}.1"] - marks[f"L{i}.0"]
+    out["final norm"] = marks["norm1"] - marks["norm0"]
+    out["LM head (logits)"] = t_end - marks["norm1"]
+    out["forward total"] = t_end - t_fwd
+    return out
 
 
 def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[int] | None = None,
@@ -168,126 +255,58 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     keep every layer (they are added to the first, middle and last layers, memory permitting).
     progress(fraction, message) is called as each layer finishes."""
     check_prompt(prompt)
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     tk = tokenized or tokenize(lm.tokenizer, prompt, chat=chat)
-    timings["tokenize"] = time.perf_counter() - t0
+    t_tok = time.perf_counter() - t0
     f = lm.facts
     T = len(tk.tokens)
     if T == 0:
         raise TraceError("The prompt produced no tokens.")
     check_prompt(prompt, T, f.max_positions, max_tokens)
-    L, H = f.n_layers, f.n_heads
-
-    block = max(1, -(-T // ATTN_OVERVIEW_MAX))
-    per_layer = H * T * T * 2
-    if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
-        full = set(range(L))
-    else:
-        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))   # asked-for layers first
-        full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
-    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
-    cap = Capture(full_layers=full, block=block, qkv_layers=qkv)
-
-    model = lm.model
-    base, layers = _layers(model)
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
-    marks: dict[str, float] = {}
-    # the residual stream per layer; per-layer norms are taken as the hooks fire (no big stacks)
-    acts: dict[str, list] = {"h": [None] * (L + 1), "mid": [None] * L, "attn": [None] * L, "ffn": [None] * L,
-                             "normed": [None] * L}
-    emb: dict[str, torch.Tensor] = {}
-
-    def mark(name):
-        def hook(*_):
-            sync()
-            marks[name] = time.perf_counter()
-        return hook
-
-    def on_embed(m, i, o):          # hooks must return None, or they replace the module's output
-        emb["e"] = o[0].detach()
-        mark("embed1")()
-
-    def on_normed(m, a, o, i):
-        acts["normed"][i] = o[0].detach().float().norm(dim=-1)
-
-    def on_mid(m, a, i):                     # residual after attention = input + what attention adds
-        mid = a[0][0].detach()
-        acts["mid"][i] = mid
-        acts["attn"][i] = (mid.float() - acts["h"][i].float()).norm(dim=-1)
-
+    L = f.n_layers
+    cap = capture_plan(f, T, attn_layers, qkv_layers)
+    acts = _Acts.empty(L)
+    sync = syncer(lm.device)
     ids = torch.tensor([tk.input_ids], device=lm.device)
-    with lm.lock:   # hooks live on shared modules: register, run and remove them while holding the lock
-        handles = [base.embed_tokens.register_forward_pre_hook(mark("embed0")),
-                   base.embed_tokens.register_forward_hook(on_embed)]
-        for i, layer in enumerate(layers):
-            def pre(m, args, kwargs, i=i):
-                h = args[0] if args else kwargs["hidden_states"]
-                if i == 0:
-                    acts["h"][0] = h[0].detach()
-                mark(f"L{i}.0")()
-
-            def post(m, args, kwargs, out, i=i):
-                o = out[0] if isinstance(out, tuple) else out
-                acts["h"][i + 1] = o[0].detach()
-                acts["ffn"][i] = (acts["h"][i + 1].float() - acts["mid"][i].float()).norm(dim=-1)
-                acts["mid"][i] = None
-                mark(f"L{i}.1")()
-                if progress:
-                    progress((i + 1) / L, f"layer {i + 1} of {L}")
-
-            handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(layer.register_forward_hook(post, with_kwargs=True))
-            handles.append(layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)))
-            handles.append(_pre_ffn_norm(layer).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)))
-        handles.append(base.norm.register_forward_pre_hook(mark("norm0")))
-        handles.append(base.norm.register_forward_hook(mark("norm1")))
-        try:
-            with torch.inference_mode(), capturing(cap):
-                sync()
-                t_fwd = time.perf_counter()
-                out = model(input_ids=ids, logits_to_keep=1, use_cache=False)
-                sync()
-                t_end = time.perf_counter()
-        finally:
-            for h in handles:
-                h.remove()
+    with lm.lock:
+        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap):
+            sync()
+            t_fwd = time.perf_counter()
+            out = lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
+            sync()
+            t_end = time.perf_counter()
         logits = out.logits[0, -1].float().cpu()
-
         # logit lens at the last position: final norm + LM head applied after every layer
         t_l = time.perf_counter()
-        hs = torch.stack(acts["h"])                       # [L+1, T, d] (on device)
+        hs = torch.stack(acts.h)                                  # [L+1, T, d] (on device)
         top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)   # after the last layer: the real logits, below
         final = torch.softmax(logits, -1).topk(5)
         top5_i = torch.cat([top5_i, final.indices[None]])
         top5_p = torch.cat([top5_p, final.values[None]])
-        timings_lens = time.perf_counter() - t_l
+        t_lens = time.perf_counter() - t_l
+    timings = {"tokenize": t_tok, **_stage_timings(acts.marks, L, t_fwd, t_end), "logit lens": t_lens}
+    tr = _assemble(lm, prompt, tk, cap, acts, hs, logits, top5_i, top5_p, timings)
+    timings["total"] = time.perf_counter() - t0
+    return tr
 
-    timings["embeddings"] = marks["embed1"] - marks["embed0"]
-    timings["positions (RoPE tables)"] = max(0.0, marks["L0.0"] - marks["embed1"])
-    for i in range(L):
-        timings[f"layer {i}"] = marks[f"L{i}.1"] - marks[f"L{i}.0"]
-    timings["final norm"] = marks["norm1"] - marks["norm0"]
-    timings["LM head (logits)"] = t_end - marks["norm1"]
-    timings["forward total"] = t_end - t_fwd
-    timings["logit lens"] = timings_lens
 
+def _assemble(lm: LoadedModel, prompt: str, tk: Tokenized, cap: Capture, acts: _Acts, hs: torch.Tensor,
+              logits: torch.Tensor, top5_i: torch.Tensor, top5_p: torch.Tensor, timings: dict) -> Trace:
+    """The hooks' records as host arrays in one Trace."""
+    L = lm.facts.n_layers
     hs_f = hs.float()
-    overview = torch.stack([cap.pooled[i] for i in range(L)])
-    last_row = torch.stack([cap.last_row[i] for i in range(L)])
-    tr = Trace(
+    return Trace(
         last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)),
                               default=None),
-        model_label=lm.label, facts=f, prompt=prompt, chat=tk.chat, text=tk.text, tokens=tk.tokens,
-        segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(emb["e"]), hidden_states=_as_np(hs_f),
-        attentions=overview.numpy(), attn_block=block,
-        attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)}, attn_last_row=last_row.numpy(),
-        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(torch.stack(acts["attn"])),
-        ffn_norm=_as_np(torch.stack(acts["ffn"])), normed_norm=_as_np(torch.stack(acts["normed"])),
+        model_label=lm.label, facts=lm.facts, prompt=prompt, chat=tk.chat, text=tk.text, tokens=tk.tokens,
+        segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(acts.emb), hidden_states=_as_np(hs_f),
+        attentions=torch.stack([cap.pooled[i] for i in range(L)]).numpy(), attn_block=cap.block,
+        attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)},
+        attn_last_row=torch.stack([cap.last_row[i] for i in range(L)]).numpy(),
+        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(torch.stack(acts.attn)),
+        ffn_norm=_as_np(torch.stack(acts.ffn)), normed_norm=_as_np(torch.stack(acts.normed)),
         lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
         next_logits=logits.numpy(),
         qkv={i: {k: v.numpy() for k, v in d.items()} for i, d in sorted(cap.qkv.items())},
         timings=timings, device=lm.device_label, exact_tokens=tk.exact,
     )
-    timings["total"] = time.perf_counter() - t0
-    return tr

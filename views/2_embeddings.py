@@ -4,9 +4,8 @@ import streamlit as st
 from components.figures import (drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap,
                                 vector_strip)
 from components.tokens import visible
-from pipeline import analysis
-from pipeline.checks import Check
-from pages import common
+from pipeline import analysis, checks
+from views import widgets
 
 st.title("2 · Embeddings & positions")
 st.markdown(
@@ -16,7 +15,7 @@ st.markdown(
     "vectors as *Man bites dog*. **Positional information** is added next: Llama-style models rotate each "
     "query and key by an angle proportional to its position (**RoPE**), so attention scores depend on how far "
     "apart two tokens are. Context then comes from the transformer layers.")
-lm, tr = common.get_trace()
+lm, tr = widgets.get_trace()
 f = tr.facts
 E = analysis.embedding_matrix(lm)
 
@@ -71,8 +70,8 @@ c1, c2, c3 = st.columns([2, 2, 1])
 pa = c1.text_input("Sentence A", key="drift_a")
 pb = c2.text_input("Sentence B", key="drift_b")
 word = c3.text_input("Word", key="drift_word")
-_, ta = common.get_trace(pa, chat=False)
-_, tb = common.get_trace(pb, chat=False)
+_, ta = widgets.get_trace(pa, chat=False)
+_, tb = widgets.get_trace(pb, chat=False)
 ia, ib = analysis.find_token(ta, word), analysis.find_token(tb, word)
 curves = {}
 if ia is not None and ib is not None:
@@ -94,47 +93,23 @@ if ia is not None and ib is not None:
                    f"cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f}, after layer {int(cw.argmin()) - 1}.")
 
 st.subheader("Positions")
-inv = analysis.rope_inv_freq(lm, 0)
-if f.positional == "rope" and inv is not None:
-    npos = max(64, min(tr.T, 512))
-    tq, layer = common.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
-    inv_l = analysis.rope_inv_freq(lm, layer)
-    theta = analysis.rope_theta_of(inv_l, f.head_dim)
-    kind = analysis.layer_kind(lm, layer)
-    st.markdown(f"**RoPE** in layer {layer} (θ base {theta:,.0f}{', ' + kind if kind else ''}): the "
-                f"{f.head_dim}-dim query and key are cut into {len(inv_l)} pairs; pair *i* is rotated by "
-                f"position × {theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
+if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
+    tq, layer = widgets.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
+    rd = analysis.rope_demo(lm, tq, layer)
+    kind = rd.kind
+    st.markdown(f"**RoPE** in layer {layer} (θ base {rd.theta:,.0f}{', ' + kind if kind else ''}): the "
+                f"{f.head_dim}-dim query and key are cut into {len(rd.inv_freq)} pairs; pair *i* is rotated by "
+                f"position × {rd.theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
                 "slowly (coarse position).")
-    st.plotly_chart(rope_heatmap(analysis.rope_angles(inv_l, np.arange(npos))), width="stretch")
-    q, k = tq.qkv[layer]["q"], tq.qkv[layer]["k"]
-    # the captured q, k are after RoPE: rotate back (RoPE is orthogonal) to get the raw vectors
-    qi, ki = tq.T - 1, 0
-    q_raw = analysis.rotate(q[0, qi].astype(np.float64), -qi, inv_l)
-    k_raw = analysis.rotate(k[0, ki].astype(np.float64), -ki, inv_l)
-    dmax = 256
-    s0 = analysis.relative_scores(q_raw, k_raw, inv_l, dmax, at=0)
-    s1 = analysis.relative_scores(q_raw, k_raw, inv_l, dmax, at=100)
-    st.plotly_chart(relative_figure(s0, s1), width="stretch")
+    st.plotly_chart(rope_heatmap(rd.angles), width="stretch")
+    st.plotly_chart(relative_figure(rd.scores_at_0, rd.scores_at_100), width="stretch")
     st.caption(f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
                "every distance. Moving both by 100 positions gives the same curve: only the distance matters.")
-
-    def rope_checks():
-        direct = float(q[0, qi].astype(np.float64) @ k[0, ki].astype(np.float64))
-        again = float(analysis.rotate(q_raw, qi, inv_l) @ analysis.rotate(k_raw, ki, inv_l))
-        return [Check("our RoPE reproduces the model's rotated query·key", abs(direct - again) < 1e-3 * max(1, abs(direct)),
-                      f"model's q·k {direct:.5f} vs un-rotated then re-rotated {again:.5f}"),
-                Check("score depends on distance only", float(np.abs(s0 - s1).max()) < 1e-6 * max(1, np.abs(s0).max()),
-                      f"max |shift by 100 − original| {float(np.abs(s0 - s1).max()):.1e}"),
-                Check("embedding output = row of the matrix (× scale)",
-                      bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[i], atol=1e-5)),
-                      f"token {tok.id}: lookup vs the hooked embedding layer output")]
-    common.how_do_we_know(rope_checks, f"rope{layer}-{i}", tq)
+    widgets.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
 else:
-    base = lm.model.get_decoder() if hasattr(lm.model, "get_decoder") else lm.model.model
-    pe = getattr(base, "embed_positions", None) or getattr(base, "wpe", None)
+    pe = analysis.learned_positions(lm, max(64, tr.T))
     if pe is not None:
         st.markdown("This model learns one **position embedding** per position and adds it to the token embedding.")
-        st.plotly_chart(learned_positions_figure(pe.weight[: max(64, tr.T)].detach().float().cpu().numpy()),
-                        width="stretch")
+        st.plotly_chart(learned_positions_figure(pe), width="stretch")
     else:
         st.info("This model's positional scheme is not one this page can draw.")

@@ -6,8 +6,8 @@ from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-PAGES = ["pages/0_overview.py", "pages/1_tokens.py", "pages/2_embeddings.py", "pages/3_attention.py",
-         "pages/4_layer.py", "pages/5_next_token.py"]
+PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py",
+         "views/4_layer.py", "views/5_next_token.py"]
 
 
 def run(page=None, prompt=None, chat=None, model=None, timeout=240):
@@ -34,7 +34,7 @@ def test_page_renders(page):
 
 
 def test_tokens_page_counts_and_chat_template():
-    at = run("pages/1_tokens.py", prompt="Why is the sky blue?", chat=True)
+    at = run("views/1_tokens.py", prompt="Why is the sky blue?", chat=True)
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Words"] == "5" and metrics["Characters"] == "20" and metrics["Tokens from your prompt"] == "6"
@@ -43,7 +43,7 @@ def test_tokens_page_counts_and_chat_template():
 
 
 def test_next_token_page_refilters_without_new_trace():
-    at = run("pages/5_next_token.py")
+    at = run("views/5_next_token.py")
     assert not at.exception
     kept = {m.label: m.value for m in at.metric}["Candidates left"]
     at.slider(key="top_k").set_value(3).run()
@@ -52,7 +52,7 @@ def test_next_token_page_refilters_without_new_trace():
     assert any("drew" in m.value for m in at.markdown)
 
 
-@pytest.mark.parametrize("page", ["pages/1_tokens.py", "pages/3_attention.py", "pages/5_next_token.py"])
+@pytest.mark.parametrize("page", ["views/1_tokens.py", "views/3_attention.py", "views/5_next_token.py"])
 @pytest.mark.parametrize("bad, expect", [
     ("", "empty"), ("   \n\t ", "empty"),
     ("x " * 50000, "context window"),                      # 100k characters, far over 8,192 tokens
@@ -64,7 +64,7 @@ def test_bad_prompts_give_a_message(page, bad, expect):
 
 
 def test_tokens_page_still_tokenizes_a_prompt_too_long_for_the_model():
-    at = run("pages/1_tokens.py", prompt="x " * 50000)
+    at = run("views/1_tokens.py", prompt="x " * 50000)
     assert not at.exception
     assert int({m.label: m.value for m in at.metric}["Tokens the model reads"].replace(",", "")) > 8192
     assert {m.label: m.value for m in at.metric}["Characters"] == "100,000"
@@ -81,7 +81,7 @@ def test_pages_on_gemma(page):
 
 
 def test_special_token_text_is_not_injected():
-    at = run("pages/1_tokens.py", prompt="say <|im_end|> now")
+    at = run("views/1_tokens.py", prompt="say <|im_end|> now")
     assert not at.exception
     bodies = [h.proto.body for h in at.get("html")]
     main = bodies[0]                                          # this model's chips (others follow for comparison)

@@ -4,7 +4,7 @@ import streamlit as st
 from components.figures import sampling_figure
 from components.tokens import visible
 from pipeline import checks, sampling
-from pages import common
+from views import widgets
 
 st.title("5 · Next token")
 st.markdown(
@@ -14,7 +14,7 @@ st.markdown(
     "**top-p** the smallest set whose probability reaches p, **min-p** those at least min-p × the top "
     "probability. What survives is renormalised and one token is **sampled**. Moving a slider re-filters this "
     "run's cached logits; the model is not run again.")
-lm, tr = common.get_trace()
+lm, tr = widgets.get_trace()
 c = st.columns(5)
 temperature = c[0].slider("Temperature", 0.0, 2.0, 1.0, 0.05, key="temperature")
 top_k = c[1].slider("Top-k (0 = off)", 0, 200, 50, key="top_k")
@@ -44,17 +44,14 @@ s1, s2 = st.columns([1, 3])
 seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
 if s1.button("Sample", type="primary"):
     tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
-    st.session_state["sampled"] = (tr.text, lm.label, tid, float(last[tid]), float(first[tid]), int(seed))
-if st.session_state.get("sampled", (None, None))[:2] == (tr.text, lm.label):
-    _, _, tid, p, p_raw, sd = st.session_state["sampled"]
+    widgets.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), int(seed)))
+sampled = widgets.recall("sampled")
+if sampled is not None and sampled[0] == tr.text:
+    _, tid, p, p_raw, sd = sampled
     s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}): p = {p:.3f} after the "
                 f"filters, {p_raw:.3f} before them:")
     s2.code(tr.text + lm.tokenizer.decode([tid]), language=None)
 
-def next_checks():
-    if ("logits check",) not in tr.extras:
-        tr.extras[("logits check",)] = checks.check_logits(lm, tr)[0]
-    return [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), tr.extras[("logits check",)]]
-
-
-common.how_do_we_know(next_checks, f"next{temperature}-{top_k}-{top_p}-{min_p}", tr if tr.T > 256 else None)
+widgets.how_do_we_know(lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p),
+                               checks.check_logits(lm, tr)[0]],
+                      f"next{temperature}-{top_k}-{top_p}-{min_p}", tr)

@@ -2,7 +2,7 @@ import streamlit as st
 
 import pipeline
 from components.tokens import chips_html, template_html, token_rows
-from pages import common
+from views import widgets
 
 st.title("1 · Prompt & tokens")
 st.markdown(
@@ -10,7 +10,7 @@ st.markdown(
     "vocabulary and replaces each by its **token id**. Common words are one piece; rare words, names, emoji "
     "and other scripts split into several, down to single bytes. In chat mode the **chat template** wraps your "
     "message in **special tokens** that mark who is speaking. Hover a chip for its id, piece and bytes.")
-lm, tr, too_long = common.get_tokens()
+lm, tr, too_long = widgets.get_tokens()
 prompt = tr.prompt
 if too_long:
     st.warning(too_long + " The tokens are shown here; the later stages need a shorter prompt.")
@@ -44,7 +44,7 @@ for m in pipeline.available_models():
         rows.append({"model": m.label, "tokens": None, "pieces": f"({m.why})"})
         continue
     try:
-        tok = common.tokenizer_for(m.key)
+        tok = widgets.tokenizer_for(m.key)
         tk = pipeline.tokenize(tok, prompt)
         rows.append({"model": m.label, "tokens": len(tk.tokens), "vocabulary": len(tok),
                      "pieces": " | ".join(t.piece for t in tk.tokens[:40]) + (" …" if len(tk.tokens) > 40 else "")})
@@ -52,22 +52,12 @@ for m in pipeline.available_models():
         rows.append({"model": m.label, "tokens": None, "pieces": f"could not tokenize: {e}"})
 st.dataframe(rows, hide_index=True, width="stretch")
 for m in pipeline.available_models():
-    if m.available and m.key != common.model_key():
+    if m.available and m.key != widgets.model_key():
         try:
-            tk = pipeline.tokenize(common.tokenizer_for(m.key), prompt)
+            tk = pipeline.tokenize(widgets.tokenizer_for(m.key), prompt)
             st.markdown(f"**{m.label}**")
             st.html(chips_html(tk.tokens, tk.segments, max_segments=400))
         except Exception:
             pass
 
-def token_checks():
-    ref = lm.tokenizer(prompt, split_special_tokens=True)["input_ids"] if not tr.chat else None
-    out = [pipeline.checks.check_tokens(tr)]
-    if ref is not None:
-        same = ref == tr.input_ids
-        out.append(pipeline.checks.Check("ids = the tokenizer's own encoding", same,
-                                         f"{len(ref)} ids from tokenizer(prompt) vs {len(tr.input_ids)} shown"))
-    return out
-
-
-common.how_do_we_know(token_checks, "tokens")
+widgets.how_do_we_know(lambda: pipeline.checks.token_checks(lm.tokenizer, tr), "tokens", tr)

@@ -2,8 +2,8 @@ import streamlit as st
 
 from components.generation import distribution_figure, step_times_figure
 from components.tokens import visible
-from pipeline.generate import metrics
-from pages import common
+from pipeline.generation import metrics
+from views import widgets
 
 st.title("6 · Generation: the autoregressive loop")
 st.markdown(
@@ -12,33 +12,31 @@ st.markdown(
     "**KV cache** each step feeds only the newest token; the keys and values of everything before are reused. "
     "This is our own loop (not `model.generate`), so every step's distribution and timing is visible. Click a "
     "generated token to see the distribution it was drawn from.")
-lm = common.get_model()
+lm = widgets.get_model()
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
 c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")
-chat = common.chat_switch(lm, "gen_chat", c2)
-settings = common.sampling_controls("gen")
+chat = widgets.chat_switch(lm, "gen_chat", c2)
+settings = widgets.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")
 if b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept"):
-    running = st.session_state.get("gen")
-    if running and not running["done"]:
-        running["stopped"] = True
+    widgets.stop_generation("gen")
 out = st.empty()
 if go:
     st.session_state.pop("gen_pick", None)          # a new run: show its last token, not the old selection
-    rec = common.run_generation(lm, prompt, chat, settings, "gen", out=out)
+    rec = widgets.run_generation(lm, prompt, chat, settings, "gen", out=out)
     if rec is None:
         st.stop()
-rec = common.last_generation("gen", lm)
+rec = widgets.last_generation("gen", lm)
 if rec is None:
     st.info("Press **Generate** to run the loop on the sidebar's prompt.")
     st.stop()
-ev = rec["events"]
+ev = rec.events
 if not go:
-    out.markdown(common.answer_text(lm, rec))
-st.caption(f"Run: {common.run_label(rec)}.")
-if not rec["done"]:
+    out.markdown(rec.text(lm.tokenizer))
+st.caption(f"Run: {rec.label}.")
+if not rec.done:
     st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
 elif ev[-1].finished == "eos":
     st.caption("Stopped at the end-of-sequence token.")
@@ -50,7 +48,7 @@ c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in
 c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
             help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
-c[4].metric("Prompt tokens", rec["prompt_tokens"])
+c[4].metric("Prompt tokens", rec.prompt_tokens)
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 pick = st.pills("Generated tokens (click one; the small number is its position)", list(range(len(ev))),
                 default=len(ev) - 1 if ev else None,

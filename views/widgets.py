@@ -1,19 +1,20 @@
-"""Glue shared by every page: the sidebar, the one loaded model per process, cached traces.
+"""The Streamlit side of the shared state: the sidebar, the model and traces a page reads, and the widgets
+several pages share. The state itself (loaders, trace cache, a page's last run) lives in `appstate`, which
+knows nothing of Streamlit; this module only holds one instance per process or per session.
 
 Pages stay thin: they read widgets, call pipeline, hand plain data to components.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 
-import numpy as np
 import streamlit as st
 
+import appstate
 import pipeline
-from pipeline.models import ModelLoadError, available_models
-from pipeline.trace import TraceError
+from pipeline.generation import GenerationRecord, prepare
+from pipeline.models import ModelLoadError, available_models, canonical_key
+from pipeline.tracing import TraceError, check_prompt
 
 PRESETS = {
     "Why is the sky blue?": ("Why is the sky blue?", True),
@@ -29,32 +30,13 @@ LOCAL = "Local folder…"
 DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
 
 
-class Loader:
-    """Loads one model in a background thread so the page can show progress instead of freezing."""
-
-    def __init__(self, key: str):
-        self.key, self.fraction, self.message = key, 0.0, "starting"
-        self.result, self.error, self.t0 = None, None, time.time()
-        self.done = threading.Event()
-        threading.Thread(target=self._run, daemon=True, name=f"load-{key}").start()
-
-    def _progress(self, f, msg):
-        self.fraction, self.message = f, msg
-
-    def _run(self):
-        try:
-            self.result = pipeline.load_model(self.key, progress=self._progress)
-        except ModelLoadError as e:
-            self.error = str(e)
-        except Exception as e:  # keep serving whatever happens
-            self.error = f"{type(e).__name__}: {e}"
-        finally:
-            self.done.set()
+@st.cache_resource(show_spinner=False)
+def _loaders() -> appstate.Loaders:
+    return appstate.Loaders(max_models=4)
 
 
-@st.cache_resource(show_spinner=False, max_entries=4)
-def _loader(key: str) -> Loader:
-    return Loader(key)
+def _loader(key: str) -> appstate.Loader:
+    return _loaders().get(key)
 
 
 def _init_state():
@@ -98,7 +80,8 @@ def sidebar():
 def model_key() -> str:
     choice = st.session_state.get("model_choice") or pipeline.EMBEDDED
     if choice == LOCAL:
-        return st.session_state.get("local_path", "").strip()
+        path = st.session_state.get("local_path", "").strip()
+        return canonical_key(path) if path else ""
     return choice
 
 
@@ -123,29 +106,9 @@ def get_model():
     return lm
 
 
-class TraceCache:
-    """Traces shared by every tab, least recently used first out, bounded by bytes (a 2,048-token trace holds
-    ~400 MB, a short one ~1 MB)."""
-
-    def __init__(self, budget: int = 1200 << 20):
-        self.budget, self.items, self.lock = budget, OrderedDict(), threading.Lock()
-
-    def get(self, key, make):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        tr = make()
-        with self.lock:
-            self.items[key] = tr
-            while len(self.items) > 1 and sum(t.nbytes for t in self.items.values()) > self.budget:
-                self.items.popitem(last=False)
-        return tr
-
-
 @st.cache_resource(show_spinner=False)
-def _traces() -> TraceCache:
-    return TraceCache()
+def _traces() -> appstate.TraceCache:
+    return appstate.TraceCache()
 
 
 def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
@@ -164,7 +127,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     chat = bool(st.session_state.get("chat")) if chat is None else chat
     bar = st.empty()
     try:
-        pipeline.trace_mod.check_prompt(prompt)
+        check_prompt(prompt)
         tr = _trace(model_key(), prompt, chat, qkv_layer,
                     progress=lambda f, msg: bar.progress(f, text=f"Running the model with hooks: {msg}"))
     except TraceError as e:
@@ -175,8 +138,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if chat and not tr.chat and own:
         st.caption("This model has no chat template (a base model), so the prompt is used as plain text.")
     if own:
-        nxt = int(tr.next_logits.argmax())
-        p = float(np.exp(tr.next_logits[nxt] - np.logaddexp.reduce(tr.next_logits.astype(np.float64))))
+        nxt, p = pipeline.sampling.top_token(tr.next_logits)
         where = st.session_state.get("_run_caption") or st.sidebar
         where.caption(f"**This run:** {tr.T:,} tokens → most likely next token "
                       f"**{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
@@ -194,13 +156,13 @@ def get_tokens():
     lm = get_model()
     prompt, chat = st.session_state.get("prompt", ""), bool(st.session_state.get("chat"))
     try:
-        pipeline.trace_mod.check_prompt(prompt)
+        check_prompt(prompt)
     except TraceError as e:
         st.warning(str(e))
         st.stop()
     tk = _tokenized(model_key(), prompt, chat)
     try:
-        pipeline.trace_mod.check_prompt(prompt, len(tk.tokens), lm.facts.max_positions)
+        check_prompt(prompt, len(tk.tokens), lm.facts.max_positions)
         msg = None
     except TraceError as e:
         msg = str(e)
@@ -215,24 +177,31 @@ def verdict(ok: bool | None) -> str:
     return SKIP if ok is None else (PASS if ok else FAIL)
 
 
-def how_do_we_know(checks_fn, key: str, tr=None, label="How do we know? Cross-checks on this run"):
-    """An expander that runs `checks_fn()` -> [Check] once per trace (results kept on the trace) and shows
-    each measured discrepancy. Checks that need extra forward passes on long prompts wait for a click."""
+def _check_results() -> appstate.CheckResults:
+    return st.session_state.setdefault("_checks", appstate.CheckResults())
+
+
+def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks on this run"):
+    """An expander that runs `checks_fn()` -> [Check] once per `tr` (a trace, or a run's result object) and shows
+    each measured discrepancy. Results live in the session (appstate.CheckResults), never on the shared trace.
+    Checks that need extra forward passes on long prompts wait for a click."""
     with st.expander(label):
-        store = tr.extras if tr is not None else {}
-        if ("checks", key) not in store:
-            if tr is not None and tr.T > 256 and not st.button("Run the cross-checks", key=f"chk_{key}",
-                                                               help="They re-run the model: seconds at this length"):
-                st.caption(f"{tr.T} tokens: the cross-checks re-run the model, so they wait for a click.")
+        store = _check_results()
+        results = store.get(key, tr)
+        if results is None:
+            T = getattr(tr, "T", 0)
+            if T > 256 and not st.button("Run the cross-checks", key=f"chk_{key}",
+                                         help="They re-run the model: seconds at this length"):
+                st.caption(f"{T} tokens: the cross-checks re-run the model, so they wait for a click.")
                 return
             try:
-                store[("checks", key)] = checks_fn()
-            except Exception as e:
+                results = checks_fn()
+            except Exception as e:  # noqa: BLE001 - a failed check is shown, the page keeps serving
                 st.error(f"A check could not run: {type(e).__name__}: {e}")
                 return
-        for c in store[("checks", key)]:
-            mark = verdict(c.ok)
-            st.markdown(f"{mark} **{c.name}** — {c.detail}")
+            store.put(key, tr, results)
+        for c in results:
+            st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
 
 
 @st.cache_resource(show_spinner="Loading tokenizer…")
@@ -301,7 +270,7 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
     c = st.columns(5)
     return dict(
         max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n",
-                                         help=f"Capped at {pipeline.generate_mod.MAX_NEW_TOKENS}"),
+                                         help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}"),
         temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else 0.7, 0.05, key=f"{prefix}_t",
                                 help="0 = greedy"),
         top_k=c[2].slider("Top-k (0 = off)", 0, 200, 50, key=f"{prefix}_k"),
@@ -311,54 +280,57 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
 
 
 def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None,
-                   use_cache: bool = True):
-    """Stream one generation into `out` (a placeholder), keeping every event in session_state[slot] as it
+                   use_cache: bool = True) -> GenerationRecord | None:
+    """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
     arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input."""
     try:
-        req = pipeline.generate_mod.prepare(lm, prompt, settings["max_new_tokens"], chat)
+        req = prepare(lm, prompt, settings["max_new_tokens"], chat)
     except TraceError as e:
         st.warning(str(e))
         return None
     for note in req.notes:
         st.info(note)
-    rec = {"prompt": prompt, "chat": chat, "model": lm.label, "settings": dict(settings), "events": [],
-           "done": False, "prompt_tokens": len(req.prompt_ids), "use_cache": use_cache}
-    st.session_state[slot] = rec
+    rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings),
+                           prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
+    appstate.remember(st.session_state, slot, model_key(), rec)
     t_start = time.perf_counter()
-    for ev in pipeline.generate_mod.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache,
-                                             **{k: v for k, v in settings.items() if k != "max_new_tokens"}):
-        if rec.get("stopped"):          # Stop was pressed: the page has moved on, keep what it showed
+    for ev in pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache,
+                                **{k: v for k, v in settings.items() if k != "max_new_tokens"}):
+        if rec.stopped:          # Stop was pressed: the page has moved on, keep what it showed
             break
-        rec["events"].append(ev)
+        rec.events.append(ev)
         if sampler is not None:
             sampler.mark("prefill" if ev.phase == "prefill" else "decode",
                          t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
         if out is not None:
-            out.markdown(answer_text(lm, rec) + " ▌")
-    rec["done"] = not rec.get("stopped")
+            out.markdown(rec.text(lm.tokenizer) + " ▌")
+    rec.done = not rec.stopped
     if out is not None:
-        out.markdown(answer_text(lm, rec))
+        out.markdown(rec.text(lm.tokenizer))
     return rec
 
 
-def answer_text(lm, rec) -> str:
-    """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
-    return lm.tokenizer.decode([e.token_id for e in rec["events"]], skip_special_tokens=True)
+def last_generation(slot: str, lm) -> GenerationRecord | None:
+    """This session's last generation in `slot` for the loaded model, if it produced anything."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    return rec if rec is not None and rec.model == lm.label and rec.events else None
 
 
-def run_label(rec) -> str:
-    s = rec["settings"]
-    how = "greedy" if not s.get("temperature") else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, "
-                                                     f"top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
-    return (f"{rec['model']}, {'chat' if rec['chat'] else 'plain'} prompt of {rec['prompt_tokens']} tokens, {how}, "
-            f"up to {s['max_new_tokens']} new tokens" + ("" if rec.get("use_cache", True) else ", KV cache off"))
+def stop_generation(slot: str) -> None:
+    """The Stop button: the running generation in `slot` stops after its current token, keeping what it made."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    if rec is not None and not rec.done:
+        rec.stopped = True
 
 
-def last_generation(slot: str, lm):
-    rec = st.session_state.get(slot)
-    if rec and rec["model"] == lm.label and rec["events"]:
-        return rec
-    return None
+def remember(slot: str, value) -> None:
+    """Keep a page's last result (a sweep, a comparison) for this session and the loaded model."""
+    appstate.remember(st.session_state, slot, model_key(), value)
+
+
+def recall(slot: str):
+    """The page's last result for the loaded model, or None."""
+    return appstate.recall(st.session_state, slot, model_key())
 
 
 def load_other_model(key: str):
@@ -380,7 +352,7 @@ def _wait_loaded(key: str, what: str):
             bar.progress(min(1.0, ldr.fraction), text=f"{ldr.message} · {time.time() - ldr.t0:.0f} s")
         bar.empty()
     if ldr.error:
-        _loader.clear()
+        _loaders().forget(key)          # only this one: every other loaded model stays for every session
         st.error(f"Could not load {what}: {ldr.error}")
         return None
     return ldr.result

@@ -2,8 +2,8 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
-from pipeline.generate import kv_bytes_formula, kv_window
-from pages import common
+from pipeline.generation import kv_bytes_formula, kv_window
+from views import widgets
 
 st.title("8 · The KV cache")
 st.markdown(
@@ -12,30 +12,30 @@ st.markdown(
     "**2 (K and V) × layers × KV heads × head dim × bytes per value** per token. Models with "
     "**grouped-query attention** (GQA) share each key/value head among several query heads, which divides this "
     "memory. Below, the formula next to the bytes actually held by this run's cache tensors.")
-lm = common.get_model()
+lm = widgets.get_model()
 f = lm.facts
-chat = common.chat_switch(lm, "kv_chat")
-prompt = common.generation_prompt()
+chat = widgets.chat_switch(lm, "kv_chat")
+prompt = widgets.generation_prompt()
 if prompt is None:
     st.stop()
-rec = common.last_generation("gen", lm)
+rec = widgets.last_generation("gen", lm)
 source = "page 6's last run"
-if rec is None or not rec.get("use_cache", True) or rec["prompt"] != prompt or rec["chat"] != chat:
-    rec = common.last_generation("kv", lm)
+if rec is None or not rec.use_cache or rec.prompt != prompt or rec.chat != chat:
+    rec = widgets.last_generation("kv", lm)
     source = "a 16-token greedy run made by this page (generate on page 6 to measure your own)"
-    if rec is None or rec["prompt"] != prompt or rec["chat"] != chat:
+    if rec is None or rec.prompt != prompt or rec.chat != chat:
         with st.spinner("Generating 16 tokens to measure the cache…"):
-            rec = common.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0,
+            rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0,
                                                                top_p=1.0, seed=0), "kv")
         if rec is None:
             st.stop()
-st.caption(f"Measured on {source}: {common.run_label(rec)}.")
-if rec["events"] and rec["events"][-1].finished == "eos" and len(rec["events"]) < rec["settings"]["max_new_tokens"]:
-    st.info(f"The model ended its answer after {len(rec['events'])} token(s) (end-of-sequence), so the cache "
-            f"stopped growing at {rec['events'][-1].context_len} tokens."
+st.caption(f"Measured on {source}: {rec.label}.")
+if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.settings["max_new_tokens"]:
+    st.info(f"The model ended its answer after {len(rec.events)} token(s) (end-of-sequence), so the cache "
+            f"stopped growing at {rec.events[-1].context_len} tokens."
             + ("" if chat or not getattr(lm.tokenizer, "chat_template", None) else
                " Chat mode makes an instruct model answer at length."))
-ev = rec["events"]
+ev = rec.events
 per_token = kv_bytes_formula(lm, 1)
 bpv = per_token // (2 * f.n_layers * f.n_kv_heads * f.head_dim)      # bytes per value of this dtype
 last = ev[-1]

@@ -1,0 +1,150 @@
+"""The app's state, without Streamlit: model loaders, the byte-bounded trace cache, and a page's last run.
+
+views/ keeps one instance of each per process (st.cache_resource) or per session (st.session_state, passed in
+as a plain mapping), so everything here is unit-tested without a browser.
+
+    loaders = Loaders(max_models=4)
+    ldr = loaders.get(key)            # starts loading in a background thread; ldr.done / .fraction / .error
+    loaders.forget(key)               # only this model (a failed load never evicts the others)
+    traces = TraceCache(budget_bytes)
+    tr = traces.get(key, make)        # shared by every session, least recently used out first
+    remember(state, "gen", model_key, record); recall(state, "gen", model_key)
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import MutableMapping
+from typing import Any, Callable
+
+import pipeline
+from pipeline.models import ModelLoadError, canonical_key
+
+
+class Loader:
+    """Loads one model in a background thread so the page can show progress instead of freezing."""
+
+    def __init__(self, key: str, load: Callable | None = None):
+        self.key, self.fraction, self.message = key, 0.0, "starting"
+        self.result, self.error, self.t0 = None, None, time.time()
+        self.done = threading.Event()
+        self._load = load or pipeline.load_model
+        threading.Thread(target=self._run, daemon=True, name=f"load-{key}").start()
+
+    def _progress(self, f, msg):
+        self.fraction, self.message = f, msg
+
+    def _run(self):
+        try:
+            self.result = self._load(self.key, progress=self._progress)
+        except ModelLoadError as e:
+            self.error = str(e)
+        except Exception as e:  # noqa: BLE001 - keep serving whatever happens
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class Loaders:
+    """One Loader per model (keys made canonical: "x/", "x//" and a symlink to x are one model), at most
+    `max_models` kept, least recently used out first; a failed load is forgotten alone."""
+
+    def __init__(self, max_models: int = 4, load: Callable | None = None):
+        self.max_models, self._load = max_models, load
+        self._items: OrderedDict[str, Loader] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Loader:
+        key = canonical_key(key)
+        with self._lock:
+            ldr = self._items.get(key)
+            if ldr is None:
+                ldr = self._items[key] = Loader(key, self._load)
+                while len(self._items) > self.max_models:
+                    self._items.popitem(last=False)
+            self._items.move_to_end(key)
+            return ldr
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(canonical_key(key), None)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+
+class TraceCache:
+    """Traces shared by every session, least recently used first out, bounded by bytes (a 2,048-token trace
+    holds ~400 MB, a short one ~1 MB). The newest trace always stays, even alone over the budget."""
+
+    def __init__(self, budget: int = 1200 << 20):
+        self.budget, self.items, self.lock = budget, OrderedDict(), threading.Lock()
+
+    def get(self, key, make: Callable[[], Any]):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        tr = make()
+        with self.lock:
+            self.items[key] = tr
+            self.items.move_to_end(key)
+            while len(self.items) > 1 and self.nbytes > self.budget:
+                self.items.popitem(last=False)
+        return tr
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.items.values())
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+# ------------------------------------------------------------------------- a page's last run, per session
+RUNS = "_runs"          # session-state key: {slot: (model key, value)}
+
+
+def remember(state: MutableMapping, slot: str, model_key: str, value) -> None:
+    """Keep `value` as this session's last result for `slot` (one per slot: a new run replaces the old)."""
+    state.setdefault(RUNS, {})[slot] = (model_key, value)
+
+
+def recall(state: MutableMapping, slot: str, model_key: str):
+    """This session's last result for `slot` if it was made with `model_key`, else None."""
+    got = state.get(RUNS, {}).get(slot)
+    return got[1] if got is not None and got[0] == model_key else None
+
+
+def forget_run(state: MutableMapping, slot: str) -> None:
+    state.get(RUNS, {}).pop(slot, None)
+
+
+class CheckResults:
+    """Cross-check results of one session, per (check, the object checked: a trace or a run's result), held
+    with a weak reference to that object, so keeping results never keeps a trace alive, and a new run never
+    shows the old run's results; at most `max_items`, oldest out first."""
+
+    def __init__(self, max_items: int = 64):
+        self.max_items = max_items
+        self._items: OrderedDict = OrderedDict()
+
+    def get(self, key: str, owner):
+        got = self._items.get(key)
+        alive = got[0]() if got is not None else None
+        if alive is None or alive is not owner:
+            return None
+        self._items.move_to_end(key)
+        return got[1]
+
+    def put(self, key: str, owner, value) -> None:
+        self._items[key] = (weakref.ref(owner), value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)

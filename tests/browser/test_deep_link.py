@@ -1,0 +1,40 @@
+"""A link a teacher shares is the first thing a fresh server sees: it must open that page, with the sidebar.
+
+Streamlit treats a folder named pages/ next to the entry script as its legacy page list; while our pages lived
+there, a deep link as the first request after a start listed the raw files and lost the sidebar, and /common
+rendered a blank page. This module's server is fresh: its first request is the deep link."""
+from ui import no_exception, wait_idle
+
+
+def test_first_request_is_a_deep_link(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(f"{server}/kv-cache", wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    no_exception(page)
+    assert "KV cache" in page.locator("h1").first.inner_text()
+    nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
+    assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "widgets") for t in nav)
+    sidebar = page.locator("[data-testid='stSidebar']")
+    assert sidebar.locator("textarea").count() == 1                      # the prompt box is there
+    assert "Model" in sidebar.inner_text()
+    assert "The prompt is empty" not in page.inner_text("body")
+    # a second visitor's first request, another deep link, in a new session
+    other = browser.new_page(viewport={"width": 1400, "height": 1200})
+    other.goto(f"{server}/tokens", wait_until="domcontentloaded")
+    other.wait_for_selector("h1", timeout=240_000)
+    wait_idle(other, 300_000)
+    no_exception(other)
+    assert "Prompt & tokens" in other.locator("h1").first.inner_text()
+    assert other.locator("[data-testid='stSidebar'] textarea").count() == 1
+
+
+def test_internal_modules_are_not_pages(server, browser):
+    page = browser.new_page(viewport={"width": 1200, "height": 800})
+    for path in ("common", "widgets"):
+        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+        page.wait_for_selector("[data-testid='stSidebar']", timeout=240_000)
+        wait_idle(page, 300_000)
+        no_exception(page)
+        nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
+        assert not any(t.strip() in ("common", "widgets") for t in nav)

@@ -1,0 +1,90 @@
+"""Helpers for driving the app in headless Chromium (imported by the browser tests)."""
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, env: dict | None = None):
+    """A fresh `streamlit run app.py` on 127.0.0.1:port; returns (process, url) once it answers its health check."""
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--server.headless", "true",
+                             "--browser.gatherUsageStats", "false"],
+                            cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
+            return proc, url
+        except Exception:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(proc.stdout.read().decode()[-3000:])
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_idle(page, timeout=180_000):
+    """Wait until Streamlit has finished the script run: no running status, no spinner, no progress bar,
+    no stale (greyed) element, twice in a row."""
+    js = """() => { const app = document.querySelector('[data-testid="stApp"]');
+                 const state = app ? app.getAttribute('data-test-script-state') : 'initial';
+                 return state !== 'running' && state !== 'initial' && state !== 'rerunRequested'
+                 && !document.querySelector('[data-testid="stSpinner"]')
+                 && !document.querySelector('[data-testid="stCacheSpinner"]')
+                 && !document.querySelector('[data-testid="stProgress"]')
+                 && !document.querySelector('[data-stale="true"]'); }"""
+    for _ in range(2):
+        page.wait_for_timeout(500)
+        page.wait_for_function(js, timeout=timeout)
+
+
+def no_exception(page):
+    assert page.locator("[data-testid='stException']").count() == 0, page.locator(
+        "[data-testid='stException']").first.inner_text()
+
+
+def set_prompt(page, text):
+    box = page.locator("[data-testid='stSidebar'] textarea").first
+    box.fill(text)
+    box.press("Control+Enter")
+    wait_idle(page)
+
+
+def open_app(server, browser, height=2000):
+    """A fresh session on the overview page, idle."""
+    page = browser.new_page(viewport={"width": 1400, "height": height})
+    page.goto(server, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    return page
+
+
+def click_button(page, text):
+    page.get_by_role("button", name=text).first.click()
+    wait_idle(page)
+
+
