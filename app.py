@@ -28,6 +28,7 @@ FASTER = [
             url_path="speculative"),
     st.Page("views/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:",
             url_path="streaming-sharding"),
+    st.Page("views/15_batching.py", title="15 · Continuous batching", icon=":material/groups:", url_path="batching"),
 ]
 page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER}, expanded=True)
 widgets.sidebar()

@@ -16,8 +16,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import MutableMapping
-from typing import Any, Callable
+from collections.abc import Callable, MutableMapping
+from typing import Any
 
 import pipeline
 from pipeline.models import ModelLoadError, canonical_key

@@ -6,7 +6,6 @@ figures (goal about 1.5 GB), the bytes those figures send, and the attention pag
 import time
 
 import psutil
-
 from common import ROOT, write
 
 

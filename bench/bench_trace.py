@@ -10,10 +10,9 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, write
+from common import write
 
-LOAD = ("import time,sys; sys.path.insert(0,%r); t=time.perf_counter(); import pipeline; "
-        "lm=pipeline.load_model(); print(time.perf_counter()-t)") % str(ROOT)
+LOAD = "import time; t=time.perf_counter(); import pipeline; lm=pipeline.load_model(); print(time.perf_counter()-t)"
 
 
 def load_time(cache: str) -> float:

@@ -107,56 +107,62 @@ def offline_html(kind, attention, tokens, max_layers=None, decimals=3,
     decimals: rounding of attention weights embedded in the page.
     display_mode: model view only, "dark" (bertviz default) or "light".
     """
-    import torch
-    from bertviz import head_view, model_view
+    att, tokens = _checked(kind, attention, tokens)
+    n_layers, n_heads, T, _ = att.shape
+    layers = select_layers(n_layers, max_layers)
+    raw = _offline_body(_bertviz_html(kind, att, tokens, layers, decimals, display_mode))
+    return _document(kind, raw, layers, n_layers, n_heads, T, decimals, display_mode, title)
 
+
+def _checked(kind, attention, tokens) -> tuple[np.ndarray, list[str]]:
     if kind not in ("head", "model"):
         raise ValueError("kind must be 'head' or 'model'")
     att = np.asarray(attention)
     if att.ndim != 4 or att.shape[2] != att.shape[3]:
         raise ValueError(f"attention must be [layers, heads, T, T], got {att.shape}")
-    n_layers, n_heads, T, _ = att.shape
     tokens = [str(t) for t in tokens]
-    if len(tokens) != T:
-        raise ValueError(f"{len(tokens)} tokens but attention has T={T}")
+    if len(tokens) != att.shape[2]:
+        raise ValueError(f"{len(tokens)} tokens but attention has T={att.shape[2]}")
+    return att, tokens
 
-    layers = select_layers(n_layers, max_layers)
-    # float64 so that tolist() yields short reprs (0.123, not 0.12300000339...).
-    # Only the selected layers are converted; bertviz only indexes
-    # attention[i] for i in include_layers (and attention[0] for head count),
-    # so the other slots just reuse the first selected tensor (no copy).
-    sel = {i: torch.from_numpy(np.round(att[i].astype(np.float64), decimals)[None])
-           for i in layers}
-    filler = sel[layers[0]]
-    att_list = [sel.get(i, filler) for i in range(n_layers)]
 
+def _bertviz_html(kind, att: np.ndarray, tokens: list[str], layers: list[int], decimals: int,
+                  display_mode: str) -> str:
+    """bertviz's own HTML for the selected layers. float64 so that tolist() yields short reprs (0.123, not
+    0.12300000339...). Only the selected layers are converted; bertviz only indexes attention[i] for i in
+    include_layers (and attention[0] for the head count), so the other slots reuse the first selected tensor."""
+    import torch
+    from bertviz import head_view, model_view
+
+    sel = {i: torch.from_numpy(np.round(att[i].astype(np.float64), decimals)[None]) for i in layers}
+    att_list = [sel.get(i, sel[layers[0]]) for i in range(att.shape[0])]
     if kind == "head":
-        out = head_view(att_list, tokens, include_layers=layers, html_action="return")
-    else:
-        out = model_view(att_list, tokens, include_layers=layers,
-                         display_mode=display_mode, html_action="return")
-    raw = out.data
+        return head_view(att_list, tokens, include_layers=layers, html_action="return").data
+    return model_view(att_list, tokens, include_layers=layers, display_mode=display_mode,
+                      html_action="return").data
 
-    # 1) drop the require.js CDN tag
-    raw, n = _REQUIRE_TAG_RE.subn("", raw)
+
+def _offline_body(raw: str) -> str:
+    """bertviz's HTML without its CDN loader, its parameters serialised once and compactly."""
+    raw, n = _REQUIRE_TAG_RE.subn("", raw)              # 1) drop the require.js CDN tag
     if n != 1:
         raise RuntimeError("bertviz_offline: require.js <script> tag not found (bertviz changed?)")
-    # 2) drop require.config({paths: CDN...}) (the shim's config is a no-op anyway)
-    raw = _REQUIRE_CONFIG_RE.sub("", raw, count=1)
-    # 3) re-serialize params compactly
-    start = raw.find(_PARAMS_MARK)
+    raw = _REQUIRE_CONFIG_RE.sub("", raw, count=1)      # 2) drop require.config({paths: CDN...}) (the shim's is a no-op)
+    start = raw.find(_PARAMS_MARK)                      # 3) re-serialise params compactly
     if start < 0:
         raise RuntimeError("bertviz_offline: params marker not found (bertviz changed?)")
     start += len(_PARAMS_MARK)
     params, end = json.JSONDecoder().raw_decode(raw, start)
-    # bertviz's str.replace also substitutes the marker inside the trailing
-    # "// HACK: PYTHON_PARAMS is a template marker..." comment, i.e. the whole
-    # JSON is embedded twice (and a "</script>" in a token breaks the page).
+    # bertviz's str.replace also substitutes the marker inside the trailing "// HACK: PYTHON_PARAMS is a template
+    # marker..." comment, i.e. the whole JSON is embedded twice (and a "</script>" in a token breaks the page).
     # Drop the rest of that line.
     eol = raw.find("\n", end)
     eol = len(raw) if eol < 0 else eol
-    raw = raw[:start] + _compact_json(params) + ";" + raw[eol:]
+    return raw[:start] + _compact_json(params) + ";" + raw[eol:]
 
+
+def _document(kind, raw, layers, n_layers, n_heads, T, decimals, display_mode, title) -> str:
+    """The standalone page: vendored d3 and jQuery, the require shim, a header naming the layers shown."""
     layer_str = ", ".join(map(str, layers))
     header = (f"Layers shown: {layer_str} (of {n_layers}); "
               f"{n_heads} heads; {T} tokens; weights rounded to {decimals} dp")

@@ -213,14 +213,14 @@ def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 3) -> np.ndarray:
     size = len(idx) * scale
     img = np.full((H * (size + gap) - gap, L * (size + gap) - gap, 3), 255, np.uint8)
     tri = np.triu(np.ones((len(idx), len(idx)), bool), k=1)
-    for l in range(L):
+    for ly in range(L):
         for h in range(H):
-            m = maps[l, h][np.ix_(idx, idx)].astype(np.float32)
+            m = maps[ly, h][np.ix_(idx, idx)].astype(np.float32)
             m = np.sqrt(m / max(float(m.max()), 1e-6))   # per-map contrast, square root: weaker links show too
             tile = lut[(np.clip(m, 0, 1) * 255).astype(int)]
             tile[tri] = 235
             tile = tile.repeat(scale, 0).repeat(scale, 1)
-            y, x = h * (size + gap), l * (size + gap)
+            y, x = h * (size + gap), ly * (size + gap)
             img[y:y + size, x:x + size] = tile
     return img
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import html
+import unicodedata
 
 # light tints of the Okabe-Ito colour-blind-safe palette
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
 SPECIAL = "#3a3a3a"
-
-import unicodedata
 
 GLYPHS = {" ": "·", "\n": "↵\n", "\t": "→", "\r": "⟨CR⟩", "\x00": "⟨NUL⟩", "\x07": "⟨BEL⟩", "\x1b": "⟨ESC⟩",
           "\x7f": "⟨DEL⟩", "\ufeff": "⟨BOM⟩", "\u200b": "⟨ZWSP⟩", "\u200d": "⟨ZWJ⟩", "\u00a0": "⟨NBSP⟩"}

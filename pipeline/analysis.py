@@ -66,6 +66,26 @@ def _unit_rows(lm: LoadedModel) -> torch.Tensor:
     return _unit_rows_of(lm.model)
 
 
+@dataclass
+class EmbeddingMap:
+    """The prompt's token embeddings and reference words, projected on their first principal components."""
+    coords: np.ndarray          # [n, 3] PCA coordinates (zero-padded to 3 columns)
+    variance: np.ndarray        # [k] explained variance ratio of each component
+    n_prompt: int               # the first n_prompt rows are the prompt's tokens, in order
+    words: list[str]            # the reference words, rows n_prompt.. (in order)
+
+
+def embedding_map(lm: LoadedModel, tr: Trace, words: list[str]) -> EmbeddingMap | None:
+    """PCA of the prompt's embeddings together with reference words (each the mean of its pieces' rows);
+    None with fewer than three vectors."""
+    refs = word_vectors(lm, words)
+    X = np.concatenate([tr.embeddings] + [w[2][None] for w in refs]) if refs else tr.embeddings
+    if len(X) < 3:
+        return None
+    coords, var = pca(X, 3)
+    return EmbeddingMap(coords, var, tr.T, [w[0] for w in refs])
+
+
 def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
     """The k vocabulary entries whose embedding rows are closest (cosine) to token_id's row."""
     with torch.inference_mode():
@@ -77,6 +97,11 @@ def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[in
         if i != token_id:
             out.append((i, lm.tokenizer.decode([i]), s))
     return out[:k]
+
+
+def embedding_norm(tr: Trace, i: int) -> float:
+    """L2 length of token i's embedding in this run."""
+    return float(np.linalg.norm(tr.embeddings[i]))
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

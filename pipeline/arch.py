@@ -51,7 +51,7 @@ class Arch:
     tol: float                      # agreement expected between two computations of the logits
 
     @classmethod
-    def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> "Arch":
+    def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> Arch:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         dec = decoder_of(model)
         layers = list(getattr(dec, "layers", None) or getattr(dec, "h", None) or [])

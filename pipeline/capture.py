@@ -52,7 +52,7 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     cap: Capture | None = getattr(_local, "capture", None)
     if cap is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+    eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     layer = module.layer_idx
     w = weights[0].detach()                                 # batch 1: [H, T, T]

@@ -34,7 +34,7 @@ def check_tokens(tr) -> Check:
                  + ("" if ok else " (this tokenizer normalises text)"))
 
 
-_LOGITS: "weakref.WeakKeyDictionary[Trace, list[Check]]" = weakref.WeakKeyDictionary()
+_LOGITS: weakref.WeakKeyDictionary[Trace, list[Check]] = weakref.WeakKeyDictionary()
 
 
 def token_checks(tokenizer, tk) -> list[Check]:
@@ -103,8 +103,13 @@ def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
 
 def hf_processed_probs(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """The reference: transformers' own logits processors, in generate()'s order, then softmax."""
-    from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                              TopPLogitsWarper)
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
     scores = torch.as_tensor(np.asarray(logits), dtype=torch.float32).reshape(1, -1).clone()
     if temperature <= 0:
         return torch.nn.functional.one_hot(scores.argmax(-1), scores.size(-1)).float()[0]
@@ -178,3 +183,22 @@ def check_lens(lm: LoadedModel, tr: Trace) -> Check:
                  tid == best and abs(p - p_lens_tok) < 1e-3,
                  f"lens: {dec([tid])!r} (id {tid}) with p = {p:.4f}; logits: {dec([best])!r} (id {best}) with "
                  f"p = {p_final:.4f}")
+
+
+def check_kv_bytes(lm: LoadedModel, events) -> Check:
+    """The bytes held by the real cache tensors after every step = the formula at that context length."""
+    from .generation import kv_bytes_formula
+
+    bad = [e for e in events if e.kv_bytes != kv_bytes_formula(lm, e.context_len)]
+    return Check("cache tensors' bytes = 2 × layers × KV heads × head dim × bytes per value × tokens", not bad,
+                 f"{len(events)} steps compared" + (f"; first mismatch at {bad[0].context_len} tokens: "
+                                                     f"{bad[0].kv_bytes:,} vs {kv_bytes_formula(lm, bad[0].context_len):,} B"
+                                                     if bad else ", every one equal"))
+
+
+def check_same_tokens(name: str, got: dict[str, list[int]], alone: dict[str, list[int]]) -> Check:
+    """Every named request's tokens equal the same request's tokens generated alone."""
+    bad = [k for k in alone if got.get(k) != alone[k]]
+    n = sum(len(v) for v in alone.values())
+    return Check(name, not bad, f"{len(alone)} requests, {n:,} tokens compared"
+                 + (f"; different: {', '.join(bad)}" if bad else ", all identical"))

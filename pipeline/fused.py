@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .models import LoadedModel
-from .timing import ids_of_length, syncer
+from .timing import ids_of_length, sync, syncer
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_BUCKET = 256
@@ -68,7 +68,7 @@ def supported(lm: LoadedModel) -> tuple[bool, str]:
 
 
 _fuse_lock = threading.Lock()
-_fused: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+_fused: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()
 
 
 def _fuse(mods: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -145,6 +145,48 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
     return out
 
 
+def project_qkv(ly: _Layer, x: torch.Tensor, H: int, KV: int, D: int, cos: torch.Tensor, sin: torch.Tensor):
+    """The layer's norm and fused Q/K/V projection for B new tokens x [B, 1, d], with RoPE at each token's own
+    position (cos, sin [B, D]). Returns q [B, H, D], k [B, KV, D], v [B, KV, D]. Queries and keys rotate together."""
+    B = x.shape[0]
+    qkv = F.linear(ly.norm_in(x), ly.wqkv, ly.bqkv).view(B, H + 2 * KV, D)
+    qk, v = qkv[:, :H + KV], qkv[:, H + KV:]
+    if ly.q_norm is not None:
+        qk = torch.cat([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], dim=1)
+    qk = qk * cos[:, None] + _rotate_half(qk) * sin[:, None]
+    return qk[:, :H], qk[:, H:], v
+
+
+def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer after attention: att [B, 1, H*D] through the output projection into the residual
+    stream x [B, 1, d], then the feed-forward network (fused gate/up), with Llama's or Gemma's norms."""
+    o = layer.self_attn.o_proj(att)
+    if ly.norm_ff is not None:                  # Gemma: norms after attention, before and after the MLP
+        x = x + ly.norm_mid(o)
+        h = ly.norm_ff(x)
+    else:
+        x = x + o
+        h = ly.norm_mid(x)
+    g, u = F.linear(h, ly.wgu).chunk(2, dim=-1)
+    m = layer.mlp.down_proj(layer.mlp.act_fn(g) * u)
+    return x + (ly.norm_out(m) if ly.norm_out is not None else m)
+
+
+def rope_tables(lm: LoadedModel, layers: list[_Layer], n_positions: int) -> tuple[dict, dict]:
+    """The model's own RoPE cos / sin for positions 0..n_positions-1, one table [n_positions, D] per layer type
+    (Gemma 3 rotates local and global layers differently), from its rotary_emb module."""
+    core, D = lm.arch.decoder, lm.facts.head_dim
+    pos_ids = torch.arange(n_positions, device=lm.device)[None]
+    dummy = torch.zeros(1, 1, D, device=lm.device, dtype=lm.dtype)
+    cos, sin = {}, {}
+    with torch.no_grad():
+        for lt in {ly.rope for ly in layers}:
+            args = (lt,) if "layer_type" in inspect.signature(core.rotary_emb.forward).parameters else ()
+            cs, sn = core.rotary_emb(dummy, pos_ids, *args)
+            cos[lt], sin[lt] = cs[0].contiguous(), sn[0].contiguous()
+    return cos, sin
+
+
 def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -174,13 +216,7 @@ class FusedDecoder:
         self.n_top = n_top
         core = lm.arch.decoder
         with torch.no_grad():
-            pos_ids = torch.arange(self.max_len, device=dev)[None]
-            dummy = torch.zeros(1, 1, self.D, device=dev, dtype=dt)
-            self.cos, self.sin = {}, {}
-            for lt in {ly.rope for ly in self.layers}:
-                args = (lt,) if "layer_type" in inspect.signature(core.rotary_emb.forward).parameters else ()
-                cs, sn = core.rotary_emb(dummy, pos_ids, *args)
-                self.cos[lt], self.sin[lt] = cs[0].contiguous(), sn[0].contiguous()
+            self.cos, self.sin = rope_tables(lm, self.layers, self.max_len)
             shape = (len(self.layers), self.KV, self.max_len, self.D)
             self.K = torch.zeros(shape, device=dev, dtype=dt)
             self.V = torch.zeros(shape, device=dev, dtype=dt)
@@ -242,28 +278,12 @@ class FusedDecoder:
         rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
         H, KV, D, G = self.H, self.KV, self.D, self.G
         for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
-            a, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(ly.norm_in(x), ly.wqkv, ly.bqkv).view(H + 2 * KV, D)
-            qk, v = qkv[:H + KV], qkv[H + KV:]                   # queries and keys rotate together
-            if ly.q_norm is not None:
-                qk = torch.cat([ly.q_norm(qk[:H]), ly.k_norm(qk[H:])])
-            cos, sin = rope[ly.rope]
-            qk = qk * cos + _rotate_half(qk) * sin
-            q, k = qk[:H], qk[H:]
+            q, k, v = project_qkv(ly, x, H, KV, D, *rope[ly.rope])
             self.K[i, :, pos] = k.view(KV, 1, D)        # index_put_: in place, also under torch.compile
             self.V[i, :, pos] = v.reshape(KV, 1, D)
             att = F.scaled_dot_product_attention(q.view(1, KV, G, D), self.K[i][None], self.V[i][None],
-                                                 attn_mask=masks[ly.window], scale=a.scaling)
-            o = a.o_proj(att.reshape(1, 1, H * D))
-            if ly.norm_ff is not None:
-                x = x + ly.norm_mid(o)
-                h = ly.norm_ff(x)
-            else:
-                x = x + o
-                h = ly.norm_mid(x)
-            g, u = F.linear(h, ly.wgu).chunk(2, dim=-1)
-            m = mlp.down_proj(mlp.act_fn(g) * u)
-            x = x + (ly.norm_out(m) if ly.norm_out is not None else m)
+                                                 attn_mask=masks[ly.window], scale=layer.self_attn.scaling)
+            x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
         logits = self.lm.arch.apply_softcap(self.lm.model.lm_head(self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
@@ -285,7 +305,7 @@ class FusedDecoder:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 self.out_logits, self.out_summary = self._run()
-            torch.cuda.synchronize()
+            sync(self.lm.device)
         self.graph = g
         self.capture_s = time.perf_counter() - t
 
@@ -334,7 +354,7 @@ def bucket(n: int, limit: int | None = None) -> int:
     return min(b, limit) if limit else b
 
 
-_decoders: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 _dec_lock = threading.Lock()
 
 

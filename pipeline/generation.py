@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 
+from .decode import choose, open_step, token_texts
 from .models import LoadedModel
-from .sampling import filter_probs
 from .timing import ids_of_length, syncer
 from .tokens import tokenize
 from .tracing import TraceError, check_prompt
@@ -38,8 +37,10 @@ class StepEvent:
     context_len: int                # tokens the step attended over
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes: int = 0
-    finished: str | None = None     # "eos" | "length" on the last event
-    engine: str = "transformers"    # what ran the step: transformers' forward, or the fused step's mode
+    finished: str | None = None     # "eos" | "length" on the last event ("cancelled" when stopped in the engine)
+    engine: str = "transformers"    # what ran the step: transformers' forward, the fused step's mode, the engine
+    batch: int = 1                  # requests in the forward that produced this token (the engine batches)
+    request_id: int = 0             # the engine's id of the request
 
 
 @dataclass(eq=False)
@@ -78,15 +79,6 @@ class Request:
     notes: list[str]
 
 
-def kv_bytes(cache) -> list[int]:
-    """Bytes held by each layer's key and value tensors in a transformers cache."""
-    out = []
-    for layer in getattr(cache, "layers", []):
-        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
-        out.append(sum(t.numel() * t.element_size() for t in (k, v) if isinstance(t, torch.Tensor)))
-    return out
-
-
 def kv_window(lm: LoadedModel) -> tuple[int, int | None]:
     """(number of sliding-window layers, tokens such a layer keeps). A sliding layer attends to the last
     `sliding_window` tokens, so its cache keeps sliding_window - 1 past tokens (the new one makes the window)."""
@@ -105,9 +97,26 @@ def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None =
     return full + (n_sliding * per_layer_token * min(tokens, keep) if n_sliding else 0)
 
 
-def _decoder(tok):
-    """Single-id decode with a cache (candidates repeat from step to step)."""
-    return lru_cache(maxsize=65536)(lambda i: tok.decode([i]))
+@dataclass
+class KVCost:
+    """The KV cache of one sequence at a context length, from the config (a computation, not a measurement)."""
+    tokens: int
+    bytes: int                      # this model (GQA: n_kv_heads key/value heads)
+    bytes_one_kv_per_head: int      # the same if every query head had its own key/value head
+    weight_bytes: int               # the model's weights, for scale
+
+
+def kv_costs(lm: LoadedModel, sizes: list[int]) -> list[KVCost]:
+    f = lm.facts
+    return [KVCost(n, kv_bytes_formula(lm, n), kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads,
+                   f.n_params * lm.arch.bytes_per_value) for n in sorted(set(sizes))]
+
+
+def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
+    """Bytes of the cache tensors per token they hold after a step; None once a sliding window is full (the local
+    layers stop growing, so the ratio is no longer per token)."""
+    keep = kv_window(lm)[1]
+    return ev.kv_bytes / ev.context_len if ev.context_len <= (keep or 10**9) else None
 
 
 def eos_ids(lm: LoadedModel) -> set[int]:
@@ -143,84 +152,52 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
 
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | None = 0, use_cache: bool = True, chat: bool = False,
-             min_p: float = 0.0, n_top: int = 10, request: Request | None = None, cache: str = "dynamic"):
+             min_p: float = 0.0, n_top: int = 10, request: Request | None = None, cache: str = "dynamic",
+             stop_ids: set[int] | None = None):
     """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
 
     cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
     place), "fused" (our own static-shape decode step, pipeline.fused: a CUDA graph replay per step on a GPU;
     greedy steps then bring only the top candidates back to the host, not the whole vocabulary) or
-    "fused+compile" (the same step compiled by torch.compile first)."""
-    from transformers import DynamicCache, StaticCache
-
+    "fused+compile" (the same step compiled by torch.compile first), all of them this request's own loop (the
+    step itself is pipeline.decode's); or "engine": the request joins the model's shared serving engine
+    (pipeline.engine: continuous batching with every other request, paged KV memory). Stopping the iteration
+    cancels the request there. stop_ids: tokens that end the answer (default: the model's end-of-sequence
+    tokens; an empty set generates exactly max_new_tokens)."""
     t0 = time.perf_counter()
     req = request or prepare(lm, prompt, max_new_tokens, chat)
-    dev = lm.device
-    sync = syncer(dev)
+    if cache == "engine" and use_cache:
+        from .engine import Sampling, engine_for
+
+        yield from engine_for(lm).submit(req.prompt_ids, req.max_new_tokens,
+                                         Sampling(temperature, top_k, top_p, min_p, seed, n_top), stop_ids=stop_ids,
+                                         arrived=t0)
+        return
     gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-    stop = eos_ids(lm)
-    dec = _decoder(lm.tokenizer)
-    ids = torch.tensor([req.prompt_ids], device=dev)
-    fd = None
-    if not use_cache:
-        cache = None
-    elif cache in ("fused", "fused+compile"):
-        from .fused import acquire_decoder
-        fd = acquire_decoder(lm, len(req.prompt_ids) + req.max_new_tokens, compile=cache == "fused+compile")
-    elif cache == "static":
-        cache = StaticCache(config=lm.model.config, max_cache_len=len(req.prompt_ids) + req.max_new_tokens)
-    else:
-        cache = DynamicCache(config=lm.model.config)
+    stop = eos_ids(lm) if stop_ids is None else set(stop_ids)
+    dec = token_texts(lm.tokenizer)
     greedy = not (temperature and temperature > 0)
-    on_device = fd is not None and greedy and n_top <= fd.n_top    # only a summary comes back to the host
-    next_input, n_ctx, tok = ids, ids.shape[1], None
-    engine = f"fused step, {fd.mode}" + "".join(f" ({p})" for p in fd.problems) if fd else "transformers"
+    step = open_step(lm, cache, len(req.prompt_ids) + req.max_new_tokens, use_cache, greedy=greedy, n_top=n_top)
+    n_ctx, tok = len(req.prompt_ids), None
     try:
         for i in range(req.max_new_tokens):
             t_step = time.perf_counter()
             with lm.lock, torch.inference_mode():
-                if fd is not None:
-                    logits, summary = fd.prefill(ids) if i == 0 else fd.step(tok, n_ctx - 1)
-                    summary = summary.cpu() if on_device else None
-                    logits = None if on_device else logits.cpu()
-                else:
-                    out = lm.model(input_ids=next_input, past_key_values=cache, use_cache=use_cache,
-                                   logits_to_keep=1)
-                    logits = out.logits[0, -1].float()
-                    sync()
-            if on_device:           # greedy on the device: [argmax, logsumexp, top values, top ids]
-                k = fd.n_top
-                tok, lse = int(summary[0]), float(summary[1])
-                t_done = time.perf_counter()
-                top = [(tok, dec(tok), 1.0)]
-                top_raw = [(a, dec(a), b) for a, b in zip(summary[2 + k:2 + k + n_top].long().tolist(),
-                                                          torch.exp(summary[2:2 + n_top] - lse).tolist())]
-                p, p_raw = 1.0, float(torch.exp(summary[2] - lse))
-            else:
-                logits = logits.cpu()
-                probs = filter_probs(logits, temperature, top_k, top_p, min_p)
-                tok = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=gen)[0])
-                t_done = time.perf_counter()
-                p_top, i_top = probs.topk(min(n_top, probs.numel()))
-                top = [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0]
-                raw = torch.softmax(logits, -1)
-                r_top, ri_top = raw.topk(min(n_top, probs.numel()))
-                top_raw = [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())]
-                p, p_raw = float(probs[tok]), float(raw[tok])
-            per_layer = fd.kv_bytes_per_layer() if fd is not None else kv_bytes(cache) if use_cache else []
+                out = step.prefill(req.prompt_ids) if i == 0 else step.step(tok, n_ctx - 1)
+            c = choose(out, dec, temperature, top_k, top_p, min_p, gen, n_top)
+            tok = c.token_id
+            t_done = time.perf_counter()
+            per_layer = step.kv_bytes_per_layer()
             finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
-            yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok,
-                            text=dec(tok), top=top, top_raw=top_raw, p=p, p_raw=p_raw, step_s=t_done - t_step,
+            yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok, text=dec(tok),
+                            top=c.top, top_raw=c.top_raw, p=c.p, p_raw=c.p_raw, step_s=t_done - t_step,
                             t_s=t_done - t0, context_len=n_ctx, kv_bytes_per_layer=per_layer,
-                            kv_bytes=sum(per_layer), finished=finished, engine=engine)
+                            kv_bytes=sum(per_layer), finished=finished, engine=step.name)
             if finished:
                 return
             n_ctx += 1
-            if fd is None:
-                nxt = torch.tensor([[tok]], device=dev)
-                next_input = nxt if use_cache else torch.cat([next_input, nxt], dim=1)
     finally:
-        if fd is not None:
-            fd.release()
+        step.close()
 
 
 @dataclass

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .timing import best_of, ids_of_length
 from .models import LoadedModel
 from .telemetry import PeakMemory
+from .timing import best_of, ids_of_length
 
 BACKENDS = {"sdpa: math": SDPBackend.MATH, "sdpa: flash": SDPBackend.FLASH_ATTENTION,
             "sdpa: memory-efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa: cuDNN": SDPBackend.CUDNN_ATTENTION}

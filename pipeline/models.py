@@ -18,9 +18,9 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -349,9 +349,9 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     `progress(fraction, message)` is called during the one-time GGUF conversion and the load.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from .capture import install as install_capture
-
     from transformers.utils import logging as hf_logging
+
+    from .capture import install as install_capture
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
@@ -406,6 +406,7 @@ def random_model(folder: str | Path, device: str | torch.device | None = None, s
     """The architecture of a model folder (config.json + tokenizer) with SEEDED RANDOM weights: for speed and
     memory measurements where the real weights cannot travel. Its outputs are meaningless; its label says so."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     from .capture import install as install_capture
 
     t0 = time.perf_counter()

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from .arch import decoder_of
+from .generation import eos_ids, prepare
 from .models import LoadedModel
 from .sampling import filter_probs
-from .generation import eos_ids, prepare
 
 
 @dataclass
@@ -260,3 +260,37 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
     del out[req.max_new_tokens:]
     res.seconds = time.perf_counter() - t0
     return res
+
+
+@dataclass
+class SpecComparison:
+    """Plain decoding and speculative decoding of the same request, same settings, one after the other."""
+    draft: str                  # what drafted
+    gamma: int
+    temperature: float
+    plain_tokens: list[int]
+    plain_s: float              # wall time of plain decoding (s)
+    spec: SpecResult
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_s / self.spec.seconds if self.spec.seconds else 0.0
+
+    @property
+    def identical(self) -> bool:
+        """Greedy speculative output equals plain greedy output (the guarantee; not expected when sampling)."""
+        return self.spec.tokens == self.plain_tokens
+
+
+def compare_with_plain(lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64,
+                       temperature: float = 0.0, chat: bool = False, seed: int = 0) -> SpecComparison:
+    """Decode `prompt` plainly (our loop), then with the draft: tokens, wall times, every verify call."""
+    from .generation import generate
+
+    t = time.perf_counter()
+    plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, temperature=temperature, chat=chat, seed=seed)]
+    plain_s = time.perf_counter() - t
+    res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
+                               temperature=temperature, chat=chat, seed=seed)
+    name = draft if isinstance(draft, str) else getattr(draft, "label", "a model")
+    return SpecComparison(name, gamma, temperature, plain, plain_s, res)

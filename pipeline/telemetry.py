@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
+from .timing import sync
+
 
 @dataclass
 class Timeline:
@@ -156,7 +158,7 @@ class PeakMemory:
 
     def __enter__(self):
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            sync(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
         elif self.what == "tensors":
@@ -176,7 +178,7 @@ class PeakMemory:
 
     def __exit__(self, *exc):
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            sync(self.device)
             self.extra_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
         elif self.what == "tensors":
             self._prof.__exit__(*exc)

@@ -5,7 +5,7 @@ A GPU runs kernels asynchronously, so a wall-clock time means something only aft
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -89,7 +89,7 @@ class Trace:
         return self.attn_full.get(layer)
 
 
-def display_maps(tr: "Trace", layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
+def display_maps(tr: Trace, layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
     """One layer's attention for drawing: ([H, n, n] float32, block) with n <= max_n. Full resolution when the
     prompt is short enough, otherwise the stored overview pooled further (rows still sum to 1)."""
     from .capture import pool_attention
@@ -131,10 +131,10 @@ def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[tor
     return i.cpu(), p.cpu()
 
 
-_LENS: "weakref.WeakKeyDictionary[Trace, dict]" = weakref.WeakKeyDictionary()   # lens_grid memo, dies with its trace
+_LENS: weakref.WeakKeyDictionary[Trace, dict] = weakref.WeakKeyDictionary()   # lens_grid memo, dies with its trace
 
 
-def lens_grid(lm: LoadedModel, tr: "Trace", n_positions: int = LENS_GRID_MAX) -> tuple[list[int], np.ndarray, np.ndarray]:
+def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Logit lens for the last `n_positions` positions at every layer, read from the trace's stored hidden
     states (no new forward pass). Costs (L+1) x positions LM-head rows, so it is computed on request.
     Returns (positions, top ids [L+1, P], top probs [L+1, P])."""
@@ -177,7 +177,7 @@ class _Acts:
     emb: torch.Tensor | None = None     # [T, d] embedding output
 
     @classmethod
-    def empty(cls, L: int) -> "_Acts":
+    def empty(cls, L: int) -> _Acts:
         return cls([None] * (L + 1), [None] * L, [None] * L, [None] * L, [None] * L, {})
 
 

@@ -1,7 +1,6 @@
 import streamlit as st
 
 import pipeline
-
 from components.figures import timings_bar
 from views import widgets
 

@@ -1,10 +1,8 @@
-import time
-
 import streamlit as st
 
 import pipeline
 from components.speculative import legend_html, steps_html
-from pipeline.speculative import expected_tokens_per_call, speculative_generate
+from pipeline.speculative import compare_with_plain, expected_tokens_per_call
 from views import widgets
 
 COPY_PROMPT = ("Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n")
@@ -47,22 +45,16 @@ if draft == "folder":
 if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
     with st.spinner("Plain decoding first, then speculative, same settings…"):
         try:
-            t = time.perf_counter()
-            plain = [e.token_id for e in pipeline.generation.generate(lm, prompt, n, temperature=temperature,
-                                                                         chat=chat, seed=0)]
-            plain_s = time.perf_counter() - t
-            res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=n,
-                                       temperature=temperature, chat=chat, seed=0)
-            widgets.remember("spec", (kind, gamma, temperature, plain, plain_s, res))
+            widgets.remember("spec", compare_with_plain(lm, prompt, draft, gamma=gamma, max_new_tokens=n,
+                                                        temperature=temperature, chat=chat, seed=0))
         except (pipeline.TraceError, ValueError) as e:
             st.warning(str(e))
 got = widgets.recall("spec")
 if got is None:
     st.info("Press **Run** to decode the prompt twice: plainly and with the draft.")
     st.stop()
-kind_run, gamma_run, temp_run, plain, plain_s, res = got
+res, gamma_run, plain_s, speedup = got.spec, got.gamma, got.plain_s, got.speedup
 a = res.acceptance_rate
-speedup = plain_s / res.seconds if res.seconds else 0
 m = st.columns(5)
 m[0].metric("Acceptance rate α", f"{a:.0%}", help=f"{res.accepted} of {res.proposed} proposed tokens")
 calls = len(res.steps)
@@ -80,10 +72,9 @@ st.html(legend_html())
 st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None))
 st.markdown("**Output:**")
 st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
-if temp_run == 0:
-    same = res.tokens == plain
-    st.markdown(widgets.verdict(same) + f" **Greedy output identical to plain greedy decoding**: {len(res.tokens)} "
-                f"vs {len(plain)} tokens, {'all equal' if same else 'they differ'}.")
+if got.temperature == 0:
+    st.markdown(widgets.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
+                f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}.")
 else:
     st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not "
                "the exact sequence.")

@@ -4,8 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from pipeline.generation import metrics
-from pipeline.sharding import (devices_present, even_device_counts, pipeline_plan, sse_lines,
-                               tensor_parallel_plan)
+from pipeline.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
 from views import widgets
 
 st.title("Streaming and sharding")

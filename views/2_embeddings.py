@@ -1,8 +1,14 @@
-import numpy as np
 import streamlit as st
 
-from components.figures import (drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap,
-                                vector_strip)
+from components.figures import (
+    drift_figure,
+    learned_positions_figure,
+    pca_figure,
+    relative_figure,
+    rope_heatmap,
+    token_texts,
+    vector_strip,
+)
 from components.tokens import visible
 from pipeline import analysis, checks
 from views import widgets
@@ -27,7 +33,7 @@ tok = tr.tokens[i]
 c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
 c[1].metric("Row", f"{tok.id:,}")
-c[2].metric("Vector length (L2)", f"{float(np.linalg.norm(tr.embeddings[i])):.3f}")
+c[2].metric("Vector length (L2)", f"{analysis.embedding_norm(tr, i):.3f}")
 st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"),
                 width="stretch")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
@@ -36,15 +42,12 @@ st.markdown("**Nearest vocabulary neighbours** (cosine similarity of embedding r
 
 st.subheader("The prompt in embedding space")
 refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree")
-words = analysis.word_vectors(lm, [w for w in refs.split(",")])
-X = np.concatenate([tr.embeddings[[j for j, t in enumerate(tr.tokens)]]] + [w[2][None] for w in words]) \
-    if words else tr.embeddings
-labels = [visible(t.text if not t.special else t.piece) for t in tr.tokens] + [w[0] for w in words]
-groups = ["prompt"] * tr.T + ["reference"] * len(words)
-if len(X) >= 3:
-    coords, var = analysis.pca(X, 3)
+emap = analysis.embedding_map(lm, tr, refs.split(","))
+if emap is not None:
+    labels = token_texts(tr.tokens) + emap.words
+    groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
     dims = st.segmented_control("Projection", [2, 3], default=2, format_func=lambda d: f"{d}D") or 2
-    st.plotly_chart(pca_figure(coords, labels, groups, dims=dims, var=var), width="stretch")
+    st.plotly_chart(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), width="stretch")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 

@@ -2,8 +2,15 @@ import numpy as np
 import streamlit as st
 
 from components import bertviz_offline
-from components.figures import (attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image,
-                                token_texts, without_sink)
+from components.figures import (
+    attention_heads,
+    gqa_figure,
+    labels_of,
+    matrix_heatmap,
+    mosaic_image,
+    token_texts,
+    without_sink,
+)
 from pipeline import analysis, checks
 from pipeline.tracing import display_maps
 from views import widgets

@@ -1,8 +1,7 @@
 import numpy as np
 import streamlit as st
 
-from components.figures import (labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure,
-                                residual_figure)
+from components.figures import labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
 from components.tokens import visible
 from pipeline import checks
 from pipeline.tracing import LENS_GRID_MAX, lens_grid

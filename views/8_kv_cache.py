@@ -2,7 +2,8 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
-from pipeline.generation import kv_bytes_formula, kv_window
+from pipeline.checks import check_kv_bytes
+from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
 from views import widgets
 
 st.title("8 · The KV cache")
@@ -18,15 +19,14 @@ chat = widgets.chat_switch(lm, "kv_chat")
 prompt = widgets.generation_prompt()
 if prompt is None:
     st.stop()
-rec = widgets.last_generation("gen", lm)
-source = "page 6's last run"
-if rec is None or not rec.use_cache or rec.prompt != prompt or rec.chat != chat:
-    rec = widgets.last_generation("kv", lm)
-    source = "a 16-token greedy run made by this page (generate on page 6 to measure your own)"
-    if rec is None or rec.prompt != prompt or rec.chat != chat:
-        with st.spinner("Generating 16 tokens to measure the cache…"):
-            rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0,
-                                                               top_p=1.0, seed=0), "kv")
+# This page measures transformers' own cache tensors, so it runs its own request through transformers' loop
+# (page 6's requests go through the shared engine, whose paged KV memory the batching page shows).
+rec = widgets.last_generation("kv", lm)
+source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
+if rec is None or rec.prompt != prompt or rec.chat != chat:
+    with st.spinner("Generating 16 tokens to measure the cache…"):
+        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0,
+                                                           top_p=1.0, seed=0), "kv", cache="dynamic")
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
@@ -37,17 +37,17 @@ if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.set
                " Chat mode makes an instruct model answer at length."))
 ev = rec.events
 per_token = kv_bytes_formula(lm, 1)
-bpv = per_token // (2 * f.n_layers * f.n_kv_heads * f.head_dim)      # bytes per value of this dtype
+bpv = lm.arch.bytes_per_value
 last = ev[-1]
-measured_per_token = last.kv_bytes / last.context_len if last.context_len <= (kv_window(lm)[1] or 10**9) \
-    else None
+measured_per_token = measured_kv_per_token(lm, last)
 c = st.columns(4)
 c[0].metric("Formula, per token", f"{per_token:,} B",
             help=f"2 × {f.n_layers} layers × {f.n_kv_heads} KV heads × {f.head_dim} × {bpv} bytes ({lm.dtype})")
 c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B" if measured_per_token else "window full",
             help="bytes of the cache tensors ÷ tokens in them")
 c[2].metric("Cache now", f"{last.kv_bytes / 2**20:.2f} MiB", help=f"{last.context_len} tokens")
-c[3].metric("Agree", "yes" if all(e.kv_bytes == kv_bytes_formula(lm, e.context_len) for e in ev) else "NO")
+agree = check_kv_bytes(lm, ev)
+c[3].metric("Agree", "yes" if agree.ok else "NO", help=agree.detail)
 st.latex(rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
          rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}")
 st.plotly_chart(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), width="stretch")
@@ -59,13 +59,11 @@ if n_sliding:
             "and for local layers until the window fills; after that only the global layers grow.")
 
 st.subheader("What a full context would cost (computed from the config)")
-rows = []
-for n in sorted({1024, 8192, f.max_positions, 32768, 131072}):
-    mha = kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads
-    rows.append({"tokens": f"{n:,}" + (" (this model's context length)" if n == f.max_positions else ""),
-                 "KV cache, this model": f"{kv_bytes_formula(lm, n) / 2**20:,.0f} MiB",
-                 f"if every query head had its own KV head ({f.n_heads})": f"{mha / 2**20:,.0f} MiB",
-                 "weights, for scale": f"{f.n_params * bpv / 2**20:,.0f} MiB"})
+rows = [{"tokens": f"{k.tokens:,}" + (" (this model's context length)" if k.tokens == f.max_positions else ""),
+         "KV cache, this model": f"{k.bytes / 2**20:,.0f} MiB",
+         f"if every query head had its own KV head ({f.n_heads})": f"{k.bytes_one_kv_per_head / 2**20:,.0f} MiB",
+         "weights, for scale": f"{k.weight_bytes / 2**20:,.0f} MiB"}
+        for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])]
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 st.caption(f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
            "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "

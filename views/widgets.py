@@ -181,18 +181,19 @@ def _check_results() -> appstate.CheckResults:
     return st.session_state.setdefault("_checks", appstate.CheckResults())
 
 
-def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks on this run"):
+def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks on this run", ask: bool = False):
     """An expander that runs `checks_fn()` -> [Check] once per `tr` (a trace, or a run's result object) and shows
     each measured discrepancy. Results live in the session (appstate.CheckResults), never on the shared trace.
-    Checks that need extra forward passes on long prompts wait for a click."""
+    Checks that need extra forward passes on long prompts (or, with `ask`, always) wait for a click."""
     with st.expander(label):
         store = _check_results()
         results = store.get(key, tr)
         if results is None:
             T = getattr(tr, "T", 0)
-            if T > 256 and not st.button("Run the cross-checks", key=f"chk_{key}",
-                                         help="They re-run the model: seconds at this length"):
-                st.caption(f"{T} tokens: the cross-checks re-run the model, so they wait for a click.")
+            if (ask or T > 256) and not st.button("Run the cross-checks", key=f"chk_{key}",
+                                                  help="They re-run the model: seconds"):
+                st.caption("The cross-checks re-run the model, so they wait for a click."
+                           if ask else f"{T} tokens: the cross-checks re-run the model, so they wait for a click.")
                 return
             try:
                 results = checks_fn()
@@ -280,9 +281,11 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
 
 
 def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None,
-                   use_cache: bool = True) -> GenerationRecord | None:
+                   use_cache: bool = True, cache: str = "engine") -> GenerationRecord | None:
     """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
-    arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input."""
+    arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
+    cache "engine": the request joins the shared engine (every visitor's requests batched together); while it
+    waits in line the page says where it stands. Other caches: this request's own loop (pipeline.generate)."""
     try:
         req = prepare(lm, prompt, settings["max_new_tokens"], chat)
     except TraceError as e:
@@ -292,12 +295,25 @@ def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=N
         st.info(note)
     rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings),
                            prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
-    appstate.remember(st.session_state, slot, model_key(), rec)
     t_start = time.perf_counter()
-    for ev in pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache,
-                                **{k: v for k, v in settings.items() if k != "max_new_tokens"}):
-        if rec.stopped:          # Stop was pressed: the page has moved on, keep what it showed
-            break
+    opts = {k: v for k, v in settings.items() if k != "max_new_tokens"}
+    if use_cache and cache == "engine":
+        try:
+            events = pipeline.engine.engine_for(lm).submit(
+                req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
+        except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
+            st.warning(str(e))
+            return None
+    else:
+        events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
+    appstate.remember(st.session_state, slot, model_key(), rec)
+    for ev in events:
+        if rec.stopped:          # Stop was pressed: the page has moved on, keep what it showed (the engine
+            break                # request is cancelled as the stream closes)
+        if isinstance(ev, pipeline.engine.Waiting):
+            if out is not None:
+                out.info(f"The server is busy: {ev}. Your request starts as soon as a slot is free.")
+            continue
         rec.events.append(ev)
         if sampler is not None:
             sampler.mark("prefill" if ev.phase == "prefill" else "decode",

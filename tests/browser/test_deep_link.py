@@ -6,12 +6,18 @@ rendered a blank page. This module's server is fresh: its first request is the d
 from ui import no_exception, wait_idle
 
 
-def test_first_request_is_a_deep_link(server, browser):
+def first_visit(browser, url):
+    """A new session whose first request is `url`, rendered and idle, without an exception."""
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
-    page.goto(f"{server}/kv-cache", wait_until="domcontentloaded")
+    page.goto(url, wait_until="domcontentloaded")
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
     no_exception(page)
+    return page
+
+
+def test_first_request_is_a_deep_link(server, browser):
+    page = first_visit(browser, f"{server}/kv-cache")
     assert "KV cache" in page.locator("h1").first.inner_text()
     nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
     assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "widgets") for t in nav)
@@ -20,11 +26,7 @@ def test_first_request_is_a_deep_link(server, browser):
     assert "Model" in sidebar.inner_text()
     assert "The prompt is empty" not in page.inner_text("body")
     # a second visitor's first request, another deep link, in a new session
-    other = browser.new_page(viewport={"width": 1400, "height": 1200})
-    other.goto(f"{server}/tokens", wait_until="domcontentloaded")
-    other.wait_for_selector("h1", timeout=240_000)
-    wait_idle(other, 300_000)
-    no_exception(other)
+    other = first_visit(browser, f"{server}/tokens")
     assert "Prompt & tokens" in other.locator("h1").first.inner_text()
     assert other.locator("[data-testid='stSidebar'] textarea").count() == 1
 

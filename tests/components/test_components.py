@@ -3,8 +3,15 @@ import re
 import numpy as np
 
 from components import bertviz_offline
-from components.figures import (attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure,
-                                sampling_figure, timings_bar)
+from components.figures import (
+    attention_heads,
+    drift_figure,
+    lens_figure,
+    mosaic_image,
+    pca_figure,
+    sampling_figure,
+    timings_bar,
+)
 from components.tokens import chips_html, token_rows, visible
 from pipeline.tokens import Segment, Token
 

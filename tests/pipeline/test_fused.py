@@ -5,8 +5,15 @@ import threading
 import pytest
 import torch
 
-from pipeline.fused import (FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward,
-                            launches_per_step, supported)
+from pipeline.fused import (
+    FusedDecoder,
+    FusedUnsupported,
+    acquire_decoder,
+    bucket,
+    check_against_forward,
+    launches_per_step,
+    supported,
+)
 from pipeline.generation import generate
 from pipeline.models import LoadedModel, facts_of
 
@@ -65,6 +72,7 @@ def test_unsupported_architecture_says_why():
         FusedDecoder(lm, 256, graph=False)
 
 
+@pytest.mark.model          # compiles a (tiny) model: tens of seconds, so not in the unit tier
 def test_torch_compile_of_the_step_traces_whole_and_agrees():
     """fullgraph=True: the step has no graph breaks and no host syncs, which is what CUDA-graph capture needs."""
     lm = tiny("llama", num_hidden_layers=2)

@@ -1,13 +1,11 @@
 import threading
 
 import numpy as np
-
 import pytest
 import torch
 
 import pipeline
-from pipeline.generation import (MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep,
-                               prepare)
+from pipeline.generation import MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep, prepare
 from pipeline.tracing import TraceError
 
 

@@ -28,7 +28,9 @@ def test_local_folder_loads_the_same_model(smol):
     other = load_model(smol.source)
     a = pipeline.trace(smol, "Hello")
     b = pipeline.trace(other, "Hello")
-    assert np.array_equal(a.next_logits, b.next_logits)
+    # not bit-equal once other tests have fused smol's weights (the same values, read through views into one
+    # fused tensor, so the matmul kernels may differ in the last bit)
+    assert np.allclose(a.next_logits, b.next_logits, atol=1e-4) and a.next_logits.argmax() == b.next_logits.argmax()
 
 
 @pytest.mark.parametrize("make, match", [

@@ -14,7 +14,7 @@ def test_pipeline_plan_covers_every_layer_and_weight(smol):
         if n in (2, 3):     # balanced: no other contiguous split has a lighter heaviest device
             import itertools
             layer_mb = plan[-1].weights_mb / plan[-1].n_layers      # SmolLM2's layers are all alike
-            first, last = plan[0].weights_mb - plan[0].n_layers * layer_mb, 0.0
+            first = plan[0].weights_mb - plan[0].n_layers * layer_mb
             best = min(max(first + a * layer_mb, *[c * layer_mb for c in rest])
                        for cuts in itertools.combinations(range(31), n - 1)
                        for a, *rest in [[b - a for a, b in zip((0,) + cuts, cuts + (30,))]]

@@ -1,6 +1,5 @@
 import pytest
 
-import pipeline
 from pipeline.tokens import tokenize
 
 TEXTS = [

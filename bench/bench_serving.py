@@ -1,0 +1,189 @@
+"""Serving many visitors at once, measured: N concurrent greedy requests of mixed lengths, arriving together
+or staggered, served four ways, interleaved, repeated:
+
+  (a) threads: one generation loop per visitor (pipeline.generate, transformers' dynamic cache), as each
+      Streamlit session ran its own before the engine;
+  (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV);
+  (c) hf-continuous: transformers' own continuous batching, `model.generate_batch` (all submitted at once);
+  (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
+
+Aggregate tokens/s, TTFT and inter-token latency p50/p95 (where the method streams tokens), and each policy's
+ratio to one request alone on the same path, medians over the repeats with their spread.
+
+    .venv/bin/python bench/bench_serving.py [--ns 1,4,8,16,32] [--tokens 32] [--reps 3] [--threads-max 16]
+"""
+import argparse
+import statistics
+import threading
+import time
+
+from common import write
+
+PROMPTS = ["Why is the sky blue?", "The capital of France is", "Dog bites man.", "Apple released a new chip.",
+           "Write a haiku about the sea.", "Explain what a KV cache is.", "List three prime numbers.",
+           "What is the boiling point of water?"]
+
+
+def pct(xs, q):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def workload(lm, n, tokens, staggered):
+    """n requests: prompt ids, new tokens (mixed: 1/2x, 1x, 3/2x the base), arrival offset (s)."""
+    from pipeline.generation import prepare
+
+    out = []
+    for i in range(n):
+        k = max(4, [tokens // 2, tokens, tokens * 3 // 2][i % 3])
+        ids = prepare(lm, PROMPTS[i % len(PROMPTS)], k, chat=True).prompt_ids
+        out.append((ids, k, 0.15 * i if staggered else 0.0))
+    return out
+
+
+def run_clients(work, serve):
+    """Start one thread per request at its arrival time; serve(ids, k, t_arrival) yields token timestamps."""
+    stamps = [None] * len(work)
+    t0 = time.perf_counter() + 0.05
+
+    def client(i, ids, k, at):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        arrived = time.perf_counter()
+        stamps[i] = (arrived, list(serve(ids, k, arrived)))
+
+    threads = [threading.Thread(target=client, args=(i, *w)) for i, w in enumerate(work)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return stamps
+
+
+def summarise(stamps, wall):
+    toks = sum(len(s[1]) for s in stamps)
+    ttft = [s[1][0] - s[0] for s in stamps if s[1]]
+    itl = [b - a for s in stamps for a, b in zip(s[1], s[1][1:])]
+    return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "ttft_p50_s": pct(ttft, 50),
+            "ttft_p95_s": pct(ttft, 95), "itl_p50_s": pct(itl, 50), "itl_p95_s": pct(itl, 95)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns", default="1,4,8,16,32")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads-max", type=int, default=16, help="(a) above this N takes minutes: skipped")
+    ap.add_argument("--methods", default="threads,engine,hf-continuous,hf-static")
+    args = ap.parse_args()
+    import torch
+
+    import pipeline
+    from pipeline.engine import Engine, Sampling
+    from pipeline.generation import Request, generate
+
+    lm = pipeline.load_model()
+    methods = args.methods.split(",")
+    eng = Engine(lm, max_batch=64, max_queue=256)
+
+    def threads_serve(ids, k, arrived):
+        for _ in generate(lm, "", k, cache="dynamic", request=Request(ids, k, []), stop_ids=set()):
+            yield time.perf_counter()
+
+    def engine_serve(ids, k, arrived):
+        for _ in eng.submit(ids, k, Sampling(), stop_ids=frozenset(), arrived=arrived):
+            yield time.perf_counter()
+
+    def hf_continuous(work):
+        from transformers import GenerationConfig
+        gc = GenerationConfig(max_new_tokens=max(w[1] for w in work), do_sample=False, eos_token_id=-1,
+                              pad_token_id=lm.tokenizer.pad_token_id or 0)
+        t = time.perf_counter()
+        with lm.lock, torch.inference_mode():
+            impl = lm.model.config._attn_implementation
+            lm.model.set_attn_implementation("sdpa")
+            try:
+                out = lm.model.generate_batch(inputs=[w[0] for w in work], generation_config=gc, progress_bar=False)
+            finally:
+                lm.model.set_attn_implementation(impl)
+        wall = time.perf_counter() - t
+        toks = sum(len(getattr(r, "generated_tokens", []) or []) for r in out.values())
+        return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall}
+
+    def hf_static(work):
+        n = max(w[1] for w in work)
+        L = max(len(w[0]) for w in work)
+        pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (L - len(w[0])) + w[0] for w in work])
+        mask = torch.tensor([[0] * (L - len(w[0])) + [1] * len(w[0]) for w in work])
+        t = time.perf_counter()
+        with lm.lock, torch.inference_mode():
+            impl = lm.model.config._attn_implementation
+            lm.model.set_attn_implementation("sdpa")
+            try:
+                lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False, pad_token_id=pad)
+            finally:
+                lm.model.set_attn_implementation(impl)
+        wall = time.perf_counter() - t
+        useful = sum(w[1] for w in work)                  # the padded rows' extra tokens are not served
+        return {"tokens": useful, "wall_s": wall, "tokens_per_s": useful / wall, "rows_computed": len(work) * n}
+
+    results = {}
+    for staggered in (False, True):
+        mode = "staggered" if staggered else "same time"
+        results[mode] = {}
+        for n in [int(x) for x in args.ns.split(",")]:
+            work = workload(lm, n, args.tokens, staggered)
+            runs = {m: [] for m in methods}
+            for _ in range(args.reps):
+                for m in methods:                          # interleaved: every method once per repeat
+                    if m == "threads" and n > args.threads_max:
+                        continue
+                    if m in ("hf-continuous", "hf-static") and staggered:
+                        continue                           # they take the whole batch at once
+                    t = time.perf_counter()
+                    if m == "threads":
+                        st = run_clients(work, threads_serve)
+                        runs[m].append(summarise(st, time.perf_counter() - t))
+                    elif m == "engine":
+                        st = run_clients(work, engine_serve)
+                        runs[m].append(summarise(st, time.perf_counter() - t))
+                    elif m == "hf-continuous":
+                        try:
+                            runs[m].append(hf_continuous(work))
+                        except Exception as e:  # noqa: BLE001 - record why, keep measuring
+                            runs[m].append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
+                    else:
+                        runs[m].append(hf_static(work))
+            row = {}
+            for m, rs in runs.items():
+                ok = [r for r in rs if "tokens_per_s" in r]
+                if not ok:
+                    if rs:
+                        row[m] = rs[-1]
+                    continue
+                med = {k: statistics.median(r[k] for r in ok if r.get(k) is not None)
+                       for k in ok[0] if isinstance(ok[0][k], float) and all(r.get(k) is not None for r in ok)}
+                med["runs_tokens_per_s"] = [round(r["tokens_per_s"], 2) for r in ok]
+                row[m] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in med.items()}
+            results[mode][str(n)] = row
+            print(mode, n, {m: r.get("tokens_per_s") for m, r in row.items()}, flush=True)
+    alone = results["same time"].get("1", {})
+    base = {m: r.get("tokens_per_s") for m, r in alone.items()}
+    for mode in results.values():
+        for row in mode.values():
+            for m, r in row.items():
+                ref = base.get("threads") or base.get(m)
+                if ref and r.get("tokens_per_s"):
+                    r["ratio_vs_one_request_alone"] = round(r["tokens_per_s"] / ref, 2)
+    write("serving", {"model": lm.label, "device": lm.device_label, "tokens": args.tokens, "reps": args.reps,
+                      "one_request_alone_tokens_per_s": base.get("threads"),
+                      "engine_block_size": eng.kv.block_size, "results": results})
+
+
+if __name__ == "__main__":
+    main()

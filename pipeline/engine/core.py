@@ -1,0 +1,406 @@
+"""One engine per loaded model serves every visitor: continuous batching with a paged KV memory.
+
+    eng = engine_for(lm)                             # one per model per process, started on first use
+    h = eng.submit(prompt_ids, 64, Sampling(temperature=0.7, seed=1))
+    for ev in h: ...                                 # the same StepEvents as pipeline.generate
+    h.cancel()                                       # Stop / a closed tab: slot and KV freed next iteration
+    h.position(), h.eta_s()                          # "2nd in line, about 3 s"
+
+Each iteration (`iterate()`): the scheduler admits waiting requests and hands out prefill chunks; the engine
+runs those chunks (transformers' forward), then ONE batched decode forward for every running request
+(engine.paged), samples each row with its own settings and generator, and retires finished requests at once.
+A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
+(the batching page runs its scene that way, step by step, on an engine of its own).
+
+policy="static" is the comparison the batching page draws: nobody is admitted until the whole batch has
+arrived, and rows that finish keep being computed (padding) until the longest is done.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decode import StepOutput, choose, token_texts
+from ..models import LoadedModel
+from .scheduler import BlockPool, Request, Sampling, Scheduler
+
+DEFAULT_KV_BYTES = 256 << 20        # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
+BLOCK_SIZE = 16
+
+
+class EngineError(RuntimeError):
+    """A request ended with an error; the message is meant for the user."""
+
+
+@dataclass
+class IterationRecord:
+    """What one engine iteration did (the batching page's Gantt and occupancy come from these)."""
+    index: int
+    t0: float                       # seconds since the engine started
+    t1: float
+    decode: list[int]               # request ids that decoded one token
+    prefill: list[tuple[int, int]]  # (request id, prompt tokens prefilled this iteration)
+    waiting: list[int]              # request ids still queued after admission
+    blocks: dict[int, int]          # request id -> KV blocks it holds
+    finished: list[int]             # request ids retired this iteration
+    padded: list[int] = field(default_factory=list)     # static batching: rows computed only as padding
+
+
+@dataclass
+class Waiting:
+    """A request still in line."""
+    position: int                   # 1 = next to be admitted
+    eta_s: float | None             # about how long until it is (None: no recent rate to go by)
+
+    def __str__(self) -> str:
+        nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(self.position, f"{self.position}th")
+        return f"{nth} in line" + (f", about {self.eta_s:.0f} s" if self.eta_s is not None else "")
+
+
+class Handle:
+    """A submitted request, as its visitor sees it: an iterator of StepEvents."""
+
+    def __init__(self, engine: Engine, req: Request):
+        self.engine, self.request = engine, req
+        self.events: queue.Queue = queue.Queue()
+        self.error: str | None = None
+
+    def __iter__(self):
+        try:
+            while True:
+                try:
+                    ev = self.events.get(timeout=1.0)
+                except queue.Empty:
+                    if self.request.state == "finished" and self.events.empty():
+                        return
+                    if self.engine.background:
+                        self.engine._ensure_worker()    # a worker that died is replaced
+                    continue
+                if ev is None:
+                    if self.error:
+                        raise EngineError(self.error)
+                    return
+                yield ev
+        finally:
+            if self.request.finish is None:
+                self.cancel()                   # the visitor stopped listening: free the slot
+
+    def stream(self, wait_every: float = 0.5):
+        """The events, with a `Waiting` item every `wait_every` seconds while the request is still in line
+        (for a page to say "2nd in line, about 3 s")."""
+        it = iter(self)
+        waiting = True
+        while waiting:
+            pos = self.position()
+            if pos == 0 or self.request.finish is not None:
+                break
+            yield Waiting(pos, self.eta_s())
+            if self.request.first_token_at is None:
+                threading.Event().wait(wait_every)
+            waiting = self.request.first_token_at is None and self.position() > 0
+        yield from it
+
+    def cancel(self) -> None:
+        self.engine.scheduler.cancel(self.request)
+        self.engine._wake()
+
+    def position(self) -> int:
+        """Place in the waiting line (1 = next); 0 once running."""
+        return self.engine.scheduler.position(self.request)
+
+    def eta_s(self) -> float | None:
+        """Seconds until this request is likely admitted, from the recent token rate (None when unknown)."""
+        return self.engine.eta_s(self.request)
+
+
+class Engine:
+    def __init__(self, lm: LoadedModel, kv_bytes: int | None = None, block_size: int = BLOCK_SIZE,
+                 max_batch: int = 16, max_queue: int = 64, prefill_chunk: int = 256, policy: str = "continuous",
+                 history: int = 4096, background: bool = True, static_batch_size: int | None = None):
+        from ..fused import supported
+        from .paged import PagedKV, PagedStep
+
+        self.lm, self.policy, self.background, self.static_batch_size = lm, policy, background, static_batch_size
+        budget = kv_bytes or default_kv_bytes(lm)
+        n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
+        self.kv = PagedKV(lm, n_blocks, block_size)
+        ok, self.unsupported = supported(lm)
+        self.step = PagedStep(lm, self.kv) if ok else None
+        self.name = "engine (continuous batching)" if policy == "continuous" else "engine (static batching)"
+        if not ok:
+            self.name += ", one request at a time: " + self.unsupported
+        self.scheduler = Scheduler(BlockPool(n_blocks, block_size), max_batch=max_batch, max_queue=max_queue,
+                                   prefill_chunk=prefill_chunk)
+        self.records: deque[IterationRecord] = deque(maxlen=history)
+        self.t_start = time.perf_counter()
+        self.iterations = 0
+        self.tokens_out: deque[tuple[float, int]] = deque(maxlen=8192)     # (time, tokens) per iteration
+        self._handles: dict[int, Handle] = {}
+        self._gens: dict[int, torch.Generator | None] = {}
+        self._caches: dict = {}                     # per-request prefill caches between chunks
+        self._fallback: dict = {}                   # per-request decode steps when the paged step is unsupported
+        self._static_batch: list[Request] = []      # policy "static": the batch being run
+        self._dec = token_texts(lm.tokenizer)
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._iter_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------ visitors
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling | None = None,
+               stop_ids=None, name: str = "", arrived: float | None = None) -> Handle:
+        """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs."""
+        from ..generation import eos_ids
+
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        limit = self.lm.facts.max_positions or 10**9
+        if len(prompt_ids) + max_new_tokens > limit:
+            raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's "
+                             f"context window of {limit:,}.")
+        req = Request(list(prompt_ids), int(max_new_tokens), sampling or Sampling(),
+                      frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
+        if arrived is not None:
+            req.arrived = arrived               # time since the request arrived includes tokenizing it
+        h = Handle(self, req)
+        self._handles[req.id] = h
+        s = req.sampling
+        self._gens[req.id] = torch.Generator().manual_seed(int(s.seed)) if s.seed is not None else None
+        try:
+            self.scheduler.submit(req)
+        except Exception:
+            self._forget(req)
+            raise
+        if self.background:
+            self._ensure_worker()
+        return h
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block over every layer."""
+        return self.kv.block_bytes_per_layer * self.lm.facts.n_layers
+
+    def eta_s(self, req: Request) -> float | None:
+        pos = self.scheduler.position(req)
+        if pos == 0:
+            return 0.0
+        rate = self.tokens_per_s(30.0)
+        if not rate:
+            return None
+        with self.scheduler.lock:
+            ahead = [r for r in self.scheduler.waiting][: pos - 1]
+            busy = sum(r.max_new_tokens - len(r.generated) for r in self.scheduler.running)
+        return (busy + sum(r.max_new_tokens for r in ahead)) / rate
+
+    def tokens_per_s(self, window_s: float = 60.0) -> float:
+        """Tokens generated per second over the last `window_s` seconds (all requests together)."""
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self.tokens_out) if now - t <= window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    def stats(self) -> dict:
+        s = self.scheduler.snapshot()
+        s.update(kv_bytes_in_use=s["blocks_used"] * self.block_bytes, kv_bytes_total=self.kv.nbytes,
+                 tokens_per_s_last_minute=self.tokens_per_s(60.0), iterations=self.iterations, engine=self.name)
+        return s
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def _wake(self):
+        with self.scheduler.lock:
+            self.scheduler.changed.notify_all()
+
+    def _ensure_worker(self):
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, daemon=True, name=f"engine-{self.lm.label}")
+                self._thread.start()
+
+    def _worker(self):
+        while True:
+            if not self.scheduler.wait_for_work(5.0):
+                with self._thread_lock:
+                    if self.scheduler.wait_for_work(0.0):
+                        continue
+                    self._thread = None         # idle: the thread ends (a later submit starts another)
+                    return
+            self.iterate()
+
+    def iterate(self) -> IterationRecord | None:
+        """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
+        with self._iter_lock:
+            t0 = time.perf_counter()
+            plan = self.scheduler.plan() if self.policy == "continuous" else self._static_plan()
+            for r in plan.retired:
+                self._close(r)
+            if plan.empty:
+                return None
+            finished, decoded, padded, first = [], [], [], []
+            try:
+                with self.lm.lock, torch.inference_mode():
+                    first = self._prefill(plan.prefill)
+                    rows = [r for r in plan.decode if r.state == "decode"]
+                    logits = self._decode(rows) if rows else None
+                t_done = time.perf_counter()
+                batch = len(rows) + len(first)
+                for r, lg in first:
+                    self._emit(r, lg, "prefill", t0, t_done, batch, finished)
+                for j, r in enumerate(rows):
+                    if r.finish is not None:            # static batching: a finished row computed as padding
+                        padded.append(r.id)
+                        continue
+                    self._emit(r, logits[j], "decode", t0, t_done, batch, finished)
+                    decoded.append(r.id)
+            except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
+                t_done = time.perf_counter()
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                for r in {r.id: r for r in [p[0] for p in plan.prefill] + plan.decode}.values():
+                    if r.id in self._handles:
+                        self._handles[r.id].error = msg
+                    self._retire(r, "error: " + msg)
+                    finished.append(r.id)
+            if self.policy == "static" and self._static_batch and all(r.finish for r in self._static_batch):
+                for r in self._static_batch:
+                    self._retire(r, r.finish)
+                self._static_batch = []
+            self.iterations += 1
+            self.tokens_out.append((t_done, len(first) + len(decoded)))
+            with self.scheduler.lock:
+                blocks = {r.id: len(r.blocks) for r in self.scheduler.running}
+                waiting = [r.id for r in self.scheduler.waiting]
+            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded,
+                                  [(r.id, b - a) for r, a, b in plan.prefill], waiting, blocks, finished, padded)
+            self.records.append(rec)
+            return rec
+
+    def _prefill(self, chunks) -> list:
+        """Run the prefill chunks; the requests whose prompt is now complete, with their last logits."""
+        done = []
+        for r, a, b in chunks:
+            if self.step is not None:
+                logits = self.step.prefill(self._caches, r.id, r.prompt_ids, a, b, r.blocks)
+            else:
+                logits = self._fallback_prefill(r, a, b)
+            r.prefilled = b
+            if logits is not None:
+                r.state = "decode"
+                done.append((r, logits))
+        return done
+
+    def _decode(self, rows: list[Request]) -> torch.Tensor:
+        tokens = [r.generated[-1] for r in rows]
+        positions = [r.context_len - 1 for r in rows]
+        if self.step is not None:
+            return self.step.decode(tokens, positions, [r.blocks for r in rows])
+        return torch.stack([self._fallback[r.id].step(t, p).logits for r, t, p in zip(rows, tokens, positions)])
+
+    def _fallback_prefill(self, r: Request, a: int, b: int):
+        from ..decode import TransformersStep
+
+        if b < len(r.prompt_ids):
+            return None                         # no chunking on this path: the whole prompt at once
+        st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
+        return st.prefill(r.prompt_ids).logits
+
+    def _emit(self, r: Request, logits, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
+        from ..generation import StepEvent
+
+        s = r.sampling
+        c = choose(StepOutput(logits=logits), self._dec, s.temperature, s.top_k, s.top_p, s.min_p,
+                   self._gens.get(r.id), s.n_top)
+        ctx = r.context_len
+        r.generated.append(c.token_id)
+        if r.first_token_at is None:
+            r.first_token_at = t_done
+        r.last_token_at = t_done
+        end = "eos" if c.token_id in r.stop_ids else ("length" if len(r.generated) >= r.max_new_tokens else None)
+        if r.cancelled:
+            end = end or "cancelled"
+        per_layer = [self.kv.block_bytes_per_layer * self.scheduler.pool.blocks_for(ctx + 1)] * self.lm.facts.n_layers
+        ev = StepEvent(index=len(r.generated) - 1, phase=phase, token_id=c.token_id, text=self._dec(c.token_id),
+                       top=c.top, top_raw=c.top_raw, p=c.p, p_raw=c.p_raw, step_s=t_done - t0,
+                       t_s=t_done - r.arrived, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
+                       finished=end, engine=self.name, batch=batch, request_id=r.id)
+        h = self._handles.get(r.id)
+        if h is not None:
+            h.events.put(ev)
+        if end:
+            if self.policy == "static":
+                r.finish = end                  # keeps its slot (padding) until the whole batch is done
+                self._close(r, keep=True)
+            else:
+                self._retire(r, end)
+            finished.append(r.id)
+
+    def _retire(self, r: Request, reason: str) -> None:
+        self.scheduler.finish(r, reason)
+        self._close(r)
+
+    def _close(self, r: Request, keep: bool = False) -> None:
+        h = self._handles.get(r.id)
+        if h is not None:
+            h.events.put(None)
+        if not keep:
+            self._forget(r)
+
+    def _forget(self, r: Request) -> None:
+        self._handles.pop(r.id, None)
+        self._gens.pop(r.id, None)
+        self._caches.pop(r.id, None)
+        st = self._fallback.pop(r.id, None)
+        if st is not None:
+            st.close()
+
+    # ------------------------------------------------------------------------------------------ static
+    def _static_plan(self):
+        """Static batching: admit only a whole batch at once (everyone who is waiting, up to max_batch), run it
+        until its longest request is done; rows that finished early stay in the batch as padding."""
+        from .scheduler import Plan
+
+        sch = self.scheduler
+        with sch.lock:
+            retired = [r for r in list(sch.waiting) + sch.running if r.cancelled and r.state != "finished"]
+        for r in retired:
+            self._retire(r, "cancelled")
+        if not self._static_batch:
+            with sch.lock:
+                n = min(len(sch.waiting), sch.max_batch)
+                batch = [sch.waiting[i] for i in range(n)]
+                want = min(self.static_batch_size or 1, sch.max_batch)
+                if len(batch) >= want and sum(sch.pool.blocks_for(r.n_tokens) for r in batch) <= sch.pool.n_free:
+                    for r in batch:
+                        sch.waiting.popleft()
+                        r.blocks, r.state, r.admitted_at = sch.pool.take(sch.pool.blocks_for(r.n_tokens)), "prefill", \
+                            time.perf_counter()
+                        sch.running.append(r)
+                    self._static_batch = batch
+        batch = self._static_batch
+        prefill = [(r, 0, len(r.prompt_ids)) for r in batch if r.state == "prefill"]
+        decode = [r for r in batch if r.state == "decode"] if not prefill else []
+        return Plan(prefill, decode, retired)
+
+
+def default_kv_bytes(lm: LoadedModel) -> int:
+    if lm.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(lm.device)
+        return min(free // 4, 16 << 30)
+    return DEFAULT_KV_BYTES
+
+
+_engines_lock = threading.Lock()
+
+
+def engine_for(lm: LoadedModel) -> Engine:
+    """The one shared engine of this loaded model (made on first use, lives as long as the model)."""
+    with _engines_lock:
+        eng = getattr(lm, "_engine", None)
+        if eng is None:
+            eng = Engine(lm)
+            object.__setattr__(lm, "_engine", eng)
+        return eng

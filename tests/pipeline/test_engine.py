@@ -1,0 +1,130 @@
+"""The engine on the real models, against each request generated alone."""
+import threading
+
+import pytest
+import torch
+
+from pipeline.engine import Engine, QueueFull, Sampling
+from pipeline.engine.paged import PagedKV, PagedStep
+from pipeline.generation import Request, generate, long_prompt, prepare
+
+PROMPTS = ["The capital of France is", "Why is the sky blue? Explain it to a child.", "Dog bites man.",
+           "Alice, Bob, Charlie and Diana each ordered"]
+
+
+def ids(lm, p, chat=False):
+    return prepare(lm, p, 1, chat).prompt_ids
+
+
+def run_all(eng):
+    while eng.iterate() is not None:
+        pass
+
+
+def test_greedy_tokens_equal_each_request_alone_while_others_join_and_leave(lm):
+    """Four requests of different lengths; two join after the first has started, they end at different steps."""
+    n = {p: k for p, k in zip(PROMPTS, (14, 6, 10, 3))}
+    alone = {p: [e.token_id for e in generate(lm, p, n[p], cache="dynamic")] for p in PROMPTS}
+    eng = Engine(lm, kv_bytes=32 << 20, background=False)
+    hs = {PROMPTS[0]: eng.submit(ids(lm, PROMPTS[0]), n[PROMPTS[0]])}
+    eng.iterate()
+    eng.iterate()
+    hs[PROMPTS[1]] = eng.submit(ids(lm, PROMPTS[1]), n[PROMPTS[1]])
+    eng.iterate()
+    for p in PROMPTS[2:]:
+        hs[p] = eng.submit(ids(lm, p), n[p])
+    run_all(eng)
+    for p, h in hs.items():
+        evs = list(h)
+        assert [e.token_id for e in evs] == alone[p], p
+        assert evs[0].phase == "prefill" and all(e.phase == "decode" for e in evs[1:])
+        assert [e.context_len for e in evs] == list(range(len(ids(lm, p)), len(ids(lm, p)) + len(evs)))
+    assert max(r.decode.__len__() for r in eng.records) >= 3          # they really shared decode steps
+    assert eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks     # every block came back
+
+
+def test_logits_in_a_batch_equal_logits_alone(lm):
+    kv = PagedKV(lm, 64, 16)
+    step = PagedStep(lm, kv)
+    prompts = [ids(lm, p) for p in PROMPTS[:3]]
+    tables = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(3)]
+    with lm.lock, torch.inference_mode():
+        first = [int(step.prefill({}, i, p, 0, len(p), t).argmax()) for i, (p, t) in enumerate(zip(prompts, tables))]
+        pos = [len(p) for p in prompts]
+        together = step.decode(first, pos, tables)
+        alone = step.decode(first[1:2], pos[1:2], tables[1:2])
+        ref = lm.model(input_ids=torch.tensor([prompts[1] + [first[1]]]), use_cache=False).logits[0, -1].float()
+    assert (together[1] - alone[0]).abs().max() < 1e-4
+    assert (together[1] - ref).abs().max() < 1e-3 and int(together[1].argmax()) == int(ref.argmax())
+
+
+def test_seeded_sampling_is_reproducible_whatever_else_runs(smol):
+    s = Sampling(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
+    p = ids(smol, "Tell me a story about a lighthouse.", chat=True)
+    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    h = eng.submit(p, 12, s)
+    run_all(eng)
+    solo = [e.token_id for e in h]
+    eng2 = Engine(smol, kv_bytes=32 << 20, background=False)
+    others = [eng2.submit(ids(smol, q), 8, Sampling(temperature=1.0, seed=i)) for i, q in enumerate(PROMPTS)]
+    h2 = eng2.submit(p, 12, s)
+    run_all(eng2)
+    assert [e.token_id for e in h2] == solo
+    assert all(list(o) for o in others)
+
+
+def test_cancel_frees_the_requests_kv_at_the_next_iteration(smol):
+    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    a = eng.submit(ids(smol, PROMPTS[0]), 50, stop_ids=frozenset())     # no EOS: both run on
+    b = eng.submit(ids(smol, PROMPTS[1]), 50, stop_ids=frozenset())
+    eng.iterate()
+    eng.iterate()
+    held = eng.scheduler.pool.n_blocks - eng.scheduler.pool.n_free
+    a.cancel()
+    rec = eng.iterate()
+    assert a.request.finish == "cancelled" and a.request.blocks == []
+    assert eng.scheduler.pool.n_blocks - eng.scheduler.pool.n_free < held
+    assert a.request.id not in rec.decode and b.request.id in rec.decode
+    assert [e.token_id for e in a][:2] and a.request.finish == "cancelled"
+
+
+def test_a_visitor_who_stops_listening_cancels(smol):
+    eng = Engine(smol, kv_bytes=32 << 20)                 # background thread
+    h = eng.submit(ids(smol, PROMPTS[0]), 200, stop_ids=frozenset())
+    it = iter(h)
+    next(it)
+    it.close()                                            # the tab closed: the generator is dropped
+    for _ in range(100):
+        if h.request.finish:
+            break
+        threading.Event().wait(0.05)
+    assert h.request.finish == "cancelled" and eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks
+
+
+def test_over_the_queue_bound_the_visitor_hears_busy(smol):
+    eng = Engine(smol, kv_bytes=8 << 20, max_batch=1, max_queue=2, background=False)
+    eng.submit(ids(smol, PROMPTS[0]), 4)
+    eng.submit(ids(smol, PROMPTS[1]), 4)           # two waiting (nothing admitted yet: no iteration ran)
+    with pytest.raises(QueueFull, match="busy"):
+        eng.submit(ids(smol, PROMPTS[2]), 4)
+    assert eng.scheduler.position(eng.scheduler.waiting[1]) == 2
+
+
+def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
+    """A long prompt (past Gemma's 512-token window) arrives while a short one is decoding: it is prefilled in
+    chunks, the short one gets a token every iteration, and both equal their requests alone."""
+    long_ids = ids(lm, long_prompt(lm, 600))
+    short_ids = ids(lm, PROMPTS[0])
+    alone_long = [e.token_id for e in generate(lm, "", 4, cache="dynamic", request=Request(long_ids, 4, []))]
+    eng = Engine(lm, kv_bytes=64 << 20, prefill_chunk=128, background=False)
+    hs = eng.submit(short_ids, 12)
+    eng.iterate()
+    hl = eng.submit(long_ids, 4)
+    recs = []
+    while (r := eng.iterate()) is not None:
+        recs.append(r)
+    chunks = [n for r in recs for rid, n in r.prefill if rid == hl.request.id]
+    assert len(chunks) >= 4 and max(chunks) <= 128 and sum(chunks) == len(long_ids)
+    during = [r for r in recs if any(rid == hl.request.id for rid, _ in r.prefill)]
+    assert all(hs.request.id in r.decode for r in during[:3])             # the short one kept streaming
+    assert [e.token_id for e in hl] == alone_long

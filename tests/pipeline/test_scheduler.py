@@ -1,0 +1,125 @@
+"""The scheduler without a model: admission, the KV budget in blocks, the queue bound, cancel, finish."""
+import threading
+
+import pytest
+
+from pipeline.engine.scheduler import BlockPool, QueueFull, Request, Scheduler, TooLarge
+
+
+def req(prompt=10, new=6, name=""):
+    return Request(list(range(1, prompt + 1)), new, name=name)
+
+
+def test_blocks_cover_prompt_and_new_tokens_and_come_back():
+    pool = BlockPool(10, 4)
+    assert pool.blocks_for(16) == 4 and pool.blocks_for(17) == 5 and pool.blocks_for(1) == 1
+    got = pool.take(3)
+    assert len(set(got)) == 3 and pool.n_free == 7
+    pool.give_back(got)
+    assert pool.n_free == 10
+    with pytest.raises(RuntimeError):
+        pool.take(11)
+
+
+def test_admission_respects_the_kv_budget_first_come_first_served():
+    s = Scheduler(BlockPool(8, 4), max_batch=8)
+    a, b, c = req(10, 6), req(10, 6), req(2, 2)          # 4 blocks, 4 blocks, 1 block
+    for r in (a, b, c):
+        s.submit(r)
+    p = s.plan()
+    assert [x[0] for x in p.prefill] == [a, b] and s.pool.n_free == 0
+    assert c.state == "waiting" and s.position(c) == 1    # fits nowhere now: waits, never overtakes
+    s.finish(a, "eos")
+    assert a.blocks == [] and a.finish == "eos" and s.pool.n_free == 4
+    s.plan()
+    assert c.state == "prefill" and s.position(c) == 0
+
+
+def test_nobody_overtakes_a_waiting_request():
+    s = Scheduler(BlockPool(4, 4), max_batch=8)
+    big, small = req(12, 4), req(1, 1)                     # 4 blocks, 1 block
+    running = req(1, 1)
+    s.submit(running)
+    s.plan()                                               # running holds 1 block: 3 left
+    s.submit(big)
+    s.submit(small)
+    s.plan()
+    assert big.state == "waiting" and small.state == "waiting"   # small would fit, but big came first
+
+
+def test_batch_size_bound():
+    s = Scheduler(BlockPool(100, 4), max_batch=2)
+    rs = [req() for _ in range(3)]
+    for r in rs:
+        s.submit(r)
+    s.plan()
+    assert [r.state for r in rs] == ["prefill", "prefill", "waiting"]
+
+
+def test_queue_bound_gives_a_busy_message_at_once():
+    s = Scheduler(BlockPool(1, 4), max_batch=1, max_queue=2)
+    s.submit(req(1, 1))
+    s.submit(req(1, 1))
+    with pytest.raises(QueueFull, match="busy.*Try again"):
+        s.submit(req(1, 1))
+
+
+def test_a_request_larger_than_the_pool_is_refused_not_queued_forever():
+    s = Scheduler(BlockPool(4, 4))
+    with pytest.raises(TooLarge, match="16 tokens.*holds 4 blocks|needs room"):
+        s.submit(req(100, 10))
+    assert not s.waiting
+
+
+def test_chunked_prefill_shares_a_token_budget_per_iteration():
+    s = Scheduler(BlockPool(100, 16), prefill_chunk=64)
+    long, short = req(150, 4), req(20, 4)
+    s.submit(long)
+    s.submit(short)
+    p = s.plan()
+    assert p.prefill == [(long, 0, 64)]                    # the budget is spent on the first in line
+    long.prefilled = 64
+    p = s.plan()
+    assert p.prefill == [(long, 64, 128)]
+    long.prefilled = 128
+    p = s.plan()
+    assert p.prefill == [(long, 128, 150), (short, 0, 20)]  # 22 + 20 <= 64
+
+
+def test_cancel_frees_the_slot_and_blocks_at_the_next_plan():
+    s = Scheduler(BlockPool(8, 4), max_batch=1)
+    a, b = req(10, 6), req(10, 6)
+    s.submit(a)
+    s.submit(b)
+    s.plan()
+    a.state = "decode"
+    s.cancel(a)
+    p = s.plan()
+    assert p.retired == [a] and a.finish == "cancelled" and a.blocks == []
+    assert b.state == "prefill"                             # admitted into the freed slot the same plan
+    s.cancel(b)
+    s.submit(c := req(1, 1))
+    s.cancel(c)                                            # cancelled while still waiting
+    p = s.plan()
+    assert {r.id for r in p.retired} == {b.id, c.id} and s.pool.n_free == 8 and not s.waiting
+
+
+def test_decode_rows_are_requests_whose_prompt_is_in():
+    s = Scheduler(BlockPool(100, 4))
+    a, b = req(), req()
+    s.submit(a)
+    s.submit(b)
+    s.plan()
+    a.state = "decode"
+    p = s.plan()
+    assert p.decode == [a] and [x[0] for x in p.prefill] == [b]
+
+
+def test_submit_is_thread_safe():
+    s = Scheduler(BlockPool(1000, 4), max_queue=10_000)
+    threads = [threading.Thread(target=lambda: [s.submit(req(1, 1)) for _ in range(50)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(s.waiting) == 400 and len({r.id for r in s.waiting}) == 400
