@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_generate.py
 	$(BIN)/python bench/bench_faster.py
 	$(BIN)/python bench/bench_production.py
+	$(BIN)/python bench/bench_serving.py
 
 clean-cache:
 	rm -rf $${LLM_EXPLORER_CACHE:-$$HOME/.cache/llm-explorer}

@@ -3,7 +3,6 @@ import streamlit as st
 
 from components.batching import gantt_figure, kv_figure, latency_figure, occupancy_figure
 from pipeline import checks
-from pipeline.engine import engine_for
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene
 from views import widgets
 
@@ -32,14 +31,12 @@ PRESETS = {
 COLUMNS = ["user", "arrives after (s)", "prompt", "max new tokens"]
 
 
-def _load_preset():
-    st.session_state["batch_users"] = pd.DataFrame(PRESETS[st.session_state["batch_preset"]], columns=COLUMNS)
-
-
+load_preset = widgets.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()},
+                                ("batch_users",))
 if "batch_users" not in st.session_state:
     st.session_state["batch_preset"] = next(iter(PRESETS))
-    _load_preset()
-st.selectbox("Scene", list(PRESETS), key="batch_preset", on_change=_load_preset)
+    load_preset()
+st.selectbox("Scene", list(PRESETS), key="batch_preset", on_change=load_preset)
 table = st.data_editor(st.session_state["batch_users"], num_rows="dynamic", hide_index=True, width="stretch",
                        key="batch_editor",
                        column_config={"arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0,
@@ -138,19 +135,4 @@ else:
                            label="How do we know? Each answer against the same request alone", ask=True)
 
 
-@st.fragment(run_every="2s")
-def live_panel():
-    """What the shared engine is serving for this app right now (every visitor's generations)."""
-    s = engine_for(lm).stats()
-    st.subheader("Live: this server's engine")
-    c = st.columns(4)
-    c[0].metric("Requests running", s["running"])
-    c[1].metric("Waiting in line", s["waiting"])
-    c[2].metric("Tokens/s, last minute", f"{s['tokens_per_s_last_minute']:.1f}")
-    c[3].metric("KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB",
-                help=f"{s['blocks_used']} of {s['blocks']} blocks")
-    st.caption(f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. "
-               f"{s['iterations']:,} iterations so far.")
-
-
-live_panel()
+widgets.engine_panel(lm)

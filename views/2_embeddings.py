@@ -28,7 +28,7 @@ E = analysis.embedding_matrix(lm)
 st.subheader("The lookup: token id → row of the matrix")
 opts = [i for i, t in enumerate(tr.tokens)]
 i = st.selectbox("Token", opts, index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
-                 format_func=lambda i: f"{i}: {visible(tr.tokens[i].text)!s}  (id {tr.tokens[i].id})")
+                 format_func=widgets.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]))
 tok = tr.tokens[i]
 c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
@@ -46,7 +46,7 @@ emap = analysis.embedding_map(lm, tr, refs.split(","))
 if emap is not None:
     labels = token_texts(tr.tokens) + emap.words
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
-    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=lambda d: f"{d}D") or 2
+    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=widgets.labeller({2: "2D", 3: "3D"})) or 2
     st.plotly_chart(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), width="stretch")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
@@ -60,15 +60,11 @@ PAIRS = {
 }
 
 
-def _use_pair():
-    a, b, w = PAIRS[st.session_state["drift_pair"]]
-    st.session_state.update(drift_a=a, drift_b=b, drift_word=w)
-
-
+use_pair = widgets.on_choice("drift_pair", PAIRS, ("drift_a", "drift_b", "drift_word"))
 if "drift_a" not in st.session_state:
     st.session_state["drift_pair"] = next(iter(PAIRS))
-    _use_pair()
-st.selectbox("Example", list(PAIRS), key="drift_pair", on_change=_use_pair)
+    use_pair()
+st.selectbox("Example", list(PAIRS), key="drift_pair", on_change=use_pair)
 c1, c2, c3 = st.columns([2, 2, 1])
 pa = c1.text_input("Sentence A", key="drift_a")
 pb = c2.text_input("Sentence B", key="drift_b")

@@ -17,7 +17,7 @@ st.markdown(
 lm, tr = widgets.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
-pos = st.selectbox("Token position", list(range(tr.T)), format_func=lambda i: labels[i],
+pos = st.selectbox("Token position", list(range(tr.T)), format_func=widgets.labeller(labels),
                    index=tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1,
                    help="Starts at your prompt's last token (in chat mode the template adds a few after it); the "
                         "logit lens below reads the very last position, whose prediction is the answer's first token")

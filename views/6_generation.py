@@ -52,7 +52,8 @@ c[4].metric("Prompt tokens", rec.prompt_tokens)
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 pick = st.pills("Generated tokens (click one; the small number is its position)", list(range(len(ev))),
                 default=len(ev) - 1 if ev else None,
-                format_func=lambda i: f"{visible(ev[i].text) or '∅'} {str(i).translate(SUB)}", key="gen_pick")
+                format_func=widgets.labeller([f"{visible(e.text) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
+                key="gen_pick")
 if pick is not None:
     e = ev[pick]
     st.markdown(f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "

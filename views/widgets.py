@@ -169,6 +169,25 @@ def get_tokens():
     return lm, tk, msg
 
 
+# Widget callbacks: never a function or lambda defined in a page script. Streamlit keeps each widget's
+# format_func / on_change in the session's widget metadata, and a page-level function holds the page's whole
+# namespace (its trace, its results) through __globals__; a widget whose options change with the prompt gets a
+# new entry per prompt, so one session used to keep every trace it ever saw (~210 MB per long prompt). These
+# helpers close over plain data only.
+def labeller(labels) -> callable:
+    """format_func for options 0..n-1 (or the keys of a dict) that shows labels[option]."""
+    return (list(labels) if not isinstance(labels, dict) else dict(labels)).__getitem__
+
+
+def on_choice(select_key: str, table: dict, targets: tuple[str, ...]) -> callable:
+    """on_change for a selectbox `select_key` whose choice fills other widgets: table[choice] -> one value per
+    target session-state key (a single target takes the value itself)."""
+    def fill():
+        vals = table[st.session_state[select_key]]
+        st.session_state.update({targets[0]: vals} if len(targets) == 1 else dict(zip(targets, vals)))
+    return fill
+
+
 PASS, FAIL, SKIP = ":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]"
 
 
@@ -372,3 +391,18 @@ def _wait_loaded(key: str, what: str):
         st.error(f"Could not load {what}: {ldr.error}")
         return None
     return ldr.result
+
+
+@st.fragment(run_every="2s")
+def engine_panel(lm):
+    """What the shared engine is serving for this app right now (every visitor's generations), refreshed."""
+    s = pipeline.engine.engine_for(lm).stats()
+    st.subheader("Live: this server's engine")
+    c = st.columns(4)
+    c[0].metric("Requests running", s["running"])
+    c[1].metric("Waiting in line", s["waiting"])
+    c[2].metric("Tokens/s, last minute", f"{s['tokens_per_s_last_minute']:.1f}")
+    c[3].metric("KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB",
+                help=f"{s['blocks_used']} of {s['blocks']} blocks")
+    st.caption(f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. "
+               f"{s['iterations']:,} iterations so far.")

@@ -76,6 +76,7 @@ class PagedStep:
         self.G = self.H // self.KV
         self.final_norm = _norm_fn(lm.arch.decoder.norm)
         self.cos, self.sin, self._rope_len = {}, {}, 0
+        self.attention = "auto"         # "auto" | "rows" | "gather" (see gather())
 
     def _rope(self, n: int) -> None:
         """RoPE tables for positions 0..n-1 at least (grown by doubling, up to the model's limit)."""
@@ -108,6 +109,28 @@ class PagedStep:
         del caches[key]
         return out.logits[0, -1].float().cpu()        # transformers' forward applies any softcap itself
 
+    def gather(self, lens: list[int]) -> bool:
+        """Attend for the whole batch in one call (each row's blocks gathered, padded to the longest row, the
+        padding masked) when that wastes little, else row by row over exactly each row's tokens. One call
+        saves B-1 kernel launches per layer (what bounds a GPU, and the Python overhead on a CPU); the
+        padding costs (longest - each row's length) positions of reads."""
+        if self.attention != "auto":
+            return self.attention == "gather"
+        return len(lens) > 1 and max(lens) * len(lens) <= 2 * sum(lens)
+
+    def _gather_plan(self, tables, pos, lens):
+        """Block ids [B, nb] (padded with each row's first block) and masks [B, 1, 1, nb * block_size] per
+        window: a position counts when it is at most the row's own and inside the layer's window."""
+        bs, dev = self.kv.block_size, self.lm.device
+        nb = -(-max(lens) // bs)
+        idx = torch.tensor([t[:nb] + [t[0]] * (nb - len(t[:nb])) for t in tables], device=dev)
+        ar = torch.arange(nb * bs, device=dev)[None]
+        allowed = ar <= pos[:, None]
+        masks = {None: allowed[:, None, None, :]}
+        for w in {ly.window for ly in self.layers if ly.window}:
+            masks[w] = (allowed & (ar > pos[:, None] - w))[:, None, None, :]
+        return idx, masks
+
     def decode(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         """One new token per row (at positions[b], its K/V written into its blocks tables[b]); every row
         attends over its own tokens only. Returns logits [B, vocab] float32 on the host."""
@@ -118,21 +141,32 @@ class PagedStep:
         pos = torch.tensor(positions, device=dev)
         blk = torch.tensor([t[p // bs] for t, p in zip(tables, positions)], device=dev)
         off = pos % bs
-        tabs = [torch.tensor(t, device=dev) for t in tables]
         rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
+        lens = [p + 1 for p in positions]
+        gathered = self.gather(lens)
+        if gathered:
+            idx, masks = self._gather_plan(tables, pos, lens)
+        else:
+            tabs = [torch.tensor(t, device=dev) for t in tables]
         core = lm.arch.decoder
         x = core.embed_tokens(torch.tensor(tokens, device=dev).view(B, 1))
         for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
             q, k, v = project_qkv(ly, x, H, KV, D, *rope[ly.rope])
             kv.K[i, blk, :, off] = k                          # [B, KV, D] into each row's slot
             kv.V[i, blk, :, off] = v
-            outs = []
-            for r in range(B):
-                n = positions[r] + 1
-                lo = max(0, n - ly.window) if ly.window else 0
-                kk, vv = kv.read(i, tabs[r], lo, n)
-                outs.append(F.scaled_dot_product_attention(q[r].view(1, KV, G, D), kk[None], vv[None],
-                                                           scale=layer.self_attn.scaling))
-            x = finish_layer(layer, ly, x, torch.cat(outs).reshape(B, 1, H * D))
+            if gathered:                                      # one attention call for the batch, masked
+                kk = kv.K[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+                vv = kv.V[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+                att = F.scaled_dot_product_attention(q.view(B, KV, G, D), kk, vv, attn_mask=masks[ly.window],
+                                                     scale=layer.self_attn.scaling)
+            else:                                             # each row over exactly its own tokens
+                outs = []
+                for r in range(B):
+                    lo = max(0, lens[r] - ly.window) if ly.window else 0
+                    kk, vv = kv.read(i, tabs[r], lo, lens[r])
+                    outs.append(F.scaled_dot_product_attention(q[r].view(1, KV, G, D), kk[None], vv[None],
+                                                               scale=layer.self_attn.scaling))
+                att = torch.cat(outs)
+            x = finish_layer(layer, ly, x, att.reshape(B, 1, H * D))
         logits = lm.model.lm_head(self.final_norm(x)).float().view(B, -1)
         return lm.arch.apply_softcap(logits).cpu()

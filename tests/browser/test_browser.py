@@ -106,7 +106,8 @@ def test_faster_inference_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = open_app(server, browser)
     for path, button in [("roofline", "Measure"), ("attention-kernels", "Run the kernels"), ("production", "Run all modes"),
-                         ("speculative", "Run plain and speculative"), ("streaming-sharding", None)]:
+                         ("speculative", "Run plain and speculative"), ("streaming-sharding", None),
+                         ("batching", "Run the three policies")]:
         page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
         wait_idle(page)
         if button:

@@ -51,10 +51,14 @@ def test_logits_in_a_batch_equal_logits_alone(lm):
     with lm.lock, torch.inference_mode():
         first = [int(step.prefill({}, i, p, 0, len(p), t).argmax()) for i, (p, t) in enumerate(zip(prompts, tables))]
         pos = [len(p) for p in prompts]
+        step.attention = "rows"
         together = step.decode(first, pos, tables)
+        step.attention = "gather"
+        gathered = step.decode(first, pos, tables)            # one masked attention call for the batch
+        step.attention = "auto"
         alone = step.decode(first[1:2], pos[1:2], tables[1:2])
         ref = lm.model(input_ids=torch.tensor([prompts[1] + [first[1]]]), use_cache=False).logits[0, -1].float()
-    assert (together[1] - alone[0]).abs().max() < 1e-4
+    assert (together[1] - alone[0]).abs().max() < 1e-4 and (gathered - together).abs().max() < 1e-4
     assert (together[1] - ref).abs().max() < 1e-3 and int(together[1].argmax()) == int(ref.argmax())
 
 

@@ -143,3 +143,22 @@ def test_speculative_with_a_local_model_folder_as_draft():
     button(at, "spec_go").click().run()
     assert not at.exception, at.exception
     assert metric(at, "Acceptance rate α") == "100%"              # the same model drafts perfectly
+
+
+def test_batching_page_runs_the_three_policies_and_checks_every_answer():
+    at = page("views/15_batching.py")
+    assert any("Run the three policies" in i.value for i in at.info)
+    assert "Requests running" in [m.label for m in at.metric]               # the live panel of the shared engine
+    at.selectbox(key="batch_preset").set_value("Everyone at once, same length").run()
+    button(at, "batch_go").click().run()
+    assert not at.exception, at.exception
+    labels = [m.label for m in at.metric]
+    assert "Throughput, continuous" in labels and "Padding rows computed (static)" in labels
+    assert len(at.get("plotly_chart")) >= 5                                   # gantt, occupancy, 2 x KV, latency
+    table = next(d.value for d in at.dataframe if "policy" in d.value.columns)
+    assert list(table["policy"]) == ["one after another", "static", "continuous"]
+    assert (table["tokens"] == 4 * 24).all()                                  # every answer exactly 24 tokens
+    button(at, "chk_scene").click().run()
+    assert not at.exception, at.exception
+    marks = [m.value for m in at.markdown if "generated alone" in m.value]
+    assert len(marks) == 3 and all(m.startswith(common_pass()) for m in marks), marks

@@ -1,0 +1,59 @@
+"""One visitor, many long prompts, every page: the server's memory levels off.
+
+Measured before the fix: one session, 12 prompts of ~1,300 tokens through pages 2 and 5 grew RSS 1.7 -> 4.1 GB
+and never levelled off; widgets whose format_func was a lambda in a page script kept that page's whole
+namespace (its trace, ~220 MB) in Streamlit's widget metadata, one entry per distinct prompt. Now every cache
+has a bound in bytes and widget callbacks hold plain data only (views/widgets.py)."""
+import ctypes
+import gc
+from pathlib import Path
+
+import psutil
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py",
+         "views/4_layer.py", "views/5_next_token.py", "views/6_generation.py", "views/7_prefill_decode.py",
+         "views/8_kv_cache.py", "views/9_hardware.py", "views/10_roofline.py", "views/11_attention_kernels.py",
+         "views/12_production.py", "views/13_speculative.py", "views/14_streaming_sharding.py",
+         "views/15_batching.py"]
+N_PROMPTS = 12
+BUDGET_GB = 4.5             # the README's figure for one server with the embedded model
+WORDS = ("sky light blue scatter wave air sun red evening molecule colour photon short long violet eye "
+         "atmosphere noon dusk cloud").split()
+
+
+def long_prompt(i: int) -> str:
+    """~1,300 distinct tokens: a different word order for every i, so no cache can answer it."""
+    words = [WORDS[(i * 7 + j * (i + 3)) % len(WORDS)] for j in range(1100)]
+    return f"Note {i}. " + " ".join(words) + "."
+
+
+def rss_gb() -> float:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)       # hand freed heap back: count what is held, not fragmentation
+    except OSError:
+        pass
+    return psutil.Process().memory_info().rss / 2**30
+
+
+@pytest.mark.model
+def test_one_session_many_long_prompts_every_page_memory_levels_off():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at.session_state["chat"] = False
+    at.run()
+    seen = []
+    for i in range(N_PROMPTS):
+        at.session_state["prompt"] = long_prompt(i)
+        for page in PAGES:
+            at.switch_page(page)
+            at.run()
+            assert not at.exception, (page, at.exception)
+        seen.append(rss_gb())
+    half = N_PROMPTS // 2
+    growth = max(seen[half:]) - seen[half - 1]
+    print("RSS after each prompt, GB:", [round(x, 2) for x in seen])
+    assert growth < 0.35, f"still growing over the last {N_PROMPTS - half} prompts: {seen}"
+    assert max(seen) < BUDGET_GB, seen
