@@ -1,4 +1,5 @@
 """LLM inference pipeline explorer: navigation and the shared sidebar (model, prompt, chat, device)."""
+
 import streamlit as st
 
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=":material/biotech:", layout="wide")
@@ -21,13 +22,10 @@ AFTER = [
 ]
 FASTER = [
     st.Page("views/10_roofline.py", title="10 · Roofline", icon=":material/show_chart:", url_path="roofline"),
-    st.Page("views/11_attention_kernels.py", title="11 · Attention kernels", icon=":material/bolt:",
-            url_path="attention-kernels"),
+    st.Page("views/11_attention_kernels.py", title="11 · Attention kernels", icon=":material/bolt:", url_path="attention-kernels"),
     st.Page("views/12_production.py", title="12 · Production mode", icon=":material/factory:", url_path="production"),
-    st.Page("views/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:",
-            url_path="speculative"),
-    st.Page("views/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:",
-            url_path="streaming-sharding"),
+    st.Page("views/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:", url_path="speculative"),
+    st.Page("views/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:", url_path="streaming-sharding"),
     st.Page("views/15_batching.py", title="15 · Continuous batching", icon=":material/groups:", url_path="batching"),
 ]
 page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER}, expanded=True)

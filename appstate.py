@@ -10,6 +10,7 @@ as a plain mapping), so everything here is unit-tested without a browser.
     tr = traces.get(key, make)        # shared by every session, least recently used out first
     remember(state, "gen", model_key, record); recall(state, "gen", model_key)
 """
+
 from __future__ import annotations
 
 import threading
@@ -108,7 +109,7 @@ class TraceCache:
 
 
 # ------------------------------------------------------------------------- a page's last run, per session
-RUNS = "_runs"          # session-state key: {slot: (model key, value)}
+RUNS = "_runs"  # session-state key: {slot: (model key, value)}
 
 
 def remember(state: MutableMapping, slot: str, model_key: str, value) -> None:

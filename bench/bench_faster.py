@@ -4,6 +4,7 @@ interleaved with plain decoding, medians).
 
     .venv/bin/python bench/bench_faster.py [--tokens 48] [--reps 3]
 """
+
 import argparse
 import statistics
 import time
@@ -11,8 +12,7 @@ from dataclasses import asdict
 
 from common import write
 
-COPY = ("Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    e = [d] * 3\n"
-        "    return e\n")
+COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    e = [d] * 3\n    return e\n"
 OPEN = "Write a short story about a lighthouse keeper."
 
 
@@ -45,14 +45,23 @@ def main():
             a = res.acceptance_rate
             spec[f"{pname} / {draft}"] = {
                 "speedup": round(statistics.median(plain_t) / statistics.median(spec_t), 3),
-                "acceptance_rate": round(a, 3), "mean_accepted_per_call": round(res.mean_accepted, 2),
+                "acceptance_rate": round(a, 3),
+                "mean_accepted_per_call": round(res.mean_accepted, 2),
                 "tokens_per_target_call": round(len(res.tokens) / res.target_calls, 2),
                 "expected_tokens_per_call": round(expected_tokens_per_call(a, 4), 2),
-                "identical_to_plain_greedy": res.tokens == plain, "tokens": len(res.tokens)}
-    write("faster", {"model": lm.label, "device": lm.device_label, "gamma": 4,
-                     "attention_kernels": [{k: (round(v, 5) if isinstance(v, float) else v)
-                                            for k, v in asdict(r).items()} for r in kernels],
-                     "speculative": spec})
+                "identical_to_plain_greedy": res.tokens == plain,
+                "tokens": len(res.tokens),
+            }
+    write(
+        "faster",
+        {
+            "model": lm.label,
+            "device": lm.device_label,
+            "gamma": 4,
+            "attention_kernels": [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(r).items()} for r in kernels],
+            "speculative": spec,
+        },
+    )
 
 
 if __name__ == "__main__":

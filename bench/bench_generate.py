@@ -4,6 +4,7 @@ same number of tokens), tokens/s ratio in one run (goal >= 1.0); telemetry sampl
 
     .venv/bin/python bench/bench_generate.py [--tokens 48] [--reps 5]
 """
+
 import argparse
 import statistics
 import time
@@ -42,7 +43,7 @@ def main():
         with Sampler():
             return ours()
 
-    ours(), hf()                                     # warm up
+    ours(), hf()  # warm up
     r_ours, r_hf, r_tel = [], [], []
     for _ in range(args.reps):
         k, s, ev = ours()
@@ -60,18 +61,29 @@ def main():
     per_sample = (time.perf_counter() - t) / 200
     s.__exit__(None, None, None)
     m = metrics(ev)
-    write("generate", {
-        "model": lm.label, "device": lm.device_label, "new_tokens": n, "prompt_tokens": ids.shape[1],
-        "tokens_per_s": {"ours_end_to_end": round(mo, 2), "transformers_generate": round(mh, 2),
-                         "ours_with_telemetry": round(mt, 2)},
-        "ratio_ours_vs_generate": round(mo / mh, 3), "goal_ratio": 1.0,
-        "telemetry_overhead_percent": round((mo - mt) / mo * 100, 2), "goal_overhead_percent": 2,
-        "telemetry_sample_cost_us": round(per_sample * 1e6, 1), "telemetry_interval_s": s.interval_s,
-        "telemetry_cpu_share_percent": round(per_sample / s.interval_s * 100, 3),
-        "last_run": {"ttft_ms": round(m.ttft_s * 1000, 1), "tpot_ms": round((m.tpot_s or 0) * 1000, 2),
-                     "decode_tokens_per_s": round(m.tokens_per_s or 0, 2)},
-        "note": "end-to-end tokens/s = generated tokens / wall time including tokenization and prefill, both loops",
-    })
+    write(
+        "generate",
+        {
+            "model": lm.label,
+            "device": lm.device_label,
+            "new_tokens": n,
+            "prompt_tokens": ids.shape[1],
+            "tokens_per_s": {"ours_end_to_end": round(mo, 2), "transformers_generate": round(mh, 2), "ours_with_telemetry": round(mt, 2)},
+            "ratio_ours_vs_generate": round(mo / mh, 3),
+            "goal_ratio": 1.0,
+            "telemetry_overhead_percent": round((mo - mt) / mo * 100, 2),
+            "goal_overhead_percent": 2,
+            "telemetry_sample_cost_us": round(per_sample * 1e6, 1),
+            "telemetry_interval_s": s.interval_s,
+            "telemetry_cpu_share_percent": round(per_sample / s.interval_s * 100, 3),
+            "last_run": {
+                "ttft_ms": round(m.ttft_s * 1000, 1),
+                "tpot_ms": round((m.tpot_s or 0) * 1000, 2),
+                "decode_tokens_per_s": round(m.tokens_per_s or 0, 2),
+            },
+            "note": "end-to-end tokens/s = generated tokens / wall time including tokenization and prefill, both loops",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ to back (device floor), operators per step, and the fused step's logits against 
 
     .venv/bin/python bench/bench_production.py [--tokens 64] [--reps 3] [--compile]
 """
+
 import argparse
 import time
 from dataclasses import asdict
@@ -27,19 +28,34 @@ def main():
     modes = ("dynamic", "static", "fused") + (("fused+compile",) if args.compile else ())
     t = time.perf_counter()
     res = compare_cache_modes(lm, prompt, args.tokens, chat=True, reps=args.reps, modes=modes)
-    out = {m: {"tokens_per_s": round(r.tokens_per_s, 2), "ratio_vs_dynamic": round(res.ratio(m), 3),
-               "tpot_ms": round(metrics(r.events).tpot_s * 1000, 2), "warmup_s": round(r.warmup_s, 2),
-               "same_tokens_as_dynamic": res.same_tokens(m)} for m, r in res.modes.items()}
+    out = {
+        m: {
+            "tokens_per_s": round(r.tokens_per_s, 2),
+            "ratio_vs_dynamic": round(res.ratio(m), 3),
+            "tpot_ms": round(metrics(r.events).tpot_s * 1000, 2),
+            "warmup_s": round(r.warmup_s, 2),
+            "same_tokens_as_dynamic": res.same_tokens(m),
+        }
+        for m, r in res.modes.items()
+    }
     floor = fused.step_floor(lm, 30)
     ids = lm.tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]
-    write("production", {"model": lm.label, "device": lm.device_label, "fused_mode": fused.mode_label(lm),
-                         "new_tokens": args.tokens, "reps": args.reps, "modes": out,
-                         "fused_step_floor": {k: round(v, 3) if isinstance(v, float) else v
-                                              for k, v in asdict(floor).items()},
-                         "host_ms_per_token_fused": round(out["fused"]["tpot_ms"] - floor.step_ms, 2),
-                         "launches_per_step": asdict(fused.launches_per_step(lm)),
-                         "fused_vs_forward": asdict(fused.check_against_forward(lm, ids)),
-                         "seconds": round(time.perf_counter() - t, 1)})
+    write(
+        "production",
+        {
+            "model": lm.label,
+            "device": lm.device_label,
+            "fused_mode": fused.mode_label(lm),
+            "new_tokens": args.tokens,
+            "reps": args.reps,
+            "modes": out,
+            "fused_step_floor": {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(floor).items()},
+            "host_ms_per_token_fused": round(out["fused"]["tpot_ms"] - floor.step_ms, 2),
+            "launches_per_step": asdict(fused.launches_per_step(lm)),
+            "fused_vs_forward": asdict(fused.check_against_forward(lm, ids)),
+            "seconds": round(time.perf_counter() - t, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ or staggered, served four ways, interleaved, repeated:
 Aggregate tokens/s, TTFT and inter-token latency p50/p95 (where the method streams tokens), and each policy's
 ratio to one request alone on the same path, medians over the repeats with their spread.
 
-    .venv/bin/python bench/bench_serving.py [--ns 1,4,8,16,32] [--tokens 32] [--reps 3] [--threads-max 16]
+    .venv/bin/python bench/bench_serving.py [--ns 1,4,8,16,32] [--tokens 32] [--reps 2] [--threads-max 8]
 """
+
 import argparse
 import statistics
 import threading
@@ -19,9 +20,7 @@ import time
 
 from common import write
 
-PROMPTS = ["Why is the sky blue?", "The capital of France is", "Dog bites man.", "Apple released a new chip.",
-           "Write a haiku about the sea.", "Explain what a KV cache is.", "List three prime numbers.",
-           "What is the boiling point of water?"]
+from pipeline.engine.scene import VISITOR_PROMPTS as PROMPTS
 
 
 def pct(xs, q):
@@ -31,13 +30,16 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def workload(lm, n, tokens, staggered):
+WORKLOADS = {"same time, same length": (False, False), "same time, mixed lengths": (False, True), "staggered, mixed lengths": (True, True)}
+
+
+def workload(lm, n, tokens, staggered, mixed):
     """n requests: prompt ids, new tokens (mixed: 1/2x, 1x, 3/2x the base), arrival offset (s)."""
     from pipeline.generation import prepare
 
     out = []
     for i in range(n):
-        k = max(4, [tokens // 2, tokens, tokens * 3 // 2][i % 3])
+        k = max(4, [tokens // 2, tokens, tokens * 3 // 2][i % 3]) if mixed else tokens
         ids = prepare(lm, PROMPTS[i % len(PROMPTS)], k, chat=True).prompt_ids
         out.append((ids, k, 0.15 * i if staggered else 0.0))
     return out
@@ -67,16 +69,24 @@ def summarise(stamps, wall):
     toks = sum(len(s[1]) for s in stamps)
     ttft = [s[1][0] - s[0] for s in stamps if s[1]]
     itl = [b - a for s in stamps for a, b in zip(s[1], s[1][1:])]
-    return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "ttft_p50_s": pct(ttft, 50),
-            "ttft_p95_s": pct(ttft, 95), "itl_p50_s": pct(itl, 50), "itl_p95_s": pct(itl, 95)}
+    return {
+        "tokens": toks,
+        "wall_s": wall,
+        "tokens_per_s": toks / wall,
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p95_s": pct(ttft, 95),
+        "itl_p50_s": pct(itl, 50),
+        "itl_p95_s": pct(itl, 95),
+    }
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="1,4,8,16,32")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads-max", type=int, default=16, help="(a) above this N takes minutes: skipped")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads-max", type=int, default=8, help="(a) above this N takes minutes: skipped")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--methods", default="threads,engine,hf-continuous,hf-static")
     args = ap.parse_args()
     import torch
@@ -99,8 +109,8 @@ def main():
 
     def hf_continuous(work):
         from transformers import GenerationConfig
-        gc = GenerationConfig(max_new_tokens=max(w[1] for w in work), do_sample=False, eos_token_id=-1,
-                              pad_token_id=lm.tokenizer.pad_token_id or 0)
+
+        gc = GenerationConfig(max_new_tokens=max(w[1] for w in work), do_sample=False, eos_token_id=-1, pad_token_id=lm.tokenizer.pad_token_id or 0)
         t = time.perf_counter()
         with lm.lock, torch.inference_mode():
             impl = lm.model.config._attn_implementation
@@ -124,27 +134,26 @@ def main():
             impl = lm.model.config._attn_implementation
             lm.model.set_attn_implementation("sdpa")
             try:
-                lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, pad_token_id=pad)
+                lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
             finally:
                 lm.model.set_attn_implementation(impl)
         wall = time.perf_counter() - t
-        useful = sum(w[1] for w in work)                  # the padded rows' extra tokens are not served
+        useful = sum(w[1] for w in work)  # the padded rows' extra tokens are not served
         return {"tokens": useful, "wall_s": wall, "tokens_per_s": useful / wall, "rows_computed": len(work) * n}
 
     results = {}
-    for staggered in (False, True):
-        mode = "staggered" if staggered else "same time"
+    for mode in args.workloads.split(","):
+        staggered, mixed = WORKLOADS[mode]
         results[mode] = {}
         for n in [int(x) for x in args.ns.split(",")]:
-            work = workload(lm, n, args.tokens, staggered)
+            work = workload(lm, n, args.tokens, staggered, mixed)
             runs = {m: [] for m in methods}
             for _ in range(args.reps):
-                for m in methods:                          # interleaved: every method once per repeat
+                for m in methods:  # interleaved: every method once per repeat
                     if m == "threads" and n > args.threads_max:
                         continue
                     if m in ("hf-continuous", "hf-static") and staggered:
-                        continue                           # they take the whole batch at once
+                        continue  # they take the whole batch at once
                     t = time.perf_counter()
                     if m == "threads":
                         st = run_clients(work, threads_serve)
@@ -166,13 +175,16 @@ def main():
                     if rs:
                         row[m] = rs[-1]
                     continue
-                med = {k: statistics.median(r[k] for r in ok if r.get(k) is not None)
-                       for k in ok[0] if isinstance(ok[0][k], float) and all(r.get(k) is not None for r in ok)}
+                med = {
+                    k: statistics.median(r[k] for r in ok if r.get(k) is not None)
+                    for k in ok[0]
+                    if isinstance(ok[0][k], float) and all(r.get(k) is not None for r in ok)
+                }
                 med["runs_tokens_per_s"] = [round(r["tokens_per_s"], 2) for r in ok]
                 row[m] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in med.items()}
             results[mode][str(n)] = row
             print(mode, n, {m: r.get("tokens_per_s") for m, r in row.items()}, flush=True)
-    alone = results["same time"].get("1", {})
+    alone = next(iter(results.values())).get("1", {})
     base = {m: r.get("tokens_per_s") for m, r in alone.items()}
     for mode in results.values():
         for row in mode.values():
@@ -180,9 +192,18 @@ def main():
                 ref = base.get("threads") or base.get(m)
                 if ref and r.get("tokens_per_s"):
                     r["ratio_vs_one_request_alone"] = round(r["tokens_per_s"] / ref, 2)
-    write("serving", {"model": lm.label, "device": lm.device_label, "tokens": args.tokens, "reps": args.reps,
-                      "one_request_alone_tokens_per_s": base.get("threads"),
-                      "engine_block_size": eng.kv.block_size, "results": results})
+    write(
+        "serving",
+        {
+            "model": lm.label,
+            "device": lm.device_label,
+            "tokens": args.tokens,
+            "reps": args.reps,
+            "one_request_alone_tokens_per_s": base.get("threads"),
+            "engine_block_size": eng.kv.block_size,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/bench_trace.py [--reps 7]
 """
+
 import argparse
 import statistics
 import subprocess
@@ -16,8 +17,7 @@ LOAD = "import time; t=time.perf_counter(); import pipeline; lm=pipeline.load_mo
 
 
 def load_time(cache: str) -> float:
-    out = subprocess.run([sys.executable, "-c", LOAD], env={"LLM_EXPLORER_CACHE": cache, "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", LOAD], env={"LLM_EXPLORER_CACHE": cache, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -32,7 +32,7 @@ def main():
     from pipeline import sampling
 
     with tempfile.TemporaryDirectory() as cache:
-        cold = load_time(cache)           # GGUF -> safetensors conversion, then load
+        cold = load_time(cache)  # GGUF -> safetensors conversion, then load
         warm = [load_time(cache) for _ in range(2)]
     lm = pipeline.load_model()
     prompts = {
@@ -54,12 +54,17 @@ def main():
             tt.append(time.perf_counter() - t)
             with torch.inference_mode():
                 t = time.perf_counter()
-                lm.model(ids)                     # plain forward: SDPA, no hooks, all-position logits
+                lm.model(ids)  # plain forward: SDPA, no hooks, all-position logits
                 pt.append(time.perf_counter() - t)
         mt, mp = statistics.median(tt), statistics.median(pt)
-        rows[name] = {"tokens": tr.T, "trace_ms": round(mt * 1000, 2), "plain_forward_ms": round(mp * 1000, 2),
-                      "ratio": round(mt / mp, 3), "logit_lens_ms": round(tr.timings["logit lens"] * 1000, 2),
-                      "tokenize_ms": round(tr.timings["tokenize"] * 1000, 2)}
+        rows[name] = {
+            "tokens": tr.T,
+            "trace_ms": round(mt * 1000, 2),
+            "plain_forward_ms": round(mp * 1000, 2),
+            "ratio": round(mt / mp, 3),
+            "logit_lens_ms": round(tr.timings["logit lens"] * 1000, 2),
+            "tokenize_ms": round(tr.timings["tokenize"] * 1000, 2),
+        }
 
     tr = pipeline.trace(lm, "The capital of France is")
     settings = [(t, k, p, m) for t in (0.3, 0.7, 1.0, 1.5) for k in (0, 50) for p in (0.9, 1.0) for m in (0.0, 0.05)]
@@ -70,14 +75,17 @@ def main():
         order = np.argsort(-steps[0].probs)[:15]
         _ = [st.probs[order] for st in steps]
         lat.append((time.perf_counter() - t) * 1000)
-    write("trace", {
-        "model": lm.label, "device": lm.device_label,
-        "trace_vs_plain_forward": rows, "goal_ratio": 1.25,
-        "refilter_ms": {"median": round(statistics.median(lat), 2), "max": round(max(lat), 2),
-                        "settings": len(settings), "goal_ms": 50},
-        "model_load_s": {"cold_gguf_convert_and_load": round(cold, 2), "warm_from_safetensors_cache":
-                         [round(w, 2) for w in warm]},
-    })
+    write(
+        "trace",
+        {
+            "model": lm.label,
+            "device": lm.device_label,
+            "trace_vs_plain_forward": rows,
+            "goal_ratio": 1.25,
+            "refilter_ms": {"median": round(statistics.median(lat), 2), "max": round(max(lat), 2), "settings": len(settings), "goal_ms": 50},
+            "model_load_s": {"cold_gguf_convert_and_load": round(cold, 2), "warm_from_safetensors_cache": [round(w, 2) for w in warm]},
+        },
+    )
 
 
 if __name__ == "__main__":

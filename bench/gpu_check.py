@@ -16,6 +16,7 @@ Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
 """
+
 import argparse
 import json
 import os
@@ -49,8 +50,7 @@ def main():
     lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device=args.device)
     prompt, n = "Why is the sky blue?", args.tokens
     ids = torch.tensor([tokenize(lm.tokenizer, prompt, chat=True).input_ids], device=lm.device)
-    res = {"device": lm.device_label, "model": lm.label, "dtype": str(lm.dtype), "new_tokens": n,
-           "prompt_tokens": ids.shape[1]}
+    res = {"device": lm.device_label, "model": lm.label, "dtype": str(lm.dtype), "new_tokens": n, "prompt_tokens": ids.shape[1]}
 
     out_dir = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,8 +65,9 @@ def main():
         t = time.perf_counter()
         try:
             fn()
-        except Exception as e:          # record and go on: one failure must not lose the other figures
+        except Exception as e:  # record and go on: one failure must not lose the other figures
             import traceback
+
             res.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
         res.setdefault("section_seconds", {})[name] = time.perf_counter() - t
         save()
@@ -75,6 +76,7 @@ def main():
     def production():
         from pipeline import fused
         from pipeline.generation import compare_cache_modes
+
         cuda = lm.device.type == "cuda"
         modes = ("dynamic", "static", "fused") + (("fused+compile",) if cuda and not args.no_compile else ())
         out = res["production"] = {"fused_mode": fused.mode_label(lm)}
@@ -85,7 +87,7 @@ def main():
             dec = fused.acquire_decoder(lm, ids.shape[1] + n, compile=compile_)
             dec.release()
             key = "compile" if compile_ else "plain"
-            out[f"build_{key}_s"] = time.perf_counter() - t            # compile (first call) + capture
+            out[f"build_{key}_s"] = time.perf_counter() - t  # compile (first call) + capture
             out[f"capture_{key}_s"] = dec.capture_s
             out[f"compile_{key}_s"] = dec.compile_s
             out[f"mode_{key}"] = dec.mode
@@ -97,12 +99,20 @@ def main():
         r = compare_cache_modes(lm, prompt, n, chat=True, reps=args.reps, modes=modes)
         for m, v in r.modes.items():
             mt = metrics(v.events)
-            out[m] = {"tokens_per_s": v.tokens_per_s, "tpot_ms": (mt.tpot_s or 0) * 1000,
-                      "ttft_ms": mt.ttft_s * 1000, "warmup_s": v.warmup_s, "runs": v.runs,
-                      "utilisation": v.utilisation, "utilisation_of": v.utilisation_of, "engine": v.engine,
-                      "same_tokens_as_dynamic": r.same_tokens(m), "ratio_vs_dynamic": r.ratio(m) or 0}
+            out[m] = {
+                "tokens_per_s": v.tokens_per_s,
+                "tpot_ms": (mt.tpot_s or 0) * 1000,
+                "ttft_ms": mt.ttft_s * 1000,
+                "warmup_s": v.warmup_s,
+                "runs": v.runs,
+                "utilisation": v.utilisation,
+                "utilisation_of": v.utilisation_of,
+                "engine": v.engine,
+                "same_tokens_as_dynamic": r.same_tokens(m),
+                "ratio_vs_dynamic": r.ratio(m) or 0,
+            }
         for key, m in (("plain", "fused"), ("compile", "fused+compile")):
-            if m in out and f"step_floor_{key}" in out:      # what the loop adds per token on the host
+            if m in out and f"step_floor_{key}" in out:  # what the loop adds per token on the host
                 out[m]["host_ms_per_token"] = out[m]["tpot_ms"] - out[f"step_floor_{key}"]["step_ms"]
 
     def loop():
@@ -118,9 +128,9 @@ def main():
                 out = lm.model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, use_cache=use_cache)
             if lm.device.type == "cuda":
                 torch.cuda.synchronize()
-            return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t
+            return out[0, ids.shape[1] :].tolist(), time.perf_counter() - t
 
-        ours(k=4), hf(k=4)                                   # warm up
+        ours(k=4), hf(k=4)  # warm up
         runs, hf_rates = [], []
         for _ in range(args.reps):
             ev = ours()
@@ -128,19 +138,26 @@ def main():
             toks, s = hf()
             hf_rates.append(len(toks) / s)
         m = [metrics(ev) for ev in runs]
-        res["ours_cache"] = {"ttft_ms": statistics.median(x.ttft_s for x in m) * 1000,
-                             "tpot_ms": statistics.median(x.tpot_s for x in m) * 1000,
-                             "decode_tokens_per_s": statistics.median(x.tokens_per_s for x in m),
-                             "end_to_end_tokens_per_s": statistics.median(x.n / x.latency_s for x in m)}
+        res["ours_cache"] = {
+            "ttft_ms": statistics.median(x.ttft_s for x in m) * 1000,
+            "tpot_ms": statistics.median(x.tpot_s for x in m) * 1000,
+            "decode_tokens_per_s": statistics.median(x.tokens_per_s for x in m),
+            "end_to_end_tokens_per_s": statistics.median(x.n / x.latency_s for x in m),
+        }
         res["hf_generate_tokens_per_s"] = statistics.median(hf_rates)
         res["ratio_ours_vs_hf_end_to_end"] = res["ours_cache"]["end_to_end_tokens_per_s"] / res["hf_generate_tokens_per_s"]
-        res["greedy_equal_to_hf"] = [e.token_id for e in runs[-1]] == toks[:len(runs[-1])]
+        res["greedy_equal_to_hf"] = [e.token_id for e in runs[-1]] == toks[: len(runs[-1])]
         k_off = min(n, 64)
         ev_off = ours(use_cache=False, k=k_off)
         mo = metrics(ev_off)
-        res["ours_no_cache"] = {"tokens": k_off, "ttft_ms": mo.ttft_s * 1000, "tpot_ms": (mo.tpot_s or 0) * 1000,
-                                "decode_tokens_per_s": mo.tokens_per_s,
-                                "first_step_ms": ev_off[1].step_s * 1000, "last_step_ms": ev_off[-1].step_s * 1000}
+        res["ours_no_cache"] = {
+            "tokens": k_off,
+            "ttft_ms": mo.ttft_s * 1000,
+            "tpot_ms": (mo.tpot_s or 0) * 1000,
+            "decode_tokens_per_s": mo.tokens_per_s,
+            "first_step_ms": ev_off[1].step_s * 1000,
+            "last_step_ms": ev_off[-1].step_s * 1000,
+        }
         with Sampler(interval_s=0.02) as sampler:
             t_start = time.perf_counter()
             ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
@@ -148,31 +165,40 @@ def main():
                 sampler.mark(e.phase, t_start + e.t_s - e.step_s, t_start + e.t_s)
         tl = sampler.timeline
         util = [s.get("gpu_util") for s in tl.samples if "gpu_util" in s]
-        res["telemetry"] = {"source": tl.source, "samples": len(tl.samples), "nvml_buffered_samples": len(tl.nvml_util),
-                            "mean_gpu_util": statistics.mean(util) if util else None,
-                            "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
-                            "timeline": tl.samples[:400], "nvml_util": tl.nvml_util[:400], "marks": tl.marks[:400]}
+        res["telemetry"] = {
+            "source": tl.source,
+            "samples": len(tl.samples),
+            "nvml_buffered_samples": len(tl.nvml_util),
+            "mean_gpu_util": statistics.mean(util) if util else None,
+            "mean_nvml_buffered_util": statistics.mean(v for _, v in tl.nvml_util) if tl.nvml_util else None,
+            "timeline": tl.samples[:400],
+            "nvml_util": tl.nvml_util[:400],
+            "marks": tl.marks[:400],
+        }
 
     def kernels():
         from pipeline.kernels import kernel_sweep
+
         res["attention_kernels"] = [asdict(r) for r in kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])]
 
     def speculative():
         from pipeline.speculative import speculative_generate
+
         copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
         t = time.perf_counter()
         plain = [e.token_id for e in generate(lm, copy, n, temperature=0.0, chat=True)]
         plain_s = time.perf_counter() - t
         sp = speculative_generate(lm, copy, "prompt_lookup", gamma=4, max_new_tokens=n, chat=True)
-        res["speculative_prompt_lookup"] = {"speedup": plain_s / sp.seconds, "acceptance_rate": sp.acceptance_rate,
-                                            "tokens_per_target_call": len(sp.tokens) / sp.target_calls,
-                                            "identical_to_plain": sp.tokens == plain}
+        res["speculative_prompt_lookup"] = {
+            "speedup": plain_s / sp.seconds,
+            "acceptance_rate": sp.acceptance_rate,
+            "tokens_per_target_call": len(sp.tokens) / sp.target_calls,
+            "identical_to_plain": sp.tokens == plain,
+        }
 
-    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels),
-                     ("speculative", speculative)):
+    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative)):
         section(name, fn)
-    print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1,
-                     default=float))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1, default=float))
     print("->", path)
 
 

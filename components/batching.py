@@ -1,4 +1,5 @@
 """Figures for the batching page, drawn from a scene's iteration records (pipeline.engine.scene.SceneRun)."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -31,19 +32,30 @@ def _segments(run):
 def gantt_figure(runs) -> go.Figure:
     """One row per user per policy: waiting in line, prefill, decode, and (static batching) the padding a
     finished answer keeps computing until the batch's longest is done. Shared time axis (seconds)."""
-    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[f"{r.policy}: {r.tokens} tokens in {r.wall_s:.1f} s" for r in runs])
+    fig = make_subplots(
+        rows=len(runs), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[f"{r.policy}: {r.tokens} tokens in {r.wall_s:.1f} s" for r in runs]
+    )
     shown = set()
     for k, run in enumerate(runs):
         for name, segs in _segments(run).items():
             for state, a, b in segs:
                 if a is None or b is None or b <= a:
                     continue
-                fig.add_trace(go.Bar(y=[name], x=[b - a], base=[a], orientation="h", name=state,
-                                     marker_color=STATE_COLORS[state], legendgroup=state,
-                                     showlegend=state not in shown,
-                                     hovertemplate=f"{name}: {state} %{{base:.2f}}–%{{x:.2f}} s<extra></extra>"),
-                              row=k + 1, col=1)
+                fig.add_trace(
+                    go.Bar(
+                        y=[name],
+                        x=[b - a],
+                        base=[a],
+                        orientation="h",
+                        name=state,
+                        marker_color=STATE_COLORS[state],
+                        legendgroup=state,
+                        showlegend=state not in shown,
+                        hovertemplate=f"{name}: {state} %{{base:.2f}}–%{{x:.2f}} s<extra></extra>",
+                    ),
+                    row=k + 1,
+                    col=1,
+                )
                 shown.add(state)
         fig.update_yaxes(autorange="reversed", row=k + 1, col=1)
     fig.update_xaxes(title="seconds since the first arrival", row=len(runs), col=1)
@@ -57,12 +69,25 @@ def occupancy_figure(runs) -> go.Figure:
     for run in runs:
         c = POLICY_COLORS.get(run.policy, BLUE)
         x = [r.t1 for r in run.records]
-        fig.add_trace(go.Scatter(x=x, y=[len(r.decode) + len(r.prefill) for r in run.records], mode="lines",
-                                 line=dict(color=c, shape="hv"), name=f"{run.policy}: requests served"))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[len(r.decode) + len(r.prefill) for r in run.records],
+                mode="lines",
+                line=dict(color=c, shape="hv"),
+                name=f"{run.policy}: requests served",
+            )
+        )
         if any(r.padded for r in run.records):
-            fig.add_trace(go.Scatter(x=x, y=[len(r.decode) + len(r.prefill) + len(r.padded) for r in run.records],
-                                     mode="lines", line=dict(color=c, shape="hv", dash="dot"),
-                                     name=f"{run.policy}: rows computed (with padding)"))
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[len(r.decode) + len(r.prefill) + len(r.padded) for r in run.records],
+                    mode="lines",
+                    line=dict(color=c, shape="hv", dash="dot"),
+                    name=f"{run.policy}: rows computed (with padding)",
+                )
+            )
     fig.update_xaxes(title="seconds since the first arrival")
     fig.update_yaxes(title="requests in the batch", rangemode="tozero", dtick=1)
     return _layout(fig, "Batch occupancy per iteration", height=340, legend=dict(orientation="h", y=-0.3))
@@ -73,9 +98,17 @@ def kv_figure(run) -> go.Figure:
     names = {u.request_id: u.name for u in run.users}
     fig = go.Figure()
     for rid, name in names.items():
-        fig.add_trace(go.Scatter(x=[r.t1 for r in run.records], y=[r.blocks.get(rid, 0) for r in run.records],
-                                 mode="lines", stackgroup="kv", name=name, line=dict(shape="hv"),
-                                 hovertemplate=name + ": %{y} blocks<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[r.t1 for r in run.records],
+                y=[r.blocks.get(rid, 0) for r in run.records],
+                mode="lines",
+                stackgroup="kv",
+                name=name,
+                line=dict(shape="hv"),
+                hovertemplate=name + ": %{y} blocks<extra></extra>",
+            )
+        )
     mib = run.kv_block_bytes / 2**20
     fig.update_xaxes(title="seconds since the first arrival")
     fig.update_yaxes(title=f"KV blocks ({run.block_size} tokens, {mib:.2f} MiB each)", rangemode="tozero")
@@ -88,10 +121,7 @@ def latency_figure(runs) -> go.Figure:
     for run in runs:
         c = POLICY_COLORS.get(run.policy, BLUE)
         names = [u.name for u in run.users]
-        fig.add_trace(go.Bar(x=names, y=[u.ttft_s for u in run.users], name=run.policy, marker_color=c,
-                             legendgroup=run.policy), 1, 1)
-        fig.add_trace(go.Bar(x=names, y=[u.latency_s for u in run.users], name=run.policy, marker_color=c,
-                             legendgroup=run.policy, showlegend=False), 1, 2)
+        fig.add_trace(go.Bar(x=names, y=[u.ttft_s for u in run.users], name=run.policy, marker_color=c, legendgroup=run.policy), 1, 1)
+        fig.add_trace(go.Bar(x=names, y=[u.latency_s for u in run.users], name=run.policy, marker_color=c, legendgroup=run.policy, showlegend=False), 1, 2)
     fig.update_layout(barmode="group")
-    return _layout(fig, "What each user waited (from their own arrival)", height=340,
-                   legend=dict(orientation="h", y=-0.2))
+    return _layout(fig, "What each user waited (from their own arrival)", height=340, legend=dict(orientation="h", y=-0.2))

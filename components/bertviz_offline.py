@@ -16,6 +16,7 @@ JS calls ``require.config({paths: {d3: <cdn>, jquery: <cdn>}})`` followed by
 
 Tested with bertviz 1.4.1.
 """
+
 from __future__ import annotations
 
 import html as _html
@@ -94,8 +95,7 @@ def _compact_json(obj) -> str:
     return s.replace("</", "<\\/")
 
 
-def offline_html(kind, attention, tokens, max_layers=None, decimals=3,
-                 display_mode="dark", title=None) -> str:
+def offline_html(kind, attention, tokens, max_layers=None, decimals=3, display_mode="dark", title=None) -> str:
     """Return a standalone HTML document rendering bertviz's head/model view offline.
 
     kind: "head" or "model".
@@ -126,8 +126,7 @@ def _checked(kind, attention, tokens) -> tuple[np.ndarray, list[str]]:
     return att, tokens
 
 
-def _bertviz_html(kind, att: np.ndarray, tokens: list[str], layers: list[int], decimals: int,
-                  display_mode: str) -> str:
+def _bertviz_html(kind, att: np.ndarray, tokens: list[str], layers: list[int], decimals: int, display_mode: str) -> str:
     """bertviz's own HTML for the selected layers. float64 so that tolist() yields short reprs (0.123, not
     0.12300000339...). Only the selected layers are converted; bertviz only indexes attention[i] for i in
     include_layers (and attention[0] for the head count), so the other slots reuse the first selected tensor."""
@@ -138,17 +137,16 @@ def _bertviz_html(kind, att: np.ndarray, tokens: list[str], layers: list[int], d
     att_list = [sel.get(i, sel[layers[0]]) for i in range(att.shape[0])]
     if kind == "head":
         return head_view(att_list, tokens, include_layers=layers, html_action="return").data
-    return model_view(att_list, tokens, include_layers=layers, display_mode=display_mode,
-                      html_action="return").data
+    return model_view(att_list, tokens, include_layers=layers, display_mode=display_mode, html_action="return").data
 
 
 def _offline_body(raw: str) -> str:
     """bertviz's HTML without its CDN loader, its parameters serialised once and compactly."""
-    raw, n = _REQUIRE_TAG_RE.subn("", raw)              # 1) drop the require.js CDN tag
+    raw, n = _REQUIRE_TAG_RE.subn("", raw)  # 1) drop the require.js CDN tag
     if n != 1:
         raise RuntimeError("bertviz_offline: require.js <script> tag not found (bertviz changed?)")
-    raw = _REQUIRE_CONFIG_RE.sub("", raw, count=1)      # 2) drop require.config({paths: CDN...}) (the shim's is a no-op)
-    start = raw.find(_PARAMS_MARK)                      # 3) re-serialise params compactly
+    raw = _REQUIRE_CONFIG_RE.sub("", raw, count=1)  # 2) drop require.config({paths: CDN...}) (the shim's is a no-op)
+    start = raw.find(_PARAMS_MARK)  # 3) re-serialise params compactly
     if start < 0:
         raise RuntimeError("bertviz_offline: params marker not found (bertviz changed?)")
     start += len(_PARAMS_MARK)
@@ -164,20 +162,19 @@ def _offline_body(raw: str) -> str:
 def _document(kind, raw, layers, n_layers, n_heads, T, decimals, display_mode, title) -> str:
     """The standalone page: vendored d3 and jQuery, the require shim, a header naming the layers shown."""
     layer_str = ", ".join(map(str, layers))
-    header = (f"Layers shown: {layer_str} (of {n_layers}); "
-              f"{n_heads} heads; {T} tokens; weights rounded to {decimals} dp")
+    header = f"Layers shown: {layer_str} (of {n_layers}); {n_heads} heads; {T} tokens; weights rounded to {decimals} dp"
     dark = kind == "model" and display_mode == "dark"
-    body_style = ("background:#000;color:#ccc;" if dark else "background:#fff;color:#000;")
+    body_style = "background:#000;color:#ccc;" if dark else "background:#fff;color:#000;"
     head_title = _html.escape(title or f"bertviz {kind} view")
     vendor = "\n".join(f"<script>/* {n} */\n{_vendor(n)}\n</script>" for n in _VENDOR_FILES)
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{head_title}</title>\n"
         f"<!-- bertviz_offline kind={kind} layers=[{layer_str}] n_layers={n_layers} -->\n"
         f"{vendor}\n<script>{_SHIM_JS}</script>\n"
-        f"</head><body style=\"margin:4px;{body_style}\">\n"
-        f"<div id=\"bv-offline-header\" data-layers=\"{layer_str}\" "
-        f"style=\"font:12px sans-serif;opacity:.75;margin-bottom:4px\">{_html.escape(header)}</div>\n"
+        f'</head><body style="margin:4px;{body_style}">\n'
+        f'<div id="bv-offline-header" data-layers="{layer_str}" '
+        f'style="font:12px sans-serif;opacity:.75;margin-bottom:4px">{_html.escape(header)}</div>\n'
         f"{raw}\n</body></html>\n"
     )
 

@@ -1,4 +1,5 @@
 """Plotly figures for every stage. Inputs are numpy arrays and lists; no model calls."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,13 +8,12 @@ from plotly.subplots import make_subplots
 
 from .tokens import visible
 
-SEQ = "Viridis"          # perceptually uniform, colour-blind safe
+SEQ = "Viridis"  # perceptually uniform, colour-blind safe
 BLUE, ORANGE, GREEN, GREY, RED = "#0072B2", "#E69F00", "#009E73", "#BBBBBB", "#D55E00"
 
 
 def _layout(fig, title=None, height=420, **kw):
-    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10),
-                      template="plotly_white", **kw)
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10), template="plotly_white", **kw)
     return fig
 
 
@@ -26,7 +26,7 @@ def log_ticks(values) -> dict:
     if not vals:
         return {}
     lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
-    ticks = [m * 10 ** e for e in range(lo, hi + 1) for m in (1, 2, 5) if min(vals) / 2 <= m * 10 ** e <= max(vals) * 2]
+    ticks = [m * 10**e for e in range(lo, hi + 1) for m in (1, 2, 5) if min(vals) / 2 <= m * 10**e <= max(vals) * 2]
     return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
@@ -54,19 +54,23 @@ def timings_bar(timings: dict[str, float]) -> go.Figure:
     rest = total - sum(v for _, v in inside)
     if rest > 0:
         inside.append(("between stages (hooks, Python)", rest))
-    rows = [(k, v, BLUE) for k, v in inside] + [(f"{k} (outside the forward pass)", ms[k], GREY)
-                                                for k in outside if k in ms]
-    fig = go.Figure(go.Bar(x=[v for _, v, _ in rows], y=[k for k, _, _ in rows], orientation="h",
-                           marker_color=[c for _, _, c in rows], text=[f"{v:.1f} ms" for _, v, _ in rows],
-                           textposition="auto"))
+    rows = [(k, v, BLUE) for k, v in inside] + [(f"{k} (outside the forward pass)", ms[k], GREY) for k in outside if k in ms]
+    fig = go.Figure(
+        go.Bar(
+            x=[v for _, v, _ in rows],
+            y=[k for k, _, _ in rows],
+            orientation="h",
+            marker_color=[c for _, _, c in rows],
+            text=[f"{v:.1f} ms" for _, v, _ in rows],
+            textposition="auto",
+        )
+    )
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, f"Where the time went (this run): the blue bars make the {total:.0f} ms forward pass",
-                   height=320, xaxis_title="milliseconds")
+    return _layout(fig, f"Where the time went (this run): the blue bars make the {total:.0f} ms forward pass", height=320, xaxis_title="milliseconds")
 
 
 # ---------------------------------------------------------------------------- embeddings
-def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2,
-               var: np.ndarray | None = None) -> go.Figure:
+def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2, var: np.ndarray | None = None) -> go.Figure:
     colors = {"prompt": BLUE, "reference": ORANGE}
     fig = go.Figure()
     for g in dict.fromkeys(groups):
@@ -74,9 +78,13 @@ def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: i
         # labels of points neighbouring along x alternate above / below / right / left: fewer overlaps
         spots = ["top center", "bottom center", "middle right", "middle left"]
         rank = np.argsort(np.argsort(coords[idx, 0]))
-        kw = dict(mode="markers+text", name=g, text=[labels[i] for i in idx],
-                  textposition=[spots[r % 4] for r in rank] if dims == 2 else "top center",
-                  marker=dict(size=8, color=colors.get(g, GREEN)))
+        kw = dict(
+            mode="markers+text",
+            name=g,
+            text=[labels[i] for i in idx],
+            textposition=[spots[r % 4] for r in rank] if dims == 2 else "top center",
+            marker=dict(size=8, color=colors.get(g, GREEN)),
+        )
         if dims == 3:
             fig.add_trace(go.Scatter3d(x=coords[idx, 0], y=coords[idx, 1], z=coords[idx, 2], **kw))
         else:
@@ -92,8 +100,7 @@ def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: i
 
 
 def vector_strip(vec: np.ndarray, title: str) -> go.Figure:
-    fig = go.Figure(go.Heatmap(z=vec[None, :], colorscale="RdBu", zmid=0, showscale=True,
-                               hovertemplate="dim %{x}: %{z:.4f}<extra></extra>"))
+    fig = go.Figure(go.Heatmap(z=vec[None, :], colorscale="RdBu", zmid=0, showscale=True, hovertemplate="dim %{x}: %{z:.4f}<extra></extra>"))
     fig.update_yaxes(visible=False)
     return _layout(fig, title, height=140, xaxis_title="dimension")
 
@@ -117,8 +124,7 @@ def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
     fig = go.Figure()
     lo = min(float(np.min(c)) for c in curves.values())
     for (name, cos), color in zip(curves.items(), [BLUE, ORANGE, GREEN, RED]):
-        fig.add_trace(go.Scatter(x=np.arange(len(cos)) - 1, y=cos, mode="lines+markers", name=name,
-                                 line=dict(color=color)))
+        fig.add_trace(go.Scatter(x=np.arange(len(cos)) - 1, y=cos, mode="lines+markers", name=name, line=dict(color=color)))
     pad = max(0.005, (1 - lo) * 0.1)
     fig.update_yaxes(title="cosine similarity", range=[max(-1.0, lo - pad), 1 + pad / 2])
     _residual_axis(fig, len(next(iter(curves.values()))))
@@ -126,8 +132,15 @@ def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
 
 
 def rope_heatmap(angles: np.ndarray) -> go.Figure:
-    fig = go.Figure(go.Heatmap(z=np.cos(angles).T, colorscale="RdBu", zmid=0, colorbar=dict(title="cos θ"),
-                               hovertemplate="position %{x}, pair %{y}: cos θ = %{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.cos(angles).T,
+            colorscale="RdBu",
+            zmid=0,
+            colorbar=dict(title="cos θ"),
+            hovertemplate="position %{x}, pair %{y}: cos θ = %{z:.3f}<extra></extra>",
+        )
+    )
     fig.update_xaxes(title="position")
     fig.update_yaxes(title="frequency pair (fast → slow)")
     return _layout(fig, "RoPE: rotation of each 2-D pair, by position", height=380)
@@ -135,11 +148,9 @@ def rope_heatmap(angles: np.ndarray) -> go.Figure:
 
 def relative_figure(scores: np.ndarray, shifted: np.ndarray | None = None) -> go.Figure:
     d = np.arange(len(scores))
-    fig = go.Figure(go.Scatter(x=d, y=scores, mode="lines", name="query at position d, key at 0",
-                               line=dict(color=BLUE)))
+    fig = go.Figure(go.Scatter(x=d, y=scores, mode="lines", name="query at position d, key at 0", line=dict(color=BLUE)))
     if shifted is not None:
-        fig.add_trace(go.Scatter(x=d, y=shifted, mode="markers", name="both shifted by +100 (same curve)",
-                                 marker=dict(color=ORANGE, size=4)))
+        fig.add_trace(go.Scatter(x=d, y=shifted, mode="markers", name="both shifted by +100 (same curve)", marker=dict(color=ORANGE, size=4)))
     fig.update_xaxes(title="relative distance (tokens)")
     fig.update_yaxes(title="query · key score")
     return _layout(fig, "A query-key score depends on relative distance only", height=360)
@@ -153,16 +164,21 @@ def learned_positions_figure(pos_emb: np.ndarray) -> go.Figure:
 
 
 # ------------------------------------------------------------------------------ attention
-def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3,
-                    layer: int = 0) -> go.Figure:
+def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0) -> go.Figure:
     """One layer's heads as a grid of heatmaps [H, T', T'], causal upper triangle masked (blank)."""
     H, n, _ = maps.shape
     cols = min(max_cols, H)
     rows = -(-H // cols)
-    labelled = n <= 48                      # token names on the outer axes (shared), up to 48 rows
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(H)],
-                        shared_xaxes=labelled, shared_yaxes=labelled,
-                        horizontal_spacing=0.02 if labelled else 0.03, vertical_spacing=0.06 if n <= 16 else 0.04)
+    labelled = n <= 48  # token names on the outer axes (shared), up to 48 rows
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[f"head {h}" for h in range(H)],
+        shared_xaxes=labelled,
+        shared_yaxes=labelled,
+        horizontal_spacing=0.02 if labelled else 0.03,
+        vertical_spacing=0.06 if n <= 16 else 0.04,
+    )
     if block == 1:
         ticks = labels
     else:
@@ -171,20 +187,29 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     for h in range(H):
         z = maps[h].astype(np.float32).copy()
         z[mask] = np.nan
-        fig.add_trace(go.Heatmap(z=np.round(z, 3), x=ticks, y=ticks, colorscale=SEQ, zmin=0, zmax=1,
-                                 showscale=(h == 0),
-                                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"),
-                      row=h // cols + 1, col=h % cols + 1)
+        fig.add_trace(
+            go.Heatmap(
+                z=np.round(z, 3),
+                x=ticks,
+                y=ticks,
+                colorscale=SEQ,
+                zmin=0,
+                zmax=1,
+                showscale=(h == 0),
+                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+            ),
+            row=h // cols + 1,
+            col=h % cols + 1,
+        )
     size = 9 if n <= 16 else 7
     fig.update_yaxes(autorange="reversed", showticklabels=False, tickfont=dict(size=size), type="category")
     fig.update_xaxes(showticklabels=False, tickfont=dict(size=size), tickangle=-60, type="category")
-    if labelled:                               # token names once: left column, and under each column's last map
+    if labelled:  # token names once: left column, and under each column's last map
         fig.update_yaxes(showticklabels=True, col=1)
         for h in range(max(0, H - cols), H):
             fig.update_xaxes(showticklabels=True, row=h // cols + 1, col=h % cols + 1)
-    fig = _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)",
-                  height=max(360, (330 if n <= 16 else 380) * rows))
-    fig.update_layout(margin=dict(t=80))       # room between the title and the "head n" titles
+    fig = _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)", height=max(360, (330 if n <= 16 else 380) * rows))
+    fig.update_layout(margin=dict(t=80))  # room between the title and the "head n" titles
     return fig
 
 
@@ -205,9 +230,9 @@ def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 3) -> np.ndarray:
     from plotly.colors import sample_colorscale
 
     L, H, n, _ = maps.shape
-    lut = np.array([[int(c[1:][i:i + 2], 16) for i in (0, 2, 4)]
-                    for c in [_hex(x) for x in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))]],
-                   dtype=np.uint8)
+    lut = np.array(
+        [[int(c[1:][i : i + 2], 16) for i in (0, 2, 4)] for c in [_hex(x) for x in sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))]], dtype=np.uint8
+    )
     idx = np.linspace(0, n - 1, min(cell, n)).round().astype(int)
     scale = max(1, -(-cell // len(idx)))
     size = len(idx) * scale
@@ -216,28 +241,26 @@ def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 3) -> np.ndarray:
     for ly in range(L):
         for h in range(H):
             m = maps[ly, h][np.ix_(idx, idx)].astype(np.float32)
-            m = np.sqrt(m / max(float(m.max()), 1e-6))   # per-map contrast, square root: weaker links show too
+            m = np.sqrt(m / max(float(m.max()), 1e-6))  # per-map contrast, square root: weaker links show too
             tile = lut[(np.clip(m, 0, 1) * 255).astype(int)]
             tile[tri] = 235
             tile = tile.repeat(scale, 0).repeat(scale, 1)
             y, x = h * (size + gap), ly * (size + gap)
-            img[y:y + size, x:x + size] = tile
+            img[y : y + size, x : x + size] = tile
     return img
 
 
 def _hex(c: str) -> str:
     if c.startswith("#"):
         return c
-    r, g, b = [int(float(v)) for v in c[c.index("(") + 1:c.index(")")].split(",")[:3]]
+    r, g, b = [int(float(v)) for v in c[c.index("(") + 1 : c.index(")")].split(",")[:3]]
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=None, colorscale="RdBu",
-                   height=360) -> go.Figure:
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale=colorscale, zmid=zmid,
-                               hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"))
+def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=None, colorscale="RdBu", height=360) -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale=colorscale, zmid=zmid, hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), type="category")
-    fig.update_xaxes(tickfont=dict(size=9), type="category")      # labels stay labels, even "0", "1", ...
+    fig.update_xaxes(tickfont=dict(size=9), type="category")  # labels stay labels, even "0", "1", ...
     return _layout(fig, title, height=height)
 
 
@@ -247,29 +270,50 @@ def gqa_figure(n_heads: int, n_kv: int) -> go.Figure:
     colors = [BLUE, ORANGE, GREEN, RED, "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
     for h in range(n_heads):
         kv = h // group
-        fig.add_trace(go.Scatter(x=[h, kv * group + (group - 1) / 2], y=[1, 0], mode="lines",
-                                 line=dict(color=colors[kv % len(colors)], width=2), showlegend=False,
-                                 hoverinfo="skip"))
-    fig.add_trace(go.Scatter(x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text",
-                             text=[f"Q{h}" for h in range(n_heads)], textposition="top center",
-                             marker=dict(size=16, color=[colors[(h // group) % len(colors)] for h in range(n_heads)]),
-                             showlegend=False, hovertemplate="query head %{x}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=[k * group + (group - 1) / 2 for k in range(n_kv)], y=[0] * n_kv,
-                             mode="markers+text", text=[f"KV{k}" for k in range(n_kv)], textposition="bottom center",
-                             marker=dict(size=22, symbol="square", color=[colors[k % len(colors)] for k in range(n_kv)]),
-                             showlegend=False, hoverinfo="skip"))
+        fig.add_trace(
+            go.Scatter(
+                x=[h, kv * group + (group - 1) / 2],
+                y=[1, 0],
+                mode="lines",
+                line=dict(color=colors[kv % len(colors)], width=2),
+                showlegend=False,
+                hoverinfo="skip",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(n_heads)),
+            y=[1] * n_heads,
+            mode="markers+text",
+            text=[f"Q{h}" for h in range(n_heads)],
+            textposition="top center",
+            marker=dict(size=16, color=[colors[(h // group) % len(colors)] for h in range(n_heads)]),
+            showlegend=False,
+            hovertemplate="query head %{x}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[k * group + (group - 1) / 2 for k in range(n_kv)],
+            y=[0] * n_kv,
+            mode="markers+text",
+            text=[f"KV{k}" for k in range(n_kv)],
+            textposition="bottom center",
+            marker=dict(size=22, symbol="square", color=[colors[k % len(colors)] for k in range(n_kv)]),
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, range=[-0.6, 1.5])
-    return _layout(fig, f"Grouped-query attention: {n_heads} query heads share {n_kv} key/value heads "
-                        f"({group} per group)", height=260)
+    return _layout(fig, f"Grouped-query attention: {n_heads} query heads share {n_kv} key/value heads ({group} per group)", height=260)
 
 
 # ---------------------------------------------------------------------------------- layers
 def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, position_label: str) -> go.Figure:
     L = len(attn)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=list(range(-1, L)), y=resid, name="|residual stream| after the layer",
-                             mode="lines+markers", line=dict(color=BLUE)))
+    fig.add_trace(go.Scatter(x=list(range(-1, L)), y=resid, name="|residual stream| after the layer", mode="lines+markers", line=dict(color=BLUE)))
     fig.add_trace(go.Bar(x=list(range(L)), y=attn, name="|attention adds|", marker_color=ORANGE, opacity=0.85))
     fig.add_trace(go.Bar(x=list(range(L)), y=ffn, name="|feed-forward adds|", marker_color=GREEN, opacity=0.85))
     fig.update_layout(barmode="group")
@@ -281,10 +325,8 @@ def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, positi
 def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
     L = len(normed)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=list(range(L)), y=resid[:L], name="residual entering the layer", mode="lines+markers",
-                             line=dict(color=BLUE)))
-    fig.add_trace(go.Scatter(x=list(range(L)), y=normed, name="after the layer's norm (what attention reads)",
-                             mode="lines+markers", line=dict(color=RED)))
+    fig.add_trace(go.Scatter(x=list(range(L)), y=resid[:L], name="residual entering the layer", mode="lines+markers", line=dict(color=BLUE)))
+    fig.add_trace(go.Scatter(x=list(range(L)), y=normed, name="after the layer's norm (what attention reads)", mode="lines+markers", line=dict(color=RED)))
     fig.update_xaxes(title="layer")
     fig.update_yaxes(title="L2 norm (log scale)", type="log", dtick=1)
     return _layout(fig, "The norm rescales the growing residual before attention reads it", height=340)
@@ -292,27 +334,47 @@ def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
 
 def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_labels: list[str]) -> go.Figure:
     L1, P = probs.shape
-    fig = go.Figure(go.Heatmap(z=probs, x=col_labels, y=layer_labels(L1), colorscale=SEQ, zmin=0, zmax=1,
-                               text=texts, texttemplate="%{text}" if P <= 24 else None, textfont=dict(size=9),
-                               colorbar=dict(title="p(top)"),
-                               hovertemplate="after layer %{y}, at %{x}<br>top: %{text}  p=%{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=probs,
+            x=col_labels,
+            y=layer_labels(L1),
+            colorscale=SEQ,
+            zmin=0,
+            zmax=1,
+            text=texts,
+            texttemplate="%{text}" if P <= 24 else None,
+            textfont=dict(size=9),
+            colorbar=dict(title="p(top)"),
+            hovertemplate="after layer %{y}, at %{x}<br>top: %{text}  p=%{z:.3f}<extra></extra>",
+        )
+    )
     fig.update_yaxes(autorange="reversed", title="after layer (emb = embeddings)", type="category")
     fig.update_xaxes(tickangle=-45, tickfont=dict(size=9))
-    return _layout(fig, "Logit lens: the model's best guess for the NEXT token if it stopped after each layer",
-                   height=max(420, 18 * L1 + 120))
+    return _layout(fig, "Logit lens: the model's best guess for the NEXT token if it stopped after each layer", height=max(420, 18 * L1 + 120))
 
 
 # ------------------------------------------------------------------------------- sampling
 def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> go.Figure:
     """Bars per filter stage for the top candidates: probability after each stage, zero = filtered out."""
-    fig = make_subplots(rows=1, cols=len(stages), shared_yaxes=True,
-                        subplot_titles=[name for name, _ in stages], horizontal_spacing=0.02)
+    fig = make_subplots(rows=1, cols=len(stages), shared_yaxes=True, subplot_titles=[name for name, _ in stages], horizontal_spacing=0.02)
     for j, (name, p) in enumerate(stages):
         colors = [BLUE if v > 0 else GREY for v in p]
-        fig.add_trace(go.Bar(x=p, y=cands, orientation="h", marker_color=colors, showlegend=False,
-                             text=[_pfmt(v) for v in p], textposition="outside",
-                             cliponaxis=False, hovertemplate="%{y}: %{x:.4f}<extra>" + name + "</extra>"),
-                      row=1, col=j + 1)
+        fig.add_trace(
+            go.Bar(
+                x=p,
+                y=cands,
+                orientation="h",
+                marker_color=colors,
+                showlegend=False,
+                text=[_pfmt(v) for v in p],
+                textposition="outside",
+                cliponaxis=False,
+                hovertemplate="%{y}: %{x:.4f}<extra>" + name + "</extra>",
+            ),
+            row=1,
+            col=j + 1,
+        )
         fig.update_xaxes(range=[0, 1.15], row=1, col=j + 1, showticklabels=False)
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=11))
     _layout(fig, None, height=max(320, 26 * len(cands) + 80))

@@ -1,4 +1,5 @@
 """Figures for the autoregressive loop, prefill vs decode, the KV cache and hardware telemetry."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -12,9 +13,16 @@ def step_times_figure(events, title="Time per generated token (this run)") -> go
     x = [e.index for e in events]
     y = [e.step_s * 1000 for e in events]
     colors = [ORANGE if e.phase == "prefill" else BLUE for e in events]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=colors, customdata=[visible(e.text) for e in events],
-                           text=[visible(e.text) for e in events] if len(events) <= 32 else None,
-                           hovertemplate="token %{x}: %{customdata}<br>%{y:.1f} ms<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=x,
+            y=y,
+            marker_color=colors,
+            customdata=[visible(e.text) for e in events],
+            text=[visible(e.text) for e in events] if len(events) <= 32 else None,
+            hovertemplate="token %{x}: %{customdata}<br>%{y:.1f} ms<extra></extra>",
+        )
+    )
     fig.update_xaxes(title="generated token (0 = first token: prefill, orange)")
     fig.update_yaxes(title="milliseconds")
     return _layout(fig, title, height=340)
@@ -28,13 +36,22 @@ def distribution_figure(ev) -> go.Figure:
         top.append((chosen, ev.text, ev.p))
     if chosen not in [i for i, _, _ in top_raw]:
         top_raw.append((chosen, ev.text, ev.p_raw))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["after the filters (drawn from)", "before (softmax)"],
-                        horizontal_spacing=0.18)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["after the filters (drawn from)", "before (softmax)"], horizontal_spacing=0.18)
     for col, rows in ((1, top), (2, top_raw)):
-        fig.add_trace(go.Bar(x=[p for _, _, p in rows], y=[f"{visible(t)!r}" for _, t, _ in rows], orientation="h",
-                             marker_color=[RED if i == chosen else BLUE for i, _, _ in rows], showlegend=False,
-                             text=[f"{p:.3f}" for _, _, p in rows], textposition="outside", cliponaxis=False),
-                      row=1, col=col)
+        fig.add_trace(
+            go.Bar(
+                x=[p for _, _, p in rows],
+                y=[f"{visible(t)!r}" for _, t, _ in rows],
+                orientation="h",
+                marker_color=[RED if i == chosen else BLUE for i, _, _ in rows],
+                showlegend=False,
+                text=[f"{p:.3f}" for _, _, p in rows],
+                textposition="outside",
+                cliponaxis=False,
+            ),
+            row=1,
+            col=col,
+        )
         fig.update_xaxes(range=[0, 1.15], row=1, col=col)
     fig.update_yaxes(autorange="reversed")
     _layout(fig, None, height=max(260, 24 * max(len(top), len(top_raw)) + 80))
@@ -45,37 +62,55 @@ def distribution_figure(ev) -> go.Figure:
 def sweep_figure(rows) -> go.Figure:
     fig = go.Figure()
     T = [r.tokens for r in rows]
-    fig.add_trace(go.Scatter(x=T, y=[r.prefill_s * 1000 for r in rows], mode="lines+markers",
-                             name="prefill: the whole prompt at once (= time to first token)", line=dict(color=ORANGE)))
-    fig.add_trace(go.Scatter(x=T, y=[r.decode_step_s * 1000 for r in rows], mode="lines+markers",
-                             name="decode: one more token with the KV cache", line=dict(color=BLUE)))
+    fig.add_trace(
+        go.Scatter(
+            x=T,
+            y=[r.prefill_s * 1000 for r in rows],
+            mode="lines+markers",
+            name="prefill: the whole prompt at once (= time to first token)",
+            line=dict(color=ORANGE),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(x=T, y=[r.decode_step_s * 1000 for r in rows], mode="lines+markers", name="decode: one more token with the KV cache", line=dict(color=BLUE))
+    )
     fig.update_xaxes(title="prompt length (tokens)", type="log", tickvals=T)
-    fig.update_yaxes(title="milliseconds (log scale)", type="log",
-                     **log_ticks([r[k] * 1000 for r in rows for k in ("prefill_s", "decode_step_s")]))
-    return _layout(fig, "Prefill and one decode step, by prompt length (medians, this device)", height=380,
-                   legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(title="milliseconds (log scale)", type="log", **log_ticks([getattr(r, k) * 1000 for r in rows for k in ("prefill_s", "decode_step_s")]))
+    return _layout(fig, "Prefill and one decode step, by prompt length (medians, this device)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
 def cache_on_off_figure(on, off) -> go.Figure:
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=[e.context_len for e in on], y=[e.step_s * 1000 for e in on], mode="lines+markers",
-                             name="KV cache on: each step feeds 1 token", line=dict(color=BLUE)))
-    fig.add_trace(go.Scatter(x=[e.context_len for e in off], y=[e.step_s * 1000 for e in off], mode="lines+markers",
-                             name="cache off: each step re-reads the whole context", line=dict(color=RED)))
+    for events, name, color in ((on, "KV cache on: each step feeds 1 token", BLUE), (off, "cache off: each step re-reads the whole context", RED)):
+        fig.add_trace(
+            go.Scatter(x=[e.context_len for e in events], y=[e.step_s * 1000 for e in events], mode="lines+markers", name=name, line=dict(color=color))
+        )
     fig.update_xaxes(title="context length at this step (tokens)")
     fig.update_yaxes(title="step time (ms)")
-    return _layout(fig, "The same generation with and without the KV cache (measured)", height=380,
-                   legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "The same generation with and without the KV cache (measured)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
 def kv_growth_figure(events, formula) -> go.Figure:
     """formula(tokens) -> bytes, drawn as a line under the measured points."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=[e.context_len for e in events], y=[e.kv_bytes / 2**20 for e in events],
-                             mode="markers", name="measured: bytes of the cache tensors", marker=dict(color=BLUE, size=7)))
-    fig.add_trace(go.Scatter(x=[e.context_len for e in events],
-                             y=[formula(e.context_len) / 2**20 for e in events], mode="lines",
-                             name="formula", line=dict(color=ORANGE, dash="dot")))
+    fig.add_trace(
+        go.Scatter(
+            x=[e.context_len for e in events],
+            y=[e.kv_bytes / 2**20 for e in events],
+            mode="markers",
+            name="measured: bytes of the cache tensors",
+            marker=dict(color=BLUE, size=7),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[e.context_len for e in events],
+            y=[formula(e.context_len) / 2**20 for e in events],
+            mode="lines",
+            name="formula",
+            line=dict(color=ORANGE, dash="dot"),
+        )
+    )
     fig.update_xaxes(title="tokens in the context")
     fig.update_yaxes(title="MiB", rangemode="tozero")
     return _layout(fig, "KV cache size over the run", height=340, legend=dict(orientation="h", y=-0.3))
@@ -92,28 +127,39 @@ def telemetry_figure(tl) -> go.Figure:
     s = tl.samples
     t = [x["t"] for x in s]
     gpu = tl.source == "nvml"
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["GPU utilisation %" if gpu else "CPU % of this process (100 = one core)",
-                                        "GPU memory used (MiB)" if gpu else "resident memory (MiB)"])
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=["GPU utilisation %" if gpu else "CPU % of this process (100 = one core)", "GPU memory used (MiB)" if gpu else "resident memory (MiB)"],
+    )
     if gpu:
         fig.add_trace(go.Scatter(x=t, y=[x["gpu_util"] for x in s], name="NVML polled", line=dict(color=BLUE)), 1, 1)
         if tl.nvml_util:
-            fig.add_trace(go.Scatter(x=[a for a, _ in tl.nvml_util], y=[b for _, b in tl.nvml_util], mode="markers",
-                                     name="NVML buffered samples", marker=dict(color=GREEN, size=5)), 1, 1)
-        fig.add_trace(go.Scatter(x=t, y=[x["mem_used_mb"] for x in s], name="memory used", line=dict(color=ORANGE)),
-                      2, 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[a for a, _ in tl.nvml_util],
+                    y=[b for _, b in tl.nvml_util],
+                    mode="markers",
+                    name="NVML buffered samples",
+                    marker=dict(color=GREEN, size=5),
+                ),
+                1,
+                1,
+            )
+        fig.add_trace(go.Scatter(x=t, y=[x["mem_used_mb"] for x in s], name="memory used", line=dict(color=ORANGE)), 2, 1)
     else:
-        fig.add_trace(go.Scatter(x=t, y=[x["cpu_percent"] for x in s], name="process CPU %", line=dict(color=BLUE)),
-                      1, 1)
+        fig.add_trace(go.Scatter(x=t, y=[x["cpu_percent"] for x in s], name="process CPU %", line=dict(color=BLUE)), 1, 1)
         n = len(s[0]["per_core"]) if s and "per_core" in s[0] else 0
         for c in range(n):
-            fig.add_trace(go.Scatter(x=t, y=[x["per_core"][c] for x in s], name=f"core {c} (whole machine)",
-                                     line=dict(width=1, dash="dot")), 1, 1)
+            fig.add_trace(go.Scatter(x=t, y=[x["per_core"][c] for x in s], name=f"core {c} (whole machine)", line=dict(width=1, dash="dot")), 1, 1)
         fig.add_trace(go.Scatter(x=t, y=[x["rss_mb"] for x in s], name="RSS", line=dict(color=ORANGE)), 2, 1)
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     for a, b, label in tl.marks:
-        fig.add_vrect(x0=a, x1=b, fillcolor=ORANGE if label == "prefill" else GREY,
-                      opacity=0.25 if label == "prefill" else 0.12, line_width=0, row="all", col=1)
+        fig.add_vrect(
+            x0=a, x1=b, fillcolor=ORANGE if label == "prefill" else GREY, opacity=0.25 if label == "prefill" else 0.12, line_width=0, row="all", col=1
+        )
     fig.update_xaxes(title="seconds since the request", row=2, col=1)
     _layout(fig, "Hardware during the run (orange = prefill, grey = decode steps)", height=540)
     fig.update_layout(margin=dict(t=80))
@@ -121,9 +167,15 @@ def telemetry_figure(tl) -> go.Figure:
 
 
 def ops_figure(top) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[r.share * 100 for r in top], y=[r.op for r in top], orientation="h",
-                           marker_color=[BLUE if r.matmul else GREY for r in top],
-                           hovertemplate="%{y}: %{x:.1f}%<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=[r.share * 100 for r in top],
+            y=[r.op for r in top],
+            orientation="h",
+            marker_color=[BLUE if r.matmul else GREY for r in top],
+            hovertemplate="%{y}: %{x:.1f}%<extra></extra>",
+        )
+    )
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="% of one decode step's operator time")
     return _layout(fig, "Where one decode step's time goes (blue = matrix multiplication)", height=380)
@@ -131,29 +183,29 @@ def ops_figure(top) -> go.Figure:
 
 def kernels_figure(rows) -> go.Figure:
     """Prefill time and peak memory per attention kernel over prompt lengths, with the T x T score matrix."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill time (s)", "peak extra memory (MiB)"],
-                        horizontal_spacing=0.1)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill time (s)", "peak extra memory (MiB)"], horizontal_spacing=0.1)
     colors = [RED, BLUE, GREEN, ORANGE, "#CC79A7"]
     kernels = list(dict.fromkeys(r.kernel for r in rows))
     for k, color in zip(kernels, colors):
         rs = [r for r in rows if r.kernel == k and r.seconds is not None]
         x = [r.tokens for r in rs]
-        fig.add_trace(go.Scatter(x=x, y=[r.seconds for r in rs], name=k, mode="lines+markers",
-                                 line=dict(color=color), legendgroup=k), 1, 1)
-        fig.add_trace(go.Scatter(x=x, y=[r.peak_mb if r.peak_mb > 0 else None for r in rs], name=k,
-                                 mode="lines+markers",
-                                 line=dict(color=color), legendgroup=k, showlegend=False), 1, 2)
+        fig.add_trace(go.Scatter(x=x, y=[r.seconds for r in rs], name=k, mode="lines+markers", line=dict(color=color), legendgroup=k), 1, 1)
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=[r.peak_mb if r.peak_mb > 0 else None for r in rs], name=k, mode="lines+markers", line=dict(color=color), legendgroup=k, showlegend=False
+            ),
+            1,
+            2,
+        )
     T = sorted({r.tokens for r in rows})
     mat = {r.tokens: r.score_matrix_mb for r in rows}
-    fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines",
-                             line=dict(color=GREY, dash="dash")), 1, 2)
+    fig.add_trace(go.Scatter(x=T, y=[mat[t] for t in T], name="one layer's T×T scores (fp32)", mode="lines", line=dict(color=GREY, dash="dash")), 1, 2)
     fig.update_xaxes(type="log", tickvals=T, title="prompt tokens")
     ok = [r for r in rows if r.seconds is not None]
     fig.update_yaxes(type="log", row=1, col=1, **log_ticks([r.seconds for r in ok]))
     fig.update_yaxes(type="log", row=1, col=2, **log_ticks([r.peak_mb for r in ok] + list(mat.values())))
-    fig = _layout(fig, "Attention kernels: whole-model prefill on this device", height=440,
-                  legend=dict(orientation="h", y=-0.25))
-    fig.update_layout(margin=dict(t=90))           # the figure title above the two subplot titles
+    fig = _layout(fig, "Attention kernels: whole-model prefill on this device", height=440, legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(margin=dict(t=90))  # the figure title above the two subplot titles
     return fig
 
 
@@ -167,28 +219,36 @@ def roofline_figure(r) -> go.Figure:
     xs = [o.intensity for o in ops]
     lo, hi = min(xs + [r.ridge]) / 3, max(xs + [r.ridge]) * 3
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
-    fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)",
-                               line=dict(color=GREY, width=3)))
+    fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)", line=dict(color=GREY, width=3)))
     for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
         ph = r.phases[phase].ops
-        fig.add_trace(go.Scatter(x=[o.intensity for o in ph], y=[o.flops / o.measured_s / 1e9 for o in ph],
-                                 mode="markers", name=phase, marker=dict(color=color, size=10),
-                                 text=[o.op for o in ph],
-                                 hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured"
-                                               "<extra>" + phase + "</extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[o.intensity for o in ph],
+                y=[o.flops / o.measured_s / 1e9 for o in ph],
+                mode="markers",
+                name=phase,
+                marker=dict(color=color, size=10),
+                text=[o.op for o in ph],
+                hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured<extra>" + phase + "</extra>",
+            )
+        )
     fig.add_vline(x=r.ridge, line_dash="dot", line_color=RED)
     # annotations on a log axis take log10 coordinates (add_vline's own annotation is lost there)
-    fig.add_annotation(x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte",
-                       showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED))
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)",
-                     range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
+    fig.add_annotation(
+        x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte", showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED)
+    )
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
     fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g")
-    return _layout(fig, "Roofline of one layer and the LM head on this device", height=460,
-                   legend=dict(orientation="h", y=-0.2))
+    return _layout(fig, "Roofline of one layer and the LM head on this device", height=460, legend=dict(orientation="h", y=-0.2))
 
 
-MODE_LABELS = {"dynamic": "dynamic cache (transformers)", "static": "static cache (transformers)",
-               "fused": "fused step", "fused+compile": "fused step, torch.compile"}
+MODE_LABELS = {
+    "dynamic": "dynamic cache (transformers)",
+    "static": "static cache (transformers)",
+    "fused": "fused step",
+    "fused+compile": "fused step, torch.compile",
+}
 MODE_COLORS = {"dynamic": BLUE, "static": GREEN, "fused": ORANGE, "fused+compile": RED}
 
 
@@ -197,10 +257,10 @@ def cache_modes_figure(results: dict) -> go.Figure:
     fig = go.Figure()
     for m, r in results.items():
         ev = r.events
-        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if m.startswith("fused")
-                                        else "")
-        fig.add_trace(go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines",
-                                 name=name, line=dict(color=MODE_COLORS.get(m, GREY))))
+        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if m.startswith("fused") else "")
+        fig.add_trace(
+            go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines", name=name, line=dict(color=MODE_COLORS.get(m, GREY)))
+        )
     fig.update_xaxes(title="decode step")
     fig.update_yaxes(title="ms per step", rangemode="tozero")
     return _layout(fig, "Decode step time per mode, same request", height=360, legend=dict(orientation="h", y=-0.3))
@@ -211,13 +271,11 @@ def launches_figure(counts) -> go.Figure:
     names = ["transformers forward", "fused step"]
     keys = ["transformers", "fused"]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=names, y=[counts.ops[k] for k in keys], name="operators dispatched",
-                         marker_color=GREY, text=[counts.ops[k] for k in keys], textposition="outside"))
-    fig.add_trace(go.Bar(x=names, y=[counts.compute_ops[k] for k in keys], name="of which compute (not views)",
-                         marker_color=BLUE, text=[counts.compute_ops[k] for k in keys], textposition="outside"))
+    series = [(counts.ops, "operators dispatched", GREY), (counts.compute_ops, "of which compute (not views)", BLUE)]
     if counts.kernels:
-        fig.add_trace(go.Bar(x=names, y=[counts.kernels[k] for k in keys], name="GPU kernels launched",
-                             marker_color=ORANGE, text=[counts.kernels[k] for k in keys], textposition="outside"))
+        series.append((counts.kernels, "GPU kernels launched", ORANGE))
+    for per, name, color in series:
+        ys = [per[k] for k in keys]
+        fig.add_trace(go.Bar(x=names, y=ys, name=name, marker_color=color, text=ys, textposition="outside"))
     fig.update_yaxes(title="per decode step", rangemode="tozero")
-    return _layout(fig, "What one decode step asks of the host (counted by torch.profiler)", height=340,
-                   barmode="group", legend=dict(orientation="h", y=-0.25))
+    return _layout(fig, "What one decode step asks of the host (counted by torch.profiler)", height=340, barmode="group", legend=dict(orientation="h", y=-0.25))

@@ -1,4 +1,5 @@
 """Token chips: coloured, grapheme-safe segments with ids on hover and visible whitespace."""
+
 from __future__ import annotations
 
 import html
@@ -8,8 +9,20 @@ import unicodedata
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
 SPECIAL = "#3a3a3a"
 
-GLYPHS = {" ": "·", "\n": "↵\n", "\t": "→", "\r": "⟨CR⟩", "\x00": "⟨NUL⟩", "\x07": "⟨BEL⟩", "\x1b": "⟨ESC⟩",
-          "\x7f": "⟨DEL⟩", "\ufeff": "⟨BOM⟩", "\u200b": "⟨ZWSP⟩", "\u200d": "⟨ZWJ⟩", "\u00a0": "⟨NBSP⟩"}
+GLYPHS = {
+    " ": "·",
+    "\n": "↵\n",
+    "\t": "→",
+    "\r": "⟨CR⟩",
+    "\x00": "⟨NUL⟩",
+    "\x07": "⟨BEL⟩",
+    "\x1b": "⟨ESC⟩",
+    "\x7f": "⟨DEL⟩",
+    "\ufeff": "⟨BOM⟩",
+    "\u200b": "⟨ZWSP⟩",
+    "\u200d": "⟨ZWJ⟩",
+    "\u00a0": "⟨NBSP⟩",
+}
 
 
 def visible(text: str) -> str:
@@ -19,7 +32,7 @@ def visible(text: str) -> str:
     for i, ch in enumerate(text):
         cat = unicodedata.category(ch)
         if ch == "\u200d" and 0 < i < len(text) - 1 and not text[i - 1].isspace():
-            out.append(ch)                       # zero-width joiner inside an emoji sequence
+            out.append(ch)  # zero-width joiner inside an emoji sequence
         elif ch in GLYPHS:
             out.append(GLYPHS[ch])
         elif cat in ("Cc", "Cf", "Zl", "Zp") or (cat == "Zs" and ch != " "):
@@ -34,44 +47,45 @@ def chips_html(tokens, segments, max_segments: int = 3000) -> str:
 
     A segment (one or more tokens forming whole characters) is one chip; its ids are shown under it
     and every token's id, piece and bytes are in the hover title."""
-    parts = ['<div class="tokchips" style="line-height:2.6;font-family:ui-monospace,Menlo,monospace;'
-             'font-size:15px;white-space:pre-wrap;word-break:break-all">']
+    parts = ['<div class="tokchips" style="line-height:2.6;font-family:ui-monospace,Menlo,monospace;font-size:15px;white-space:pre-wrap;word-break:break-all">']
     for si, seg in enumerate(segments[:max_segments]):
         toks = [tokens[i] for i in seg.token_indices]
         special = all(t.special for t in toks)
         label = toks[0].piece if special else (seg.text or toks[0].text)
-        title = "\n".join(f"#{i} id {t.id} · piece {t.piece!r} · bytes {t.bytes.hex(' ') or '—'}"
-                          for i, t in zip(seg.token_indices, toks))
+        title = "\n".join(f"#{i} id {t.id} · piece {t.piece!r} · bytes {t.bytes.hex(' ') or '—'}" for i, t in zip(seg.token_indices, toks))
         bg = SPECIAL if special else PALETTE[si % len(PALETTE)]
         fg = "#ffffff" if special else "#111"
         ids = " ".join(str(t.id) for t in toks)
         parts.append(
             f'<span title="{html.escape(title)}" style="display:inline-block;background:{bg};color:{fg};'
             f'border-radius:4px;padding:0 3px;margin:1px;text-align:center;vertical-align:top">'
-            f'{html.escape(visible(label))}'
+            f"{html.escape(visible(label))}"
             f'<span style="display:block;font-size:9px;line-height:1.2;color:{"#ddd" if special else "#555"}">'
-            f'{html.escape(ids)}</span></span>')
+            f"{html.escape(ids)}</span></span>"
+        )
     if len(segments) > max_segments:
-        parts.append(f'<div><i>… {len(segments) - max_segments:,} more segments not drawn</i></div>')
+        parts.append(f"<div><i>… {len(segments) - max_segments:,} more segments not drawn</i></div>")
     parts.append("</div>")
     return "".join(parts)
 
 
 def token_rows(tokens) -> list[dict]:
     """Table rows for a dataframe: index, id, piece, text, char span, bytes, special."""
-    return [{"#": i, "id": t.id, "piece": t.piece, "text": visible(t.text), "chars": f"{t.start}–{t.end}",
-             "bytes": t.bytes.hex(" "), "special": t.special} for i, t in enumerate(tokens)]
+    return [
+        {"#": i, "id": t.id, "piece": t.piece, "text": visible(t.text), "chars": f"{t.start}–{t.end}", "bytes": t.bytes.hex(" "), "special": t.special}
+        for i, t in enumerate(tokens)
+    ]
 
 
 def template_html(tokens) -> str:
     """The exact text the model reads, special tokens set apart as dark chips (so a '<|im_end|>' the user
     typed, which is plain text, looks different from the real special token)."""
-    out = ['<pre style="white-space:pre-wrap;font-size:13px;line-height:1.9;background:#f6f6f6;padding:8px;'
-           'border-radius:6px">']
+    out = ['<pre style="white-space:pre-wrap;font-size:13px;line-height:1.9;background:#f6f6f6;padding:8px;border-radius:6px">']
     for t in tokens:
         if t.special:
-            out.append(f'<span style="background:{SPECIAL};color:#fff;border-radius:3px;padding:0 3px" '
-                       f'title="special token, id {t.id}">{html.escape(t.piece)}</span>')
+            out.append(
+                f'<span style="background:{SPECIAL};color:#fff;border-radius:3px;padding:0 3px" title="special token, id {t.id}">{html.escape(t.piece)}</span>'
+            )
         else:
             out.append(html.escape(t.bytes.decode("utf-8", errors="replace")))
     out.append("</pre>")

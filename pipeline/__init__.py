@@ -10,6 +10,7 @@
 The functions `trace` and `generate` live in the modules `pipeline.tracing` and `pipeline.generation` (no
 module is shadowed by a function of the same name).
 """
+
 from . import checks, engine, generation, models, sampling, tracing
 from .generation import GenerationRecord, StepEvent, generate, metrics
 from .models import EMBEDDED, GEMMA, LoadedModel, ModelLoadError, available_models, load_model
@@ -17,6 +18,28 @@ from .speculative import speculative_generate
 from .tokens import Segment, Token, tokenize
 from .tracing import Trace, TraceError, trace
 
-__all__ = ["sampling", "checks", "engine", "generation", "tracing", "models", "load_model", "available_models",
-           "LoadedModel", "ModelLoadError", "EMBEDDED", "GEMMA", "tokenize", "Token", "Segment", "trace", "Trace",
-           "TraceError", "generate", "GenerationRecord", "StepEvent", "metrics", "speculative_generate"]
+__all__ = [
+    "sampling",
+    "checks",
+    "engine",
+    "generation",
+    "tracing",
+    "models",
+    "load_model",
+    "available_models",
+    "LoadedModel",
+    "ModelLoadError",
+    "EMBEDDED",
+    "GEMMA",
+    "tokenize",
+    "Token",
+    "Segment",
+    "trace",
+    "Trace",
+    "TraceError",
+    "generate",
+    "GenerationRecord",
+    "StepEvent",
+    "metrics",
+    "speculative_generate",
+]

@@ -1,4 +1,5 @@
 """Command line: `python -m pipeline tokens|next|trace "prompt" [--json]` (for scripts and handouts)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,20 +11,32 @@ import numpy as np
 
 def _load(args):
     from .models import load_model
+
     return load_model(args.model)
 
 
 def cmd_tokens(args, out):
     from .models import load_model  # noqa: F401
     from .tokens import tokenize
+
     lm = _load(args)
     tk = tokenize(lm.tokenizer, args.prompt, chat=args.chat)
-    rows = [{"i": i, "id": t.id, "piece": t.piece, "text": t.text, "start": t.start, "end": t.end,
-             "special": t.special} for i, t in enumerate(tk.tokens)]
+    rows = [{"i": i, "id": t.id, "piece": t.piece, "text": t.text, "start": t.start, "end": t.end, "special": t.special} for i, t in enumerate(tk.tokens)]
     if args.json:
-        json.dump({"model": lm.label, "chat": tk.chat, "text": tk.text, "n_tokens": len(rows),
-                   "n_words": len(args.prompt.split()), "n_chars": len(args.prompt), "tokens": rows},
-                  out, ensure_ascii=False, indent=1)
+        json.dump(
+            {
+                "model": lm.label,
+                "chat": tk.chat,
+                "text": tk.text,
+                "n_tokens": len(rows),
+                "n_words": len(args.prompt.split()),
+                "n_chars": len(args.prompt),
+                "tokens": rows,
+            },
+            out,
+            ensure_ascii=False,
+            indent=1,
+        )
         out.write("\n")
     else:
         out.write(f"{lm.label}: {len(rows)} tokens, {len(args.prompt.split())} words, {len(args.prompt)} chars\n")
@@ -34,41 +47,68 @@ def cmd_tokens(args, out):
 def cmd_next(args, out):
     from .sampling import entropy_bits, filter_probs
     from .tracing import trace
+
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
     p = filter_probs(tr.next_logits, args.temperature, args.top_k, args.top_p, args.min_p).numpy()
     order = np.argsort(-p)[: args.n]
     cands = [{"id": int(i), "text": lm.tokenizer.decode([int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
-    res = {"model": lm.label, "prompt": args.prompt, "temperature": args.temperature, "top_k": args.top_k,
-           "top_p": args.top_p, "min_p": args.min_p, "candidates_kept": int((p > 0).sum()),
-           "entropy_bits": entropy_bits(p), "top": cands}
+    res = {
+        "model": lm.label,
+        "prompt": args.prompt,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "candidates_kept": int((p > 0).sum()),
+        "entropy_bits": entropy_bits(p),
+        "top": cands,
+    }
     if args.json:
         json.dump(res, out, ensure_ascii=False, indent=1)
         out.write("\n")
     else:
-        out.write(f"{lm.label} | T={args.temperature} top-k={args.top_k} top-p={args.top_p} min-p={args.min_p} | "
-                  f"{res['candidates_kept']} candidates kept, entropy {res['entropy_bits']:.2f} bits\n")
+        out.write(
+            f"{lm.label} | T={args.temperature} top-k={args.top_k} top-p={args.top_p} min-p={args.min_p} | "
+            f"{res['candidates_kept']} candidates kept, entropy {res['entropy_bits']:.2f} bits\n"
+        )
         for c in cands:
             out.write(f"{c['p']:8.4f}  {c['text']!r}  (id {c['id']})\n")
 
 
 def cmd_trace(args, out):
     from .tracing import trace
+
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
     f = tr.facts
     nxt = int(tr.next_logits.argmax())
-    res = {"model": lm.label, "device": tr.device, "n_tokens": tr.T,
-           "config": {"layers": f.n_layers, "heads": f.n_heads, "kv_heads": f.n_kv_heads, "head_dim": f.head_dim,
-                      "d_model": f.d_model, "vocab": f.vocab, "positional": f.positional, "norm": f.norm},
-           "tokens": [t.text for t in tr.tokens],
-           "shapes": {"embeddings": list(tr.embeddings.shape), "hidden_states": list(tr.hidden_states.shape),
-                      "attentions": list(tr.attentions.shape), "next_logits": list(tr.next_logits.shape)},
-           "residual_norm_last_token": [round(float(x), 3) for x in tr.resid_norm[:, -1]],
-           "logit_lens_last_token": [{"layer": i, "top": lm.tokenizer.decode([top[0][0]]), "p": round(top[0][1], 4)}
-                                     for i, top in enumerate(tr.lens_last_top)],
-           "next_token": {"id": nxt, "text": lm.tokenizer.decode([nxt])},
-           "timings_ms": {k: round(v * 1000, 2) for k, v in tr.timings.items()}}
+    res = {
+        "model": lm.label,
+        "device": tr.device,
+        "n_tokens": tr.T,
+        "config": {
+            "layers": f.n_layers,
+            "heads": f.n_heads,
+            "kv_heads": f.n_kv_heads,
+            "head_dim": f.head_dim,
+            "d_model": f.d_model,
+            "vocab": f.vocab,
+            "positional": f.positional,
+            "norm": f.norm,
+        },
+        "tokens": [t.text for t in tr.tokens],
+        "shapes": {
+            "embeddings": list(tr.embeddings.shape),
+            "hidden_states": list(tr.hidden_states.shape),
+            "attentions": list(tr.attentions.shape),
+            "next_logits": list(tr.next_logits.shape),
+        },
+        "residual_norm_last_token": [round(float(x), 3) for x in tr.resid_norm[:, -1]],
+        "logit_lens_last_token": [{"layer": i, "top": lm.tokenizer.decode([top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
+        "next_token": {"id": nxt, "text": lm.tokenizer.decode([nxt])},
+        "timings_ms": {k: round(v * 1000, 2) for k, v in tr.timings.items()},
+    }
     if args.json:
         json.dump(res, out, ensure_ascii=False, indent=1)
         out.write("\n")
@@ -99,6 +139,7 @@ def main(argv=None, out=None) -> int:
     args = ap.parse_args(argv)
     from .models import ModelLoadError
     from .tracing import TraceError
+
     try:
         args.fn(args, out)
     except (ModelLoadError, TraceError) as e:

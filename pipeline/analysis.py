@@ -2,6 +2,7 @@
 
 No forward passes here except where a function says so; everything reads the weights or a Trace.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ def embedding_matrix(lm: LoadedModel) -> torch.Tensor:
 
 def embed_ids(lm: LoadedModel, ids: list[int]) -> np.ndarray:
     """[n, d] the embedding lookup exactly as the model does it (row of the table, times Gemma's scale)."""
-    with lm.lock, torch.inference_mode():   # the lock: a concurrent trace's hooks must not see this call
+    with lm.lock, torch.inference_mode():  # the lock: a concurrent trace's hooks must not see this call
         return lm.model.get_input_embeddings()(torch.tensor([ids], device=lm.device))[0].float().cpu().numpy()
 
 
@@ -47,7 +48,7 @@ def pca(x: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     xc = x - x.mean(axis=0, keepdims=True)
     u, s, _ = np.linalg.svd(xc, full_matrices=False)
     k = min(k, len(s))
-    var = s ** 2
+    var = s**2
     ratio = var[:k] / var.sum() if var.sum() > 0 else np.zeros(k)
     coords = u[:, :k] * s[:k]
     if coords.shape[1] < 3:
@@ -69,10 +70,11 @@ def _unit_rows(lm: LoadedModel) -> torch.Tensor:
 @dataclass
 class EmbeddingMap:
     """The prompt's token embeddings and reference words, projected on their first principal components."""
-    coords: np.ndarray          # [n, 3] PCA coordinates (zero-padded to 3 columns)
-    variance: np.ndarray        # [k] explained variance ratio of each component
-    n_prompt: int               # the first n_prompt rows are the prompt's tokens, in order
-    words: list[str]            # the reference words, rows n_prompt.. (in order)
+
+    coords: np.ndarray  # [n, 3] PCA coordinates (zero-padded to 3 columns)
+    variance: np.ndarray  # [k] explained variance ratio of each component
+    n_prompt: int  # the first n_prompt rows are the prompt's tokens, in order
+    words: list[str]  # the reference words, rows n_prompt.. (in order)
 
 
 def embedding_map(lm: LoadedModel, tr: Trace, words: list[str]) -> EmbeddingMap | None:
@@ -89,7 +91,7 @@ def embedding_map(lm: LoadedModel, tr: Trace, words: list[str]) -> EmbeddingMap 
 def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[int, str, float]]:
     """The k vocabulary entries whose embedding rows are closest (cosine) to token_id's row."""
     with torch.inference_mode():
-        unit = _unit_rows(lm)                   # rows scaled to length 1, computed once per model
+        unit = _unit_rows(lm)  # rows scaled to length 1, computed once per model
         sims = unit @ unit[token_id]
         vals, idx = sims.topk(k + 1)
     out = []
@@ -145,8 +147,7 @@ def rotate(x: np.ndarray, pos: float, inv_freq: np.ndarray) -> np.ndarray:
     return x * cos + rot_half * sin
 
 
-def relative_scores(q_raw: np.ndarray, k_raw: np.ndarray, inv_freq: np.ndarray, max_dist: int,
-                    at: int = 0) -> np.ndarray:
+def relative_scores(q_raw: np.ndarray, k_raw: np.ndarray, inv_freq: np.ndarray, max_dist: int, at: int = 0) -> np.ndarray:
     """[max_dist+1] the query-key dot product when the key sits d positions before the query, d = 0..max_dist,
     with the query placed at position at + d (RoPE makes it depend on d only)."""
     return np.array([rotate(q_raw, at + d, inv_freq) @ rotate(k_raw, at, inv_freq) for d in range(max_dist + 1)])
@@ -165,19 +166,20 @@ def layer_kind(lm: LoadedModel, layer: int) -> str:
 @dataclass
 class RopeDemo:
     """RoPE as one layer of this run applies it, read back from the captured (rotated) query and key."""
+
     layer: int
-    inv_freq: np.ndarray        # [D/2] rotation frequencies (radians per position)
-    theta: float                # the base θ behind them
-    kind: str                   # '' or "a local layer ..." / "a global layer ..."
-    angles: np.ndarray          # [P, D/2] angle of each pair at positions 0..P-1
-    q_index: int                # the query's position (the last token)
-    k_index: int                # the key's position (the first token)
-    q_rot: np.ndarray           # [D] head 0's query as the model rotated it
-    k_rot: np.ndarray           # [D] head 0's key as the model rotated it
-    q_raw: np.ndarray           # [D] the query before rotation (RoPE is orthogonal: rotate back by -position)
-    k_raw: np.ndarray           # [D]
-    scores_at_0: np.ndarray     # [dmax+1] q·k with the key at 0 and the query d positions later
-    scores_at_100: np.ndarray   # [dmax+1] the same, both moved 100 positions on
+    inv_freq: np.ndarray  # [D/2] rotation frequencies (radians per position)
+    theta: float  # the base θ behind them
+    kind: str  # '' or "a local layer ..." / "a global layer ..."
+    angles: np.ndarray  # [P, D/2] angle of each pair at positions 0..P-1
+    q_index: int  # the query's position (the last token)
+    k_index: int  # the key's position (the first token)
+    q_rot: np.ndarray  # [D] head 0's query as the model rotated it
+    k_rot: np.ndarray  # [D] head 0's key as the model rotated it
+    q_raw: np.ndarray  # [D] the query before rotation (RoPE is orthogonal: rotate back by -position)
+    k_raw: np.ndarray  # [D]
+    scores_at_0: np.ndarray  # [dmax+1] q·k with the key at 0 and the query d positions later
+    scores_at_100: np.ndarray  # [dmax+1] the same, both moved 100 positions on
 
 
 def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dmax: int = 256) -> RopeDemo | None:
@@ -189,9 +191,21 @@ def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dm
     qi, ki = tr.T - 1, 0
     q_rot, k_rot = q[0, qi].astype(np.float64), k[0, ki].astype(np.float64)
     q_raw, k_raw = rotate(q_rot, -qi, inv), rotate(k_rot, -ki, inv)
-    return RopeDemo(layer, inv, rope_theta_of(inv, tr.facts.head_dim), layer_kind(lm, layer),
-                    rope_angles(inv, np.arange(max(64, min(tr.T, n_positions)))), qi, ki, q_rot, k_rot, q_raw, k_raw,
-                    relative_scores(q_raw, k_raw, inv, dmax, at=0), relative_scores(q_raw, k_raw, inv, dmax, at=100))
+    return RopeDemo(
+        layer,
+        inv,
+        rope_theta_of(inv, tr.facts.head_dim),
+        layer_kind(lm, layer),
+        rope_angles(inv, np.arange(max(64, min(tr.T, n_positions)))),
+        qi,
+        ki,
+        q_rot,
+        k_rot,
+        q_raw,
+        k_raw,
+        relative_scores(q_raw, k_raw, inv, dmax, at=0),
+        relative_scores(q_raw, k_raw, inv, dmax, at=100),
+    )
 
 
 def learned_positions(lm: LoadedModel, n: int) -> np.ndarray | None:
@@ -204,14 +218,15 @@ def learned_positions(lm: LoadedModel, n: int) -> np.ndarray | None:
 @dataclass
 class HeadScores:
     """One head's attention inputs from a trace (after RoPE) and its scaled, causally masked scores."""
+
     layer: int
     head: int
-    kv_head: int                # the key/value head this query head shares (grouped-query attention)
-    q: np.ndarray               # [T, D]
-    k: np.ndarray               # [T, D]
-    v: np.ndarray               # [T, D]
-    scores: np.ndarray          # [T, T] float64  Q·Kᵀ × the model's scaling
-    masked: np.ndarray          # [T, T] float64  the same with the future (upper triangle) set to NaN
+    kv_head: int  # the key/value head this query head shares (grouped-query attention)
+    q: np.ndarray  # [T, D]
+    k: np.ndarray  # [T, D]
+    v: np.ndarray  # [T, D]
+    scores: np.ndarray  # [T, T] float64  Q·Kᵀ × the model's scaling
+    masked: np.ndarray  # [T, T] float64  the same with the future (upper triangle) set to NaN
 
 
 def causal_mask(T: int) -> np.ndarray:

@@ -13,14 +13,15 @@ final logit softcap, the text config, and how close two computations in this dty
     arch.softcap            final logit softcapping (Gemma 2) or None
     arch.tol                comparison tolerance for two computations of the same logits in this dtype
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-FP32_TOL = 1e-3          # two float32 computations of the same logits agree to this (different kernels)
-HALF_TOL = 5e-2          # bf16 / fp16
+FP32_TOL = 1e-3  # two float32 computations of the same logits agree to this (different kernels)
+HALF_TOL = 5e-2  # bf16 / fp16
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -43,12 +44,12 @@ class Arch:
     layers: list = field(repr=False)
     text_config: object = field(repr=False)
     model_type: str
-    layer_types: list[str]          # [L]
-    windows: list[int | None]       # [L] tokens attended (the new one included); None = all earlier tokens
-    sliding_window: int | None      # the config's window (tokens), when any layer slides
-    bytes_per_value: int            # bytes per value in the model's dtype
-    softcap: float | None           # final logit softcapping
-    tol: float                      # agreement expected between two computations of the logits
+    layer_types: list[str]  # [L]
+    windows: list[int | None]  # [L] tokens attended (the new one included); None = all earlier tokens
+    sliding_window: int | None  # the config's window (tokens), when any layer slides
+    bytes_per_value: int  # bytes per value in the model's dtype
+    softcap: float | None  # final logit softcapping
+    tol: float  # agreement expected between two computations of the logits
 
     @classmethod
     def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> Arch:
@@ -65,11 +66,19 @@ class Arch:
             w = getattr(getattr(layer, "self_attn", None), "sliding_window", None) or sw
             # Mistral slides every layer by its config; Gemma / Qwen2 only the layers typed as sliding
             windows.append(w if (t == "sliding_attention" or mt == "mistral") and w else None)
-        return cls(model=model, decoder=dec, layers=layers, text_config=cfg, model_type=mt, layer_types=types,
-                   windows=windows, sliding_window=sw if any(windows) else None,
-                   bytes_per_value=bytes_per_value(dtype),
-                   softcap=getattr(model.config, "final_logit_softcapping", None)
-                   or getattr(cfg, "final_logit_softcapping", None), tol=tolerance(dtype))
+        return cls(
+            model=model,
+            decoder=dec,
+            layers=layers,
+            text_config=cfg,
+            model_type=mt,
+            layer_types=types,
+            windows=windows,
+            sliding_window=sw if any(windows) else None,
+            bytes_per_value=bytes_per_value(dtype),
+            softcap=getattr(model.config, "final_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None),
+            tol=tolerance(dtype),
+        )
 
     @property
     def n_sliding(self) -> int:

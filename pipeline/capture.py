@@ -7,6 +7,7 @@ transformers' eager attention computes), keeps the weights as float16 and, for t
 the query/key/value tensors after RoPE. The fp32 weights are dropped as soon as each layer finishes,
 which is what lets a 2,048-token prompt trace in bounded memory.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,11 +27,12 @@ _local = threading.local()
 @dataclass
 class Capture:
     """What one traced forward pass leaves behind (filled layer by layer)."""
-    full_layers: set[int]                 # layers whose [H, T, T] maps are kept at full resolution
-    block: int                            # pooling block for the all-layers overview (1 = full)
+
+    full_layers: set[int]  # layers whose [H, T, T] maps are kept at full resolution
+    block: int  # pooling block for the all-layers overview (1 = full)
     qkv_layers: set[int] = field(default_factory=set)
-    full: dict[int, torch.Tensor] = field(default_factory=dict)     # layer -> [H, T, T] float16
-    pooled: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [H, T/b, T/b] float16
+    full: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T, T] float16
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T/b, T/b] float16
     last_row: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T] float32
     qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
@@ -55,8 +57,8 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
     layer = module.layer_idx
-    w = weights[0].detach()                                 # batch 1: [H, T, T]
-    cap.last_row[layer] = w[:, -1, :].float().cpu().clone()     # clone: a view would keep all of w alive
+    w = weights[0].detach()  # batch 1: [H, T, T]
+    cap.last_row[layer] = w[:, -1, :].float().cpu().clone()  # clone: a view would keep all of w alive
     if layer in cap.full_layers:
         cap.full[layer] = w.to(torch.float16).cpu()
     if cap.block == 1 and layer in cap.full:
@@ -64,8 +66,11 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
     else:
         cap.pooled[layer] = pool_attention(w, cap.block).to(torch.float16).cpu()
     if layer in cap.qkv_layers:
-        cap.qkv[layer] = {"q": query[0].detach().float().cpu().clone(), "k": key[0].detach().float().cpu().clone(),
-                          "v": value[0].detach().float().cpu().clone()}
+        cap.qkv[layer] = {
+            "q": query[0].detach().float().cpu().clone(),
+            "k": key[0].detach().float().cpu().clone(),
+            "v": value[0].detach().float().cpu().clone(),
+        }
     return out, None
 
 

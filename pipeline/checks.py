@@ -2,6 +2,7 @@
 
 Each check returns a `Check` with the measured discrepancy, so pages can show the evidence, not a claim.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -20,7 +21,7 @@ EAGER_CHECK_MAX_T = 512
 @dataclass
 class Check:
     name: str
-    ok: bool | None          # None: not run (the detail says why)
+    ok: bool | None  # None: not run (the detail says why)
     detail: str
     value: float | None = None
 
@@ -29,9 +30,12 @@ def check_tokens(tr) -> Check:
     """tr: a Trace or a tokens.Tokenized."""
     joined = b"".join(t.bytes for t in tr.tokens)
     ok = joined == tr.text.encode("utf-8")
-    return Check("token bytes reassemble the text", ok,
-                 f"{len(tr.tokens)} tokens, {len(joined)} bytes joined vs {len(tr.text.encode('utf-8'))} in the text"
-                 + ("" if ok else " (this tokenizer normalises text)"))
+    return Check(
+        "token bytes reassemble the text",
+        ok,
+        f"{len(tr.tokens)} tokens, {len(joined)} bytes joined vs {len(tr.text.encode('utf-8'))} in the text"
+        + ("" if ok else " (this tokenizer normalises text)"),
+    )
 
 
 _LOGITS: weakref.WeakKeyDictionary[Trace, list[Check]] = weakref.WeakKeyDictionary()
@@ -43,8 +47,7 @@ def token_checks(tokenizer, tk) -> list[Check]:
     out = [check_tokens(tk)]
     if not tk.chat:
         ref = tokenizer(tk.prompt, split_special_tokens=True)["input_ids"]
-        out.append(Check("ids = the tokenizer's own encoding", ref == tk.input_ids,
-                         f"{len(ref)} ids from tokenizer(prompt) vs {len(tk.input_ids)} shown"))
+        out.append(Check("ids = the tokenizer's own encoding", ref == tk.input_ids, f"{len(ref)} ids from tokenizer(prompt) vs {len(tk.input_ids)} shown"))
     return out
 
 
@@ -67,23 +70,28 @@ def _check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
     dh = max(float(np.abs(a - b).max()) for a, b in zip(hs[:-1], tr.hidden_states[:-1]))
     tol = lm.arch.tol
     return [
-        Check("next-token logits = plain transformers forward", d < tol * 50 and same_top,
-              f"max |difference| {d:.2e} over {ref.size:,} logits; same top token: {same_top} "
-              "(the trace uses eager attention, the plain forward SDPA)", d),
-        Check("hidden states = transformers' output_hidden_states", dh < tol * 100,
-              f"max |difference| {dh:.2e} over {len(hs) - 1} layers", dh),
+        Check(
+            "next-token logits = plain transformers forward",
+            d < tol * 50 and same_top,
+            f"max |difference| {d:.2e} over {ref.size:,} logits; same top token: {same_top} (the trace uses eager attention, the plain forward SDPA)",
+            d,
+        ),
+        Check("hidden states = transformers' output_hidden_states", dh < tol * 100, f"max |difference| {dh:.2e} over {len(hs) - 1} layers", dh),
     ]
 
 
 def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
     rows = tr.attentions.astype(np.float32).sum(-1)
     err = float(np.abs(rows - 1).max())
-    out = [Check("every attention row sums to 1", err < 1e-2,
-                 f"max |row sum - 1| {err:.1e} over {rows.size:,} rows (float16 storage)", err)]
+    out = [Check("every attention row sums to 1", err < 1e-2, f"max |row sum - 1| {err:.1e} over {rows.size:,} rows (float16 storage)", err)]
     if tr.T > EAGER_CHECK_MAX_T:
-        out.append(Check("attention maps = transformers' eager attentions", None,
-                         f"not run: {tr.T} tokens is over {EAGER_CHECK_MAX_T} (the independent eager run keeps every "
-                         "fp32 map)"))
+        out.append(
+            Check(
+                "attention maps = transformers' eager attentions",
+                None,
+                f"not run: {tr.T} tokens is over {EAGER_CHECK_MAX_T} (the independent eager run keeps every fp32 map)",
+            )
+        )
         return out
     ids = torch.tensor([tr.input_ids], device=lm.device)
     with lm.lock, torch.inference_mode():
@@ -96,20 +104,21 @@ def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
     d = 0.0
     for layer, mine in tr.attn_full.items():
         d = max(d, float(np.abs(ref[layer][0].float().cpu().numpy() - mine.astype(np.float32)).max()))
-    out.append(Check("attention maps = transformers' eager attentions", d < 2e-3 if lm.dtype == torch.float32 else d < 3e-2,
-                     f"max |difference| {d:.1e} over {len(tr.attn_full)} layers x {tr.facts.n_heads} heads", d))
+    out.append(
+        Check(
+            "attention maps = transformers' eager attentions",
+            d < 2e-3 if lm.dtype == torch.float32 else d < 3e-2,
+            f"max |difference| {d:.1e} over {len(tr.attn_full)} layers x {tr.facts.n_heads} heads",
+            d,
+        )
+    )
     return out
 
 
 def hf_processed_probs(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """The reference: transformers' own logits processors, in generate()'s order, then softmax."""
-    from transformers import (
-        LogitsProcessorList,
-        MinPLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     scores = torch.as_tensor(np.asarray(logits), dtype=torch.float32).reshape(1, -1).clone()
     if temperature <= 0:
         return torch.nn.functional.one_hot(scores.argmax(-1), scores.size(-1)).float()[0]
@@ -131,15 +140,17 @@ def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: f
     d = float((mine - ref).abs().max())
     same = bool(((mine > 0) == (ref > 0)).all())
     n = int((ref > 0).sum())
-    return Check(f"filters = transformers' logits processors (temperature {temperature:g}, top-k {top_k}, "
-                 f"top-p {top_p:g}, min-p {min_p:g})", d < 1e-6 and same,
-                 f"max |difference| {d:.1e}; same surviving set: {same} ({n:,} candidate{'s' if n != 1 else ''})", d)
+    return Check(
+        f"filters = transformers' logits processors (temperature {temperature:g}, top-k {top_k}, top-p {top_p:g}, min-p {min_p:g})",
+        d < 1e-6 and same,
+        f"max |difference| {d:.1e}; same surviving set: {same} ({n:,} candidate{'s' if n != 1 else ''})",
+        d,
+    )
 
 
 def all_checks(lm: LoadedModel, tr: Trace, temperature=0.7, top_k=50, top_p=0.9, min_p=0.0) -> list[Check]:
     """Every check on one trace; the filters with typical settings (every filter active), as page 5 would."""
-    return ([check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr)
-            + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)])
+    return [check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr) + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)]
 
 
 def check_rope(lm: LoadedModel, tr: Trace, demo, token_index: int) -> list[Check]:
@@ -148,17 +159,22 @@ def check_rope(lm: LoadedModel, tr: Trace, demo, token_index: int) -> list[Check
     from . import analysis
 
     direct = float(demo.q_rot @ demo.k_rot)
-    again = float(analysis.rotate(demo.q_raw, demo.q_index, demo.inv_freq)
-                  @ analysis.rotate(demo.k_raw, demo.k_index, demo.inv_freq))
+    again = float(analysis.rotate(demo.q_raw, demo.q_index, demo.inv_freq) @ analysis.rotate(demo.k_raw, demo.k_index, demo.inv_freq))
     shift = float(np.abs(demo.scores_at_0 - demo.scores_at_100).max())
     tok = tr.tokens[token_index]
-    return [Check("our RoPE reproduces the model's rotated query·key", abs(direct - again) < 1e-3 * max(1, abs(direct)),
-                  f"model's q·k {direct:.5f} vs un-rotated then re-rotated {again:.5f}"),
-            Check("score depends on distance only", bool(shift < 1e-6 * max(1, np.abs(demo.scores_at_0).max())),
-                  f"max |shift by 100 − original| {shift:.1e}"),
-            Check("embedding output = row of the matrix (× scale)",
-                  bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[token_index], atol=1e-5)),
-                  f"token {tok.id}: lookup vs the hooked embedding layer output")]
+    return [
+        Check(
+            "our RoPE reproduces the model's rotated query·key",
+            abs(direct - again) < 1e-3 * max(1, abs(direct)),
+            f"model's q·k {direct:.5f} vs un-rotated then re-rotated {again:.5f}",
+        ),
+        Check("score depends on distance only", bool(shift < 1e-6 * max(1, np.abs(demo.scores_at_0).max())), f"max |shift by 100 − original| {shift:.1e}"),
+        Check(
+            "embedding output = row of the matrix (× scale)",
+            bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[token_index], atol=1e-5)),
+            f"token {tok.id}: lookup vs the hooked embedding layer output",
+        ),
+    ]
 
 
 def check_head_softmax(tr: Trace, hs) -> list[Check]:
@@ -169,8 +185,9 @@ def check_head_softmax(tr: Trace, hs) -> list[Check]:
     if mine is None:
         return []
     d = float(np.abs(masked_softmax(hs.masked) - mine[hs.head].astype(np.float64)).max())
-    return [Check("softmax(Q·Kᵀ × scale) from the captured Q, K = the attention map", d < 5e-3,
-                  f"layer {hs.layer} head {hs.head}: max |difference| {d:.1e}", d)]
+    return [
+        Check("softmax(Q·Kᵀ × scale) from the captured Q, K = the attention map", d < 5e-3, f"layer {hs.layer} head {hs.head}: max |difference| {d:.1e}", d)
+    ]
 
 
 def check_lens(lm: LoadedModel, tr: Trace) -> Check:
@@ -179,10 +196,11 @@ def check_lens(lm: LoadedModel, tr: Trace) -> Check:
     best, p_final = top_token(tr.next_logits)
     p_lens_tok = prob_of(tr.next_logits, tid)
     dec = lm.tokenizer.decode
-    return Check("logit lens after the last layer = the model's own next-token distribution",
-                 tid == best and abs(p - p_lens_tok) < 1e-3,
-                 f"lens: {dec([tid])!r} (id {tid}) with p = {p:.4f}; logits: {dec([best])!r} (id {best}) with "
-                 f"p = {p_final:.4f}")
+    return Check(
+        "logit lens after the last layer = the model's own next-token distribution",
+        tid == best and abs(p - p_lens_tok) < 1e-3,
+        f"lens: {dec([tid])!r} (id {tid}) with p = {p:.4f}; logits: {dec([best])!r} (id {best}) with p = {p_final:.4f}",
+    )
 
 
 def check_kv_bytes(lm: LoadedModel, events) -> Check:
@@ -190,15 +208,20 @@ def check_kv_bytes(lm: LoadedModel, events) -> Check:
     from .generation import kv_bytes_formula
 
     bad = [e for e in events if e.kv_bytes != kv_bytes_formula(lm, e.context_len)]
-    return Check("cache tensors' bytes = 2 × layers × KV heads × head dim × bytes per value × tokens", not bad,
-                 f"{len(events)} steps compared" + (f"; first mismatch at {bad[0].context_len} tokens: "
-                                                     f"{bad[0].kv_bytes:,} vs {kv_bytes_formula(lm, bad[0].context_len):,} B"
-                                                     if bad else ", every one equal"))
+    return Check(
+        "cache tensors' bytes = 2 × layers × KV heads × head dim × bytes per value × tokens",
+        not bad,
+        f"{len(events)} steps compared"
+        + (
+            f"; first mismatch at {bad[0].context_len} tokens: {bad[0].kv_bytes:,} vs {kv_bytes_formula(lm, bad[0].context_len):,} B"
+            if bad
+            else ", every one equal"
+        ),
+    )
 
 
 def check_same_tokens(name: str, got: dict[str, list[int]], alone: dict[str, list[int]]) -> Check:
     """Every named request's tokens equal the same request's tokens generated alone."""
     bad = [k for k in alone if got.get(k) != alone[k]]
     n = sum(len(v) for v in alone.values())
-    return Check(name, not bad, f"{len(alone)} requests, {n:,} tokens compared"
-                 + (f"; different: {', '.join(bad)}" if bad else ", all identical"))
+    return Check(name, not bad, f"{len(alone)} requests, {n:,} tokens compared" + (f"; different: {', '.join(bad)}" if bad else ", all identical"))

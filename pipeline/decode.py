@@ -15,6 +15,7 @@ Two implementations of `DecodeStep`, driven by `generation.generate()` (and by t
 The caller holds lm.lock around prefill() / step() (one forward at a time on the shared model) and
 `choose()` turns a StepOutput into the token and the candidates the pages show.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,18 +31,20 @@ from .timing import syncer
 @dataclass
 class StepOutput:
     """What one forward leaves for sampling. Exactly one of the two is set."""
-    logits: torch.Tensor | None = None      # [vocab] float32 on the host
-    summary: torch.Tensor | None = None     # greedy on the device: [argmax, logsumexp, top values..., top ids...]
+
+    logits: torch.Tensor | None = None  # [vocab] float32 on the host
+    summary: torch.Tensor | None = None  # greedy on the device: [argmax, logsumexp, top values..., top ids...]
 
 
 @dataclass
 class Choice:
     """A sampled token and the distribution it came from (probabilities, most likely first)."""
+
     token_id: int
-    top: list[tuple[int, str, float]]       # after the filters
-    top_raw: list[tuple[int, str, float]]   # before them (softmax at temperature 1)
-    p: float                                # the chosen token's probability after the filters
-    p_raw: float                            # ... and before them
+    top: list[tuple[int, str, float]]  # after the filters
+    top_raw: list[tuple[int, str, float]]  # before them (softmax at temperature 1)
+    p: float  # the chosen token's probability after the filters
+    p_raw: float  # ... and before them
 
 
 def kv_bytes(cache) -> list[int]:
@@ -68,11 +71,10 @@ class TransformersStep:
         else:
             self.cache = DynamicCache(config=lm.model.config)
         self._sync = syncer(lm.device)
-        self._context: torch.Tensor | None = None       # every token so far, when there is no cache
+        self._context: torch.Tensor | None = None  # every token so far, when there is no cache
 
     def _forward(self, ids: torch.Tensor) -> StepOutput:
-        out = self.lm.model(input_ids=ids, past_key_values=self.cache, use_cache=self.cache is not None,
-                            logits_to_keep=1)
+        out = self.lm.model(input_ids=ids, past_key_values=self.cache, use_cache=self.cache is not None, logits_to_keep=1)
         logits = out.logits[0, -1].float()
         self._sync()
         return StepOutput(logits=logits.cpu())
@@ -100,8 +102,7 @@ class FusedStep:
     """Our static-shape step (pipeline.fused). With `on_device` (greedy, few candidates) only a summary of the
     logits comes back to the host: argmax, log-sum-exp and the top candidates."""
 
-    def __init__(self, lm: LoadedModel, n_positions: int, compile: bool = False, on_device: bool = False,
-                 n_top: int = 10):
+    def __init__(self, lm: LoadedModel, n_positions: int, compile: bool = False, on_device: bool = False, n_top: int = 10):
         from .fused import acquire_decoder
 
         self.lm = lm
@@ -123,12 +124,11 @@ class FusedStep:
 
     def close(self):
         if self.dec is not None:
-            self.dec.release()          # hand the decoder (its buffers, its graph) back at once
+            self.dec.release()  # hand the decoder (its buffers, its graph) back at once
             self.dec = None
 
 
-def open_step(lm: LoadedModel, cache: str = "dynamic", n_positions: int = 0, use_cache: bool = True,
-              greedy: bool = False, n_top: int = 10):
+def open_step(lm: LoadedModel, cache: str = "dynamic", n_positions: int = 0, use_cache: bool = True, greedy: bool = False, n_top: int = 10):
     """The decode step for a generation of at most n_positions tokens (prompt + new)."""
     if not use_cache:
         return TransformersStep(lm, None, n_positions)
@@ -142,24 +142,43 @@ def token_texts(tokenizer):
     return lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
 
 
-def choose(out: StepOutput, dec, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-           generator: torch.Generator | None = None, n_top: int = 10) -> Choice:
+def choose(
+    out: StepOutput,
+    dec,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    generator: torch.Generator | None = None,
+    n_top: int = 10,
+) -> Choice:
     """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
     n_top candidates before and after the filters. `dec(id)` gives a token's text."""
-    if out.summary is not None:             # greedy on the device: [argmax, logsumexp, top values, top ids]
+    if out.summary is not None:  # greedy on the device: [argmax, logsumexp, top values, top ids]
         s = out.summary
         k = (s.numel() - 2) // 2
         tok, lse = int(s[0]), float(s[1])
-        top_raw = [(a, dec(a), b) for a, b in zip(s[2 + k:2 + k + n_top].long().tolist(),
-                                                 torch.exp(s[2:2 + n_top] - lse).tolist())]
+        top_raw = [(a, dec(a), b) for a, b in zip(s[2 + k : 2 + k + n_top].long().tolist(), torch.exp(s[2 : 2 + n_top] - lse).tolist())]
         return Choice(tok, [(tok, dec(tok), 1.0)], top_raw, 1.0, float(torch.exp(s[2] - lse)))
     logits = out.logits
     greedy = not (temperature and temperature > 0)
+    if greedy:  # the filters leave only the top token: skip building the vocabulary
+        tok = int(logits.argmax())  # first maximum, as filter_probs picks it
+        lse = torch.logsumexp(logits, 0)
+        rv, ri = logits.topk(min(n_top, logits.numel()))
+        return Choice(
+            tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
+        )
     probs = filter_probs(logits, temperature, top_k, top_p, min_p)
-    tok = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=generator)[0])
+    tok = int(torch.multinomial(probs, 1, generator=generator)[0])
     n = min(n_top, probs.numel())
     p_top, i_top = probs.topk(n)
     raw = torch.softmax(logits, -1)
     r_top, ri_top = raw.topk(n)
-    return Choice(tok, [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0],
-                  [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())], float(probs[tok]), float(raw[tok]))
+    return Choice(
+        tok,
+        [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0],
+        [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())],
+        float(probs[tok]),
+        float(raw[tok]),
+    )

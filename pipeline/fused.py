@@ -21,6 +21,7 @@ The prefill is transformers' own forward (one pass over the prompt); its K/V are
 Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
 not otherwise. `check_against_forward` compares our step's logits with a plain transformers forward.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -38,10 +39,28 @@ from .timing import ids_of_length, sync, syncer
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MIN_BUCKET = 256
 # operators that only make a new view of existing memory (no kernel on a GPU)
-VIEW_OPS = {"aten::view", "aten::reshape", "aten::slice", "aten::select", "aten::split", "aten::split_with_sizes",
-            "aten::chunk", "aten::t", "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::expand",
-            "aten::as_strided", "aten::detach", "aten::alias", "aten::_unsafe_view", "aten::narrow",
-            "aten::permute", "aten::lift_fresh", "aten::unbind"}
+VIEW_OPS = {
+    "aten::view",
+    "aten::reshape",
+    "aten::slice",
+    "aten::select",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::chunk",
+    "aten::t",
+    "aten::transpose",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::expand",
+    "aten::as_strided",
+    "aten::detach",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::narrow",
+    "aten::permute",
+    "aten::lift_fresh",
+    "aten::unbind",
+}
 
 
 class FusedUnsupported(RuntimeError):
@@ -52,8 +71,7 @@ def supported(lm: LoadedModel) -> tuple[bool, str]:
     c = lm.arch.text_config
     mt = lm.arch.model_type
     if mt not in SUPPORTED_TYPES:
-        return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is "
-                       f"'{mt}'. The dynamic and static cache loops work for it.")
+        return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is '{mt}'. The dynamic and static cache loops work for it.")
     if getattr(c, "attn_logit_softcapping", None):
         return False, "attn_logit_softcapping is set in this model's config; the fused step does not implement it."
     core, layers = lm.arch.decoder, lm.arch.layers
@@ -61,8 +79,9 @@ def supported(lm: LoadedModel) -> tuple[bool, str]:
         return False, "the model has no `model.layers` / `model.rotary_emb` in the Llama layout."
     for layer in layers:
         a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if not all(hasattr(a, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")) or \
-                not all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        if not all(hasattr(a, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")) or not all(
+            hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")
+        ):
             return False, "a layer lacks the q/k/v/o and gate/up/down projections of the Llama layout."
     return True, ""
 
@@ -78,13 +97,13 @@ def _fuse(mods: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | Non
     r = 0
     for m in mods:
         n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(fused_w[r:r + n], requires_grad=False)
+        m.weight = torch.nn.Parameter(fused_w[r : r + n], requires_grad=False)
         r += n
     if all(m.bias is None for m in mods):
         return fused_w, None
-    return fused_w, torch.cat([m.bias.detach() if m.bias is not None else
-                               torch.zeros(m.weight.shape[0], dtype=fused_w.dtype, device=fused_w.device)
-                               for m in mods])
+    return fused_w, torch.cat(
+        [m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0], dtype=fused_w.dtype, device=fused_w.device) for m in mods]
+    )
 
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -110,13 +129,13 @@ class _Layer:
     wqkv: torch.Tensor
     bqkv: torch.Tensor | None
     wgu: torch.Tensor
-    window: int | None          # sliding window (tokens attended, the current one included) or None
-    rope: str                   # key into the cos/sin tables
-    norm_in: object             # before attention
-    norm_mid: object            # after attention (Gemma) or before the MLP (Llama)
-    norm_ff: object = None      # Gemma: before the MLP
-    norm_out: object = None     # Gemma: after the MLP
-    q_norm: object = None       # Qwen3 / Gemma: per-head norms of queries and keys
+    window: int | None  # sliding window (tokens attended, the current one included) or None
+    rope: str  # key into the cos/sin tables
+    norm_in: object  # before attention
+    norm_mid: object  # after attention (Gemma) or before the MLP (Llama)
+    norm_ff: object = None  # Gemma: before the MLP
+    norm_out: object = None  # Gemma: after the MLP
+    q_norm: object = None  # Qwen3 / Gemma: per-head norms of queries and keys
     k_norm: object = None
 
 
@@ -127,7 +146,7 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
         raise FusedUnsupported(why)
     arch = lm.arch
     out = []
-    with lm.lock, _fuse_lock, torch.no_grad():     # no forward runs while parameters are re-pointed
+    with lm.lock, _fuse_lock, torch.no_grad():  # no forward runs while parameters are re-pointed
         if lm.model in _fused:
             return _fused[lm.model]
         for i, layer in enumerate(arch.layers):
@@ -135,12 +154,21 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
             wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
             wgu, _ = _fuse([m.gate_proj, m.up_proj])
             sandwich = arch.sandwich(i)
-            out.append(_Layer(wqkv, bqkv, wgu, arch.windows[i], arch.layer_types[i], _norm_fn(layer.input_layernorm),
-                              _norm_fn(layer.post_attention_layernorm),
-                              _norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
-                              _norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
-                              _norm_fn(a.q_norm) if hasattr(a, "q_norm") else None,
-                              _norm_fn(a.k_norm) if hasattr(a, "k_norm") else None))
+            out.append(
+                _Layer(
+                    wqkv,
+                    bqkv,
+                    wgu,
+                    arch.windows[i],
+                    arch.layer_types[i],
+                    _norm_fn(layer.input_layernorm),
+                    _norm_fn(layer.post_attention_layernorm),
+                    _norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
+                    _norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
+                    _norm_fn(a.q_norm) if hasattr(a, "q_norm") else None,
+                    _norm_fn(a.k_norm) if hasattr(a, "k_norm") else None,
+                )
+            )
         _fused[lm.model] = out
     return out
 
@@ -150,7 +178,7 @@ def project_qkv(ly: _Layer, x: torch.Tensor, H: int, KV: int, D: int, cos: torch
     position (cos, sin [B, D]). Returns q [B, H, D], k [B, KV, D], v [B, KV, D]. Queries and keys rotate together."""
     B = x.shape[0]
     qkv = F.linear(ly.norm_in(x), ly.wqkv, ly.bqkv).view(B, H + 2 * KV, D)
-    qk, v = qkv[:, :H + KV], qkv[:, H + KV:]
+    qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
     if ly.q_norm is not None:
         qk = torch.cat([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], dim=1)
     qk = qk * cos[:, None] + _rotate_half(qk) * sin[:, None]
@@ -161,7 +189,7 @@ def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch
     """The rest of a layer after attention: att [B, 1, H*D] through the output projection into the residual
     stream x [B, 1, d], then the feed-forward network (fused gate/up), with Llama's or Gemma's norms."""
     o = layer.self_attn.o_proj(att)
-    if ly.norm_ff is not None:                  # Gemma: norms after attention, before and after the MLP
+    if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
         x = x + ly.norm_mid(o)
         h = ly.norm_ff(x)
     else:
@@ -201,8 +229,7 @@ class FusedDecoder:
         logits = dec.step(token_id, position)    # one decode step (a graph replay on CUDA)
     """
 
-    def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False,
-                 n_top: int = 10):
+    def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10):
         self.lm = lm
         self.layers = fuse_weights(lm)
         self.max_len = int(max_len)
@@ -229,7 +256,7 @@ class FusedDecoder:
         self.graph = None
         self.compiled = False
         self.capture_s = self.compile_s = None
-        self.problems: list[str] = []       # a compile or capture that failed, and what ran instead
+        self.problems: list[str] = []  # a compile or capture that failed, and what ran instead
         use_graph = (dev.type == "cuda") if graph is None else graph
         if use_graph and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -240,8 +267,7 @@ class FusedDecoder:
                 self._capture()
             except Exception as e:  # noqa: BLE001 - a driver or capture error: run the same step without a graph
                 self.graph = None
-                self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); "
-                                     "the step runs without a graph")
+                self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); the step runs without a graph")
         self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else "eager")
         self._busy = threading.Lock()
 
@@ -251,12 +277,11 @@ class FusedDecoder:
         try:
             run = torch.compile(self._body, fullgraph=True, dynamic=False)
             with self.lm.lock, torch.inference_mode():
-                self.pos.fill_(self.max_len - 1)     # a write to the last slot, masked until overwritten
+                self.pos.fill_(self.max_len - 1)  # a write to the last slot, masked until overwritten
                 run()
             self._run, self.compiled = run, True
         except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the eager step is the same maths
-            self.problems.append(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                                 "the step runs uncompiled")
+            self.problems.append(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the step runs uncompiled")
         self.compile_s = time.perf_counter() - t
 
     def release(self):
@@ -279,10 +304,11 @@ class FusedDecoder:
         H, KV, D, G = self.H, self.KV, self.D, self.G
         for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
             q, k, v = project_qkv(ly, x, H, KV, D, *rope[ly.rope])
-            self.K[i, :, pos] = k.view(KV, 1, D)        # index_put_: in place, also under torch.compile
+            self.K[i, :, pos] = k.view(KV, 1, D)  # index_put_: in place, also under torch.compile
             self.V[i, :, pos] = v.reshape(KV, 1, D)
-            att = F.scaled_dot_product_attention(q.view(1, KV, G, D), self.K[i][None], self.V[i][None],
-                                                 attn_mask=masks[ly.window], scale=layer.self_attn.scaling)
+            att = F.scaled_dot_product_attention(
+                q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=layer.self_attn.scaling
+            )
             x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
         logits = self.lm.arch.apply_softcap(self.lm.model.lm_head(self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
@@ -295,7 +321,7 @@ class FusedDecoder:
         t = time.perf_counter()
         # under the model lock: while a stream captures, no other thread may run work on the device
         with self.lm.lock, torch.inference_mode():
-            self.pos.fill_(self.max_len - 1)          # warm-up writes land in the last slot, masked until used
+            self.pos.fill_(self.max_len - 1)  # warm-up writes land in the last slot, masked until used
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
@@ -334,10 +360,10 @@ class FusedDecoder:
             cache = DynamicCache(config=self.lm.model.config)
             out = self.lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
             for i, layer in enumerate(cache.layers):
-                k, v = layer.keys[0], layer.values[0]          # [KV, t, D]; t < T on sliding layers
+                k, v = layer.keys[0], layer.values[0]  # [KV, t, D]; t < T on sliding layers
                 t = k.shape[1]
-                self.K[i, :, T - t:T].copy_(k)
-                self.V[i, :, T - t:T].copy_(v)
+                self.K[i, :, T - t : T].copy_(k)
+                self.V[i, :, T - t : T].copy_(v)
             logits = out.logits[0, -1].float()
             return logits, self._summary(logits)
 
@@ -358,8 +384,7 @@ _decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDic
 _dec_lock = threading.Lock()
 
 
-def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None,
-                    compile: bool = False) -> FusedDecoder:
+def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None, compile: bool = False) -> FusedDecoder:
     """A FusedDecoder whose buffers hold n_positions, for one generation: call `.release()` when done.
     Decoders (buffers and captured graphs) are reused across requests, one per model and bucket; one busy
     in another generation is never shared (its KV buffers are that generation's), a fresh one is built."""
@@ -374,7 +399,7 @@ def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None
     dec._busy.acquire()
     with _dec_lock:
         if key not in cache:
-            while len(cache) >= 2:                   # keep the few most recent
+            while len(cache) >= 2:  # keep the few most recent
                 cache.pop(next(iter(cache)))
             cache[key] = dec
     return dec
@@ -383,22 +408,25 @@ def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None
 @dataclass
 class ForwardCheck:
     """Our step fed token by token vs one plain transformers forward over the same ids."""
-    max_rel_err: float          # max over positions of |ours - reference| / |reference| (logit vectors, L2)
-    same_argmax: bool           # the same top token at every position
+
+    max_rel_err: float  # max over positions of |ours - reference| / |reference| (logit vectors, L2)
+    same_argmax: bool  # the same top token at every position
     positions: int
 
 
 @dataclass
 class StepCounts:
     """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile")."""
-    ops: dict[str, int]                 # top-level aten operators
-    compute_ops: dict[str, int]         # of which do work (not views)
-    kernels: dict[str, int] | None      # CUDA kernels launched (None on a CPU)
+
+    ops: dict[str, int]  # top-level aten operators
+    compute_ops: dict[str, int]  # of which do work (not views)
+    kernels: dict[str, int] | None  # CUDA kernels launched (None on a CPU)
 
 
 @dataclass
 class StepFloor:
     """The fused step replayed back to back, the next token fed on the device: the device's time per token."""
+
     mode: str
     step_ms: float
     tokens_per_s: float
@@ -437,14 +465,13 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
     ids = ids_of_length(lm, context)
 
     def count(fn):
-        fn()                                                    # warm
+        fn()  # warm
         sync()
         with profile(activities=acts) as prof:
             fn()
             sync()
         evs = prof.events()
-        top = [e for e in evs if e.name.startswith("aten::")
-               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+        top = [e for e in evs if e.name.startswith("aten::") and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
         compute = [e for e in top if e.name not in VIEW_OPS and not (e.name == "aten::to" and not e.cpu_children)]
         kernels = sum(1 for e in evs if str(getattr(e, "device_type", "")).endswith("CUDA"))
         return len(top), len(compute), kernels
@@ -453,8 +480,7 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
     with lm.lock, torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True,
-                                                     logits_to_keep=1))
+        out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1))
     for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
         dec = acquire_decoder(lm, context + 2, compile=comp)
         try:
@@ -462,17 +488,15 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
                 dec.prefill(ids)
                 dec.tok.fill_(int(ids[0, -1]))
                 dec.pos.fill_(context)
-                out[name] = count(dec._run)                     # the step's own launches, outside any graph
+                out[name] = count(dec._run)  # the step's own launches, outside any graph
         finally:
             dec.release()
-    return StepCounts({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()},
-                      {k: v[2] for k, v in out.items()} if cuda else None)
+    return StepCounts({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}, {k: v[2] for k, v in out.items()} if cuda else None)
 
 
 def mode_label(lm: LoadedModel, compile: bool = False) -> str:
     """How the fused step runs on this model's device."""
-    return ("torch.compile + " if compile else "") + ("CUDA graph" if lm.device.type == "cuda" else
-                                                       "eager: no CUDA device, so no graph")
+    return ("torch.compile + " if compile else "") + ("CUDA graph" if lm.device.type == "cuda" else "eager: no CUDA device, so no graph")
 
 
 def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:
@@ -487,13 +511,13 @@ def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bo
         with lm.lock, torch.inference_mode():
             _, summary = dec.prefill(ids)
             tok = int(summary[0])
-            for p in range(context, context + 3):                          # warm
+            for p in range(context, context + 3):  # warm
                 _, summary = dec.step(tok, p)
             sync()
             t = time.perf_counter()
             for p in range(context + 3, context + 3 + steps):
                 dec.pos.fill_(p)
-                dec.tok.copy_(summary[0:1].long())                          # argmax of the last step, on device
+                dec.tok.copy_(summary[0:1].long())  # argmax of the last step, on device
                 if dec.graph is not None:
                     dec.graph.replay()
                 else:

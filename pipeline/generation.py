@@ -6,6 +6,7 @@ on GPU), and the KV cache bytes per layer read from the cache tensors themselves
 max_new_tokens, or when the caller stops iterating. Each step holds the model lock only for its own forward
 pass, so traces from other tabs interleave between steps.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,23 +25,23 @@ MAX_NEW_TOKENS = 1024
 
 @dataclass
 class StepEvent:
-    index: int                      # 0 = the first token (prefill), 1.. = decode steps
-    phase: str                      # "prefill" | "decode"
+    index: int  # 0 = the first token (prefill), 1.. = decode steps
+    phase: str  # "prefill" | "decode"
     token_id: int
     text: str
-    top: list[tuple[int, str, float]]   # (id, text, probability after the filters), most likely first
+    top: list[tuple[int, str, float]]  # (id, text, probability after the filters), most likely first
     top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
-    p: float                        # probability of the chosen token after the filters
-    p_raw: float                    # ... and before them
-    step_s: float                   # this step's forward + sampling time
-    t_s: float                      # time since the request arrived (tokenization included)
-    context_len: int                # tokens the step attended over
+    p: float  # probability of the chosen token after the filters
+    p_raw: float  # ... and before them
+    step_s: float  # this step's forward + sampling time
+    t_s: float  # time since the request arrived (tokenization included)
+    context_len: int  # tokens the step attended over
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes: int = 0
-    finished: str | None = None     # "eos" | "length" on the last event ("cancelled" when stopped in the engine)
-    engine: str = "transformers"    # what ran the step: transformers' forward, the fused step's mode, the engine
-    batch: int = 1                  # requests in the forward that produced this token (the engine batches)
-    request_id: int = 0             # the engine's id of the request
+    finished: str | None = None  # "eos" | "length" on the last event ("cancelled" when stopped in the engine)
+    engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
+    batch: int = 1  # requests in the forward that produced this token (the engine batches)
+    request_id: int = 0  # the engine's id of the request
 
 
 @dataclass(eq=False)
@@ -48,15 +49,16 @@ class GenerationRecord:
     """One generation as the pages keep it: what was asked, and every event as it arrived (so a Stop, which
     reruns the page, loses nothing). Six pages read it: generation, prefill/decode, KV cache, hardware,
     roofline, streaming."""
+
     prompt: str
     chat: bool
-    model: str                      # label of the model that ran it
-    settings: dict                  # max_new_tokens, temperature, top_k, top_p, seed (and min_p)
-    prompt_tokens: int              # tokens of the (templated) prompt
+    model: str  # label of the model that ran it
+    settings: dict  # max_new_tokens, temperature, top_k, top_p, seed (and min_p)
+    prompt_tokens: int  # tokens of the (templated) prompt
     use_cache: bool = True
-    events: list = field(default_factory=list)      # [StepEvent], in order
-    done: bool = False              # ran to EOS or the length limit
-    stopped: bool = False           # Stop was pressed: the page moved on, what was generated is kept
+    events: list = field(default_factory=list)  # [StepEvent], in order
+    done: bool = False  # ran to EOS or the length limit
+    stopped: bool = False  # Stop was pressed: the page moved on, what was generated is kept
 
     def text(self, tokenizer) -> str:
         """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
@@ -65,15 +67,20 @@ class GenerationRecord:
     @property
     def label(self) -> str:
         s = self.settings
-        how = "greedy" if not s.get("temperature") else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, "
-                                                         f"top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
-        return (f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, "
-                f"up to {s['max_new_tokens']} new tokens" + ("" if self.use_cache else ", KV cache off"))
+        how = (
+            "greedy"
+            if not s.get("temperature")
+            else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
+        )
+        return f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, up to {s['max_new_tokens']} new tokens" + (
+            "" if self.use_cache else ", KV cache off"
+        )
 
 
 @dataclass
 class Request:
     """What generate() was asked, after validation (the page shows `notes`)."""
+
     prompt_ids: list[int]
     max_new_tokens: int
     notes: list[str]
@@ -100,16 +107,19 @@ def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None =
 @dataclass
 class KVCost:
     """The KV cache of one sequence at a context length, from the config (a computation, not a measurement)."""
+
     tokens: int
-    bytes: int                      # this model (GQA: n_kv_heads key/value heads)
-    bytes_one_kv_per_head: int      # the same if every query head had its own key/value head
-    weight_bytes: int               # the model's weights, for scale
+    bytes: int  # this model (GQA: n_kv_heads key/value heads)
+    bytes_one_kv_per_head: int  # the same if every query head had its own key/value head
+    weight_bytes: int  # the model's weights, for scale
 
 
 def kv_costs(lm: LoadedModel, sizes: list[int]) -> list[KVCost]:
     f = lm.facts
-    return [KVCost(n, kv_bytes_formula(lm, n), kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads,
-                   f.n_params * lm.arch.bytes_per_value) for n in sorted(set(sizes))]
+    return [
+        KVCost(n, kv_bytes_formula(lm, n), kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads, f.n_params * lm.arch.bytes_per_value)
+        for n in sorted(set(sizes))
+    ]
 
 
 def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
@@ -135,8 +145,9 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
     notes = []
     limit = lm.facts.max_positions or 10**9
     if len(ids) >= limit:
-        raise TraceError(f"The prompt is {len(ids):,} tokens and fills this model's context window of {limit:,} "
-                         "tokens: there is no room to generate. Shorten it.")
+        raise TraceError(
+            f"The prompt is {len(ids):,} tokens and fills this model's context window of {limit:,} tokens: there is no room to generate. Shorten it."
+        )
     n = int(max_new_tokens)
     if n < 1:
         n = 1
@@ -150,10 +161,22 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
     return Request(ids, n, notes)
 
 
-def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int | None = 0, use_cache: bool = True, chat: bool = False,
-             min_p: float = 0.0, n_top: int = 10, request: Request | None = None, cache: str = "dynamic",
-             stop_ids: set[int] | None = None):
+def generate(
+    lm: LoadedModel,
+    prompt: str,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    use_cache: bool = True,
+    chat: bool = False,
+    min_p: float = 0.0,
+    n_top: int = 10,
+    request: Request | None = None,
+    cache: str = "dynamic",
+    stop_ids: set[int] | None = None,
+):
     """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
 
     cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
@@ -169,9 +192,9 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
     if cache == "engine" and use_cache:
         from .engine import Sampling, engine_for
 
-        yield from engine_for(lm).submit(req.prompt_ids, req.max_new_tokens,
-                                         Sampling(temperature, top_k, top_p, min_p, seed, n_top), stop_ids=stop_ids,
-                                         arrived=t0)
+        yield from engine_for(lm).submit(
+            req.prompt_ids, req.max_new_tokens, Sampling(temperature, top_k, top_p, min_p, seed, n_top), stop_ids=stop_ids, arrived=t0
+        )
         return
     gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     stop = eos_ids(lm) if stop_ids is None else set(stop_ids)
@@ -189,10 +212,23 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
             t_done = time.perf_counter()
             per_layer = step.kv_bytes_per_layer()
             finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
-            yield StepEvent(index=i, phase="prefill" if i == 0 else "decode", token_id=tok, text=dec(tok),
-                            top=c.top, top_raw=c.top_raw, p=c.p, p_raw=c.p_raw, step_s=t_done - t_step,
-                            t_s=t_done - t0, context_len=n_ctx, kv_bytes_per_layer=per_layer,
-                            kv_bytes=sum(per_layer), finished=finished, engine=step.name)
+            yield StepEvent(
+                index=i,
+                phase="prefill" if i == 0 else "decode",
+                token_id=tok,
+                text=dec(tok),
+                top=c.top,
+                top_raw=c.top_raw,
+                p=c.p,
+                p_raw=c.p_raw,
+                step_s=t_done - t_step,
+                t_s=t_done - t0,
+                context_len=n_ctx,
+                kv_bytes_per_layer=per_layer,
+                kv_bytes=sum(per_layer),
+                finished=finished,
+                engine=step.name,
+            )
             if finished:
                 return
             n_ctx += 1
@@ -203,11 +239,11 @@ def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature
 @dataclass
 class Metrics:
     n: int
-    ttft_s: float            # request in -> first token out (tokenization included)
-    latency_s: float         # request in -> last token out
-    itl_s: list[float]       # inter-token latency, one per gap
-    tpot_s: float | None     # (latency - TTFT) / (n - 1)
-    tokens_per_s: float | None   # decode rate: (n - 1) / (latency - TTFT)
+    ttft_s: float  # request in -> first token out (tokenization included)
+    latency_s: float  # request in -> last token out
+    itl_s: list[float]  # inter-token latency, one per gap
+    tpot_s: float | None  # (latency - TTFT) / (n - 1)
+    tokens_per_s: float | None  # decode rate: (n - 1) / (latency - TTFT)
 
 
 def metrics(events: list[StepEvent]) -> Metrics:
@@ -229,17 +265,17 @@ def long_prompt(lm: LoadedModel, n_tokens: int) -> str:
 @dataclass
 class SweepRow:
     """Prefill and decode at one prompt length (medians of the repeats, device-synchronised)."""
-    tokens: int                     # prompt length T
-    prefill_s: float                # one forward over T tokens, filling the KV cache (s)
-    decode_step_s: float            # one token over the T-token cache, mean of the decode steps (s)
+
+    tokens: int  # prompt length T
+    prefill_s: float  # one forward over T tokens, filling the KV cache (s)
+    decode_step_s: float  # one token over the T-token cache, mean of the decode steps (s)
 
     @property
     def prefill_per_token_s(self) -> float:
         return self.prefill_s / self.tokens
 
 
-def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, repeats: int = 3,
-                         progress=None) -> list[SweepRow]:
+def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int = 8, repeats: int = 3, progress=None) -> list[SweepRow]:
     """For each prompt length T: the prefill forward (T tokens at once, filling the KV cache) and a decode
     step after it (mean of `decode_steps`), each the median of `repeats` runs after a warm-up. Measured,
     device-synchronised."""
@@ -265,7 +301,7 @@ def prefill_decode_sweep(lm: LoadedModel, lengths: list[int], decode_steps: int 
             sync()
             return prefill, (time.perf_counter() - t) / decode_steps
 
-    once(ids_of_length(lm, lengths[0]))                     # warm-up
+    once(ids_of_length(lm, lengths[0]))  # warm-up
     rows = []
     for j, n in enumerate(lengths):
         ids = ids_of_length(lm, n)
@@ -283,13 +319,14 @@ CACHE_MODES = ("dynamic", "static", "fused")
 @dataclass
 class ModeRun:
     """One decoding mode's runs of the same greedy request."""
-    events: list                    # [StepEvent] of the last run
-    tokens_per_s: float | None      # median decode rate over the runs (tokens/s)
-    runs: list[float]               # every run's decode rate (tokens/s), in order
-    warmup_s: float                 # the warm-up's wall time (s): buffers, graph capture, compile
-    utilisation: float | None       # mean device utilisation during the last run (%)
-    utilisation_of: str             # what that figure is (NVML GPU %, or process CPU %)
-    engine: str                     # what ran the steps (transformers, or the fused step's mode)
+
+    events: list  # [StepEvent] of the last run
+    tokens_per_s: float | None  # median decode rate over the runs (tokens/s)
+    runs: list[float]  # every run's decode rate (tokens/s), in order
+    warmup_s: float  # the warm-up's wall time (s): buffers, graph capture, compile
+    utilisation: float | None  # mean device utilisation during the last run (%)
+    utilisation_of: str  # what that figure is (NVML GPU %, or process CPU %)
+    engine: str  # what ran the steps (transformers, or the fused step's mode)
 
     @property
     def token_ids(self) -> list[int]:
@@ -299,8 +336,9 @@ class ModeRun:
 @dataclass(eq=False)
 class CacheModeComparison:
     """compare_cache_modes(): the same request decoded in each mode, runs interleaved."""
-    modes: dict[str, ModeRun]       # mode name -> its runs; "dynamic" is the reference
-    prompt_ids: list[int]           # the request's tokens
+
+    modes: dict[str, ModeRun]  # mode name -> its runs; "dynamic" is the reference
+    prompt_ids: list[int]  # the request's tokens
 
     def ratio(self, mode: str) -> float | None:
         """tokens/s of `mode` over the dynamic loop's."""
@@ -311,8 +349,9 @@ class CacheModeComparison:
         return self.modes[mode].token_ids == self.modes["dynamic"].token_ids
 
 
-def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2,
-                        modes: tuple[str, ...] = CACHE_MODES, progress=None) -> CacheModeComparison:
+def compare_cache_modes(
+    lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2, modes: tuple[str, ...] = CACHE_MODES, progress=None
+) -> CacheModeComparison:
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
     (which also builds buffers, captures graphs, compiles)."""
     import statistics
@@ -323,16 +362,17 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
     warm = {}
     for j, m in enumerate(modes):
         if progress:
-            what = {"fused+compile": " (torch.compile compiles the step once: about a minute)",
-                    "fused": " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda"
-                                                       else ")")}.get(m, "")
+            what = {
+                "fused+compile": " (torch.compile compiles the step once: about a minute)",
+                "fused": " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda" else ")"),
+            }.get(m, "")
             progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}{what}")
         t = time.perf_counter()
         g = generate(lm, prompt, chat=chat, cache=m, request=req)
         for ev in g:
             if ev.index >= 2:
                 break
-        g.close()                                   # hands a fused decoder back at once
+        g.close()  # hands a fused decoder back at once
         warm[m] = time.perf_counter() - t
     rates: dict[str, list[float]] = {m: [] for m in modes}
     last: dict[str, list[StepEvent]] = {}
@@ -344,11 +384,22 @@ def compare_cache_modes(lm: LoadedModel, prompt: str, n: int, chat: bool = False
             with Sampler(interval_s=0.05) as s:
                 ev = list(generate(lm, prompt, chat=chat, cache=m, request=req))
             last[m] = ev
-            util[m] = s.timeline.mean_utilisation()          # the last run's
+            util[m] = s.timeline.mean_utilisation()  # the last run's
             rate = metrics(ev).tokens_per_s
             if rate:
                 rates[m].append(rate)
     return CacheModeComparison(
-        {m: ModeRun(events=last[m], tokens_per_s=statistics.median(rates[m]) if rates[m] else None, runs=rates[m],
-                    warmup_s=warm[m], utilisation=util[m][0], utilisation_of=util[m][1], engine=last[m][0].engine)
-         for m in modes}, req.prompt_ids)
+        {
+            m: ModeRun(
+                events=last[m],
+                tokens_per_s=statistics.median(rates[m]) if rates[m] else None,
+                runs=rates[m],
+                warmup_s=warm[m],
+                utilisation=util[m][0],
+                utilisation_of=util[m][1],
+                engine=last[m][0].engine,
+            )
+            for m in modes
+        },
+        req.prompt_ids,
+    )

@@ -1,5 +1,6 @@
 """Per-object memos that die with their object (a model, a tokenizer, a trace): never keyed by id(), which
 keeps the value alive forever and can hand it to a new object that reuses the address."""
+
 from __future__ import annotations
 
 import functools

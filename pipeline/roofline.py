@@ -6,6 +6,7 @@ attention keeps them). Each operation is also TIMED on this device with the laye
 same-shape inputs, and the device's peak matmul FLOP/s and copy bandwidth are MEASURED by probes, not taken
 from a table. The bound an operation cannot beat is max(FLOPs / peak, bytes / bandwidth).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,38 +21,40 @@ from .timing import best_of
 
 @dataclass
 class CopyProbe:
-    mb: int                     # size of the copied tensor (MiB)
-    seconds: float              # best of the repeats (s)
-    bytes_per_s: float          # read + write bytes per second
+    mb: int  # size of the copied tensor (MiB)
+    seconds: float  # best of the repeats (s)
+    bytes_per_s: float  # read + write bytes per second
 
 
 @dataclass
 class OpCost:
     """One operation of a layer: counted from the shapes, bounded by the measured peaks, timed."""
+
     op: str
-    flops: int                  # FLOPs (a multiply-add is 2)
-    bytes: int                  # bytes moved: weights + activations read and written
-    intensity: float = 0.0      # FLOPs per byte
-    bound_s: float = 0.0        # max(FLOPs / peak, bytes / bandwidth) (s)
-    bound_by: str = ""          # "compute" | "memory"
-    measured_s: float = 0.0     # best of 5 on this device with the layer's real weights (s)
+    flops: int  # FLOPs (a multiply-add is 2)
+    bytes: int  # bytes moved: weights + activations read and written
+    intensity: float = 0.0  # FLOPs per byte
+    bound_s: float = 0.0  # max(FLOPs / peak, bytes / bandwidth) (s)
+    bound_by: str = ""  # "compute" | "memory"
+    measured_s: float = 0.0  # best of 5 on this device with the layer's real weights (s)
 
 
 @dataclass
 class RooflinePhase:
-    tokens: int                 # new tokens (prefill: T; decode: 1)
-    context: int                # tokens attended over
+    tokens: int  # new tokens (prefill: T; decode: 1)
+    context: int  # tokens attended over
     ops: list[OpCost]
 
 
 @dataclass(eq=False)
 class Roofline:
     """Everything page 10 draws: measured device peaks, and one layer's operations for prefill and decode."""
-    peak_flops: float           # FLOP/s, measured by a matmul probe
-    bandwidth: float            # bytes/s, measured by a large copy
-    matmul_probe: object        # hardware.MatmulProbe
+
+    peak_flops: float  # FLOP/s, measured by a matmul probe
+    bandwidth: float  # bytes/s, measured by a large copy
+    matmul_probe: object  # hardware.MatmulProbe
     copy_probe: CopyProbe
-    phases: dict[str, RooflinePhase]    # "prefill", "decode"
+    phases: dict[str, RooflinePhase]  # "prefill", "decode"
     decode_ceiling_tokens_per_s: float  # bandwidth / (weight bytes + KV bytes at the decode context)
     weight_bytes: int
     kv_bytes: int
@@ -108,7 +111,7 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0) -
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(1, tokens, f.d_model, generator=g).to(dev, dt)
     q = torch.randn(1, f.n_heads, tokens, f.head_dim, generator=g).to(dev, dt)
-    k = torch.randn(1, f.n_heads, context, f.head_dim, generator=g).to(dev, dt)    # after repeat_kv
+    k = torch.randn(1, f.n_heads, context, f.head_dim, generator=g).to(dev, dt)  # after repeat_kv
     s = torch.randn(1, f.n_heads, tokens, context, generator=g).to(dev, torch.float32)
     w = torch.softmax(s, -1)
     h = torch.randn(1, tokens, f.d_ff, generator=g).to(dev, dt)

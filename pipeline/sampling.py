@@ -5,6 +5,7 @@ TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper), so `filter_probs` equals 
 on any logits (tests/pipeline/test_sampling.py checks it). Temperature 0 means greedy: all mass on the
 argmax. Every function takes a [vocab] or [batch, vocab] tensor or array.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,22 +16,21 @@ import torch
 
 @dataclass
 class FilterStep:
-    name: str               # "softmax", "temperature", "top-k", "top-p", "min-p"
-    probs: np.ndarray       # [vocab] renormalised distribution after this step (zeros where filtered)
-    kept: int               # number of candidates still alive
-    active: bool            # whether this step changed anything (e.g. top_k=0 is off)
+    name: str  # "softmax", "temperature", "top-k", "top-p", "min-p"
+    probs: np.ndarray  # [vocab] renormalised distribution after this step (zeros where filtered)
+    kept: int  # number of candidates still alive
+    active: bool  # whether this step changed anything (e.g. top_k=0 is off)
 
 
 def _t(x) -> torch.Tensor:
     return (torch.from_numpy(np.asarray(x)) if not isinstance(x, torch.Tensor) else x).float()
 
 
-def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float,
-                   on_step=None) -> torch.Tensor:
+def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float, on_step=None) -> torch.Tensor:
     ninf = -float("inf")
     if on_step:
         on_step("softmax", scores, True)
-    if temperature is None or temperature <= 0:     # greedy
+    if temperature is None or temperature <= 0:  # greedy
         keep = scores == scores.max(dim=-1, keepdim=True).values
         first = keep.float().argmax(dim=-1, keepdim=True)
         scores = torch.full_like(scores, ninf).scatter(-1, first, 0.0)
@@ -50,7 +50,7 @@ def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: 
         sorted_logits, sorted_idx = torch.sort(scores, descending=False)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         remove_sorted = cum <= (1 - top_p)
-        remove_sorted[..., -1:] = False                      # always keep at least one
+        remove_sorted[..., -1:] = False  # always keep at least one
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         scores = scores.masked_fill(remove, ninf)
     if on_step:
@@ -69,14 +69,12 @@ def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: 
     return scores
 
 
-def filter_probs(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0) -> torch.Tensor:
+def filter_probs(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """The renormalised next-token distribution after all filters; zeros where filtered. Same shape as logits."""
     return torch.softmax(_filter_scores(_t(logits), temperature, top_k, top_p, min_p), dim=-1)
 
 
-def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0) -> list[FilterStep]:
+def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> list[FilterStep]:
     """Each stage's distribution, for drawing which candidates survive which filter ([vocab] logits)."""
     steps: list[FilterStep] = []
 
@@ -88,8 +86,7 @@ def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float 
     return steps
 
 
-def sample(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-           seed: int | None = None) -> int:
+def sample(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> int:
     """Draw one token id from the filtered distribution; the same seed gives the same token."""
     probs = filter_probs(logits, temperature, top_k, top_p, min_p)
     gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None

@@ -6,6 +6,7 @@ final norm and LM head on the last (the goal of accelerate's device_map="balance
 gate/up projections split by output columns (heads stay whole), output and down projections split by input
 rows, so each layer needs two all-reduces of the token's d_model activations.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ def sse_lines(events) -> list[str]:
     HTTP API sends; OpenAI-style servers do the same)."""
     out = []
     for e in events:
-        payload = {"index": e.index, "phase": e.phase, "token": e.token_id, "text": e.text,
-                   "t_ms": round(e.t_s * 1000, 1), "finished": e.finished}
+        payload = {"index": e.index, "phase": e.phase, "token": e.token_id, "text": e.text, "t_ms": round(e.t_s * 1000, 1), "finished": e.finished}
         out.append(f"event: token\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n")
     out.append("event: done\ndata: [DONE]\n\n")
     return out
@@ -41,11 +41,11 @@ def _balanced_split(sizes: list[int], first: int, last: int, n: int) -> list[int
     for x in sizes:
         pre.append(pre[-1] + x)
 
-    def load(a, b, dev):                     # device `dev` holds layers a..b-1
+    def load(a, b, dev):  # device `dev` holds layers a..b-1
         return pre[b] - pre[a] + (first if dev == 0 else 0) + (last if dev == n - 1 else 0)
 
     INF = float("inf")
-    best = [[INF] * (L + 1) for _ in range(n + 1)]     # best[d][b]: first d devices hold layers 0..b-1
+    best = [[INF] * (L + 1) for _ in range(n + 1)]  # best[d][b]: first d devices hold layers 0..b-1
     cut = [[0] * (L + 1) for _ in range(n + 1)]
     best[0][0] = 0
     for d in range(1, n + 1):
@@ -65,23 +65,25 @@ def _balanced_split(sizes: list[int], first: int, last: int, n: int) -> list[int
 @dataclass
 class PipelineStage:
     """One device of a pipeline-parallel plan (computed from parameter shapes: a plan, not a measurement)."""
+
     device: int
-    layers: str                 # "0–9", or "—" for none
+    layers: str  # "0–9", or "—" for none
     n_layers: int
-    also: str                   # embeddings / final norm + LM head held besides the layers
-    weights_mb: float           # MiB of weights on this device
+    also: str  # embeddings / final norm + LM head held besides the layers
+    weights_mb: float  # MiB of weights on this device
 
 
 @dataclass
 class TensorParallelPlan:
     """How one layer's matrices split over N devices (a plan from the config)."""
-    rows: list[dict]                        # per weight: shape, how it splits, what each device holds (a table)
-    allreduce_bytes_per_token: int          # activations all-reduced per token (2 per layer x d_model x bytes)
+
+    rows: list[dict]  # per weight: shape, how it splits, what each device holds (a table)
+    allreduce_bytes_per_token: int  # activations all-reduced per token (2 per layer x d_model x bytes)
     ring_bytes_sent_per_device_per_token: float
-    kv_cache_bytes_per_token_per_device: int    # on the busiest device
+    kv_cache_bytes_per_token_per_device: int  # on the busiest device
     kv_heads_on_busiest_device: int
     weights_mb_per_device: float
-    issues: list[str]                       # uneven splits
+    issues: list[str]  # uneven splits
 
 
 def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
@@ -97,7 +99,7 @@ def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
     counts = _balanced_split(per_layer, emb, _params(base.norm) + head, N)
     plan, start = [], 0
     for i, n in enumerate(counts):
-        p = sum(per_layer[start:start + n])
+        p = sum(per_layer[start : start + n])
         extra = []
         if i == 0:
             p += emb
@@ -130,23 +132,25 @@ def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> TensorParallelPlan:
     f, N = lm.facts, max(1, n_devices)
     bpv = lm.arch.bytes_per_value
     d, D, H, Hkv, ff = f.d_model, f.head_dim, f.n_heads, f.n_kv_heads, f.d_ff
-    kv_max = -(-Hkv // N) if Hkv >= N else 1            # KV heads on the busiest device
+    kv_max = -(-Hkv // N) if Hkv >= N else 1  # KV heads on the busiest device
     rows = [
-        {"weight": "q_proj", "shape": f"{d} × {H * D}", "split": "columns (by query head)",
-         "per device": f"query heads: {_shares(H, N)}"},
-        {"weight": "k_proj, v_proj", "shape": f"{d} × {Hkv * D}", "split": "columns (by KV head)"
-         if Hkv >= N else f"replicated: {Hkv} KV heads < {N} devices",
-         "per device": f"KV heads: {_shares(Hkv, N)}" if Hkv >= N else
-         f"1 KV head (each copied to {N // Hkv} devices)" if N % Hkv == 0 else "1 KV head (copied unevenly)"},
-        {"weight": "o_proj", "shape": f"{H * D} × {d}", "split": "rows → all-reduce",
-         "per device": f"rows of its query heads ({D} per head)"},
-        {"weight": "gate_proj, up_proj", "shape": f"{d} × {ff}", "split": "columns",
-         "per device": f"columns: {_shares(ff, N)}"},
-        {"weight": "down_proj", "shape": f"{ff} × {d}", "split": "rows → all-reduce",
-         "per device": f"rows: {_shares(ff, N)}"},
+        {"weight": "q_proj", "shape": f"{d} × {H * D}", "split": "columns (by query head)", "per device": f"query heads: {_shares(H, N)}"},
+        {
+            "weight": "k_proj, v_proj",
+            "shape": f"{d} × {Hkv * D}",
+            "split": "columns (by KV head)" if Hkv >= N else f"replicated: {Hkv} KV heads < {N} devices",
+            "per device": f"KV heads: {_shares(Hkv, N)}"
+            if Hkv >= N
+            else f"1 KV head (each copied to {N // Hkv} devices)"
+            if N % Hkv == 0
+            else "1 KV head (copied unevenly)",
+        },
+        {"weight": "o_proj", "shape": f"{H * D} × {d}", "split": "rows → all-reduce", "per device": f"rows of its query heads ({D} per head)"},
+        {"weight": "gate_proj, up_proj", "shape": f"{d} × {ff}", "split": "columns", "per device": f"columns: {_shares(ff, N)}"},
+        {"weight": "down_proj", "shape": f"{ff} × {d}", "split": "rows → all-reduce", "per device": f"rows: {_shares(ff, N)}"},
     ]
-    allreduce = 2 * f.n_layers * d * bpv                          # bytes of activations reduced per token
-    ring = allreduce * 2 * (N - 1) / N                            # bytes each device sends per token (ring)
+    allreduce = 2 * f.n_layers * d * bpv  # bytes of activations reduced per token
+    ring = allreduce * 2 * (N - 1) / N  # bytes each device sends per token (ring)
     issues = []
     if H % N:
         issues.append(f"{H} query heads do not divide by {N}: some devices hold one more head and set the pace.")

@@ -10,6 +10,7 @@ Drafts: "prompt_lookup" (copy the continuation of the latest earlier match of th
 (the target's own first K layers, then its final norm and LM head: shared weights, no extra memory), or a
 LoadedModel sharing the tokenizer.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,8 @@ from .sampling import filter_probs
 @dataclass
 class SpecStep:
     proposed: list[int]
-    accepted: int                 # how many proposals the target accepted
-    correction: int               # the target's own token appended after them
+    accepted: int  # how many proposals the target accepted
+    correction: int  # the target's own token appended after them
     draft_s: float
     verify_s: float
 
@@ -73,6 +74,7 @@ def _crop(cache, n: int):
 # ------------------------------------------------------------------------------------ drafts
 class PromptLookup:
     """Propose the tokens that followed the latest earlier occurrence of the context's last n-gram."""
+
     name = "prompt lookup"
 
     def __init__(self, max_ngram: int = 3):
@@ -85,8 +87,8 @@ class PromptLookup:
         for n in range(min(self.max_ngram, len(ctx) - 1), 0, -1):
             tail = ctx[-n:]
             for start in range(len(ctx) - n - 1, -1, -1):
-                if ctx[start:start + n] == tail:
-                    cont = ctx[start + n:start + n + gamma]
+                if ctx[start : start + n] == tail:
+                    cont = ctx[start + n : start + n + gamma]
                     if cont:
                         return cont, None
         return [], None
@@ -123,23 +125,23 @@ class ModelDraft:
 
     def reset(self, lm):
         from transformers import DynamicCache
+
         self.cache, self.seen = DynamicCache(config=self.model.config), 0
 
     def propose(self, ctx: list[int], gamma: int, device=None, sample_fn=None):
         out, dists = [], []
         _crop(self.cache, min(self.seen, len(ctx) - 1))
         self.seen = self.cache.get_seq_length()
-        feed = ctx[self.seen:]
+        feed = ctx[self.seen :]
         for _ in range(gamma):
             with torch.inference_mode():
-                o = self.model(input_ids=torch.tensor([feed], device=device), past_key_values=self.cache,
-                               use_cache=True, logits_to_keep=1)
+                o = self.model(input_ids=torch.tensor([feed], device=device), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = o.logits[0, -1].float().cpu()
             tok, q = sample_fn(logits)
             out.append(tok)
             dists.append(q)
             feed = [tok]
-        self.seen = self.cache.get_seq_length()      # = len(ctx) + gamma - 1 (the last proposal is not fed)
+        self.seen = self.cache.get_seq_length()  # = len(ctx) + gamma - 1 (the last proposal is not fed)
         return out, dists
 
 
@@ -173,8 +175,9 @@ def accept_greedy(ps: list[torch.Tensor], proposal: list[int], stop: set[int]) -
     return len(proposal), None
 
 
-def accept_sampled(ps: list[torch.Tensor], qs: list[torch.Tensor] | None, proposal: list[int], stop: set[int],
-                   gen: torch.Generator | None) -> tuple[int, int | None]:
+def accept_sampled(
+    ps: list[torch.Tensor], qs: list[torch.Tensor] | None, proposal: list[int], stop: set[int], gen: torch.Generator | None
+) -> tuple[int, int | None]:
     """Speculative sampling (Leviathan et al., Algorithm 1): accept proposal x with probability
     min(1, p(x) / q(x)) (q = the draft's distribution; a deterministic draft such as prompt lookup has q = 1 on
     x); at the first rejection draw the correction from norm(max(0, p - q)). The output is then distributed
@@ -192,9 +195,18 @@ def accept_sampled(ps: list[torch.Tensor], qs: list[torch.Tensor] | None, propos
 
 
 # --------------------------------------------------------------------------------- the loop
-def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4,
-                         max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         seed: int | None = 0, chat: bool = False) -> SpecResult:
+def speculative_generate(
+    lm: LoadedModel,
+    prompt: str,
+    draft="prompt_lookup",
+    gamma: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    chat: bool = False,
+) -> SpecResult:
     """Generate with a draft; returns the tokens and one record per target call."""
     from transformers import DynamicCache
 
@@ -219,9 +231,8 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
     out: list[int] = []
     res = SpecResult(tokens=out)
     cache = DynamicCache(config=lm.model.config)
-    with lm.lock, torch.inference_mode():                       # prefill: the first token comes from the target
-        o = lm.model(input_ids=torch.tensor([ctx], device=dev), past_key_values=cache, use_cache=True,
-                     logits_to_keep=1)
+    with lm.lock, torch.inference_mode():  # prefill: the first token comes from the target
+        o = lm.model(input_ids=torch.tensor([ctx], device=dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
     res.target_calls += 1
     tok, _ = pick(o.logits[0, -1].float().cpu())
     out.append(tok)
@@ -234,18 +245,17 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
         draft_s = time.perf_counter() - t_d
         proposal = proposal[: max(0, room - 1)]
         t_v = time.perf_counter()
-        _crop(cache, len(ctx) - 1)                              # the cache holds everything but the last token
+        _crop(cache, len(ctx) - 1)  # the cache holds everything but the last token
         feed = [ctx[-1]] + proposal
         with lm.lock, torch.inference_mode():
             o = lm.model(input_ids=torch.tensor([feed], device=dev), past_key_values=cache, use_cache=True)
         res.target_calls += 1
-        logits = o.logits[0].float().cpu()                     # [1 + len(proposal), vocab]
+        logits = o.logits[0].float().cpu()  # [1 + len(proposal), vocab]
         ps = [dist(logits[i]) for i in range(len(proposal))]
-        accepted, correction = (accept_greedy(ps, proposal, stop) if greedy else
-                                accept_sampled(ps, qs, proposal, stop, gen))
+        accepted, correction = accept_greedy(ps, proposal, stop) if greedy else accept_sampled(ps, qs, proposal, stop, gen)
         new = proposal[:accepted]
         if correction is None and not (new and new[-1] in stop):
-            correction, _ = pick(logits[accepted])             # bonus token after a fully accepted proposal
+            correction, _ = pick(logits[accepted])  # bonus token after a fully accepted proposal
         if correction is not None:
             new = new + [correction]
         # stop at EOS inside the accepted run
@@ -255,9 +265,8 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
                 break
         out.extend(new)
         ctx.extend(new)
-        res.steps.append(SpecStep(proposal, accepted, correction if correction is not None else -1, draft_s,
-                                  time.perf_counter() - t_v))
-    del out[req.max_new_tokens:]
+        res.steps.append(SpecStep(proposal, accepted, correction if correction is not None else -1, draft_s, time.perf_counter() - t_v))
+    del out[req.max_new_tokens :]
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -265,11 +274,12 @@ def speculative_generate(lm: LoadedModel, prompt: str, draft="prompt_lookup", ga
 @dataclass
 class SpecComparison:
     """Plain decoding and speculative decoding of the same request, same settings, one after the other."""
-    draft: str                  # what drafted
+
+    draft: str  # what drafted
     gamma: int
     temperature: float
     plain_tokens: list[int]
-    plain_s: float              # wall time of plain decoding (s)
+    plain_s: float  # wall time of plain decoding (s)
     spec: SpecResult
 
     @property
@@ -282,15 +292,15 @@ class SpecComparison:
         return self.spec.tokens == self.plain_tokens
 
 
-def compare_with_plain(lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64,
-                       temperature: float = 0.0, chat: bool = False, seed: int = 0) -> SpecComparison:
+def compare_with_plain(
+    lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0, chat: bool = False, seed: int = 0
+) -> SpecComparison:
     """Decode `prompt` plainly (our loop), then with the draft: tokens, wall times, every verify call."""
     from .generation import generate
 
     t = time.perf_counter()
     plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, temperature=temperature, chat=chat, seed=seed)]
     plain_s = time.perf_counter() - t
-    res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens,
-                               temperature=temperature, chat=chat, seed=seed)
+    res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, chat=chat, seed=seed)
     name = draft if isinstance(draft, str) else getattr(draft, "label", "a model")
     return SpecComparison(name, gamma, temperature, plain, plain_s, res)

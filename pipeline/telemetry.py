@@ -6,6 +6,7 @@ torch.cuda allocated/reserved memory; NVML's own buffered, timestamped utilisati
 faster only repeats values. Without a GPU, or without NVML, it records process CPU %, per-core load and RSS
 via psutil and says so in `source`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -20,10 +21,10 @@ from .timing import sync
 
 @dataclass
 class Timeline:
-    source: str                                   # "nvml" or "psutil (NVML unavailable: why)"
-    t0: float                                     # perf_counter at start; all t are seconds since t0
+    source: str  # "nvml" or "psutil (NVML unavailable: why)"
+    t0: float  # perf_counter at start; all t are seconds since t0
     samples: list[dict] = field(default_factory=list)
-    nvml_util: list[tuple[float, float]] = field(default_factory=list)   # (t, %) from nvmlDeviceGetSamples
+    nvml_util: list[tuple[float, float]] = field(default_factory=list)  # (t, %) from nvmlDeviceGetSamples
     marks: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, label) phase spans
     interval_s: float = 0.1
 
@@ -35,7 +36,7 @@ class Timeline:
         vals = [s["gpu_util"] for s in self.samples if "gpu_util" in s]
         if vals:
             return sum(vals) / len(vals), "GPU utilisation % (NVML, polled)"
-        vals = [s["cpu_percent"] for s in self.samples[1:] if "cpu_percent" in s]   # the first reads 0 by design
+        vals = [s["cpu_percent"] for s in self.samples[1:] if "cpu_percent" in s]  # the first reads 0 by design
         return (sum(vals) / len(vals) if vals else None), "process CPU % (psutil; 100 % = one core)"
 
 
@@ -43,15 +44,15 @@ def _nvml():
     """(pynvml module, handle) or (None, reason)."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
         idx = torch.cuda.current_device() if torch.cuda.is_available() else 0
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx)
     except ImportError:
         return None, "nvidia-ml-py is not installed"
-    except Exception as e:       # NVMLError_LibraryNotFound without a driver, others for a broken install
+    except Exception as e:  # NVMLError_LibraryNotFound without a driver, others for a broken install
         name = type(e).__name__
-        return None, ("no NVIDIA driver on this machine" if "LibraryNotFound" in name or "DriverNotLoaded" in name
-                      else f"NVML did not start ({name})")
+        return None, ("no NVIDIA driver on this machine" if "LibraryNotFound" in name or "DriverNotLoaded" in name else f"NVML did not start ({name})")
 
 
 class Sampler:
@@ -80,8 +81,10 @@ class Sampler:
             util = nv.nvmlDeviceGetUtilizationRates(h)
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             s = {"t": t, "gpu_util": util.gpu, "mem_util": util.memory, "mem_used_mb": mem.used / 2**20}
-            for key, fn in (("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000),
-                            ("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))):
+            for key, fn in (
+                ("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000),
+                ("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            ):
                 try:
                     s[key] = fn()
                 except Exception:
@@ -91,8 +94,7 @@ class Sampler:
                 s["torch_reserved_mb"] = torch.cuda.memory_reserved() / 2**20
             return s
         per_core = psutil.cpu_percent(percpu=True)
-        return {"t": t, "cpu_percent": self.proc.cpu_percent(), "per_core": per_core,
-                "rss_mb": self.proc.memory_info().rss / 2**20}
+        return {"t": t, "cpu_percent": self.proc.cpu_percent(), "per_core": per_core, "rss_mb": self.proc.memory_info().rss / 2**20}
 
     def _run(self):
         while not self._stop.wait(self.interval_s):
@@ -132,8 +134,7 @@ class Sampler:
 
     def _merge_nvml_samples(self):
         try:
-            _, samples = self.nv.nvmlDeviceGetSamples(self.handle, self.nv.NVML_GPU_UTILIZATION_SAMPLES,
-                                                      self._nv_ts0)
+            _, samples = self.nv.nvmlDeviceGetSamples(self.handle, self.nv.NVML_GPU_UTILIZATION_SAMPLES, self._nv_ts0)
         except Exception:
             return
         # NVML timestamps are microseconds of wall-clock time; map them onto our perf_counter axis
@@ -163,6 +164,7 @@ class PeakMemory:
             self.base = torch.cuda.memory_allocated(self.device)
         elif self.what == "tensors":
             from torch.profiler import ProfilerActivity, profile
+
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self._prof.__enter__()
         else:
@@ -182,10 +184,13 @@ class PeakMemory:
             self.extra_mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
         elif self.what == "tensors":
             self._prof.__exit__(*exc)
-            events = sorted((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
-                            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+            events = sorted(
+                (e.start_ns(), e.nbytes())
+                for e in self._prof.profiler.kineto_results.events()
+                if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+            )
             cur = peak = 0
-            for _, b in events:             # allocations positive, frees negative
+            for _, b in events:  # allocations positive, frees negative
                 cur += b
                 peak = max(peak, cur)
             self.extra_mb = peak / 2**20
@@ -201,6 +206,8 @@ class PeakMemory:
         if self.device.type == "cuda":
             return "torch.cuda.max_memory_allocated"
         if self.what == "tensors":
-            return ("tensor allocations and frees recorded by torch.profiler, summed in time order: the exact peak "
-                    "of live tensor bytes (in a separate, untimed run)")
+            return (
+                "tensor allocations and frees recorded by torch.profiler, summed in time order: the exact peak "
+                "of live tensor bytes (in a separate, untimed run)"
+            )
         return "process RSS sampled every 2 ms (a lower bound: memory the allocator reuses does not show)"

@@ -2,6 +2,7 @@
 
 A GPU runs kernels asynchronously, so a wall-clock time means something only after `sync(device)`.
 """
+
 from __future__ import annotations
 
 import time
@@ -9,8 +10,10 @@ from collections.abc import Callable
 
 import torch
 
-SAMPLE_TEXT = ("The sky looks blue because air molecules scatter short wavelengths of sunlight more than long ones. "
-               "At sunset the light crosses more air, so the blue is scattered away and reds remain. ")
+SAMPLE_TEXT = (
+    "The sky looks blue because air molecules scatter short wavelengths of sunlight more than long ones. "
+    "At sunset the light crosses more air, so the blue is scattered away and reds remain. "
+)
 
 
 def sync(device: torch.device | str | None = None) -> None:

@@ -10,6 +10,7 @@ Text typed by the user is never parsed for special tokens: '<|im_end|>' typed in
 ordinary pieces of that text. Special tokens come only from the chat template or the tokenizer's own
 BOS/EOS additions.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,24 +21,24 @@ import regex
 
 from .memo import per_object
 
-SENTINEL = "\ue000USER\ue001"   # private-use chars: never produced by a template
+SENTINEL = "\ue000USER\ue001"  # private-use chars: never produced by a template
 
 
 @dataclass(frozen=True)
 class Token:
     id: int
-    piece: str          # raw vocabulary string
-    bytes: bytes        # exact bytes this token stands for
-    text: str           # display text: decoded bytes, or hex for a partial character
-    start: int          # char offsets into Tokenized.text
+    piece: str  # raw vocabulary string
+    bytes: bytes  # exact bytes this token stands for
+    text: str  # display text: decoded bytes, or hex for a partial character
+    start: int  # char offsets into Tokenized.text
     end: int
     special: bool
-    segment: int        # index into Tokenized.segments
+    segment: int  # index into Tokenized.segments
 
 
 @dataclass(frozen=True)
 class Segment:
-    text: str           # whole graphemes
+    text: str  # whole graphemes
     start: int
     end: int
     token_indices: tuple[int, ...]
@@ -45,13 +46,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class Tokenized:
-    text: str                   # what the model reads (the chat template rendered around the prompt in chat mode)
-    prompt: str                 # what the user typed
+    text: str  # what the model reads (the chat template rendered around the prompt in chat mode)
+    prompt: str  # what the user typed
     chat: bool
     tokens: tuple[Token, ...]
     segments: tuple[Segment, ...]
-    exact: bool                 # True when the token bytes reassemble `text` exactly
-    prompt_start: int = 0       # where the user's prompt begins inside `text`
+    exact: bool  # True when the token bytes reassemble `text` exactly
+    prompt_start: int = 0  # where the user's prompt begins inside `text`
 
     @property
     def input_ids(self) -> list[int]:
@@ -117,8 +118,7 @@ def chat_parts(tok, prompt: str) -> list[tuple[str, bool]] | None:
     """The chat template rendered around the prompt, as (text, parse_special) parts; None without a template."""
     if not getattr(tok, "chat_template", None):
         return None
-    rendered = tok.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False,
-                                       add_generation_prompt=True)
+    rendered = tok.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=True)
     before, sep, after = rendered.partition(SENTINEL)
     if not sep:
         return None
@@ -138,8 +138,8 @@ def added_specials(tok) -> tuple[list[int], list[int]]:
     with_ = tok(probe, split_special_tokens=True)["input_ids"]
     without = tok(probe, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     for i in range(len(with_) - len(without) + 1):
-        if with_[i:i + len(without)] == without:
-            return with_[:i], with_[i + len(without):]
+        if with_[i : i + len(without)] == without:
+            return with_[:i], with_[i + len(without) :]
     return [], []
 
 
@@ -169,7 +169,7 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
             b = piece.encode("utf-8") if is_special else piece_bytes(tok, piece, tid, scheme)
             got.append((tid, b, is_special))
         if b"".join(b for _, b, _ in got) != part.encode("utf-8"):
-            exact = False   # a normalising tokenizer: offsets below become approximate
+            exact = False  # a normalising tokenizer: offsets below become approximate
         raw.extend(got)
     raw.extend((i, None, True) for i in suffix)
 
@@ -203,8 +203,7 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
         s = char_at_byte[b0]
         e = char_at_byte[b1 - 1] + 1 if b1 > b0 else s
         bpos += len(b)
-        tokens.append(Token(tid, piece, b, display_text(b) if not special else piece, s, max(e, s), special,
-                            len(segments)))
+        tokens.append(Token(tid, piece, b, display_text(b) if not special else piece, s, max(e, s), special, len(segments)))
         pending.append(len(tokens) - 1)
         if bpos in bounds or bpos >= nbytes or not exact:
             first = tokens[pending[0]]
@@ -213,6 +212,7 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
             pending = []
     if pending:
         first = tokens[pending[0]]
-        segments.append(Segment(text[first.start:], first.start, len(text), tuple(pending)))
-    return Tokenized(text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments),
-                     exact=exact, prompt_start=len(parts[0][0]) if chat else 0)
+        segments.append(Segment(text[first.start :], first.start, len(text), tuple(pending)))
+    return Tokenized(
+        text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments), exact=exact, prompt_start=len(parts[0][0]) if chat else 0
+    )

@@ -16,6 +16,7 @@ layer and its pre-feed-forward norm, plus the capture attention (see capture.py)
 Callers sharing one model are serialised by `lm.lock`; captures live in a per-call object, so two
 browser tabs tracing at once never see each other's numbers.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,10 +32,10 @@ from .models import LoadedModel, ModelFacts
 from .timing import syncer
 from .tokens import Segment, Token, Tokenized, tokenize
 
-ATTN_FULL_BUDGET = 256 << 20     # bytes of full-resolution float16 attention maps kept per trace
-ATTN_OVERVIEW_MAX = 256          # the all-layers overview is pooled to at most this many positions
-QKV_ALL_LAYERS_MAX_T = 256       # capture Q/K/V for every layer up to this prompt length
-LENS_GRID_MAX = 64               # lens_grid(): at most this many (last) positions
+ATTN_FULL_BUDGET = 256 << 20  # bytes of full-resolution float16 attention maps kept per trace
+ATTN_OVERVIEW_MAX = 256  # the all-layers overview is pooled to at most this many positions
+QKV_ALL_LAYERS_MAX_T = 256  # capture Q/K/V for every layer up to this prompt length
+LENS_GRID_MAX = 64  # lens_grid(): at most this many (last) positions
 DEFAULT_MAX_TOKENS = 4096
 
 
@@ -42,7 +43,7 @@ class TraceError(ValueError):
     """The prompt cannot be traced; the message is meant for the user."""
 
 
-@dataclass(eq=False)            # compared and hashed by identity: memos keyed by a trace die with it
+@dataclass(eq=False)  # compared and hashed by identity: memos keyed by a trace die with it
 class Trace:
     model_label: str
     facts: ModelFacts
@@ -58,17 +59,17 @@ class Trace:
     attn_block: int
     attn_full: dict[int, np.ndarray]
     attn_last_row: np.ndarray
-    resid_norm: np.ndarray          # [L+1, T]  |residual stream|
-    attn_norm: np.ndarray           # [L, T]    |what attention adds|
-    ffn_norm: np.ndarray            # [L, T]    |what the feed-forward network adds|
-    normed_norm: np.ndarray         # [L, T]    |input to attention after the layer's norm|
-    lens_last_top: list[list[tuple[int, float]]]   # [L+1] x top-5 (id, prob) at the last position; lens_grid() for all
+    resid_norm: np.ndarray  # [L+1, T]  |residual stream|
+    attn_norm: np.ndarray  # [L, T]    |what attention adds|
+    ffn_norm: np.ndarray  # [L, T]    |what the feed-forward network adds|
+    normed_norm: np.ndarray  # [L, T]    |input to attention after the layer's norm|
+    lens_last_top: list[list[tuple[int, float]]]  # [L+1] x top-5 (id, prob) at the last position; lens_grid() for all
     next_logits: np.ndarray
     qkv: dict[int, dict[str, np.ndarray]]
     timings: dict[str, float]
     device: str
     exact_tokens: bool = True
-    last_prompt_index: int | None = None   # position of the prompt's last token (before any chat-template suffix)
+    last_prompt_index: int | None = None  # position of the prompt's last token (before any chat-template suffix)
 
     @property
     def T(self) -> int:
@@ -77,9 +78,19 @@ class Trace:
     @property
     def nbytes(self) -> int:
         """Memory held by the trace's arrays."""
-        arrays = [self.embeddings, self.hidden_states, self.attentions, self.attn_last_row, self.next_logits,
-                  self.resid_norm, self.attn_norm, self.ffn_norm, self.normed_norm, *self.attn_full.values(),
-                  *(v for d in self.qkv.values() for v in d.values())]
+        arrays = [
+            self.embeddings,
+            self.hidden_states,
+            self.attentions,
+            self.attn_last_row,
+            self.next_logits,
+            self.resid_norm,
+            self.attn_norm,
+            self.ffn_norm,
+            self.normed_norm,
+            *self.attn_full.values(),
+            *(v for d in self.qkv.values() for v in d.values()),
+        ]
         return sum(a.nbytes for a in arrays)
 
     def attention(self, layer: int) -> np.ndarray | None:
@@ -108,17 +119,16 @@ def _as_np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
 
-def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int = 0,
-                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
     if prompt is None or not str(prompt).strip():
         raise TraceError("The prompt is empty. Type some text (or pick a preset) to see the pipeline run.")
     if n_tokens is not None:
         if max_positions and n_tokens > max_positions:
-            raise TraceError(f"The prompt is {n_tokens:,} tokens, longer than this model's context window of "
-                             f"{max_positions:,} tokens. Shorten it.")
+            raise TraceError(f"The prompt is {n_tokens:,} tokens, longer than this model's context window of {max_positions:,} tokens. Shorten it.")
         if n_tokens > max_tokens:
-            raise TraceError(f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} "
-                             "tokens at once (every attention map is kept). Shorten it.")
+            raise TraceError(
+                f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} tokens at once (every attention map is kept). Shorten it."
+            )
 
 
 def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +141,7 @@ def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[tor
     return i.cpu(), p.cpu()
 
 
-_LENS: weakref.WeakKeyDictionary[Trace, dict] = weakref.WeakKeyDictionary()   # lens_grid memo, dies with its trace
+_LENS: weakref.WeakKeyDictionary[Trace, dict] = weakref.WeakKeyDictionary()  # lens_grid memo, dies with its trace
 
 
 def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -142,15 +152,14 @@ def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> t
     P = min(T, n_positions)
     memo = _LENS.setdefault(tr, {})
     if P not in memo:
-        hs = torch.from_numpy(tr.hidden_states[:, T - P:, :])
+        hs = torch.from_numpy(tr.hidden_states[:, T - P :, :])
         with lm.lock:
             ids, probs = logit_lens(lm, hs)
         memo[P] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
     return memo[P]
 
 
-def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None,
-                 qkv_layers: list[int] | None = None) -> Capture:
+def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qkv_layers: list[int] | None = None) -> Capture:
     """What one trace of T tokens keeps: every layer's attention at full resolution and its Q/K/V when that fits
     the memory budget, otherwise the pooled overview plus a few full layers (the asked-for ones first)."""
     L, H = f.n_layers, f.n_heads
@@ -159,7 +168,7 @@ def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None,
     if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
         full = set(range(L))
     else:
-        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))   # asked-for layers first
+        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))  # asked-for layers first
         full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
     qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
     return Capture(full_layers=full, block=block, qkv_layers=qkv)
@@ -168,13 +177,14 @@ def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None,
 @dataclass
 class _Acts:
     """What the hooks record during one forward pass (per call: two tabs tracing at once never mix)."""
-    h: list            # [L+1] residual stream [T, d] entering each layer, and leaving the last (on device)
-    mid: list          # [L]   residual after attention (freed once the layer finishes)
-    attn: list         # [L]   |what attention adds| [T]
-    ffn: list          # [L]   |what the feed-forward network adds| [T]
-    normed: list       # [L]   |input to attention after the layer's norm| [T]
-    marks: dict        # name -> perf_counter, device-synchronised
-    emb: torch.Tensor | None = None     # [T, d] embedding output
+
+    h: list  # [L+1] residual stream [T, d] entering each layer, and leaving the last (on device)
+    mid: list  # [L]   residual after attention (freed once the layer finishes)
+    attn: list  # [L]   |what attention adds| [T]
+    ffn: list  # [L]   |what the feed-forward network adds| [T]
+    normed: list  # [L]   |input to attention after the layer's norm| [T]
+    marks: dict  # name -> perf_counter, device-synchronised
+    emb: torch.Tensor | None = None  # [T, d] embedding output
 
     @classmethod
     def empty(cls, L: int) -> _Acts:
@@ -192,9 +202,10 @@ def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
         def hook(*_):
             sync()
             acts.marks[name] = time.perf_counter()
+
         return hook
 
-    def on_embed(m, i, o):          # hooks must return None, or they replace the module's output
+    def on_embed(m, i, o):  # hooks must return None, or they replace the module's output
         acts.emb = o[0].detach()
         mark("embed1")()
 
@@ -215,19 +226,20 @@ def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
     def on_normed(m, a, o, i):
         acts.normed[i] = o[0].detach().float().norm(dim=-1)
 
-    def on_mid(m, a, i):             # residual after attention = input + what attention adds
+    def on_mid(m, a, i):  # residual after attention = input + what attention adds
         acts.mid[i] = a[0][0].detach()
         acts.attn[i] = (acts.mid[i].float() - acts.h[i].float()).norm(dim=-1)
 
     dec = arch.decoder
-    handles = [dec.embed_tokens.register_forward_pre_hook(mark("embed0")),
-               dec.embed_tokens.register_forward_hook(on_embed)]
+    handles = [dec.embed_tokens.register_forward_pre_hook(mark("embed0")), dec.embed_tokens.register_forward_hook(on_embed)]
     try:
         for i, layer in enumerate(arch.layers):
-            handles += [layer.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True),
-                        layer.register_forward_hook(lambda m, a, k, o, i=i: post(m, a, k, o, i), with_kwargs=True),
-                        layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)),
-                        arch.pre_ffn_norm(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i))]
+            handles += [
+                layer.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True),
+                layer.register_forward_hook(lambda m, a, k, o, i=i: post(m, a, k, o, i), with_kwargs=True),
+                layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)),
+                arch.pre_ffn_norm(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)),
+            ]
         handles += [dec.norm.register_forward_pre_hook(mark("norm0")), dec.norm.register_forward_hook(mark("norm1"))]
         yield
     finally:
@@ -236,8 +248,7 @@ def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
 
 
 def _stage_timings(marks: dict, L: int, t_fwd: float, t_end: float) -> dict[str, float]:
-    out = {"embeddings": marks["embed1"] - marks["embed0"],
-           "positions (RoPE tables)": max(0.0, marks["L0.0"] - marks["embed1"])}
+    out = {"embeddings": marks["embed1"] - marks["embed0"], "positions (RoPE tables)": max(0.0, marks["L0.0"] - marks["embed1"])}
     for i in range(L):
         out[f"layer {i}"] = marks[f"L{i}.1"] - marks[f"L{i}.0"]
     out["final norm"] = marks["norm1"] - marks["norm0"]
@@ -246,9 +257,17 @@ def _stage_timings(marks: dict, L: int, t_fwd: float, t_end: float) -> dict[str,
     return out
 
 
-def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[int] | None = None,
-          attn_layers: list[int] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-          tokenized: Tokenized | None = None, progress=None) -> Trace:
+def trace(
+    lm: LoadedModel,
+    prompt: str,
+    chat: bool = False,
+    *,
+    qkv_layers: list[int] | None = None,
+    attn_layers: list[int] | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    tokenized: Tokenized | None = None,
+    progress=None,
+) -> Trace:
     """Tokenize and run one hooked forward pass. Raises TraceError for prompts it cannot trace.
 
     attn_layers / qkv_layers: layers to keep at full resolution / with Q, K, V when the prompt is too long to
@@ -278,8 +297,8 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
         logits = out.logits[0, -1].float().cpu()
         # logit lens at the last position: final norm + LM head applied after every layer
         t_l = time.perf_counter()
-        hs = torch.stack(acts.h)                                  # [L+1, T, d] (on device)
-        top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)   # after the last layer: the real logits, below
+        hs = torch.stack(acts.h)  # [L+1, T, d] (on device)
+        top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)  # after the last layer: the real logits, below
         final = torch.softmax(logits, -1).topk(5)
         top5_i = torch.cat([top5_i, final.indices[None]])
         top5_p = torch.cat([top5_p, final.values[None]])
@@ -290,23 +309,45 @@ def trace(lm: LoadedModel, prompt: str, chat: bool = False, *, qkv_layers: list[
     return tr
 
 
-def _assemble(lm: LoadedModel, prompt: str, tk: Tokenized, cap: Capture, acts: _Acts, hs: torch.Tensor,
-              logits: torch.Tensor, top5_i: torch.Tensor, top5_p: torch.Tensor, timings: dict) -> Trace:
+def _assemble(
+    lm: LoadedModel,
+    prompt: str,
+    tk: Tokenized,
+    cap: Capture,
+    acts: _Acts,
+    hs: torch.Tensor,
+    logits: torch.Tensor,
+    top5_i: torch.Tensor,
+    top5_p: torch.Tensor,
+    timings: dict,
+) -> Trace:
     """The hooks' records as host arrays in one Trace."""
     L = lm.facts.n_layers
     hs_f = hs.float()
     return Trace(
-        last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)),
-                              default=None),
-        model_label=lm.label, facts=lm.facts, prompt=prompt, chat=tk.chat, text=tk.text, tokens=tk.tokens,
-        segments=tk.segments, input_ids=tk.input_ids, embeddings=_as_np(acts.emb), hidden_states=_as_np(hs_f),
-        attentions=torch.stack([cap.pooled[i] for i in range(L)]).numpy(), attn_block=cap.block,
+        last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)), default=None),
+        model_label=lm.label,
+        facts=lm.facts,
+        prompt=prompt,
+        chat=tk.chat,
+        text=tk.text,
+        tokens=tk.tokens,
+        segments=tk.segments,
+        input_ids=tk.input_ids,
+        embeddings=_as_np(acts.emb),
+        hidden_states=_as_np(hs_f),
+        attentions=torch.stack([cap.pooled[i] for i in range(L)]).numpy(),
+        attn_block=cap.block,
         attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)},
         attn_last_row=torch.stack([cap.last_row[i] for i in range(L)]).numpy(),
-        resid_norm=_as_np(hs_f.norm(dim=-1)), attn_norm=_as_np(torch.stack(acts.attn)),
-        ffn_norm=_as_np(torch.stack(acts.ffn)), normed_norm=_as_np(torch.stack(acts.normed)),
+        resid_norm=_as_np(hs_f.norm(dim=-1)),
+        attn_norm=_as_np(torch.stack(acts.attn)),
+        ffn_norm=_as_np(torch.stack(acts.ffn)),
+        normed_norm=_as_np(torch.stack(acts.normed)),
         lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
         next_logits=logits.numpy(),
         qkv={i: {k: v.numpy() for k, v in d.items()} for i, d in sorted(cap.qkv.items())},
-        timings=timings, device=lm.device_label, exact_tokens=tk.exact,
+        timings=timings,
+        device=lm.device_label,
+        exact_tokens=tk.exact,
     )

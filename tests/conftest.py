@@ -7,6 +7,7 @@
     browser  the whole app in headless Chromium
     gpu      needs a CUDA device
 """
+
 import os
 
 import pytest
@@ -19,18 +20,21 @@ TIERS = ("unit", "model", "gemma", "browser", "gpu")
 
 def _models():
     import pipeline
+
     return [m.key for m in pipeline.available_models() if m.available]
 
 
 @pytest.fixture(scope="session")
 def smol():
     import pipeline
+
     return pipeline.load_model(pipeline.EMBEDDED)
 
 
 @pytest.fixture(scope="session", params=["smollm2-135m-instruct", "gemma3-270m"])
 def lm(request):
     import pipeline
+
     if request.param not in _models():
         pytest.skip(f"{request.param} not installed (make models)")
     return pipeline.load_model(request.param)

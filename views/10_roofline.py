@@ -13,12 +13,12 @@ st.markdown(
     "much work per byte an operation needs before compute, not memory, limits it. **Prefill** pushes many "
     "tokens through each weight (high intensity, near the compute roof); a **decode** step uses each weight "
     "for one token (intensity about 1, far below the ridge): it is memory-bound. Counts come from the shapes; "
-    "peaks and times are measured here.")
+    "peaks and times are measured here."
+)
 lm = widgets.get_model()
 c = st.columns(2)
 T = c[0].select_slider("Prefill prompt tokens", [64, 128, 256, 512, 1024, 2048], value=512, key="roof_T")
-C = c[1].select_slider("Decode context (tokens in the KV cache)", [64, 256, 512, 1024, 2048, 4096], value=512,
-                       key="roof_C")
+C = c[1].select_slider("Decode context (tokens in the KV cache)", [64, 256, 512, 1024, 2048, 4096], value=512, key="roof_C")
 if st.button("Measure", type="primary", key="roof_go"):
     with st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
         widgets.remember("roof", (T, C, roofline(lm, T, C)))
@@ -28,30 +28,49 @@ if got is None:
     st.stop()
 T_run, C_run, r = got
 m = st.columns(4)
-m[0].metric("Peak matmul (measured)", f"{r.peak_flops / 1e9:,.0f} GFLOP/s",
-            help=f"{r.matmul_probe.n}³ {r.matmul_probe.dtype} matmul")
+m[0].metric("Peak matmul (measured)", f"{r.peak_flops / 1e9:,.0f} GFLOP/s", help=f"{r.matmul_probe.n}³ {r.matmul_probe.dtype} matmul")
 m[1].metric("Copy bandwidth (measured)", f"{r.bandwidth / 1e9:,.1f} GB/s", help=f"{r.copy_probe.mb} MiB copy")
 m[2].metric("Ridge point", f"{r.ridge:.1f} FLOP/B", help="FLOPs per byte: peak FLOP/s ÷ bandwidth")
-m[3].metric("Batch-1 decode ceiling", f"{r.decode_ceiling_tokens_per_s:,.0f} tok/s",
-            help=f"bandwidth / (weights {r.weight_bytes / 2**20:,.0f} MiB + KV cache {r.kv_bytes / 2**20:,.1f} "
-                 f"MiB at {C_run} tokens): every decode step reads all of them once")
+m[3].metric(
+    "Batch-1 decode ceiling",
+    f"{r.decode_ceiling_tokens_per_s:,.0f} tok/s",
+    help=f"bandwidth / (weights {r.weight_bytes / 2**20:,.0f} MiB + KV cache {r.kv_bytes / 2**20:,.1f} "
+    f"MiB at {C_run} tokens): every decode step reads all of them once",
+)
 rec = widgets.last_generation("gen", lm)
 if rec and len(rec.events) > 1:
     mm = metrics(rec.events)
-    st.caption(f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
-               "of the ceiling (the rest: per-operation overheads, kernel launches, Python).")
+    st.caption(
+        f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
+        "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
+    )
 st.plotly_chart(roofline_figure(r), width="stretch")
-st.caption("Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
-           "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
-           "that. Across the whole model the weights do not fit, which is why the decode ceiling uses main memory.")
+st.caption(
+    "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
+    "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
+    "that. Across the whole model the weights do not fit, which is why the decode ceiling uses main memory."
+)
 for phase in ("prefill", "decode"):
     ph = r.phases[phase]
     st.markdown(f"**{phase.capitalize()}**: {ph.tokens} token(s) over a context of {ph.context}")
-    st.dataframe(pd.DataFrame([{
-        "operation": o.op, "MFLOPs": round(o.flops / 1e6, 2), "MB moved": round(o.bytes / 1e6, 3),
-        "FLOP/byte": round(o.intensity, 2), "bound by": o.bound_by,
-        "bound µs": round(o.bound_s * 1e6, 1), "measured µs": round(o.measured_s * 1e6, 1),
-        "measured / bound": round(o.measured_s / o.bound_s, 1)} for o in ph.ops]),
-        hide_index=True, width="stretch", height=36 * (len(ph.ops) + 1) + 3)      # every row, no scrolling
-st.caption("Peaks and times are measured on a shared machine: they move between runs (tens of percent on a "
-           "busy CPU), so compare operations within one run.")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "operation": o.op,
+                    "MFLOPs": round(o.flops / 1e6, 2),
+                    "MB moved": round(o.bytes / 1e6, 3),
+                    "FLOP/byte": round(o.intensity, 2),
+                    "bound by": o.bound_by,
+                    "bound µs": round(o.bound_s * 1e6, 1),
+                    "measured µs": round(o.measured_s * 1e6, 1),
+                    "measured / bound": round(o.measured_s / o.bound_s, 1),
+                }
+                for o in ph.ops
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        height=36 * (len(ph.ops) + 1) + 3,
+    )  # every row, no scrolling
+st.caption("Peaks and times are measured on a shared machine: they move between runs (tens of percent on a busy CPU), so compare operations within one run.")

@@ -5,19 +5,23 @@ from components.generation import kernels_figure
 from pipeline.kernels import available_kernels, kernel_sweep
 from views import widgets
 
-st.title("Attention kernels (\"FlashAttention\")")
+st.title('Attention kernels ("FlashAttention")')
 st.markdown(
     "Plain (**eager**) attention computes the full T × T matrix of query·key scores in every layer, applies the "
     "softmax, then multiplies by the values: memory that grows with the square of the prompt. **Fused kernels** "
     "such as FlashAttention compute the same result in tiles, keeping a running softmax, so the T × T matrix is "
     "never stored and far less memory traffic is needed. Below, the whole model's prefill with each kernel "
-    "this device offers (PyTorch SDPA backends), measured.")
+    "this device offers (PyTorch SDPA backends), measured."
+)
 lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 kernels = available_kernels(lm)
 lengths = [512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024]
-st.caption(f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
-           + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)") + ". Best of 2 runs after a warm-up.")
+st.caption(
+    f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
+    + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)")
+    + ". Best of 2 runs after a warm-up."
+)
 if st.button("Run the kernels", type="primary", key="kern_go"):
     bar = st.progress(0.0, text="prefill with each kernel")
     widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m)))
@@ -30,15 +34,28 @@ st.plotly_chart(kernels_figure(rows), width="stretch")
 ok_rows = [r for r in rows if r.max_diff_vs_eager is not None]
 worst = max((r.max_diff_vs_eager for r in ok_rows), default=0.0)
 tol = lm.arch.tol
-st.markdown(widgets.verdict(worst < tol) + f" **Every kernel gives the same logits**: largest |difference| from "
-            f"eager {worst:.1e} (tolerance {tol:g} for {str(lm.dtype).removeprefix('torch.')}).")
+st.markdown(
+    widgets.verdict(worst < tol) + f" **Every kernel gives the same logits**: largest |difference| from "
+    f"eager {worst:.1e} (tolerance {tol:g} for {str(lm.dtype).removeprefix('torch.')})."
+)
 errors = [r for r in rows if r.error]
 for r in errors:
     st.warning(f"{r.kernel} at {r.tokens} tokens did not run: {r.error}")
-st.dataframe(pd.DataFrame([{"kernel": r.kernel, "tokens": r.tokens,
-                            "prefill ms": None if r.seconds is None else round(r.seconds * 1000, 1),
-                            "peak MiB": None if r.peak_mb is None else round(r.peak_mb, 1),
-                            "T×T scores per layer MiB": round(r.score_matrix_mb, 1),
-                            "max |Δ logits| vs eager": r.max_diff_vs_eager} for r in rows]),
-             hide_index=True, width="stretch")
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "kernel": r.kernel,
+                "tokens": r.tokens,
+                "prefill ms": None if r.seconds is None else round(r.seconds * 1000, 1),
+                "peak MiB": None if r.peak_mb is None else round(r.peak_mb, 1),
+                "T×T scores per layer MiB": round(r.score_matrix_mb, 1),
+                "max |Δ logits| vs eager": r.max_diff_vs_eager,
+            }
+            for r in rows
+        ]
+    ),
+    hide_index=True,
+    width="stretch",
+)
 st.caption(f"Memory: {rows[0].memory_method}.")

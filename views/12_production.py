@@ -17,27 +17,33 @@ st.markdown(
     "token and its position kept in device tensors, attention over the whole buffer with a mask;\n"
     "3. on a GPU, that step **captured once as a CUDA graph** and replayed with a single launch per token "
     "(optionally compiled by `torch.compile` first, which fuses small operators into fewer kernels).\n\n"
-    "Below, the same greedy request in each mode, measured on this device.")
+    "Below, the same greedy request in each mode, measured on this device."
+)
 lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
 c1, c2 = st.columns([3, 1])
 n = c1.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
 chat = widgets.chat_switch(lm, "prod_chat", c2)
-compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)",
-                                          key="prod_compile")
+compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)", key="prod_compile")
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
 if not ok:
     st.info(f"The fused step is not available for this model: {why}")
-st.caption("Fused step on this device: " + fused.mode_label(lm) + ("" if gpu else
-           ". On a CPU each operator runs as soon as Python calls it and the time goes into streaming the weights "
-           "from memory, so expect little difference here; on a GPU the graph is the point."))
+st.caption(
+    "Fused step on this device: "
+    + fused.mode_label(lm)
+    + (
+        ""
+        if gpu
+        else ". On a CPU each operator runs as soon as Python calls it and the time goes into streaming the weights "
+        "from memory, so expect little difference here; on a GPU the graph is the point."
+    )
+)
 if st.button("Run all modes", type="primary", key="prod_go"):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
     bar = st.progress(0.0, text="warm-up")
     try:
-        res = compare_cache_modes(lm, prompt, n, chat=chat, modes=modes,
-                                  progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
+        res = compare_cache_modes(lm, prompt, n, chat=chat, modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
         bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
         counts = fused.launches_per_step(lm) if ok else None
         widgets.remember("prod", (res, counts))
@@ -53,24 +59,39 @@ ref_tokens = res.modes["dynamic"].token_ids
 cols = st.columns(len(res.modes))
 for c, (m, r) in zip(cols, res.modes.items()):
     ratio = res.ratio(m)
-    c.metric(MODE_LABELS.get(m, m), f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
-             f"{ratio:.2f}× dynamic" if ratio and m != "dynamic" else None, delta_color="off", delta_arrow="off")
+    c.metric(
+        MODE_LABELS.get(m, m),
+        f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
+        f"{ratio:.2f}× dynamic" if ratio and m != "dynamic" else None,
+        delta_color="off",
+        delta_arrow="off",
+    )
 for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
 st.plotly_chart(cache_modes_figure(res.modes), width="stretch")
 util_of = res.modes["dynamic"].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
-st.dataframe(pd.DataFrame([{
-    "mode": MODE_LABELS.get(m, m), "ran as": r.engine.split(" (")[0],
-    "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
-    "runs": " / ".join(f"{x:.1f}" for x in r.runs),
-    "× dynamic": None if res.ratio(m) is None else round(res.ratio(m), 2),
-    "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
-    util_col: None if r.utilisation is None else round(r.utilisation),
-    "warm-up s": round(r.warmup_s, 2),
-    "same tokens": res.same_tokens(m)} for m, r in res.modes.items()]),
-    hide_index=True, width="stretch")
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "mode": MODE_LABELS.get(m, m),
+                "ran as": r.engine.split(" (")[0],
+                "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
+                "runs": " / ".join(f"{x:.1f}" for x in r.runs),
+                "× dynamic": None if res.ratio(m) is None else round(res.ratio(m), 2),
+                "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
+                util_col: None if r.utilisation is None else round(r.utilisation),
+                "warm-up s": round(r.warmup_s, 2),
+                "same tokens": res.same_tokens(m),
+            }
+            for m, r in res.modes.items()
+        ]
+    ),
+    hide_index=True,
+    width="stretch",
+)
 st.caption(
     f"Request: {len(res.prompt_ids)} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
     "(tokens − 1) / (time from first to last token), the median of the runs listed (interleaved, after a warm-up "
@@ -78,7 +99,8 @@ st.caption(
     f"{util_col}: {util_of}, mean over the last run. KV MiB: the dynamic cache grows to what it holds; the static "
     "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
     f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
-    "output to the dynamic loop.")
+    "output to the dynamic loop."
+)
 if counts:
     st.subheader("Why a graph helps: what one step asks of the host")
     st.plotly_chart(launches_figure(counts), width="stretch")
@@ -87,28 +109,38 @@ if counts:
         f"transformers' forward dispatches **{counts.ops['transformers']:,}** operators per token "
         f"({counts.compute_ops['transformers']:,} that do work, the rest are views); the fused step "
         f"**{counts.ops['fused']:,}** ({counts.compute_ops['fused']:,})."
-        + (f" On this GPU they launch {k['transformers']:,} and {k['fused']:,} kernels; captured as a CUDA "
-           "graph, the fused step's kernels are replayed by **one** launch." if k else
-           " On a GPU each operator that does work is at least one kernel launch costing the CPU a few "
-           "microseconds, which at batch 1 is longer than the GPU needs to run it: the CUDA graph replaces "
-           "them all with one launch. Counted here on the CPU by torch.profiler."))
+        + (
+            f" On this GPU they launch {k['transformers']:,} and {k['fused']:,} kernels; captured as a CUDA "
+            "graph, the fused step's kernels are replayed by **one** launch."
+            if k
+            else " On a GPU each operator that does work is at least one kernel launch costing the CPU a few "
+            "microseconds, which at batch 1 is longer than the GPU needs to run it: the CUDA graph replaces "
+            "them all with one launch. Counted here on the CPU by torch.profiler."
+        )
+    )
 
 
 def _checks():
     out = []
-    ids = res.prompt_ids[:64]                            # the request that ran (its first 64 tokens)
+    ids = res.prompt_ids[:64]  # the request that ran (its first 64 tokens)
     r = fused.check_against_forward(lm, ids) if ok else None
     if r:
         tol = lm.arch.tol
-        out.append(checks.Check(
-            "the fused step equals a plain transformers forward", r.max_rel_err < tol and r.same_argmax,
-            f"this request's {r.positions} prompt tokens fed one at a time through our step vs one forward over all of "
-            f"them: largest relative difference of the logits {r.max_rel_err:.1e} (tolerance {tol:g}), "
-            f"same top token at every position: {r.same_argmax}", r.max_rel_err))
+        out.append(
+            checks.Check(
+                "the fused step equals a plain transformers forward",
+                r.max_rel_err < tol and r.same_argmax,
+                f"this request's {r.positions} prompt tokens fed one at a time through our step vs one forward over all of "
+                f"them: largest relative difference of the logits {r.max_rel_err:.1e} (tolerance {tol:g}), "
+                f"same top token at every position: {r.same_argmax}",
+                r.max_rel_err,
+            )
+        )
     for m, rr in res.modes.items():
         if m != "dynamic":
-            out.append(checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop",
-                                    res.same_tokens(m), f"{len(rr.events)} tokens compared"))
+            out.append(
+                checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop", res.same_tokens(m), f"{len(rr.events)} tokens compared")
+            )
     return out
 
 

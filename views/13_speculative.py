@@ -5,7 +5,7 @@ from components.speculative import legend_html, steps_html
 from pipeline.speculative import compare_with_plain, expected_tokens_per_call
 from views import widgets
 
-COPY_PROMPT = ("Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n")
+COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
 
 st.title("Speculative decoding")
 st.markdown(
@@ -14,29 +14,34 @@ st.markdown(
     "**target** model checks all of them in ONE forward pass, keeps the longest agreeing prefix and adds one "
     "token of its own. With greedy decoding the output is exactly what the target alone would write; with "
     "sampling, rejection sampling keeps the target's distribution. It pays off only when the draft is cheap "
-    "and often right, and a draft that is rarely right makes things slower: that is shown honestly here.")
+    "and often right, and a draft that is rarely right makes things slower: that is shown honestly here."
+)
 lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
-prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt",
-                      help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
+prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt", help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
 chat = widgets.chat_switch(lm, "spec_chat", c2)
 L = lm.facts.n_layers
-kinds = {"prompt lookup (n-gram copy)": "prompt_lookup",
-         f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
-         f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
-         "a local model folder…": "folder"}
+kinds = {
+    "prompt lookup (n-gram copy)": "prompt_lookup",
+    f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
+    f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
+    "a local model folder…": "folder",
+}
 c = st.columns([2, 1, 1, 1])
-kind = c[0].selectbox("Draft", list(kinds), key="spec_kind",
-                      help="Prompt lookup copies the tokens that followed the last n-gram's earlier occurrence in "
-                           "the context. Early exit runs only the target's first layers and its LM head. A local "
-                           "folder: a smaller model with the same tokenizer.")
+kind = c[0].selectbox(
+    "Draft",
+    list(kinds),
+    key="spec_kind",
+    help="Prompt lookup copies the tokens that followed the last n-gram's earlier occurrence in "
+    "the context. Early exit runs only the target's first layers and its LM head. A local "
+    "folder: a smaller model with the same tokenizer.",
+)
 gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma")
 n = c[2].number_input("Max new tokens", 1, 512, 64, key="spec_n")
 temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", help="0 = greedy (exact equality check)")
 draft = kinds[kind]
 if draft == "folder":
-    path = st.text_input("Draft model folder (Hugging Face, safetensors, same tokenizer as the target)",
-                         key="spec_folder")
+    path = st.text_input("Draft model folder (Hugging Face, safetensors, same tokenizer as the target)", key="spec_folder")
     draft = None
     if path.strip():
         ldr = widgets.load_other_model(path.strip())
@@ -45,8 +50,7 @@ if draft == "folder":
 if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
     with st.spinner("Plain decoding first, then speculative, same settings…"):
         try:
-            widgets.remember("spec", compare_with_plain(lm, prompt, draft, gamma=gamma, max_new_tokens=n,
-                                                        temperature=temperature, chat=chat, seed=0))
+            widgets.remember("spec", compare_with_plain(lm, prompt, draft, gamma=gamma, max_new_tokens=n, temperature=temperature, chat=chat, seed=0))
         except (pipeline.TraceError, ValueError) as e:
             st.warning(str(e))
 got = widgets.recall("spec")
@@ -58,23 +62,33 @@ a = res.acceptance_rate
 m = st.columns(5)
 m[0].metric("Acceptance rate α", f"{a:.0%}", help=f"{res.accepted} of {res.proposed} proposed tokens")
 calls = len(res.steps)
-m[1].metric("Accepted per call", f"{res.mean_accepted:.2f}",
-            help=f"proposals accepted: {res.accepted} over {calls} verify calls")
-m[2].metric("Tokens per verify call", f"{(len(res.tokens) - 1) / calls:.2f}" if calls else "—",
-            help=f"measured: {len(res.tokens) - 1} tokens after the first, in {calls} verify calls (accepted "
-                 "proposals + the target's own token; the prefill pass that gave the first token is not counted)")
-m[3].metric("Expected per verify call", f"{expected_tokens_per_call(a, gamma_run):.2f}",
-            help="(1 − α^(γ+1)) / (1 − α): what α predicts if every proposal were accepted independently")
-m[4].metric("Speedup vs plain", f"{speedup:.2f}×", delta=f"{speedup - 1:+.0%} tokens/s" + ("" if speedup >= 1 else ": slower"),
-            delta_color="normal",
-            help=f"plain {plain_s:.2f} s, speculative {res.seconds:.2f} s, this machine, this run")
+m[1].metric("Accepted per call", f"{res.mean_accepted:.2f}", help=f"proposals accepted: {res.accepted} over {calls} verify calls")
+m[2].metric(
+    "Tokens per verify call",
+    f"{(len(res.tokens) - 1) / calls:.2f}" if calls else "—",
+    help=f"measured: {len(res.tokens) - 1} tokens after the first, in {calls} verify calls (accepted "
+    "proposals + the target's own token; the prefill pass that gave the first token is not counted)",
+)
+m[3].metric(
+    "Expected per verify call",
+    f"{expected_tokens_per_call(a, gamma_run):.2f}",
+    help="(1 − α^(γ+1)) / (1 − α): what α predicts if every proposal were accepted independently",
+)
+m[4].metric(
+    "Speedup vs plain",
+    f"{speedup:.2f}×",
+    delta=f"{speedup - 1:+.0%} tokens/s" + ("" if speedup >= 1 else ": slower"),
+    delta_color="normal",
+    help=f"plain {plain_s:.2f} s, speculative {res.seconds:.2f} s, this machine, this run",
+)
 st.html(legend_html())
 st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None))
 st.markdown("**Output:**")
 st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
 if got.temperature == 0:
-    st.markdown(widgets.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
-                f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}.")
+    st.markdown(
+        widgets.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
+        f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}."
+    )
 else:
-    st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not "
-               "the exact sequence.")
+    st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not the exact sequence.")

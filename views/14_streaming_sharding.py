@@ -11,7 +11,8 @@ st.title("Streaming and sharding")
 st.markdown(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
     "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
-    "and a replay at its measured pace.")
+    "and a replay at its measured pace."
+)
 lm = widgets.get_model()
 rec = widgets.last_generation("gen", lm)
 if rec is not None:
@@ -21,25 +22,30 @@ else:
     if rec is None:
         chat = bool(st.session_state.get("_gen_chat", True)) and bool(getattr(lm.tokenizer, "chat_template", None))
         with st.spinner("Generating 24 tokens to stream…"):
-            rec = widgets.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat,
-                                        dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0), "sse")
+            rec = widgets.run_generation(
+                lm,
+                st.session_state.get("prompt", "") or "Why is the sky blue?",
+                chat,
+                dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0),
+                "sse",
+            )
     if rec:
-        st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: "
-                   f"{rec.label}.")
+        st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: {rec.label}.")
 if rec:
     ev = rec.events
     lines = sse_lines(ev)
     m = metrics(ev)
-    st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every "
-               f"{(m.tpot_s or 0) * 1000:.0f} ms on average.")
+    st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
     st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
     if st.button("Replay at the measured pace", key="sse_replay"):
+
         def paced():
             prev = 0.0
             for e in ev:
                 time.sleep(min(1.0, max(0.0, e.t_s - prev)))
                 prev = e.t_s
                 yield e.text
+
         st.write_stream(paced())
 
 st.subheader("Sharding: a plan computed from the config")
@@ -49,26 +55,42 @@ st.markdown(
     "contiguous run of layers; a token passes from device to device. **Tensor parallelism** splits every "
     "layer's matrices: each device holds some heads and some feed-forward columns, and the partial results are "
     "summed across devices (an all-reduce) twice per layer. "
-    + (f"This machine has {n_dev} CUDA device(s), so the figures below are a **plan computed from the model's "
-       "parameter shapes, not a measurement**." if n_dev < 2 else
-       f"This machine has {n_dev} CUDA devices; the plan below is computed from the config."))
+    + (
+        f"This machine has {n_dev} CUDA device(s), so the figures below are a **plan computed from the model's parameter shapes, not a measurement**."
+        if n_dev < 2
+        else f"This machine has {n_dev} CUDA devices; the plan below is computed from the config."
+    )
+)
 even = even_device_counts(lm)
-N = st.select_slider("Devices", [1, 2, 3, 4, 8], value=even[0] if even else 2, key="shard_n",
-                     help="Counts that split this model's heads evenly: " + (", ".join(map(str, even)) or "none"))
+N = st.select_slider(
+    "Devices",
+    [1, 2, 3, 4, 8],
+    value=even[0] if even else 2,
+    key="shard_n",
+    help="Counts that split this model's heads evenly: " + (", ".join(map(str, even)) or "none"),
+)
 plan = pipeline_plan(lm, N)
-st.markdown("**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
-            "(the goal of accelerate's `device_map=\"balanced\"`; its own placement may differ by a layer):")
-st.dataframe(pd.DataFrame([{"device": r.device, "layers": r.layers, "number of layers": r.n_layers,
-                            "also holds": r.also, "weights": f"{r.weights_mb:,.1f} MiB"} for r in plan]),
-             hide_index=True, width="stretch")
+st.markdown(
+    "**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
+    '(the goal of accelerate\'s `device_map="balanced"`; its own placement may differ by a layer):'
+)
+st.dataframe(
+    pd.DataFrame(
+        [{"device": r.device, "layers": r.layers, "number of layers": r.n_layers, "also holds": r.also, "weights": f"{r.weights_mb:,.1f} MiB"} for r in plan]
+    ),
+    hide_index=True,
+    width="stretch",
+)
 tp = tensor_parallel_plan(lm, N)
 st.markdown("**Tensor-parallel split** of every layer (heads stay whole):")
 st.dataframe(pd.DataFrame(tp.rows), hide_index=True, width="stretch")
 c = st.columns(3)
 c[0].metric("Weights per device", f"{tp.weights_mb_per_device:,.1f} MiB")
-c[1].metric("All-reduced per token", f"{tp.allreduce_bytes_per_token / 1024:,.1f} KiB",
-            help="2 all-reduces per layer × d_model × bytes")
-c[2].metric("KV cache per token, busiest device", f"{tp.kv_cache_bytes_per_token_per_device:,} B",
-            help=f"2 (K and V) × layers × {tp.kv_heads_on_busiest_device} KV head(s) × head dim × bytes")
+c[1].metric("All-reduced per token", f"{tp.allreduce_bytes_per_token / 1024:,.1f} KiB", help="2 all-reduces per layer × d_model × bytes")
+c[2].metric(
+    "KV cache per token, busiest device",
+    f"{tp.kv_cache_bytes_per_token_per_device:,} B",
+    help=f"2 (K and V) × layers × {tp.kv_heads_on_busiest_device} KV head(s) × head dim × bytes",
+)
 for issue in tp.issues:
     st.warning(issue)

@@ -14,40 +14,57 @@ st.markdown(
     "**Continuous batching** (iteration-level scheduling, as vLLM and TGI do) decides at *every* decode step: a "
     "request joins at the next step after it arrives and leaves the step it finishes, so one forward pass "
     "serves everyone running at that moment and the weights are read once for all of them. Below, the three "
-    "policies run on the loaded model, measured, each on an engine of its own.")
+    "policies run on the loaded model, measured, each on an engine of its own."
+)
 lm = widgets.get_model()
 
 PRESETS = {
     "One long answer, three short ones": [
-        ("Alice", 0.0, "Why is the sky blue?", 48), ("Bob", 0.2, "The capital of France is", 8),
-        ("Charlie", 0.4, "Dog bites man.", 8), ("Diana", 0.6, "Apple released a new chip.", 8)],
+        ("Alice", 0.0, "Why is the sky blue?", 48),
+        ("Bob", 0.2, "The capital of France is", 8),
+        ("Charlie", 0.4, "Dog bites man.", 8),
+        ("Diana", 0.6, "Apple released a new chip.", 8),
+    ],
     "Staggered arrivals": [
-        ("Alice", 0.0, "Why is the sky blue?", 24), ("Bob", 1.0, "The capital of France is", 24),
-        ("Charlie", 2.0, "Dog bites man.", 24), ("Diana", 3.0, "Apple released a new chip.", 24)],
+        ("Alice", 0.0, "Why is the sky blue?", 24),
+        ("Bob", 1.0, "The capital of France is", 24),
+        ("Charlie", 2.0, "Dog bites man.", 24),
+        ("Diana", 3.0, "Apple released a new chip.", 24),
+    ],
     "Everyone at once, same length": [
-        ("Alice", 0.0, "Why is the sky blue?", 24), ("Bob", 0.0, "The capital of France is", 24),
-        ("Charlie", 0.0, "Dog bites man.", 24), ("Diana", 0.0, "Apple released a new chip.", 24)],
+        ("Alice", 0.0, "Why is the sky blue?", 24),
+        ("Bob", 0.0, "The capital of France is", 24),
+        ("Charlie", 0.0, "Dog bites man.", 24),
+        ("Diana", 0.0, "Apple released a new chip.", 24),
+    ],
 }
 COLUMNS = ["user", "arrives after (s)", "prompt", "max new tokens"]
 
 
-load_preset = widgets.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()},
-                                ("batch_users",))
+load_preset = widgets.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()}, ("batch_users",))
 if "batch_users" not in st.session_state:
     st.session_state["batch_preset"] = next(iter(PRESETS))
     load_preset()
 st.selectbox("Scene", list(PRESETS), key="batch_preset", on_change=load_preset)
-table = st.data_editor(st.session_state["batch_users"], num_rows="dynamic", hide_index=True, width="stretch",
-                       key="batch_editor",
-                       column_config={"arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0,
-                                                                                         step=0.1),
-                                      "max new tokens": st.column_config.NumberColumn(min_value=1, max_value=128,
-                                                                                      step=1)})
+table = st.data_editor(
+    st.session_state["batch_users"],
+    num_rows="dynamic",
+    hide_index=True,
+    width="stretch",
+    key="batch_editor",
+    column_config={
+        "arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0, step=0.1),
+        "max new tokens": st.column_config.NumberColumn(min_value=1, max_value=128, step=1),
+    },
+)
 c1, c2 = st.columns(2)
 chat = widgets.chat_switch(lm, "batch_chat", c1)
-eos = c2.toggle("Stop at end-of-sequence", value=False, key="batch_eos",
-                help="Off: every answer is exactly its max new tokens long, so the lengths above are the lengths "
-                     "that run. On: an answer may end earlier, as in real use.")
+eos = c2.toggle(
+    "Stop at end-of-sequence",
+    value=False,
+    key="batch_eos",
+    help="Off: every answer is exactly its max new tokens long, so the lengths above are the lengths that run. On: an answer may end earlier, as in real use.",
+)
 
 
 def _users() -> list[User] | None:
@@ -60,8 +77,9 @@ def _users() -> list[User] | None:
             st.warning(f"{name or 'A user'} has an empty prompt.")
             return None
         try:
-            users.append(User(name or f"user {len(users) + 1}", float(row["arrives after (s)"] or 0.0), prompt,
-                              max(1, min(128, int(row["max new tokens"] or 1)))))
+            users.append(
+                User(name or f"user {len(users) + 1}", float(row["arrives after (s)"] or 0.0), prompt, max(1, min(128, int(row["max new tokens"] or 1))))
+            )
         except (TypeError, ValueError):
             st.warning(f"{name}: arrival and max new tokens must be numbers.")
             return None
@@ -78,8 +96,7 @@ if st.button("Run the three policies", type="primary", key="batch_go"):
         runs = []
         try:
             for k, policy in enumerate(POLICIES):
-                runs.append(run_scene(lm, users, policy, chat=chat, stop_at_eos=eos,
-                                      progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m)))
+                runs.append(run_scene(lm, users, policy, chat=chat, stop_at_eos=eos, progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m)))
             widgets.remember("scene", (users, chat, eos, runs))
         except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
             st.warning(f"Could not run the scene: {type(e).__name__}: {e}")
@@ -93,17 +110,23 @@ else:
     by = {r.policy: r for r in runs}
     seq, static, cont = by["one after another"], by["static"], by["continuous"]
     m = st.columns(4)
-    m[0].metric("Throughput, continuous", f"{cont.tokens_per_s:.1f} tok/s",
-                f"{cont.tokens_per_s / seq.tokens_per_s:.2f}× one after another" if seq.tokens_per_s else None,
-                delta_color="off", delta_arrow="off")
-    m[1].metric("Throughput, static", f"{static.tokens_per_s:.1f} tok/s",
-                f"{static.tokens_per_s / seq.tokens_per_s:.2f}× one after another" if seq.tokens_per_s else None,
-                delta_color="off", delta_arrow="off")
-    m[2].metric("Mean time to the whole answer", f"{cont.mean_latency_s:.2f} s",
-                f"static {static.mean_latency_s:.2f} s, one by one {seq.mean_latency_s:.2f} s", delta_color="off",
-                delta_arrow="off")
-    m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}",
-                help="Decode rows static batching ran for answers that were already finished")
+    for col, run in zip(m, (cont, static)):
+        ratio = run.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else None
+        col.metric(
+            f"Throughput, {run.policy}",
+            f"{run.tokens_per_s:.1f} tok/s",
+            f"{ratio:.2f}× one after another" if ratio else None,
+            delta_color="off",
+            delta_arrow="off",
+        )
+    m[2].metric(
+        "Mean time to the whole answer",
+        f"{cont.mean_latency_s:.2f} s",
+        f"static {static.mean_latency_s:.2f} s, one by one {seq.mean_latency_s:.2f} s",
+        delta_color="off",
+        delta_arrow="off",
+    )
+    m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
     st.plotly_chart(gantt_figure(runs), width="stretch")
     st.plotly_chart(occupancy_figure(runs), width="stretch")
     c1, c2 = st.columns(2)
@@ -111,16 +134,32 @@ else:
     c2.plotly_chart(kv_figure(cont), width="stretch")
     st.plotly_chart(latency_figure(runs), width="stretch")
     util_col = "GPU util %" if seq.utilisation_of.startswith("GPU") else "CPU %"
-    st.dataframe(pd.DataFrame([{
-        "policy": r.policy, "tokens": r.tokens, "wall s": round(r.wall_s, 2), "tok/s": round(r.tokens_per_s, 1),
-        "mean TTFT s": round(r.mean_ttft_s, 2), "mean answer s": round(r.mean_latency_s, 2),
-        "iterations": len(r.records), "padding rows": r.padded_rows,
-        util_col: None if r.utilisation is None else round(r.utilisation)} for r in runs]),
-        hide_index=True, width="stretch")
-    st.caption(f"{util_col}: {seq.utilisation_of}, mean over each run. Times are wall-clock on this machine, shared "
-               "with other work: compare the policies within one run. On a CPU a decode step for several requests "
-               "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
-               "where a small batch costs about the same as one request.")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "policy": r.policy,
+                    "tokens": r.tokens,
+                    "wall s": round(r.wall_s, 2),
+                    "tok/s": round(r.tokens_per_s, 1),
+                    "mean TTFT s": round(r.mean_ttft_s, 2),
+                    "mean answer s": round(r.mean_latency_s, 2),
+                    "iterations": len(r.records),
+                    "padding rows": r.padded_rows,
+                    util_col: None if r.utilisation is None else round(r.utilisation),
+                }
+                for r in runs
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    st.caption(
+        f"{util_col}: {seq.utilisation_of}, mean over each run. Times are wall-clock on this machine, shared "
+        "with other work: compare the policies within one run. On a CPU a decode step for several requests "
+        "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
+        "where a small batch costs about the same as one request."
+    )
     with st.expander("The answers"):
         for u in cont.users:
             st.markdown(f"**{u.name}** ({len(u.token_ids)} tokens)")
@@ -128,11 +167,12 @@ else:
 
     def scene_checks():
         alone = {u.name: run_alone(lm, u, chat=chat_run, stop_at_eos=eos_run) for u in users}
-        return [checks.check_same_tokens(f"{r.policy}: every answer = the same request generated alone",
-                                         {u.name: u.token_ids for u in r.users}, alone) for r in runs]
+        return [
+            checks.check_same_tokens(f"{r.policy}: every answer = the same request generated alone", {u.name: u.token_ids for u in r.users}, alone)
+            for r in runs
+        ]
 
-    widgets.how_do_we_know(scene_checks, "scene", runs[0],
-                           label="How do we know? Each answer against the same request alone", ask=True)
+    widgets.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
 
 
 widgets.engine_panel(lm)

@@ -1,14 +1,6 @@
 import streamlit as st
 
-from components.figures import (
-    drift_figure,
-    learned_positions_figure,
-    pca_figure,
-    relative_figure,
-    rope_heatmap,
-    token_texts,
-    vector_strip,
-)
+from components.figures import drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap, token_texts, vector_strip
 from components.tokens import visible
 from pipeline import analysis, checks
 from views import widgets
@@ -20,25 +12,30 @@ st.markdown(
     "or order: *Apple* gets the same vector in both sentences below, and *Dog bites man* holds the same "
     "vectors as *Man bites dog*. **Positional information** is added next: Llama-style models rotate each "
     "query and key by an angle proportional to its position (**RoPE**), so attention scores depend on how far "
-    "apart two tokens are. Context then comes from the transformer layers.")
+    "apart two tokens are. Context then comes from the transformer layers."
+)
 lm, tr = widgets.get_trace()
 f = tr.facts
 E = analysis.embedding_matrix(lm)
 
 st.subheader("The lookup: token id → row of the matrix")
 opts = [i for i, t in enumerate(tr.tokens)]
-i = st.selectbox("Token", opts, index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
-                 format_func=widgets.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]))
+i = st.selectbox(
+    "Token",
+    opts,
+    index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
+    format_func=widgets.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]),
+)
 tok = tr.tokens[i]
 c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
 c[1].metric("Row", f"{tok.id:,}")
 c[2].metric("Vector length (L2)", f"{analysis.embedding_norm(tr, i):.3f}")
-st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"),
-                width="stretch")
+st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), width="stretch")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
-st.markdown("**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " +
-            ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn))   # isolated: RTL tokens stay put
+st.markdown(
+    "**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " + ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn)
+)  # isolated: RTL tokens stay put
 
 st.subheader("The prompt in embedding space")
 refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree")
@@ -54,8 +51,7 @@ else:
 st.subheader("Context moves a token's vector through the layers")
 PAIRS = {
     "Apple after context: laptop vs pie": ("I bought an Apple laptop.", "I ate an Apple pie.", "Apple"),
-    "Apple first: chip vs tree": ("Apple released a new chip.", "Apple fell from the tree.",
-                                                          "Apple"),
+    "Apple first: chip vs tree": ("Apple released a new chip.", "Apple fell from the tree.", "Apple"),
     "Word order: Dog bites man vs Man bites dog": ("Dog bites man.", "Man bites dog.", "bites"),
 }
 
@@ -82,28 +78,36 @@ st.plotly_chart(drift_figure(curves, "Same word, two contexts: cosine similarity
 if ia is not None and ib is not None:
     cw = next(iter(curves.values()))
     if ia == ib and ta.input_ids[: ia + 1] == tb.input_ids[: ib + 1]:
-        st.info(f"'{word}' has the same tokens before it in both sentences, and this model is **causal**: a token "
-                "only attends to tokens before it. So its vector is identical at every layer "
-                f"(cosine {cw.min():.4f}); the context that tells the two meanings apart flows into the *later* "
-                "tokens, whose vectors drift apart. Put the word after some context (e.g. *I bought an Apple "
-                "laptop* vs *I ate an Apple pie*) to watch the word itself drift.")
+        st.info(
+            f"'{word}' has the same tokens before it in both sentences, and this model is **causal**: a token "
+            "only attends to tokens before it. So its vector is identical at every layer "
+            f"(cosine {cw.min():.4f}); the context that tells the two meanings apart flows into the *later* "
+            "tokens, whose vectors drift apart. Put the word after some context (e.g. *I bought an Apple "
+            "laptop* vs *I ate an Apple pie*) to watch the word itself drift."
+        )
     else:
-        st.caption(f"At the embeddings the two are identical: cosine {cw[0]:.4f}. After the last layer they are at "
-                   f"cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f}, after layer {int(cw.argmin()) - 1}.")
+        st.caption(
+            f"At the embeddings the two are identical: cosine {cw[0]:.4f}. After the last layer they are at "
+            f"cosine {cw[-1]:.3f}; the lowest is {cw.min():.3f}, after layer {int(cw.argmin()) - 1}."
+        )
 
 st.subheader("Positions")
 if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
     tq, layer = widgets.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
     rd = analysis.rope_demo(lm, tq, layer)
     kind = rd.kind
-    st.markdown(f"**RoPE** in layer {layer} (θ base {rd.theta:,.0f}{', ' + kind if kind else ''}): the "
-                f"{f.head_dim}-dim query and key are cut into {len(rd.inv_freq)} pairs; pair *i* is rotated by "
-                f"position × {rd.theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
-                "slowly (coarse position).")
+    st.markdown(
+        f"**RoPE** in layer {layer} (θ base {rd.theta:,.0f}{', ' + kind if kind else ''}): the "
+        f"{f.head_dim}-dim query and key are cut into {len(rd.inv_freq)} pairs; pair *i* is rotated by "
+        f"position × {rd.theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
+        "slowly (coarse position)."
+    )
     st.plotly_chart(rope_heatmap(rd.angles), width="stretch")
     st.plotly_chart(relative_figure(rd.scores_at_0, rd.scores_at_100), width="stretch")
-    st.caption(f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
-               "every distance. Moving both by 100 positions gives the same curve: only the distance matters.")
+    st.caption(
+        f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
+        "every distance. Moving both by 100 positions gives the same curve: only the distance matters."
+    )
     widgets.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
 else:
     pe = analysis.learned_positions(lm, max(64, tr.T))

@@ -2,15 +2,7 @@ import numpy as np
 import streamlit as st
 
 from components import bertviz_offline
-from components.figures import (
-    attention_heads,
-    gqa_figure,
-    labels_of,
-    matrix_heatmap,
-    mosaic_image,
-    token_texts,
-    without_sink,
-)
+from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image, token_texts, without_sink
 from pipeline import analysis, checks
 from pipeline.tracing import display_maps
 from views import widgets
@@ -21,7 +13,8 @@ st.markdown(
     "looking for?); every token makes a **key** (what do I contain?) and a **value** (what do I pass on?). "
     "Query·key scores, scaled by 1/√(head dim) and passed through a **softmax**, give attention weights that "
     "sum to 1 over the earlier tokens (the upper triangle is masked: a token cannot see the future). Each "
-    "**head** does this with its own projections, so heads specialise: previous token, first token, same word…")
+    "**head** does this with its own projections, so heads specialise: previous token, first token, same word…"
+)
 lm, tr = widgets.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
@@ -30,24 +23,34 @@ L, H = f.n_layers, f.n_heads
 tr, layer = widgets.layer_with_qkv(tr, "Layer", "attn_layer")
 maps, block = display_maps(tr, layer)
 sink = analysis.sink_share(tr)
-hide = st.toggle("Hide the first token (the attention sink) and renormalise", value=False, key="attn_sink",
-                 help="Display only; the numbers checked below are the model's own")
-st.caption(f"Across all layers and heads, {sink:.0%} of attention goes to the very first token on average: many "
-           "heads use it as a place to 'park' attention when nothing else is relevant. "
-           + ("It is hidden now, rows renormalised over the other tokens." if hide else
-              "Switch the toggle to see where the rest goes."))
+hide = st.toggle(
+    "Hide the first token (the attention sink) and renormalise",
+    value=False,
+    key="attn_sink",
+    help="Display only; the numbers checked below are the model's own",
+)
+st.caption(
+    f"Across all layers and heads, {sink:.0%} of attention goes to the very first token on average: many "
+    "heads use it as a place to 'park' attention when nothing else is relevant. "
+    + ("It is hidden now, rows renormalised over the other tokens." if hide else "Switch the toggle to see where the rest goes.")
+)
 if hide:
     maps = without_sink(maps)
 if block > 1:
-    st.caption(f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
-               "still sum to 1), one picture per head instead of millions of cells.")
+    st.caption(
+        f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
+        "still sum to 1), one picture per head instead of millions of cells."
+    )
 st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
 
 st.subheader("Every layer and head at a glance")
-st.image(mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
-         caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
-                 "query down, key across (brighter = more weight: square root of the weight over the tile's largest, "
-                 "so weaker links show next to the first-token sink).", width="stretch")
+st.image(
+    mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
+    caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
+    "query down, key across (brighter = more weight: square root of the weight over the tile's largest, "
+    "so weaker links show next to the first-token sink).",
+    width="stretch",
+)
 
 st.subheader("Query, key, value for one head")
 head = st.slider("Head", 0, H - 1, 0, key="attn_head")
@@ -57,39 +60,36 @@ T = tr.T
 show = slice(max(0, T - 48), T)
 masked = hs.masked
 c1, c2 = st.columns(2)
-c1.plotly_chart(matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show],
-                               f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), width="stretch")
-c2.plotly_chart(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show],
-                               f"K (shared KV head {kv}) after RoPE", zmid=0), width="stretch")
-c1.plotly_chart(matrix_heatmap(masked[show, show], labels[show], labels[show],
-                               f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), width="stretch")
-c2.plotly_chart(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show],
-                               f"V (shared KV head {kv})", zmid=0), width="stretch")
+c1.plotly_chart(
+    matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show], f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), width="stretch"
+)
+c2.plotly_chart(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show], f"K (shared KV head {kv}) after RoPE", zmid=0), width="stretch")
+c1.plotly_chart(
+    matrix_heatmap(masked[show, show], labels[show], labels[show], f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), width="stretch"
+)
+c2.plotly_chart(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show], f"V (shared KV head {kv})", zmid=0), width="stretch")
 if T > 48:
     st.caption("Showing the last 48 tokens.")
 st.plotly_chart(gqa_figure(H, f.n_kv_heads), width="stretch")
 
 st.subheader("bertviz: head view and model view")
 if T > 128:
-    st.info(f"bertviz draws every token pair as a line; with {T} tokens that is unreadable. Use a prompt of at "
-            "most 128 tokens.")
+    st.info(f"bertviz draws every token pair as a line; with {T} tokens that is unreadable. Use a prompt of at most 128 tokens.")
 else:
     kept = sorted(tr.attn_full) if tr.attn_block == 1 else []
     if len(kept) == L:
-        att = without_sink(tr.attentions) if hide else tr.attentions      # the sink toggle applies here too
+        att = without_sink(tr.attentions) if hide else tr.attentions  # the sink toggle applies here too
         tokens = token_texts(tr.tokens)
         which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
-        n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers",
-                             help="Fewer layers keep the page small")
-        html = bertviz_offline.offline_html("head" if which == "head view" else "model", att.astype(np.float32),
-                                            tokens, max_layers=n_layers, display_mode="light")
+        n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers", help="Fewer layers keep the page small")
+        html = bertviz_offline.offline_html(
+            "head" if which == "head view" else "model", att.astype(np.float32), tokens, max_layers=n_layers, display_mode="light"
+        )
         height = 160 + 22 * T if which == "head view" else 140 + 105 * n_layers
         st.iframe(html, height=max(420, height))
-        st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 "
-                   "decimals.")
+        st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 decimals.")
     else:
         st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")
 
 
-widgets.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs),
-                      f"attn{layer}-{head}", tr)
+widgets.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs), f"attn{layer}-{head}", tr)

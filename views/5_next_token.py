@@ -13,7 +13,8 @@ st.markdown(
     "(below 1 sharpens, above 1 flattens; 0 means always take the top). **Top-k** keeps the k most likely, "
     "**top-p** the smallest set whose probability reaches p, **min-p** those at least min-p × the top "
     "probability. What survives is renormalised and one token is **sampled**. Moving a slider re-filters this "
-    "run's cached logits; the model is not run again.")
+    "run's cached logits; the model is not run again."
+)
 lm, tr = widgets.get_trace()
 c = st.columns(5)
 temperature = c[0].slider("Temperature", 0.0, 2.0, 1.0, 0.05, key="temperature")
@@ -26,19 +27,22 @@ steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})" for i in order]
-st.plotly_chart(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]),
-                width="stretch", key="sampling_bars")
+st.plotly_chart(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), width="stretch", key="sampling_bars")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")
-m[2].metric("Entropy, bits", f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f}",
-             help="Uncertainty of the distribution before any filter → after all filters")
+m[2].metric(
+    "Entropy, bits",
+    f"{sampling.entropy_bits(first):.2f} → {sampling.entropy_bits(last):.2f}",
+    help="Uncertainty of the distribution before any filter → after all filters",
+)
 m[3].metric("Top candidate now", f"{last.max():.3f}")
-st.caption("✗ marks a candidate filtered out at that stage; the bars are renormalised over the survivors. "
-           f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}.")
+st.caption(
+    "✗ marks a candidate filtered out at that stage; the bars are renormalised over the survivors. "
+    f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}."
+)
 if steps[-1].kept == 1 and temperature > 0:
-    st.info("Only one candidate survives these filters, so sampling always draws it. Raise the temperature or "
-            "top-p to let more through.")
+    st.info("Only one candidate survives these filters, so sampling always draws it. Raise the temperature or top-p to let more through.")
 
 s1, s2 = st.columns([1, 3])
 seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
@@ -48,10 +52,11 @@ if s1.button("Sample", type="primary"):
 sampled = widgets.recall("sampled")
 if sampled is not None and sampled[0] == tr.text:
     _, tid, p, p_raw, sd = sampled
-    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}): p = {p:.3f} after the "
-                f"filters, {p_raw:.3f} before them:")
+    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}): p = {p:.3f} after the filters, {p_raw:.3f} before them:")
     s2.code(tr.text + lm.tokenizer.decode([tid]), language=None)
 
-widgets.how_do_we_know(lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p),
-                               checks.check_logits(lm, tr)[0]],
-                      f"next{temperature}-{top_k}-{top_p}-{min_p}", tr)
+widgets.how_do_we_know(
+    lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), checks.check_logits(lm, tr)[0]],
+    f"next{temperature}-{top_k}-{top_p}-{min_p}",
+    tr,
+)

@@ -11,7 +11,8 @@ st.markdown(
     "again, one token at a time, until it emits an end-of-sequence token or reaches the limit. Thanks to the "
     "**KV cache** each step feeds only the newest token; the keys and values of everything before are reused. "
     "This is our own loop (not `model.generate`), so every step's distribution and timing is visible. Click a "
-    "generated token to see the distribution it was drawn from.")
+    "generated token to see the distribution it was drawn from."
+)
 lm = widgets.get_model()
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
@@ -24,7 +25,7 @@ if b2.button("Stop", key="gen_stop", help="Stops after the current token; what w
     widgets.stop_generation("gen")
 out = st.empty()
 if go:
-    st.session_state.pop("gen_pick", None)          # a new run: show its last token, not the old selection
+    st.session_state.pop("gen_pick", None)  # a new run: show its last token, not the old selection
     rec = widgets.run_generation(lm, prompt, chat, settings, "gen", out=out)
     if rec is None:
         st.stop()
@@ -43,20 +44,23 @@ elif ev[-1].finished == "eos":
 m = metrics(ev)
 c = st.columns(5)
 c[0].metric("Tokens generated", m.n)
-c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in → first token out, "
-            "tokenization included")
-c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
-            help="(latency − TTFT) / (n − 1)")
+c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in → first token out, tokenization included")
+c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—", help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
-pick = st.pills("Generated tokens (click one; the small number is its position)", list(range(len(ev))),
-                default=len(ev) - 1 if ev else None,
-                format_func=widgets.labeller([f"{visible(e.text) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
-                key="gen_pick")
+pick = st.pills(
+    "Generated tokens (click one; the small number is its position)",
+    list(range(len(ev))),
+    default=len(ev) - 1 if ev else None,
+    format_func=widgets.labeller([f"{visible(e.text) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
+    key="gen_pick",
+)
 if pick is not None:
     e = ev[pick]
-    st.markdown(f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "
-                f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms")
+    st.markdown(
+        f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "
+        f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
+    )
     st.plotly_chart(distribution_figure(e), width="stretch")
 st.plotly_chart(step_times_figure(ev), width="stretch")

@@ -13,7 +13,8 @@ st.markdown(
     "**time to first token** (TTFT). **Decode** then produces one token per forward pass, reading the cache "
     "instead of recomputing the past. Prefill does a lot of arithmetic on many tokens at once; a decode step "
     "does little arithmetic but must read every weight of the model for a single token, so its time barely "
-    "depends on the context length, until the context gets long.")
+    "depends on the context length, until the context gets long."
+)
 lm = widgets.get_model()
 
 st.subheader("This run")
@@ -23,9 +24,10 @@ if rec is None:
 else:
     ev = rec.events
     m = metrics(ev)
-    st.caption(f"Page 6's last run: {rec.label}."
-               + (" The sidebar's prompt has changed since; generate again on page 6 to measure it."
-                  if rec.prompt != st.session_state.get("prompt", "") else ""))
+    st.caption(
+        f"Page 6's last run: {rec.label}."
+        + (" The sidebar's prompt has changed since; generate again on page 6 to measure it." if rec.prompt != st.session_state.get("prompt", "") else "")
+    )
     c = st.columns(3)
     c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
@@ -35,35 +37,49 @@ else:
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
 lengths = [16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]
-st.caption(f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
-           "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up.")
+st.caption(
+    f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
+    "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up."
+)
 if st.button("Run the sweep", key="sweep_go"):
     bar = st.progress(0.0, text="prefill and decode at each length")
-    widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8,
-                                                   progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
+    widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
     bar.empty()
 rows = widgets.recall("sweep")
 if rows is not None:
     st.plotly_chart(sweep_figure(rows), width="stretch")
-    st.dataframe(pd.DataFrame([{"prompt tokens": r.tokens, "prefill ms": round(r.prefill_s * 1000, 1),
-                                "prefill ms per token": round(r.prefill_per_token_s * 1000, 2),
-                                "decode step ms": round(r.decode_step_s * 1000, 1)} for r in rows]),
-                 hide_index=True)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "prompt tokens": r.tokens,
+                    "prefill ms": round(r.prefill_s * 1000, 1),
+                    "prefill ms per token": round(r.prefill_per_token_s * 1000, 2),
+                    "decode step ms": round(r.decode_step_s * 1000, 1),
+                }
+                for r in rows
+            ]
+        ),
+        hide_index=True,
+    )
     first, last = rows[0], rows[-1]
     gp, gd = last.prefill_s / first.prefill_s, last.decode_step_s / first.decode_step_s
-    msg = (f"From {first.tokens} to {last.tokens} tokens ({last.tokens // first.tokens}× longer) "
-           f"prefill took {gp:.1f}× as long, a decode step {gd:.2f}× as long.")
+    msg = (
+        f"From {first.tokens} to {last.tokens} tokens ({last.tokens // first.tokens}× longer) prefill took {gp:.1f}× as long, a decode step {gd:.2f}× as long."
+    )
     if gp > 2 * gd:
         st.caption(msg + " Prefill pays for every prompt token; a decode step mostly pays for reading the weights.")
     else:
         st.warning(msg + " That is not the usual picture: the machine may have been busy. Run the sweep again.")
 
 st.subheader("Without the KV cache")
-st.markdown("The same greedy generation twice: with the cache each step feeds one token; without it every step "
-            "feeds the whole context again, so step time grows with the length. Same tokens out.")
+st.markdown(
+    "The same greedy generation twice: with the cache each step feeds one token; without it every step "
+    "feeds the whole context again, so step time grows with the length. Same tokens out."
+)
 n_off, ctx = (24, 256) if not gpu else (64, 1024)
 prompt = pipeline.generation.long_prompt(lm, ctx)
-ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)        # what generate will see
+ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)  # what generate will see
 if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
     with st.spinner("Generating twice…"):
         try:

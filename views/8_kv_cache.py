@@ -12,7 +12,8 @@ st.markdown(
     "them for the newest token. The price is memory that grows with every token: "
     "**2 (K and V) × layers × KV heads × head dim × bytes per value** per token. Models with "
     "**grouped-query attention** (GQA) share each key/value head among several query heads, which divides this "
-    "memory. Below, the formula next to the bytes actually held by this run's cache tensors.")
+    "memory. Below, the formula next to the bytes actually held by this run's cache tensors."
+)
 lm = widgets.get_model()
 f = lm.facts
 chat = widgets.chat_switch(lm, "kv_chat")
@@ -25,46 +26,54 @@ rec = widgets.last_generation("kv", lm)
 source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:
     with st.spinner("Generating 16 tokens to measure the cache…"):
-        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0,
-                                                           top_p=1.0, seed=0), "kv", cache="dynamic")
+        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "kv", cache="dynamic")
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
 if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.settings["max_new_tokens"]:
-    st.info(f"The model ended its answer after {len(rec.events)} token(s) (end-of-sequence), so the cache "
-            f"stopped growing at {rec.events[-1].context_len} tokens."
-            + ("" if chat or not getattr(lm.tokenizer, "chat_template", None) else
-               " Chat mode makes an instruct model answer at length."))
+    st.info(
+        f"The model ended its answer after {len(rec.events)} token(s) (end-of-sequence), so the cache "
+        f"stopped growing at {rec.events[-1].context_len} tokens."
+        + ("" if chat or not getattr(lm.tokenizer, "chat_template", None) else " Chat mode makes an instruct model answer at length.")
+    )
 ev = rec.events
 per_token = kv_bytes_formula(lm, 1)
 bpv = lm.arch.bytes_per_value
 last = ev[-1]
 measured_per_token = measured_kv_per_token(lm, last)
 c = st.columns(4)
-c[0].metric("Formula, per token", f"{per_token:,} B",
-            help=f"2 × {f.n_layers} layers × {f.n_kv_heads} KV heads × {f.head_dim} × {bpv} bytes ({lm.dtype})")
-c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B" if measured_per_token else "window full",
-            help="bytes of the cache tensors ÷ tokens in them")
+c[0].metric("Formula, per token", f"{per_token:,} B", help=f"2 × {f.n_layers} layers × {f.n_kv_heads} KV heads × {f.head_dim} × {bpv} bytes ({lm.dtype})")
+c[1].metric("Measured, per token", f"{measured_per_token:,.0f} B" if measured_per_token else "window full", help="bytes of the cache tensors ÷ tokens in them")
 c[2].metric("Cache now", f"{last.kv_bytes / 2**20:.2f} MiB", help=f"{last.context_len} tokens")
 agree = check_kv_bytes(lm, ev)
 c[3].metric("Agree", "yes" if agree.ok else "NO", help=agree.detail)
-st.latex(rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
-         rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}")
+st.latex(
+    rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
+    rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}"
+)
 st.plotly_chart(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), width="stretch")
 st.plotly_chart(kv_layers_figure(last.kv_bytes_per_layer), width="stretch")
 n_sliding, keep = kv_window(lm)
 if n_sliding:
-    st.info(f"{n_sliding} of {f.n_layers} layers are local: they attend to a sliding window of {keep + 1:,} tokens, "
-            f"so their cache keeps at most {keep:,} tokens. The formula above is per token for the global layers "
-            "and for local layers until the window fills; after that only the global layers grow.")
+    st.info(
+        f"{n_sliding} of {f.n_layers} layers are local: they attend to a sliding window of {keep + 1:,} tokens, "
+        f"so their cache keeps at most {keep:,} tokens. The formula above is per token for the global layers "
+        "and for local layers until the window fills; after that only the global layers grow."
+    )
 
 st.subheader("What a full context would cost (computed from the config)")
-rows = [{"tokens": f"{k.tokens:,}" + (" (this model's context length)" if k.tokens == f.max_positions else ""),
-         "KV cache, this model": f"{k.bytes / 2**20:,.0f} MiB",
-         f"if every query head had its own KV head ({f.n_heads})": f"{k.bytes_one_kv_per_head / 2**20:,.0f} MiB",
-         "weights, for scale": f"{k.weight_bytes / 2**20:,.0f} MiB"}
-        for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])]
+rows = [
+    {
+        "tokens": f"{k.tokens:,}" + (" (this model's context length)" if k.tokens == f.max_positions else ""),
+        "KV cache, this model": f"{k.bytes / 2**20:,.0f} MiB",
+        f"if every query head had its own KV head ({f.n_heads})": f"{k.bytes_one_kv_per_head / 2**20:,.0f} MiB",
+        "weights, for scale": f"{k.weight_bytes / 2**20:,.0f} MiB",
+    }
+    for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])
+]
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-st.caption(f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
-           "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
-           "its own cache.")
+st.caption(
+    f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
+    "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
+    "its own cache."
+)

@@ -11,7 +11,8 @@ st.markdown(
     "What the processor is doing while the model generates, sampled in the background during a real run. A "
     "language model is mostly **matrix multiplication**: every layer multiplies each token's vector by large "
     "weight matrices. GPUs exist to do exactly that in parallel. Below: this machine's measured matmul "
-    "throughput and the measured share of a decode step spent in matrix multiplications.")
+    "throughput and the measured share of a decode step spent in matrix multiplications."
+)
 lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
 n = c1.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n")
@@ -19,8 +20,7 @@ chat = widgets.chat_switch(lm, "hw_chat", c2)
 prompt = widgets.generation_prompt()
 if st.button("Run with telemetry", type="primary", key="hw_go", disabled=prompt is None):
     with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
-        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0,
-                                                           seed=0), "hw", sampler=sampler)
+        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0, seed=0), "hw", sampler=sampler)
     if rec:
         widgets.remember("hw_timeline", sampler.timeline)
 timeline = widgets.recall("hw_timeline")
@@ -33,9 +33,11 @@ if timeline is not None:
         m = metrics(rec.events)
         if rec.events[-1].finished == "eos" and m.n < n:
             st.info(f"The model ended its answer after {m.n} tokens (end-of-sequence).")
-        st.caption(f"Run: {rec.label}. "
-                   f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
-                   f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms.")
+        st.caption(
+            f"Run: {rec.label}. "
+            f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
+            f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms."
+        )
 
 st.subheader("Why a GPU: matrix multiplication")
 if st.button("Measure", key="hw_probe"):
@@ -45,11 +47,13 @@ pr = widgets.recall("hw_probe")
 if pr is not None:
     mm, prof = pr
     c = st.columns(3)
-    c[0].metric(f"Matmul {mm.n}³ ({mm.dtype})", f"{mm.tflops * 1000:,.0f} GFLOP/s",
-                help=f"{mm.seconds * 1000:.1f} ms, best of 5")
+    c[0].metric(f"Matmul {mm.n}³ ({mm.dtype})", f"{mm.tflops * 1000:,.0f} GFLOP/s", help=f"{mm.seconds * 1000:.1f} ms, best of 5")
     c[1].metric("Matmul share of a decode step", f"{prof.matmul_share:.0%}", help=prof.device_time)
-    c[2].metric("One decode step", f"{prof.step_ms:.1f} ms", help="median of 5 steps without the profiler "
-                "(the profiled step is slower: the profiler's own overhead)")
+    c[2].metric(
+        "One decode step", f"{prof.step_ms:.1f} ms", help="median of 5 steps without the profiler (the profiled step is slower: the profiler's own overhead)"
+    )
     st.plotly_chart(ops_figure(prof.top), width="stretch")
-    st.caption("Measured with torch.profiler on this device. At batch 1 a decode step reads every weight once for "
-               "one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed.")
+    st.caption(
+        "Measured with torch.profiler on this device. At batch 1 a decode step reads every weight once for "
+        "one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
+    )

@@ -4,6 +4,7 @@ knows nothing of Streamlit; this module only holds one instance per process or p
 
 Pages stay thin: they read widgets, call pipeline, hand plain data to components.
 """
+
 from __future__ import annotations
 
 import time
@@ -63,9 +64,13 @@ def sidebar():
     choices = [m for m in available_models()]
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
     keys = [m.key for m in choices] + [LOCAL]
-    sb.selectbox("Model", keys, key="model_choice", format_func=lambda k: labels.get(k, k),
-                 help="Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging "
-                      "Face folder (safetensors). Nothing is ever downloaded.")
+    sb.selectbox(
+        "Model",
+        keys,
+        key="model_choice",
+        format_func=lambda k: labels.get(k, k),
+        help="Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded.",
+    )
     if st.session_state["model_choice"] == LOCAL:
         sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
@@ -74,7 +79,7 @@ def sidebar():
     info = st.session_state.get("_device_label")
     if info:
         sb.caption(f"**Device:** {info}")
-    st.session_state["_run_caption"] = sb.empty()     # one "This run" line, however many traces a page reads
+    st.session_state["_run_caption"] = sb.empty()  # one "This run" line, however many traces a page reads
 
 
 def model_key() -> str:
@@ -113,9 +118,17 @@ def _traces() -> appstate.TraceCache:
 
 def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
     lm = _loader(model_key).result
-    return _traces().get((model_key, prompt, chat, qkv_layer), lambda: pipeline.trace(
-        lm, prompt, chat=chat, qkv_layers=[qkv_layer] if qkv_layer is not None else None,
-        attn_layers=None if qkv_layer is None else [qkv_layer], progress=progress))
+    return _traces().get(
+        (model_key, prompt, chat, qkv_layer),
+        lambda: pipeline.trace(
+            lm,
+            prompt,
+            chat=chat,
+            qkv_layers=[qkv_layer] if qkv_layer is not None else None,
+            attn_layers=None if qkv_layer is None else [qkv_layer],
+            progress=progress,
+        ),
+    )
 
 
 def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: int | None = None):
@@ -128,8 +141,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     bar = st.empty()
     try:
         check_prompt(prompt)
-        tr = _trace(model_key(), prompt, chat, qkv_layer,
-                    progress=lambda f, msg: bar.progress(f, text=f"Running the model with hooks: {msg}"))
+        tr = _trace(model_key(), prompt, chat, qkv_layer, progress=lambda f, msg: bar.progress(f, text=f"Running the model with hooks: {msg}"))
     except TraceError as e:
         bar.empty()
         st.warning(str(e))
@@ -140,8 +152,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if own:
         nxt, p = pipeline.sampling.top_token(tr.next_logits)
         where = st.session_state.get("_run_caption") or st.sidebar
-        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token "
-                      f"**{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
+        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
     return lm, tr
 
 
@@ -182,13 +193,15 @@ def labeller(labels) -> callable:
 def on_choice(select_key: str, table: dict, targets: tuple[str, ...]) -> callable:
     """on_change for a selectbox `select_key` whose choice fills other widgets: table[choice] -> one value per
     target session-state key (a single target takes the value itself)."""
+
     def fill():
         vals = table[st.session_state[select_key]]
         st.session_state.update({targets[0]: vals} if len(targets) == 1 else dict(zip(targets, vals)))
+
     return fill
 
 
-PASS, FAIL, SKIP = ":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]"
+PASS, FAIL, SKIP = (":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]")
 
 
 def verdict(ok: bool | None) -> str:
@@ -209,10 +222,12 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
         results = store.get(key, tr)
         if results is None:
             T = getattr(tr, "T", 0)
-            if (ask or T > 256) and not st.button("Run the cross-checks", key=f"chk_{key}",
-                                                  help="They re-run the model: seconds"):
-                st.caption("The cross-checks re-run the model, so they wait for a click."
-                           if ask else f"{T} tokens: the cross-checks re-run the model, so they wait for a click.")
+            if (ask or T > 256) and not st.button("Run the cross-checks", key=f"chk_{key}", help="They re-run the model: seconds"):
+                st.caption(
+                    "The cross-checks re-run the model, so they wait for a click."
+                    if ask
+                    else f"{T} tokens: the cross-checks re-run the model, so they wait for a click."
+                )
                 return
             try:
                 results = checks_fn()
@@ -242,19 +257,19 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
         _, tr = get_trace(qkv_layer=extra)
     options = sorted(tr.qkv)
     if len(options) > 1:
-        layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2],
-                                 key=key)
+        layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key)
     else:
         layer = options[0]
         st.markdown(f"{label}: **{layer}**")
     c1, c2 = st.columns([1, 3])
     want = c1.number_input("Capture another layer", 0, L - 1, 1, key=f"{key}_want")
-    if c2.button(f"Run the model again keeping layer {want} in full ({tr.T:,} tokens: seconds on CPU)",
-                 key=f"{key}_go"):
+    if c2.button(f"Run the model again keeping layer {want} in full ({tr.T:,} tokens: seconds on CPU)", key=f"{key}_go"):
         st.session_state[str(extra_key)] = int(want)
         st.rerun()
-    st.caption(f"{tr.T:,} tokens: query/key/value and full-resolution maps are kept for layer"
-               f"{'s' if len(options) > 1 else ''} {', '.join(map(str, options))} only, to bound memory.")
+    st.caption(
+        f"{tr.T:,} tokens: query/key/value and full-resolution maps are kept for layer"
+        f"{'s' if len(options) > 1 else ''} {', '.join(map(str, options))} only, to bound memory."
+    )
     return tr, layer
 
 
@@ -268,12 +283,17 @@ def chat_switch(lm, key: str, where=None) -> bool:
         st.session_state["_gen_chat"] = st.session_state[key]
 
     w = where or st
-    return w.toggle("Chat mode", value=bool(st.session_state.get("_gen_chat", True)) and has, key=key,
-                    disabled=not has, on_change=keep,
-                    help="For the generation pages (6-14; the sidebar's switch applies to pages 1-5): the sidebar's "
-                         "prompt wrapped in the chat template. Instruct models answer questions in chat mode; a "
-                         "completion-style prompt such as 'The capital of France is' reads better with it off. "
-                         "Base models have no chat template.")
+    return w.toggle(
+        "Chat mode",
+        value=bool(st.session_state.get("_gen_chat", True)) and has,
+        key=key,
+        disabled=not has,
+        on_change=keep,
+        help="For the generation pages (6-14; the sidebar's switch applies to pages 1-5): the sidebar's "
+        "prompt wrapped in the chat template. Instruct models answer questions in chat mode; a "
+        "completion-style prompt such as 'The capital of France is' reads better with it off. "
+        "Base models have no chat template.",
+    )
 
 
 def generation_prompt() -> str | None:
@@ -289,18 +309,17 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
     """Temperature / top-k / top-p / seed / max new tokens in one row (shared by the generation pages)."""
     c = st.columns(5)
     return dict(
-        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n",
-                                         help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}"),
-        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else 0.7, 0.05, key=f"{prefix}_t",
-                                help="0 = greedy"),
+        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n", help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}"),
+        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else 0.7, 0.05, key=f"{prefix}_t", help="0 = greedy"),
         top_k=c[2].slider("Top-k (0 = off)", 0, 200, 50, key=f"{prefix}_k"),
         top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, 0.95, 0.01, key=f"{prefix}_p"),
         seed=c[4].number_input("Seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed"),
     )
 
 
-def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None,
-                   use_cache: bool = True, cache: str = "engine") -> GenerationRecord | None:
+def run_generation(
+    lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None, use_cache: bool = True, cache: str = "engine"
+) -> GenerationRecord | None:
     """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
     arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
     cache "engine": the request joins the shared engine (every visitor's requests batched together); while it
@@ -312,14 +331,12 @@ def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=N
         return None
     for note in req.notes:
         st.info(note)
-    rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings),
-                           prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
+    rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings), prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
     t_start = time.perf_counter()
     opts = {k: v for k, v in settings.items() if k != "max_new_tokens"}
     if use_cache and cache == "engine":
         try:
-            events = pipeline.engine.engine_for(lm).submit(
-                req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
+            events = pipeline.engine.engine_for(lm).submit(req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
         except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
             st.warning(str(e))
             return None
@@ -327,16 +344,15 @@ def run_generation(lm, prompt: str, chat: bool, settings: dict, slot: str, out=N
         events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
     appstate.remember(st.session_state, slot, model_key(), rec)
     for ev in events:
-        if rec.stopped:          # Stop was pressed: the page has moved on, keep what it showed (the engine
-            break                # request is cancelled as the stream closes)
+        if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
+            break  # request is cancelled as the stream closes)
         if isinstance(ev, pipeline.engine.Waiting):
             if out is not None:
                 out.info(f"The server is busy: {ev}. Your request starts as soon as a slot is free.")
             continue
         rec.events.append(ev)
         if sampler is not None:
-            sampler.mark("prefill" if ev.phase == "prefill" else "decode",
-                         t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
+            sampler.mark("prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
         if out is not None:
             out.markdown(rec.text(lm.tokenizer) + " ▌")
     rec.done = not rec.stopped
@@ -387,7 +403,7 @@ def _wait_loaded(key: str, what: str):
             bar.progress(min(1.0, ldr.fraction), text=f"{ldr.message} · {time.time() - ldr.t0:.0f} s")
         bar.empty()
     if ldr.error:
-        _loaders().forget(key)          # only this one: every other loaded model stays for every session
+        _loaders().forget(key)  # only this one: every other loaded model stays for every session
         st.error(f"Could not load {what}: {ldr.error}")
         return None
     return ldr.result
@@ -402,7 +418,7 @@ def engine_panel(lm):
     c[0].metric("Requests running", s["running"])
     c[1].metric("Waiting in line", s["waiting"])
     c[2].metric("Tokens/s, last minute", f"{s['tokens_per_s_last_minute']:.1f}")
-    c[3].metric("KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB",
-                help=f"{s['blocks_used']} of {s['blocks']} blocks")
-    st.caption(f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. "
-               f"{s['iterations']:,} iterations so far.")
+    c[3].metric(
+        "KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB", help=f"{s['blocks_used']} of {s['blocks']} blocks"
+    )
+    st.caption(f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. {s['iterations']:,} iterations so far.")

@@ -15,6 +15,7 @@ A background thread iterates while there is work and stops when idle; `iterate()
 policy="static" is the comparison the batching page draws: nobody is admitted until the whole batch has
 arrived, and rows that finish keep being computed (padding) until the longest is done.
 """
+
 from __future__ import annotations
 
 import queue
@@ -29,7 +30,7 @@ from ..decode import StepOutput, choose, token_texts
 from ..models import LoadedModel
 from .scheduler import BlockPool, Request, Sampling, Scheduler
 
-DEFAULT_KV_BYTES = 256 << 20        # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
+DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
 BLOCK_SIZE = 16
 
 
@@ -40,22 +41,24 @@ class EngineError(RuntimeError):
 @dataclass
 class IterationRecord:
     """What one engine iteration did (the batching page's Gantt and occupancy come from these)."""
+
     index: int
-    t0: float                       # seconds since the engine started
+    t0: float  # seconds since the engine started
     t1: float
-    decode: list[int]               # request ids that decoded one token
+    decode: list[int]  # request ids that decoded one token
     prefill: list[tuple[int, int]]  # (request id, prompt tokens prefilled this iteration)
-    waiting: list[int]              # request ids still queued after admission
-    blocks: dict[int, int]          # request id -> KV blocks it holds
-    finished: list[int]             # request ids retired this iteration
-    padded: list[int] = field(default_factory=list)     # static batching: rows computed only as padding
+    waiting: list[int]  # request ids still queued after admission
+    blocks: dict[int, int]  # request id -> KV blocks it holds
+    finished: list[int]  # request ids retired this iteration
+    padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
 
 
 @dataclass
 class Waiting:
     """A request still in line."""
-    position: int                   # 1 = next to be admitted
-    eta_s: float | None             # about how long until it is (None: no recent rate to go by)
+
+    position: int  # 1 = next to be admitted
+    eta_s: float | None  # about how long until it is (None: no recent rate to go by)
 
     def __str__(self) -> str:
         nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(self.position, f"{self.position}th")
@@ -79,7 +82,7 @@ class Handle:
                     if self.request.state == "finished" and self.events.empty():
                         return
                     if self.engine.background:
-                        self.engine._ensure_worker()    # a worker that died is replaced
+                        self.engine._ensure_worker()  # a worker that died is replaced
                     continue
                 if ev is None:
                     if self.error:
@@ -88,7 +91,7 @@ class Handle:
                 yield ev
         finally:
             if self.request.finish is None:
-                self.cancel()                   # the visitor stopped listening: free the slot
+                self.cancel()  # the visitor stopped listening: free the slot
 
     def stream(self, wait_every: float = 0.5):
         """The events, with a `Waiting` item every `wait_every` seconds while the request is still in line
@@ -119,9 +122,19 @@ class Handle:
 
 
 class Engine:
-    def __init__(self, lm: LoadedModel, kv_bytes: int | None = None, block_size: int = BLOCK_SIZE,
-                 max_batch: int = 16, max_queue: int = 64, prefill_chunk: int = 256, policy: str = "continuous",
-                 history: int = 4096, background: bool = True, static_batch_size: int | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        kv_bytes: int | None = None,
+        block_size: int = BLOCK_SIZE,
+        max_batch: int = 16,
+        max_queue: int = 64,
+        prefill_chunk: int = 256,
+        policy: str = "continuous",
+        history: int = 4096,
+        background: bool = True,
+        static_batch_size: int | None = None,
+    ):
         from ..fused import supported
         from .paged import PagedKV, PagedStep
 
@@ -134,25 +147,24 @@ class Engine:
         self.name = "engine (continuous batching)" if policy == "continuous" else "engine (static batching)"
         if not ok:
             self.name += ", one request at a time: " + self.unsupported
-        self.scheduler = Scheduler(BlockPool(n_blocks, block_size), max_batch=max_batch, max_queue=max_queue,
-                                   prefill_chunk=prefill_chunk)
+        self.scheduler = Scheduler(BlockPool(n_blocks, block_size), max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk)
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.t_start = time.perf_counter()
         self.iterations = 0
-        self.tokens_out: deque[tuple[float, int]] = deque(maxlen=8192)     # (time, tokens) per iteration
+        self.tokens_out: deque[tuple[float, int]] = deque(maxlen=8192)  # (time, tokens) per iteration
         self._handles: dict[int, Handle] = {}
         self._gens: dict[int, torch.Generator | None] = {}
-        self._caches: dict = {}                     # per-request prefill caches between chunks
-        self._fallback: dict = {}                   # per-request decode steps when the paged step is unsupported
-        self._static_batch: list[Request] = []      # policy "static": the batch being run
+        self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
+        self._static_batch: list[Request] = []  # policy "static": the batch being run
         self._dec = token_texts(lm.tokenizer)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._iter_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ visitors
-    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling | None = None,
-               stop_ids=None, name: str = "", arrived: float | None = None) -> Handle:
+    def submit(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling | None = None, stop_ids=None, name: str = "", arrived: float | None = None
+    ) -> Handle:
         """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs."""
         from ..generation import eos_ids
 
@@ -160,12 +172,10 @@ class Engine:
             raise ValueError("empty prompt")
         limit = self.lm.facts.max_positions or 10**9
         if len(prompt_ids) + max_new_tokens > limit:
-            raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's "
-                             f"context window of {limit:,}.")
-        req = Request(list(prompt_ids), int(max_new_tokens), sampling or Sampling(),
-                      frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
+            raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's context window of {limit:,}.")
+        req = Request(list(prompt_ids), int(max_new_tokens), sampling or Sampling(), frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
         if arrived is not None:
-            req.arrived = arrived               # time since the request arrived includes tokenizing it
+            req.arrived = arrived  # time since the request arrived includes tokenizing it
         h = Handle(self, req)
         self._handles[req.id] = h
         s = req.sampling
@@ -207,8 +217,13 @@ class Engine:
 
     def stats(self) -> dict:
         s = self.scheduler.snapshot()
-        s.update(kv_bytes_in_use=s["blocks_used"] * self.block_bytes, kv_bytes_total=self.kv.nbytes,
-                 tokens_per_s_last_minute=self.tokens_per_s(60.0), iterations=self.iterations, engine=self.name)
+        s.update(
+            kv_bytes_in_use=s["blocks_used"] * self.block_bytes,
+            kv_bytes_total=self.kv.nbytes,
+            tokens_per_s_last_minute=self.tokens_per_s(60.0),
+            iterations=self.iterations,
+            engine=self.name,
+        )
         return s
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -228,7 +243,7 @@ class Engine:
                 with self._thread_lock:
                     if self.scheduler.wait_for_work(0.0):
                         continue
-                    self._thread = None         # idle: the thread ends (a later submit starts another)
+                    self._thread = None  # idle: the thread ends (a later submit starts another)
                     return
             self.iterate()
 
@@ -243,16 +258,15 @@ class Engine:
                 return None
             finished, decoded, padded, first = [], [], [], []
             try:
+                rows = [r for r in plan.decode if r.state == "decode"]
                 with self.lm.lock, torch.inference_mode():
-                    first = self._prefill(plan.prefill)
-                    rows = [r for r in plan.decode if r.state == "decode"]
-                    logits = self._decode(rows) if rows else None
+                    first, logits = self._forward(plan.prefill, rows)
                 t_done = time.perf_counter()
-                batch = len(rows) + len(first)
+                batch = len(rows) + len(plan.prefill)
                 for r, lg in first:
                     self._emit(r, lg, "prefill", t0, t_done, batch, finished)
                 for j, r in enumerate(rows):
-                    if r.finish is not None:            # static batching: a finished row computed as padding
+                    if r.finish is not None:  # static batching: a finished row computed as padding
                         padded.append(r.id)
                         continue
                     self._emit(r, logits[j], "decode", t0, t_done, batch, finished)
@@ -274,46 +288,59 @@ class Engine:
             with self.scheduler.lock:
                 blocks = {r.id: len(r.blocks) for r in self.scheduler.running}
                 waiting = [r.id for r in self.scheduler.waiting]
-            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded,
-                                  [(r.id, b - a) for r, a, b in plan.prefill], waiting, blocks, finished, padded)
+            rec = IterationRecord(
+                self.iterations,
+                t0 - self.t_start,
+                t_done - self.t_start,
+                decoded,
+                [(r.id, b - a) for r, a, b in plan.prefill],
+                waiting,
+                blocks,
+                finished,
+                padded,
+            )
             self.records.append(rec)
             return rec
 
-    def _prefill(self, chunks) -> list:
-        """Run the prefill chunks; the requests whose prompt is now complete, with their last logits."""
-        done = []
-        for r, a, b in chunks:
-            if self.step is not None:
-                logits = self.step.prefill(self._caches, r.id, r.prompt_ids, a, b, r.blocks)
-            else:
-                logits = self._fallback_prefill(r, a, b)
+    def _forward(self, chunks, rows: list[Request]):
+        """ONE forward for this iteration: the prompt chunks and a decode token for every running row.
+        Returns ([(request whose prompt is now complete, its last logits)], decode logits [rows, vocab])."""
+        if self.step is None:
+            return self._forward_one_by_one(chunks, rows)
+        from .paged import Seq
+
+        seqs = [Seq(r.prompt_ids[a:b], a, r.blocks) for r, a, b in chunks]
+        seqs += [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
+        logits = self.step.forward(seqs)
+        first = []
+        for j, (r, _, b) in enumerate(chunks):
             r.prefilled = b
-            if logits is not None:
+            if b == len(r.prompt_ids):
                 r.state = "decode"
-                done.append((r, logits))
-        return done
+                first.append((r, logits[j]))
+        return first, logits[len(chunks) :]
 
-    def _decode(self, rows: list[Request]) -> torch.Tensor:
-        tokens = [r.generated[-1] for r in rows]
-        positions = [r.context_len - 1 for r in rows]
-        if self.step is not None:
-            return self.step.decode(tokens, positions, [r.blocks for r in rows])
-        return torch.stack([self._fallback[r.id].step(t, p).logits for r, t, p in zip(rows, tokens, positions)])
-
-    def _fallback_prefill(self, r: Request, a: int, b: int):
+    def _forward_one_by_one(self, chunks, rows: list[Request]):
+        """Architectures the batched step does not implement: transformers' forward, one request at a time
+        (whole prompts, no chunking)."""
         from ..decode import TransformersStep
 
-        if b < len(r.prompt_ids):
-            return None                         # no chunking on this path: the whole prompt at once
-        st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
-        return st.prefill(r.prompt_ids).logits
+        first = []
+        for r, _, b in chunks:
+            if b < len(r.prompt_ids):
+                r.prefilled = b
+                continue
+            st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
+            r.prefilled, r.state = b, "decode"
+            first.append((r, st.prefill(r.prompt_ids).logits))
+        out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
+        return first, torch.stack(out) if out else None
 
     def _emit(self, r: Request, logits, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
         from ..generation import StepEvent
 
         s = r.sampling
-        c = choose(StepOutput(logits=logits), self._dec, s.temperature, s.top_k, s.top_p, s.min_p,
-                   self._gens.get(r.id), s.n_top)
+        c = choose(StepOutput(logits=logits), self._dec, s.temperature, s.top_k, s.top_p, s.min_p, self._gens.get(r.id), s.n_top)
         ctx = r.context_len
         r.generated.append(c.token_id)
         if r.first_token_at is None:
@@ -323,16 +350,31 @@ class Engine:
         if r.cancelled:
             end = end or "cancelled"
         per_layer = [self.kv.block_bytes_per_layer * self.scheduler.pool.blocks_for(ctx + 1)] * self.lm.facts.n_layers
-        ev = StepEvent(index=len(r.generated) - 1, phase=phase, token_id=c.token_id, text=self._dec(c.token_id),
-                       top=c.top, top_raw=c.top_raw, p=c.p, p_raw=c.p_raw, step_s=t_done - t0,
-                       t_s=t_done - r.arrived, context_len=ctx, kv_bytes_per_layer=per_layer, kv_bytes=sum(per_layer),
-                       finished=end, engine=self.name, batch=batch, request_id=r.id)
+        ev = StepEvent(
+            index=len(r.generated) - 1,
+            phase=phase,
+            token_id=c.token_id,
+            text=self._dec(c.token_id),
+            top=c.top,
+            top_raw=c.top_raw,
+            p=c.p,
+            p_raw=c.p_raw,
+            step_s=t_done - t0,
+            t_s=t_done - r.arrived,
+            context_len=ctx,
+            kv_bytes_per_layer=per_layer,
+            kv_bytes=sum(per_layer),
+            finished=end,
+            engine=self.name,
+            batch=batch,
+            request_id=r.id,
+        )
         h = self._handles.get(r.id)
         if h is not None:
             h.events.put(ev)
         if end:
             if self.policy == "static":
-                r.finish = end                  # keeps its slot (padding) until the whole batch is done
+                r.finish = end  # keeps its slot (padding) until the whole batch is done
                 self._close(r, keep=True)
             else:
                 self._retire(r, end)
@@ -352,7 +394,6 @@ class Engine:
     def _forget(self, r: Request) -> None:
         self._handles.pop(r.id, None)
         self._gens.pop(r.id, None)
-        self._caches.pop(r.id, None)
         st = self._fallback.pop(r.id, None)
         if st is not None:
             st.close()
@@ -376,8 +417,7 @@ class Engine:
                 if len(batch) >= want and sum(sch.pool.blocks_for(r.n_tokens) for r in batch) <= sch.pool.n_free:
                     for r in batch:
                         sch.waiting.popleft()
-                        r.blocks, r.state, r.admitted_at = sch.pool.take(sch.pool.blocks_for(r.n_tokens)), "prefill", \
-                            time.perf_counter()
+                        r.blocks, r.state, r.admitted_at = (sch.pool.take(sch.pool.blocks_for(r.n_tokens)), "prefill", time.perf_counter())
                         sch.running.append(r)
                     self._static_batch = batch
         batch = self._static_batch

@@ -12,6 +12,7 @@ iteration by iteration in real time: a user's request is submitted when its arri
     they finish.
 Everything on the batching page is drawn from the returned records.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,12 +25,23 @@ from .core import Engine, IterationRecord
 from .scheduler import Sampling
 
 POLICIES = ("one after another", "static", "continuous")
+# eight visitors' questions (the serving benchmark and the browser load test send these)
+VISITOR_PROMPTS = [
+    "Why is the sky blue?",
+    "The capital of France is",
+    "Dog bites man.",
+    "Apple released a new chip.",
+    "Write a haiku about the sea.",
+    "Explain what a KV cache is.",
+    "List three prime numbers.",
+    "What is the boiling point of water?",
+]
 
 
 @dataclass
 class User:
     name: str
-    arrival_s: float                # seconds after the scene starts
+    arrival_s: float  # seconds after the scene starts
     prompt: str
     max_new_tokens: int
 
@@ -38,10 +50,10 @@ class User:
 class UserResult:
     name: str
     request_id: int
-    arrival_s: float                # when the request arrived (s after the start)
-    admitted_s: float | None        # when it got a slot (s after the start)
-    first_token_s: float | None     # when its first token came out
-    done_s: float | None            # when its last token came out
+    arrival_s: float  # when the request arrived (s after the start)
+    admitted_s: float | None  # when it got a slot (s after the start)
+    first_token_s: float | None  # when its first token came out
+    done_s: float | None  # when its last token came out
     prompt_tokens: int
     token_ids: list[int]
 
@@ -60,13 +72,13 @@ class UserResult:
 class SceneRun:
     policy: str
     users: list[UserResult]
-    records: list[IterationRecord]              # every engine iteration, in order (times from the start)
-    wall_s: float                               # first arrival to last token
+    records: list[IterationRecord]  # every engine iteration, in order (times from the start)
+    wall_s: float  # first arrival to last token
     block_size: int
-    kv_block_bytes: int                         # one block over every layer
-    utilisation: float | None                   # mean CPU / GPU utilisation over the run (%)
+    kv_block_bytes: int  # one block over every layer
+    utilisation: float | None  # mean CPU / GPU utilisation over the run (%)
     utilisation_of: str
-    timeline: object = field(repr=False, default=None)      # the telemetry Timeline
+    timeline: object = field(repr=False, default=None)  # the telemetry Timeline
 
     @property
     def tokens(self) -> int:
@@ -94,13 +106,20 @@ class SceneRun:
 def engine_for_policy(lm: LoadedModel, policy: str, n_users: int, kv_bytes: int | None = None) -> Engine:
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}")
-    return Engine(lm, kv_bytes=kv_bytes, max_batch=1 if policy == "one after another" else max(1, n_users),
-                  max_queue=max(4, n_users), policy="static" if policy == "static" else "continuous",
-                  background=False, static_batch_size=n_users)
+    return Engine(
+        lm,
+        kv_bytes=kv_bytes,
+        max_batch=1 if policy == "one after another" else max(1, n_users),
+        max_queue=max(4, n_users),
+        policy="static" if policy == "static" else "continuous",
+        background=False,
+        static_batch_size=n_users,
+    )
 
 
-def run_scene(lm: LoadedModel, users: list[User], policy: str, chat: bool = False, stop_at_eos: bool = False,
-              kv_bytes: int | None = None, progress=None) -> SceneRun:
+def run_scene(
+    lm: LoadedModel, users: list[User], policy: str, chat: bool = False, stop_at_eos: bool = False, kv_bytes: int | None = None, progress=None
+) -> SceneRun:
     """Run the users' requests under `policy` (greedy). stop_at_eos False: each answer is exactly its
     max_new_tokens long, so the lengths the scene sets are the lengths that run."""
     eng = engine_for_policy(lm, policy, len(users), kv_bytes)
@@ -116,9 +135,14 @@ def run_scene(lm: LoadedModel, users: list[User], policy: str, chat: bool = Fals
             now = time.perf_counter() - t0
             while pending and users[pending[0]].arrival_s <= now:
                 i = pending.pop(0)
-                handles[i] = eng.submit(reqs[i].prompt_ids, reqs[i].max_new_tokens, Sampling(),
-                                        stop_ids=None if stop_at_eos else frozenset(), name=users[i].name,
-                                        arrived=t0 + users[i].arrival_s)
+                handles[i] = eng.submit(
+                    reqs[i].prompt_ids,
+                    reqs[i].max_new_tokens,
+                    Sampling(),
+                    stop_ids=None if stop_at_eos else frozenset(),
+                    name=users[i].name,
+                    arrived=t0 + users[i].arrival_s,
+                )
             rec = eng.iterate()
             if rec is None and pending:
                 time.sleep(max(0.0, min(0.05, users[pending[0]].arrival_s - (time.perf_counter() - t0))))
@@ -131,13 +155,13 @@ def run_scene(lm: LoadedModel, users: list[User], policy: str, chat: bool = Fals
     results = []
     for i, u in enumerate(users):
         r = handles[i].request
-        list(handles[i])                    # drain its events
-        rel = (lambda t: None if t is None else t - t0)
-        results.append(UserResult(u.name, r.id, u.arrival_s, rel(r.admitted_at), rel(r.first_token_at),
-                                  rel(r.last_token_at), len(r.prompt_ids), list(r.generated)))
+        list(handles[i])  # drain its events
+        rel = lambda t: None if t is None else t - t0
+        results.append(
+            UserResult(u.name, r.id, u.arrival_s, rel(r.admitted_at), rel(r.first_token_at), rel(r.last_token_at), len(r.prompt_ids), list(r.generated))
+        )
     first_arrival = min(u.arrival_s for u in users)
-    return SceneRun(policy, results, list(eng.records), (t_end - t0) - first_arrival, eng.kv.block_size,
-                    eng.block_bytes, util, util_of, tl)
+    return SceneRun(policy, results, list(eng.records), (t_end - t0) - first_arrival, eng.kv.block_size, eng.block_bytes, util, util_of, tl)
 
 
 def run_alone(lm: LoadedModel, user: User, chat: bool = False, stop_at_eos: bool = False) -> list[int]:
@@ -145,5 +169,4 @@ def run_alone(lm: LoadedModel, user: User, chat: bool = False, stop_at_eos: bool
     from ..generation import generate
 
     req = prepare(lm, user.prompt, user.max_new_tokens, chat)
-    return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache="dynamic",
-                                         stop_ids=None if stop_at_eos else set())]
+    return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache="dynamic", stop_ids=None if stop_at_eos else set())]

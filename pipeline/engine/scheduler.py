@@ -14,6 +14,7 @@ blocks for prompt + max_new_tokens when admitted (vLLM allocates block by block 
 out; reserving up front never has to preempt, at the price of holding blocks a request that stops early never
 fills). The waiting queue is bounded: beyond `max_queue` a submission is refused with a clear message.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,12 +35,13 @@ class TooLarge(ValueError):
 @dataclass
 class Sampling:
     """One request's own sampling settings (each row of a batch is sampled with its own)."""
-    temperature: float = 0.0        # 0 = greedy
+
+    temperature: float = 0.0  # 0 = greedy
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int | None = 0            # each request has its own generator: reproducible whatever else runs
-    n_top: int = 10                 # candidates reported per step
+    seed: int | None = 0  # each request has its own generator: reproducible whatever else runs
+    n_top: int = 10  # candidates reported per step
 
 
 _ids = itertools.count(1)
@@ -51,20 +53,20 @@ class Request:
     max_new_tokens: int
     sampling: Sampling = field(default_factory=Sampling)
     stop_ids: frozenset[int] = frozenset()
-    name: str = ""                  # who asked (a page, a user in the batching demo)
+    name: str = ""  # who asked (a page, a user in the batching demo)
     id: int = field(default_factory=lambda: next(_ids))
     arrived: float = field(default_factory=time.perf_counter)
     # state, written by the scheduler and the engine
-    state: str = "waiting"          # waiting -> prefill -> decode -> finished
+    state: str = "waiting"  # waiting -> prefill -> decode -> finished
     blocks: list[int] = field(default_factory=list)
-    prefilled: int = 0              # prompt tokens in the cache so far
+    prefilled: int = 0  # prompt tokens in the cache so far
     generated: list[int] = field(default_factory=list)
-    finish: str | None = None       # "eos" | "length" | "cancelled" | "error: ..."
+    finish: str | None = None  # "eos" | "length" | "cancelled" | "error: ..."
     cancelled: bool = False
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
-    finished_at: float | None = None        # retired (static batching: when the whole batch is done)
+    finished_at: float | None = None  # retired (static batching: when the whole batch is done)
 
     @property
     def n_tokens(self) -> int:
@@ -104,9 +106,10 @@ class BlockPool:
 @dataclass
 class Plan:
     """One iteration's work."""
-    prefill: list[tuple[Request, int, int]]     # (request, first prompt token, end) chunks to prefill
-    decode: list[Request]                       # requests that decode one token this iteration
-    retired: list[Request]                      # cancelled since the last plan (blocks already freed)
+
+    prefill: list[tuple[Request, int, int]]  # (request, first prompt token, end) chunks to prefill
+    decode: list[Request]  # requests that decode one token this iteration
+    retired: list[Request]  # cancelled since the last plan (blocks already freed)
 
     @property
     def empty(self) -> bool:
@@ -119,7 +122,7 @@ class Scheduler:
     def __init__(self, pool: BlockPool, max_batch: int = 32, max_queue: int = 64, prefill_chunk: int = 256):
         self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []            # admitted: prefilling or decoding
+        self.running: list[Request] = []  # admitted: prefilling or decoding
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
 
@@ -127,13 +130,14 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         need = self.pool.blocks_for(req.n_tokens)
         if need > self.pool.n_blocks:
-            raise TooLarge(f"This request needs room for {req.n_tokens:,} tokens ({need:,} blocks of "
-                           f"{self.pool.block_size}); the server's KV memory holds {self.pool.n_blocks:,} blocks. "
-                           "Shorten the prompt or ask for fewer new tokens.")
+            raise TooLarge(
+                f"This request needs room for {req.n_tokens:,} tokens ({need:,} blocks of "
+                f"{self.pool.block_size}); the server's KV memory holds {self.pool.n_blocks:,} blocks. "
+                "Shorten the prompt or ask for fewer new tokens."
+            )
         with self.lock:
             if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"The server is busy: {len(self.waiting)} requests are already waiting. "
-                                "Try again in a moment.")
+                raise QueueFull(f"The server is busy: {len(self.waiting)} requests are already waiting. Try again in a moment.")
             self.waiting.append(req)
             self.changed.notify_all()
 
@@ -162,7 +166,7 @@ class Scheduler:
                 r = self.waiting[0]
                 need = self.pool.blocks_for(r.n_tokens)
                 if need > self.pool.n_free:
-                    break                       # first come, first served: nobody overtakes a waiting request
+                    break  # first come, first served: nobody overtakes a waiting request
                 self.waiting.popleft()
                 r.blocks, r.state, r.admitted_at = self.pool.take(need), "prefill", now
                 self.running.append(r)
@@ -199,5 +203,9 @@ class Scheduler:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"running": len(self.running), "waiting": len(self.waiting),
-                    "blocks_used": self.pool.n_blocks - self.pool.n_free, "blocks": self.pool.n_blocks}
+            return {
+                "running": len(self.running),
+                "waiting": len(self.waiting),
+                "blocks_used": self.pool.n_blocks - self.pool.n_free,
+                "blocks": self.pool.n_blocks,
+            }

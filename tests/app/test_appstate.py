@@ -1,4 +1,5 @@
 """The app's state without Streamlit: loaders, the trace cache, a page's last run, check results."""
+
 import gc
 import threading
 
@@ -29,7 +30,7 @@ def test_a_failed_load_forgets_only_itself(tmp_path):
     assert bad.wait(5) and "broken" in bad.error and bad.result is None
     loaders.forget(str(tmp_path / "broken"))
     assert loaders.keys() == ["smollm2-135m-instruct"]
-    assert loaders.get("smollm2-135m-instruct") is good            # still loaded, not reloaded
+    assert loaders.get("smollm2-135m-instruct") is good  # still loaded, not reloaded
 
 
 def test_one_folder_typed_four_ways_is_one_loader(tmp_path):
@@ -44,7 +45,7 @@ def test_loaders_keep_at_most_max_models_least_recent_out():
     loaders = appstate.Loaders(max_models=2, load=fake_load)
     for k in ("smollm2-135m-instruct", "gemma3-270m"):
         loaders.get(k).wait(5)
-    loaders.get("smollm2-135m-instruct")                # used again: the newest
+    loaders.get("smollm2-135m-instruct")  # used again: the newest
     loaders.get("/tmp/third").wait(5)
     assert loaders.keys() == ["smollm2-135m-instruct", "/tmp/third"]
 
@@ -53,6 +54,7 @@ def test_loader_reports_progress_and_unexpected_errors():
     def boom(key, progress=None):
         progress(0.25, "reading")
         raise RuntimeError("disk on fire")
+
     ldr = appstate.Loader("x", boom)
     assert ldr.wait(5) and ldr.error == "RuntimeError: disk on fire" and ldr.fraction == 0.25
 
@@ -70,15 +72,16 @@ def test_trace_cache_is_bounded_by_bytes_and_keeps_the_newest():
         def f():
             made.append(n)
             return FakeTrace(n)
+
         return f
 
     a = cache.get("a", make(40))
-    assert cache.get("a", make(999)) is a and made == [40]          # a hit makes nothing
+    assert cache.get("a", make(999)) is a and made == [40]  # a hit makes nothing
     cache.get("b", make(40))
-    cache.get("a", make(1))                                         # a is now the most recent
-    cache.get("c", make(40))                                        # 120 > 100: b (least recent) goes
+    cache.get("a", make(1))  # a is now the most recent
+    cache.get("c", make(40))  # 120 > 100: b (least recent) goes
     assert list(cache.items) == ["a", "c"] and cache.nbytes == 80
-    cache.get("huge", make(500))                                    # alone over budget: still kept
+    cache.get("huge", make(500))  # alone over budget: still kept
     assert list(cache.items) == ["huge"]
 
 
@@ -95,7 +98,7 @@ def test_trace_cache_makes_outside_the_lock():
     t = threading.Thread(target=lambda: cache.get("slow", slow))
     t.start()
     assert inside.wait(5)
-    assert cache.get("fast", lambda: FakeTrace(1)).nbytes == 1      # not blocked by the slow one
+    assert cache.get("fast", lambda: FakeTrace(1)).nbytes == 1  # not blocked by the slow one
     release.set()
     t.join(5)
     assert set(cache.items) == {"slow", "fast"}
@@ -105,8 +108,8 @@ def test_remember_recall_is_per_model_and_one_per_slot():
     state = {}
     appstate.remember(state, "sweep", "smol", [1])
     assert appstate.recall(state, "sweep", "smol") == [1]
-    assert appstate.recall(state, "sweep", "gemma") is None          # another model's run is not shown
-    appstate.remember(state, "sweep", "gemma", [2])                  # replaces: one per slot, memory bounded
+    assert appstate.recall(state, "sweep", "gemma") is None  # another model's run is not shown
+    appstate.remember(state, "sweep", "gemma", [2])  # replaces: one per slot, memory bounded
     assert appstate.recall(state, "sweep", "smol") is None and appstate.recall(state, "sweep", "gemma") == [2]
     appstate.forget_run(state, "sweep")
     assert appstate.recall(state, "sweep", "gemma") is None
@@ -117,14 +120,14 @@ def test_check_results_never_keep_their_trace_alive():
     tr = FakeTrace(1)
     store.put("overview", tr, ["ok"])
     assert store.get("overview", tr) == ["ok"]
-    assert store.get("overview", FakeTrace(1)) is None               # another trace: not its results
+    assert store.get("overview", FakeTrace(1)) is None  # another trace: not its results
     del tr
     gc.collect()
-    assert store.get("overview", None) is None                       # the trace is gone, so are its results
+    assert store.get("overview", None) is None  # the trace is gone, so are its results
     keep = [FakeTrace(1) for _ in range(3)]
     for i, t in enumerate(keep):
         store.put(f"k{i}", t, i)
-    assert store.get("k0", keep[0]) is None and store.get("k2", keep[2]) == 2     # bounded
+    assert store.get("k0", keep[0]) is None and store.get("k2", keep[2]) == 2  # bounded
 
 
 @pytest.mark.parametrize("slot", ["gen", "kv"])

@@ -1,4 +1,5 @@
 """Browser-tier fixtures: one fresh server per test module, one Chromium per session."""
+
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def server():
 @pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b

@@ -2,19 +2,19 @@
 
 Opens every page, types a prompt, moves the temperature slider and checks the bars changed, generates 20
 tokens, and saves screenshots (to docs/screenshots/, which the README shows, with `make screenshots`)."""
+
 import os
 
 from ui import ROOT, click_button, no_exception, open_app, set_prompt, wait_idle
 
 # `make screenshots` refreshes the README's pictures; a plain test run writes to artifacts/ (ignored by git)
 SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots"
-PAGES = [("", "overview"), ("tokens", "tokens"), ("embeddings", "embeddings"), ("attention", "attention"),
-         ("layer", "layer"), ("next-token", "next-token")]
+PAGES = [("", "overview"), ("tokens", "tokens"), ("embeddings", "embeddings"), ("attention", "attention"), ("layer", "layer"), ("next-token", "next-token")]
 
 
 def test_every_page_and_the_temperature_slider(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 2200})     # tall: one screenshot per stage
+    page = browser.new_page(viewport={"width": 1400, "height": 2200})  # tall: one screenshot per stage
     page.goto(server, wait_until="domcontentloaded")
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
@@ -51,7 +51,7 @@ def test_every_page_and_the_temperature_slider(server, browser):
     assert before, "the sampling chart has bars"
     track = page.locator(".st-key-temperature [data-testid='stSlider'] [role='group'] > div").first
     box = track.bounding_box()
-    page.mouse.click(box["x"] + 0.25 * box["width"], box["y"] + box["height"] / 2)     # 1.0 -> about 0.5
+    page.mouse.click(box["x"] + 0.25 * box["width"], box["y"] + box["height"] / 2)  # 1.0 -> about 0.5
     wait_idle(page)
     after = bar_texts()
     value = page.locator(".st-key-temperature [data-testid='stSliderThumbValue']").first.inner_text()
@@ -71,8 +71,7 @@ def test_bad_input_keeps_serving(server, browser):
     set_prompt(page, "NUL\x00 and bell\x07 and <|im_end|> typed by hand")
     no_exception(page)
     set_prompt(page, "Dog bites man.")
-    assert page.locator("[data-testid='stAlert']").count() == 0 or "empty" not in page.locator(
-        "[data-testid='stAlert']").first.inner_text()
+    assert page.locator("[data-testid='stAlert']").count() == 0 or "empty" not in page.locator("[data-testid='stAlert']").first.inner_text()
     no_exception(page)
 
 
@@ -105,9 +104,14 @@ def test_generation_pages(server, browser):
 def test_faster_inference_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = open_app(server, browser)
-    for path, button in [("roofline", "Measure"), ("attention-kernels", "Run the kernels"), ("production", "Run all modes"),
-                         ("speculative", "Run plain and speculative"), ("streaming-sharding", None),
-                         ("batching", "Run the three policies")]:
+    for path, button in [
+        ("roofline", "Measure"),
+        ("attention-kernels", "Run the kernels"),
+        ("production", "Run all modes"),
+        ("speculative", "Run plain and speculative"),
+        ("streaming-sharding", None),
+        ("batching", "Run the three policies"),
+    ]:
         page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
         wait_idle(page)
         if button:

@@ -3,6 +3,7 @@
 Streamlit treats a folder named pages/ next to the entry script as its legacy page list; while our pages lived
 there, a deep link as the first request after a start listed the raw files and lost the sidebar, and /common
 rendered a blank page. This module's server is fresh: its first request is the deep link."""
+
 from ui import no_exception, wait_idle
 
 
@@ -22,7 +23,7 @@ def test_first_request_is_a_deep_link(server, browser):
     nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
     assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "widgets") for t in nav)
     sidebar = page.locator("[data-testid='stSidebar']")
-    assert sidebar.locator("textarea").count() == 1                      # the prompt box is there
+    assert sidebar.locator("textarea").count() == 1  # the prompt box is there
     assert "Model" in sidebar.inner_text()
     assert "The prompt is empty" not in page.inner_text("body")
     # a second visitor's first request, another deep link, in a new session

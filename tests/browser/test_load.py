@@ -3,14 +3,15 @@
 Each visitor gets their own answer (equal to their prompt's greedy answer generated alone: no cross-talk between
 sessions sharing the engine), and the ninth page renders. The ninth page's time next to its time on an idle
 server is printed (a figure for bench/, never asserted: these machines are shared and noisy)."""
+
 import time
 
 import pytest
 from ui import no_exception, set_prompt, wait_idle
 
-PROMPTS = ["Why is the sky blue?", "The capital of France is", "Dog bites man.", "Apple released a new chip.",
-           "Write a haiku about the sea.", "Explain what a KV cache is.", "List three prime numbers.",
-           "What is the boiling point of water?"]
+from pipeline.engine.scene import VISITOR_PROMPTS
+
+PROMPTS = VISITOR_PROMPTS
 N_TOKENS = 10
 SUB = str.maketrans("", "", "₀₁₂₃₄₅₆₇₈₉")
 
@@ -26,7 +27,7 @@ def open_generation(browser, server, prompt):
     n.press("Enter")
     wait_idle(page)
     page.locator(".st-key-gen_t [role='slider']").first.focus()
-    page.keyboard.press("Home")                                # temperature 0: greedy
+    page.keyboard.press("Home")  # temperature 0: greedy
     wait_idle(page)
     return page
 
@@ -53,16 +54,14 @@ def test_eight_visitors_generate_at_once_each_gets_their_own_answer(server, brow
     from components.tokens import visible
 
     lm = pipeline.load_model()
-    want = {p: [visible(e.text) or "∅" for e in pipeline.generate(lm, p, N_TOKENS, chat=True, cache="dynamic")]
-            for p in PROMPTS}
+    want = {p: [visible(e.text) or "∅" for e in pipeline.generate(lm, p, N_TOKENS, chat=True, cache="dynamic")] for p in PROMPTS}
     idle_s = timed_attention(browser, server)
     pages = [open_generation(browser, server, p) for p in PROMPTS]
-    for page in pages:                                         # as close to the same moment as one driver gets
+    for page in pages:  # as close to the same moment as one driver gets
         page.get_by_role("button", name="Generate").first.click()
     ninth_s = timed_attention(browser, server)
     for prompt, page in zip(PROMPTS, pages):
         wait_idle(page, 600_000)
         no_exception(page)
         assert pills(page) == want[prompt], prompt
-    print(f"attention page: {idle_s:.1f} s on an idle server, {ninth_s:.1f} s while 8 visitors generate "
-          f"({ninth_s / idle_s:.2f}x)")
+    print(f"attention page: {idle_s:.1f} s on an idle server, {ninth_s:.1f} s while 8 visitors generate ({ninth_s / idle_s:.2f}x)")

@@ -1,4 +1,5 @@
 """Helpers for driving the app in headless Chromium (imported by the browser tests)."""
+
 import os
 import socket
 import subprocess
@@ -9,8 +10,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port():
@@ -21,11 +30,27 @@ def free_port():
 
 def start_server(port: int, env: dict | None = None):
     """A fresh `streamlit run app.py` on 127.0.0.1:port; returns (process, url) once it answers its health check."""
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true",
-                             "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
         try:
@@ -63,8 +88,7 @@ def wait_idle(page, timeout=180_000):
 
 
 def no_exception(page):
-    assert page.locator("[data-testid='stException']").count() == 0, page.locator(
-        "[data-testid='stException']").first.inner_text()
+    assert page.locator("[data-testid='stException']").count() == 0, page.locator("[data-testid='stException']").first.inner_text()
 
 
 def set_prompt(page, text):
@@ -86,5 +110,3 @@ def open_app(server, browser, height=2000):
 def click_button(page, text):
     page.get_by_role("button", name=text).first.click()
     wait_idle(page)
-
-

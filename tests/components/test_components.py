@@ -3,23 +3,19 @@ import re
 import numpy as np
 
 from components import bertviz_offline
-from components.figures import (
-    attention_heads,
-    drift_figure,
-    lens_figure,
-    mosaic_image,
-    pca_figure,
-    sampling_figure,
-    timings_bar,
-)
+from components.figures import attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure, sampling_figure, timings_bar
 from components.tokens import chips_html, token_rows, visible
 from pipeline.tokens import Segment, Token
 
 
 def _toks():
-    toks = (Token(1, "<s>", b"", "<s>", 0, 0, True, 0), Token(72, "Hi", b"Hi", "Hi", 0, 2, False, 1),
-            Token(5, "\u0120<", b" <", " <", 2, 4, False, 2), Token(9, "x", b"\xf0\x9f", "\\xf0\\x9f", 4, 5, False, 3),
-            Token(10, "y", b"\x91\x8b", "\\x91\\x8b", 4, 5, False, 3))
+    toks = (
+        Token(1, "<s>", b"", "<s>", 0, 0, True, 0),
+        Token(72, "Hi", b"Hi", "Hi", 0, 2, False, 1),
+        Token(5, "\u0120<", b" <", " <", 2, 4, False, 2),
+        Token(9, "x", b"\xf0\x9f", "\\xf0\\x9f", 4, 5, False, 3),
+        Token(10, "y", b"\x91\x8b", "\\x91\\x8b", 4, 5, False, 3),
+    )
     segs = (Segment("", 0, 0, (0,)), Segment("Hi", 0, 2, (1,)), Segment(" <", 2, 4, (2,)), Segment("👋", 4, 5, (3, 4)))
     return toks, segs
 
@@ -27,9 +23,9 @@ def _toks():
 def test_chips_escape_html_show_ids_and_whitespace():
     toks, segs = _toks()
     html = chips_html(toks, segs)
-    assert "&lt;s&gt;" in html and "<s>" not in html                 # special token shown, escaped
-    assert "👋" in html and "9 10" in html          # one chip, both ids under it
-    assert "·&lt;" in html                          # the space is a visible glyph
+    assert "&lt;s&gt;" in html and "<s>" not in html  # special token shown, escaped
+    assert "👋" in html and "9 10" in html  # one chip, both ids under it
+    assert "·&lt;" in html  # the space is a visible glyph
     assert visible("a\tb\n\x00") == "a→b↵\n⟨NUL⟩"
     assert visible("x\u202ey\u200bz") == "x⟨U+202E⟩y⟨ZWSP⟩z" and visible("👨\u200d👩") == "👨\u200d👩"
     assert token_rows(toks)[3]["bytes"] == "f0 9f"
@@ -40,15 +36,15 @@ def test_figures_have_data():
     fig = attention_heads(maps, [f"{i}:t" for i in range(6)])
     assert len(fig.data) == 4
     z = np.array(fig.data[0].z, dtype=float)
-    assert np.isnan(z[0, 5]) and not np.isnan(z[5, 0])        # causal upper triangle masked
-    img = mosaic_image(np.stack([maps, maps, maps]), cell=12, gap=2)     # 3 layers x 4 heads, 6 -> 12 px tiles
+    assert np.isnan(z[0, 5]) and not np.isnan(z[5, 0])  # causal upper triangle masked
+    img = mosaic_image(np.stack([maps, maps, maps]), cell=12, gap=2)  # 3 layers x 4 heads, 6 -> 12 px tiles
     assert img.shape == (4 * 14 - 2, 3 * 14 - 2, 3) and img.dtype == np.uint8 and img.std() > 0
-    f = sampling_figure(["a", "b", "c"], [("softmax", np.array([.5, .3, .2])), ("top-k", np.array([.625, .375, 0]))])
+    f = sampling_figure(["a", "b", "c"], [("softmax", np.array([0.5, 0.3, 0.2])), ("top-k", np.array([0.625, 0.375, 0]))])
     assert f.data[1].text[2] == "✗" and list(f.data[1].marker.color)[2] != list(f.data[1].marker.color)[0]
     assert len(pca_figure(np.zeros((3, 3)), ["a", "b", "c"], ["prompt"] * 2 + ["reference"], dims=3).data) == 2
     assert len(drift_figure({"x": np.ones(4), "y": np.linspace(1, 0, 4)}, "t").data) == 2
-    assert len(lens_figure(np.zeros((3, 2), int), np.ones((3, 2)) * .5, [["a", "b"]] * 3, ["p0", "p1"]).data) == 1
-    assert len(timings_bar({"tokenize": .001, "layer 0": .002, "layer 1": .002, "total": 1}).data[0].y) == 2
+    assert len(lens_figure(np.zeros((3, 2), int), np.ones((3, 2)) * 0.5, [["a", "b"]] * 3, ["p0", "p1"]).data) == 1
+    assert len(timings_bar({"tokenize": 0.001, "layer 0": 0.002, "layer 1": 0.002, "total": 1}).data[0].y) == 2
 
 
 def test_bertviz_html_is_offline_and_small():

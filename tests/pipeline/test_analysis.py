@@ -7,6 +7,7 @@ from pipeline import analysis
 
 def test_rotate_matches_transformers_rope(lm):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     inv = analysis.rope_inv_freq(lm, 0)
     D = lm.facts.head_dim
     x = np.random.default_rng(0).standard_normal((5, D))

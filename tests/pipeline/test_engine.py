@@ -1,15 +1,15 @@
 """The engine on the real models, against each request generated alone."""
+
 import threading
 
 import pytest
 import torch
 
 from pipeline.engine import Engine, QueueFull, Sampling
-from pipeline.engine.paged import PagedKV, PagedStep
+from pipeline.engine.paged import PagedKV, PagedStep, Seq
 from pipeline.generation import Request, generate, long_prompt, prepare
 
-PROMPTS = ["The capital of France is", "Why is the sky blue? Explain it to a child.", "Dog bites man.",
-           "Alice, Bob, Charlie and Diana each ordered"]
+PROMPTS = ["The capital of France is", "Why is the sky blue? Explain it to a child.", "Dog bites man.", "Alice, Bob, Charlie and Diana each ordered"]
 
 
 def ids(lm, p, chat=False):
@@ -39,25 +39,31 @@ def test_greedy_tokens_equal_each_request_alone_while_others_join_and_leave(lm):
         assert [e.token_id for e in evs] == alone[p], p
         assert evs[0].phase == "prefill" and all(e.phase == "decode" for e in evs[1:])
         assert [e.context_len for e in evs] == list(range(len(ids(lm, p)), len(ids(lm, p)) + len(evs)))
-    assert max(r.decode.__len__() for r in eng.records) >= 3          # they really shared decode steps
-    assert eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks     # every block came back
+    assert max(r.decode.__len__() for r in eng.records) >= 3  # they really shared decode steps
+    assert eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks  # every block came back
 
 
 def test_logits_in_a_batch_equal_logits_alone(lm):
+    """Three prompts prefilled in ONE pass equal transformers' forward on each; then a decode token of each, in
+    one pass (row by row, or gathered into one masked call) equals the same request's token alone."""
     kv = PagedKV(lm, 64, 16)
     step = PagedStep(lm, kv)
     prompts = [ids(lm, p) for p in PROMPTS[:3]]
     tables = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(3)]
     with lm.lock, torch.inference_mode():
-        first = [int(step.prefill({}, i, p, 0, len(p), t).argmax()) for i, (p, t) in enumerate(zip(prompts, tables))]
-        pos = [len(p) for p in prompts]
+        pre = step.forward([Seq(p, 0, t) for p, t in zip(prompts, tables)])
+        refs = [lm.model(input_ids=torch.tensor([p]), use_cache=False).logits[0, -1].float() for p in prompts]
+        first = [int(x.argmax()) for x in pre]
+        seqs = [Seq([t], len(p), tab) for t, p, tab in zip(first, prompts, tables)]
         step.attention = "rows"
-        together = step.decode(first, pos, tables)
+        together = step.forward(seqs)
         step.attention = "gather"
-        gathered = step.decode(first, pos, tables)            # one masked attention call for the batch
+        gathered = step.forward(seqs)  # one masked attention call for the batch
         step.attention = "auto"
-        alone = step.decode(first[1:2], pos[1:2], tables[1:2])
+        alone = step.forward(seqs[1:2])
         ref = lm.model(input_ids=torch.tensor([prompts[1] + [first[1]]]), use_cache=False).logits[0, -1].float()
+    for got, want in zip(pre, refs):
+        assert (got - want).abs().max() < 1e-3 and int(got.argmax()) == int(want.argmax())
     assert (together[1] - alone[0]).abs().max() < 1e-4 and (gathered - together).abs().max() < 1e-4
     assert (together[1] - ref).abs().max() < 1e-3 and int(together[1].argmax()) == int(ref.argmax())
 
@@ -79,7 +85,7 @@ def test_seeded_sampling_is_reproducible_whatever_else_runs(smol):
 
 def test_cancel_frees_the_requests_kv_at_the_next_iteration(smol):
     eng = Engine(smol, kv_bytes=32 << 20, background=False)
-    a = eng.submit(ids(smol, PROMPTS[0]), 50, stop_ids=frozenset())     # no EOS: both run on
+    a = eng.submit(ids(smol, PROMPTS[0]), 50, stop_ids=frozenset())  # no EOS: both run on
     b = eng.submit(ids(smol, PROMPTS[1]), 50, stop_ids=frozenset())
     eng.iterate()
     eng.iterate()
@@ -93,11 +99,11 @@ def test_cancel_frees_the_requests_kv_at_the_next_iteration(smol):
 
 
 def test_a_visitor_who_stops_listening_cancels(smol):
-    eng = Engine(smol, kv_bytes=32 << 20)                 # background thread
+    eng = Engine(smol, kv_bytes=32 << 20)  # background thread
     h = eng.submit(ids(smol, PROMPTS[0]), 200, stop_ids=frozenset())
     it = iter(h)
     next(it)
-    it.close()                                            # the tab closed: the generator is dropped
+    it.close()  # the tab closed: the generator is dropped
     for _ in range(100):
         if h.request.finish:
             break
@@ -108,7 +114,7 @@ def test_a_visitor_who_stops_listening_cancels(smol):
 def test_over_the_queue_bound_the_visitor_hears_busy(smol):
     eng = Engine(smol, kv_bytes=8 << 20, max_batch=1, max_queue=2, background=False)
     eng.submit(ids(smol, PROMPTS[0]), 4)
-    eng.submit(ids(smol, PROMPTS[1]), 4)           # two waiting (nothing admitted yet: no iteration ran)
+    eng.submit(ids(smol, PROMPTS[1]), 4)  # two waiting (nothing admitted yet: no iteration ran)
     with pytest.raises(QueueFull, match="busy"):
         eng.submit(ids(smol, PROMPTS[2]), 4)
     assert eng.scheduler.position(eng.scheduler.waiting[1]) == 2
@@ -130,5 +136,5 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     chunks = [n for r in recs for rid, n in r.prefill if rid == hl.request.id]
     assert len(chunks) >= 4 and max(chunks) <= 128 and sum(chunks) == len(long_ids)
     during = [r for r in recs if any(rid == hl.request.id for rid, _ in r.prefill)]
-    assert all(hs.request.id in r.decode for r in during[:3])             # the short one kept streaming
+    assert all(hs.request.id in r.decode for r in during[:3])  # the short one kept streaming
     assert [e.token_id for e in hl] == alone_long

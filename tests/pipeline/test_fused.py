@@ -1,19 +1,12 @@
 """Production-mode decode (pipeline.fused): our static-shape step against plain transformers forwards, on the
 real models and on small seeded models of every architecture it claims, sliding windows included."""
+
 import threading
 
 import pytest
 import torch
 
-from pipeline.fused import (
-    FusedDecoder,
-    FusedUnsupported,
-    acquire_decoder,
-    bucket,
-    check_against_forward,
-    launches_per_step,
-    supported,
-)
+from pipeline.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, supported
 from pipeline.generation import generate
 from pipeline.models import LoadedModel, facts_of
 
@@ -22,25 +15,41 @@ def tiny(model_type: str, seed: int = 0, **extra) -> LoadedModel:
     """A 3-layer model of the given architecture with seeded random weights (no tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=512)
+    kw = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=300,
+        max_position_embeddings=512,
+    )
     kw.update(extra)
     cfg = AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    return LoadedModel(key=model_type, label=f"tiny {model_type}", model=model, tokenizer=None,
-                       facts=facts_of(model), device=torch.device("cpu"), dtype=torch.float32, source="",
-                       load_seconds=0.0)
+    return LoadedModel(
+        key=model_type,
+        label=f"tiny {model_type}",
+        model=model,
+        tokenizer=None,
+        facts=facts_of(model),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source="",
+        load_seconds=0.0,
+    )
 
 
 ARCHS = {
     "llama": {},
-    "qwen2": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,
-                  layer_types=["full_attention", "sliding_attention", "sliding_attention"]),   # biases on q/k/v
-    "qwen3": {},                                                                                # q/k norms
+    "qwen2": dict(
+        use_sliding_window=True, sliding_window=8, max_window_layers=1, layer_types=["full_attention", "sliding_attention", "sliding_attention"]
+    ),  # biases on q/k/v
+    "qwen3": {},  # q/k norms
     "mistral": dict(sliding_window=8),
-    "gemma3_text": dict(sliding_window=8, query_pre_attn_scalar=16,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "gemma3_text": dict(sliding_window=8, query_pre_attn_scalar=16, layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
 }
 
 
@@ -48,7 +57,7 @@ ARCHS = {
 def test_fused_step_equals_a_plain_forward(arch):
     lm = tiny(arch, **ARCHS[arch])
     assert supported(lm)[0]
-    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()   # > the window
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()  # > the window
     r = check_against_forward(lm, ids)
     assert r.max_rel_err < 1e-4 and r.same_argmax, r
 
@@ -61,7 +70,7 @@ def test_fused_weights_are_views_of_the_model_parameters():
     a = lm.model.model.layers[0].self_attn
     assert a.k_proj.weight.untyped_storage().data_ptr() == dec.layers[0].wqkv.untyped_storage().data_ptr()
     assert sum(p.numel() for p in lm.model.parameters()) == before
-    assert torch.equal(lm.model(torch.tensor([[1, 2, 3]])).logits, ref)      # the model computes the same
+    assert torch.equal(lm.model(torch.tensor([[1, 2, 3]])).logits, ref)  # the model computes the same
 
 
 def test_unsupported_architecture_says_why():
@@ -72,7 +81,7 @@ def test_unsupported_architecture_says_why():
         FusedDecoder(lm, 256, graph=False)
 
 
-@pytest.mark.model          # compiles a (tiny) model: tens of seconds, so not in the unit tier
+@pytest.mark.model  # compiles a (tiny) model: tens of seconds, so not in the unit tier
 def test_torch_compile_of_the_step_traces_whole_and_agrees():
     """fullgraph=True: the step has no graph breaks and no host syncs, which is what CUDA-graph capture needs."""
     lm = tiny("llama", num_hidden_layers=2)
@@ -95,10 +104,10 @@ def test_fused_generation_gives_the_same_tokens(lm):
     a = list(generate(lm, prompt, 16, cache="dynamic"))
     b = list(generate(lm, prompt, 16, cache="fused"))
     assert [e.token_id for e in a] == [e.token_id for e in b]
-    for x, y in zip(a, b):                      # what the page shows per step, from the device summary
+    for x, y in zip(a, b):  # what the page shows per step, from the device summary
         assert [t for t, _, _ in x.top_raw] == [t for t, _, _ in y.top_raw]
         assert abs(x.p_raw - y.p_raw) < 1e-4 and y.p == 1.0
-    assert b[0].kv_bytes == b[-1].kv_bytes > 0          # preallocated
+    assert b[0].kv_bytes == b[-1].kv_bytes > 0  # preallocated
     assert a[0].engine == "transformers" and b[0].engine == "fused step, eager"
     r = check_against_forward(lm, lm.tokenizer("Why is the sky blue? Because")["input_ids"])
     assert r.max_rel_err < 1e-4 and r.same_argmax
@@ -123,7 +132,7 @@ def test_concurrent_generations_never_share_buffers(smol):
     def run(name, prompt):
         try:
             out[name] = [e.token_id for e in generate(smol, prompt, 12, cache="fused")]
-        except Exception as e:      # noqa: BLE001 - surfaced below
+        except Exception as e:  # noqa: BLE001 - surfaced below
             errs.append(e)
 
     ts = [threading.Thread(target=run, args=(p, p)) for p in ("Dog bites man", "The capital of France is")]
@@ -136,8 +145,8 @@ def test_concurrent_generations_never_share_buffers(smol):
 
 def test_launch_counts(smol):
     r = launches_per_step(smol)
-    assert r.ops["transformers"] > r.compute_ops["transformers"] > 30 * 7     # >= 7 matmuls per layer
-    assert 30 * 4 < r.compute_ops["fused"] < r.compute_ops["transformers"]    # 4 matmuls per layer
+    assert r.ops["transformers"] > r.compute_ops["transformers"] > 30 * 7  # >= 7 matmuls per layer
+    assert 30 * 4 < r.compute_ops["fused"] < r.compute_ops["transformers"]  # 4 matmuls per layer
 
 
 def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):
@@ -145,6 +154,7 @@ def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):
 
     def broken(*a, **k):
         raise RuntimeError("no C++ compiler here")
+
     monkeypatch.setattr(torch, "compile", broken)
     dec = FusedDecoder(lm, 256, graph=False, compile=True)
     assert dec.mode == "eager" and "torch.compile failed" in dec.problems[0] and "no C++ compiler" in dec.problems[0]

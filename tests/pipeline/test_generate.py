@@ -14,9 +14,9 @@ def test_greedy_equals_transformers_generate(lm):
     ev = list(generate(lm, prompt, 20, temperature=0.0))
     ids = torch.tensor([pipeline.tokenize(lm.tokenizer, prompt).input_ids])
     with lm.lock, torch.inference_mode():
-        ref = lm.model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1]:].tolist()
+        ref = lm.model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1] :].tolist()
     mine = [e.token_id for e in ev]
-    assert mine == ref[:len(mine)]
+    assert mine == ref[: len(mine)]
     assert len(mine) == len(ref) or ev[-1].finished == "eos"
 
 
@@ -55,7 +55,7 @@ def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
 
 
 def test_smollm_kv_bytes_per_token(smol):
-    assert kv_bytes_formula(smol, 1) == 2 * 30 * 3 * 64 * 4 == 46_080      # fp32
+    assert kv_bytes_formula(smol, 1) == 2 * 30 * 3 * 64 * 4 == 46_080  # fp32
 
 
 def test_bad_generation_requests(smol):
@@ -68,7 +68,7 @@ def test_bad_generation_requests(smol):
         prepare(smol, "word " * 8300, 5)
     near = prepare(smol, "word " * 8180, 100)
     assert near.max_new_tokens == smol.facts.max_positions - len(near.prompt_ids)
-    one = list(generate(smol, "Hi", 5, temperature=1.0, top_p=0.0, seed=3))   # top-p 0 keeps only the top token
+    one = list(generate(smol, "Hi", 5, temperature=1.0, top_p=0.0, seed=3))  # top-p 0 keeps only the top token
     greedy = list(generate(smol, "Hi", 5, temperature=0.0))
     assert [e.token_id for e in one] == [e.token_id for e in greedy]
 
@@ -79,7 +79,7 @@ def test_stopping_midway_leaves_no_thread(smol):
     got = [next(g) for _ in range(3)]
     g.close()
     assert len(got) == 3 and threading.active_count() == before
-    assert smol.lock.acquire(timeout=1)         # the lock is free again
+    assert smol.lock.acquire(timeout=1)  # the lock is free again
     smol.lock.release()
 
 
@@ -122,17 +122,19 @@ def test_traces_stay_correct_while_a_generation_runs(smol):
 
 def test_kv_formula_counts_sliding_window_layers(lm):
     from pipeline.generation import kv_window
+
     n_sliding, keep = kv_window(lm)
     prompt = "word " * ((keep or 100) + 40)
     ev = list(generate(lm, prompt, 2))
     for e in ev:
         assert e.kv_bytes == kv_bytes_formula(lm, e.context_len)
-    if n_sliding:                               # Gemma: local layers stop growing at the window
+    if n_sliding:  # Gemma: local layers stop growing at the window
         assert min(ev[-1].kv_bytes_per_layer) < max(ev[-1].kv_bytes_per_layer)
 
 
 def test_static_cache_gives_the_same_greedy_tokens(lm):
     from pipeline.generation import compare_cache_modes
+
     res = compare_cache_modes(lm, "The capital of France is", 12, reps=1)
     assert res.modes["dynamic"].token_ids == res.modes["static"].token_ids and res.same_tokens("static")
-    assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes     # preallocated
+    assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes  # preallocated

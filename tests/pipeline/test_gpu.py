@@ -1,4 +1,5 @@
 """GPU paths: run only where a CUDA device exists (skipped on CPU-only machines and in CI)."""
+
 import pytest
 import torch
 

@@ -33,14 +33,16 @@ def test_local_folder_loads_the_same_model(smol):
     assert np.allclose(a.next_logits, b.next_logits, atol=1e-4) and a.next_logits.argmax() == b.next_logits.argmax()
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda p: p / "missing", "No such folder"),
-    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
-    (lambda p: p, "no config.json"),
-    (lambda p: ((p / "config.json").write_text("{}"), p)[1], "no \\*.safetensors"),
-    (lambda p: ((p / "config.json").write_text("{}"), (p / "pytorch_model.bin").write_bytes(b"\x80"), p)[2],
-     "pickle"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: p / "missing", "No such folder"),
+        (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
+        (lambda p: p, "no config.json"),
+        (lambda p: ((p / "config.json").write_text("{}"), p)[1], "no \\*.safetensors"),
+        (lambda p: ((p / "config.json").write_text("{}"), (p / "pytorch_model.bin").write_bytes(b"\x80"), p)[2], "pickle"),
+    ],
+)
 def test_bad_folders_give_clear_errors(tmp_path, make, match):
     path = make(tmp_path)
     with pytest.raises(ModelLoadError, match=match):
@@ -58,6 +60,7 @@ def test_broken_safetensors_folder_is_a_clear_error(tmp_path):
 def _fake_folder(tmp_path, smol, tensors: dict, **config):
     """A folder with the embedded model's config (edited) and a safetensors file holding `tensors`."""
     from safetensors.torch import save_file
+
     cfg = json.loads((Path(smol.source) / "config.json").read_text())
     cfg.update(config)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -69,6 +72,7 @@ def _fake_folder(tmp_path, smol, tensors: dict, **config):
 def test_weights_that_do_not_match_the_config_are_refused_before_loading(tmp_path, smol):
     """A config with a dummy safetensors file used to load silently as a random-weights model."""
     import torch
+
     _fake_folder(tmp_path, smol, {"dummy": torch.zeros(2)})
     with pytest.raises(ModelLoadError, match="do not match its config.json.*missing.*unexpected.*random weights"):
         load_model(str(tmp_path))
@@ -79,18 +83,19 @@ def test_a_config_asking_for_10000_layers_is_refused_without_allocating(tmp_path
     import resource
 
     from safetensors.torch import load_file
+
     real = load_file(str(Path(smol.source) / "model.safetensors"))
-    _fake_folder(tmp_path, smol, {k: v for k, v in real.items() if ".layers.0." in k or "layers" not in k},
-                 num_hidden_layers=10_000)
+    _fake_folder(tmp_path, smol, {k: v for k, v in real.items() if ".layers.0." in k or "layers" not in k}, num_hidden_layers=10_000)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(ModelLoadError, match="asks for 10,000 layers but the weight files hold 1"):
         load_model(str(tmp_path))
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 500_000    # KiB: 10,000 layers never allocated
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 500_000  # KiB: 10,000 layers never allocated
 
 
 @pytest.mark.model
 def test_wrong_shapes_are_refused(tmp_path, smol):
     from safetensors.torch import load_file
+
     real = load_file(str(Path(smol.source) / "model.safetensors"))
     real["model.norm.weight"] = real["model.norm.weight"][:10].clone()
     _fake_folder(tmp_path, smol, real)
@@ -100,11 +105,16 @@ def test_wrong_shapes_are_refused(tmp_path, smol):
 
 def test_one_folder_is_one_key_however_it_is_typed(tmp_path):
     from pipeline.models import canonical_key
+
     (tmp_path / "m").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "m")
-    keys = {canonical_key(str(tmp_path / "m")), canonical_key(str(tmp_path / "m") + "/"),
-            canonical_key(str(tmp_path / "m") + "//"), canonical_key(str(tmp_path / "link")),
-            canonical_key(f" {tmp_path}/./m ")}
+    keys = {
+        canonical_key(str(tmp_path / "m")),
+        canonical_key(str(tmp_path / "m") + "/"),
+        canonical_key(str(tmp_path / "m") + "//"),
+        canonical_key(str(tmp_path / "link")),
+        canonical_key(f" {tmp_path}/./m "),
+    }
     assert keys == {str((tmp_path / "m").resolve())}
     assert canonical_key(pipeline.EMBEDDED) == pipeline.EMBEDDED and canonical_key(None) == pipeline.EMBEDDED
 
@@ -112,6 +122,7 @@ def test_one_folder_is_one_key_however_it_is_typed(tmp_path):
 @pytest.mark.model
 def test_cli_next_and_trace_json():
     from pipeline.__main__ import main
+
     buf = io.StringIO()
     assert main(["next", "The capital of France is", "--top-k", "5", "--json"], out=buf) == 0
     data = json.loads(buf.getvalue())
@@ -135,7 +146,7 @@ def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, mo
     assert list(tmp_path.glob("smollm2*/model.safetensors"))
     seen.clear()
     again = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append((f, m)))
-    assert not any("dequantising" in m for _, m in seen)           # loaded from the safetensors cache
+    assert not any("dequantising" in m for _, m in seen)  # loaded from the safetensors cache
     a, b = pipeline.trace(first, "Hi"), pipeline.trace(again, "Hi")
     assert np.array_equal(a.next_logits, b.next_logits)
 
@@ -144,9 +155,9 @@ def test_random_weight_model_has_the_same_shape(smol):
     from pathlib import Path
 
     from pipeline.models import random_model
+
     rnd = random_model(Path(__file__).resolve().parents[2] / "bench" / "assets" / "smollm2-shape", device="cpu")
     assert "random weights" in rnd.label
     a, b = rnd.facts, smol.facts
-    assert (a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, a.n_params) == \
-        (b.n_layers, b.n_heads, b.n_kv_heads, b.head_dim, b.vocab, b.n_params)
+    assert (a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, a.n_params) == (b.n_layers, b.n_heads, b.n_kv_heads, b.head_dim, b.vocab, b.n_params)
     assert rnd.tokenizer("Hi")["input_ids"] == smol.tokenizer("Hi")["input_ids"]

@@ -8,7 +8,7 @@ def test_q_projection_counted_by_hand(smol):
     assert q.flops == 2 * 10 * 576 * 576
     assert q.bytes == (576 * 576 + 10 * 576 + 10 * 576) * 4
     k = ops["k projection"]
-    assert k.flops == 2 * 10 * 576 * 192                 # 3 KV heads x 64
+    assert k.flops == 2 * 10 * 576 * 192  # 3 KV heads x 64
     dec = {o.op: o for o in layer_ops(smol, tokens=1, context=100)}
     assert dec["scores Q·Kᵀ"].flops == 2 * 9 * 1 * 100 * 64
 
@@ -21,5 +21,5 @@ def test_roofline_measures_peaks_and_times(smol):
             assert o.measured_s > 0 and o.bound_s > 0 and o.bound_by in ("compute", "memory")
     dec = {o.op: o for o in r.phases["decode"].ops}
     pre = {o.op: o for o in r.phases["prefill"].ops}
-    assert dec["q projection"].intensity < pre["q projection"].intensity   # decode: little work per byte
+    assert dec["q projection"].intensity < pre["q projection"].intensity  # decode: little work per byte
     assert r.decode_ceiling_tokens_per_s > 0

@@ -14,7 +14,7 @@ COMBOS = list(itertools.product([0.0, 0.3, 0.7, 1.0, 1.6], [0, 1, 5, 50], [0.0, 
 def test_filter_probs_equals_transformers_processors_on_random_logits(seed):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(1000, generator=g) * (1 + seed)
-    if seed == 3:                                  # ties: many equal logits
+    if seed == 3:  # ties: many equal logits
         logits = torch.round(logits)
     for t, k, p, mp in COMBOS:
         mine = sampling.filter_probs(logits, t, k, p, mp)
@@ -26,10 +26,10 @@ def test_filter_probs_equals_transformers_processors_on_random_logits(seed):
 
 def test_filter_probs_on_real_logits(smol):
     import pipeline
+
     tr = pipeline.trace(smol, "The capital of France is")
     for t, k, p, mp in [(0.7, 50, 0.9, 0.0), (1.0, 0, 0.95, 0.05), (1.3, 10, 1.0, 0.0)]:
-        assert torch.allclose(sampling.filter_probs(tr.next_logits, t, k, p, mp),
-                              hf_processed_probs(tr.next_logits, t, k, p, mp), atol=1e-6)
+        assert torch.allclose(sampling.filter_probs(tr.next_logits, t, k, p, mp), hf_processed_probs(tr.next_logits, t, k, p, mp), atol=1e-6)
 
 
 def test_steps_are_consistent_with_the_final_distribution():
@@ -44,12 +44,10 @@ def test_steps_are_consistent_with_the_final_distribution():
 def test_temperature_zero_is_greedy_and_sampling_is_seeded():
     logits = torch.tensor([1.0, 3.0, 2.0, 3.0])
     p = sampling.filter_probs(logits, 0.0)
-    assert p.tolist() == [0, 1, 0, 0]                 # first of the tied maxima, like argmax
+    assert p.tolist() == [0, 1, 0, 0]  # first of the tied maxima, like argmax
     assert sampling.sample(logits, 0.0, seed=5) == 1
-    draws = [sampling.sample(torch.randn(100, generator=torch.Generator().manual_seed(0)), 1.0, seed=s)
-             for s in range(20)]
-    again = [sampling.sample(torch.randn(100, generator=torch.Generator().manual_seed(0)), 1.0, seed=s)
-             for s in range(20)]
+    draws = [sampling.sample(torch.randn(100, generator=torch.Generator().manual_seed(0)), 1.0, seed=s) for s in range(20)]
+    again = [sampling.sample(torch.randn(100, generator=torch.Generator().manual_seed(0)), 1.0, seed=s) for s in range(20)]
     assert draws == again and len(set(draws)) > 3
 
 

@@ -1,4 +1,5 @@
 """The scheduler without a model: admission, the KV budget in blocks, the queue bound, cancel, finish."""
+
 import threading
 
 import pytest
@@ -23,12 +24,12 @@ def test_blocks_cover_prompt_and_new_tokens_and_come_back():
 
 def test_admission_respects_the_kv_budget_first_come_first_served():
     s = Scheduler(BlockPool(8, 4), max_batch=8)
-    a, b, c = req(10, 6), req(10, 6), req(2, 2)          # 4 blocks, 4 blocks, 1 block
+    a, b, c = req(10, 6), req(10, 6), req(2, 2)  # 4 blocks, 4 blocks, 1 block
     for r in (a, b, c):
         s.submit(r)
     p = s.plan()
     assert [x[0] for x in p.prefill] == [a, b] and s.pool.n_free == 0
-    assert c.state == "waiting" and s.position(c) == 1    # fits nowhere now: waits, never overtakes
+    assert c.state == "waiting" and s.position(c) == 1  # fits nowhere now: waits, never overtakes
     s.finish(a, "eos")
     assert a.blocks == [] and a.finish == "eos" and s.pool.n_free == 4
     s.plan()
@@ -37,14 +38,14 @@ def test_admission_respects_the_kv_budget_first_come_first_served():
 
 def test_nobody_overtakes_a_waiting_request():
     s = Scheduler(BlockPool(4, 4), max_batch=8)
-    big, small = req(12, 4), req(1, 1)                     # 4 blocks, 1 block
+    big, small = req(12, 4), req(1, 1)  # 4 blocks, 1 block
     running = req(1, 1)
     s.submit(running)
-    s.plan()                                               # running holds 1 block: 3 left
+    s.plan()  # running holds 1 block: 3 left
     s.submit(big)
     s.submit(small)
     s.plan()
-    assert big.state == "waiting" and small.state == "waiting"   # small would fit, but big came first
+    assert big.state == "waiting" and small.state == "waiting"  # small would fit, but big came first
 
 
 def test_batch_size_bound():
@@ -77,7 +78,7 @@ def test_chunked_prefill_shares_a_token_budget_per_iteration():
     s.submit(long)
     s.submit(short)
     p = s.plan()
-    assert p.prefill == [(long, 0, 64)]                    # the budget is spent on the first in line
+    assert p.prefill == [(long, 0, 64)]  # the budget is spent on the first in line
     long.prefilled = 64
     p = s.plan()
     assert p.prefill == [(long, 64, 128)]
@@ -96,10 +97,10 @@ def test_cancel_frees_the_slot_and_blocks_at_the_next_plan():
     s.cancel(a)
     p = s.plan()
     assert p.retired == [a] and a.finish == "cancelled" and a.blocks == []
-    assert b.state == "prefill"                             # admitted into the freed slot the same plan
+    assert b.state == "prefill"  # admitted into the freed slot the same plan
     s.cancel(b)
     s.submit(c := req(1, 1))
-    s.cancel(c)                                            # cancelled while still waiting
+    s.cancel(c)  # cancelled while still waiting
     p = s.plan()
     assert {r.id for r in p.retired} == {b.id, c.id} and s.pool.n_free == 8 and not s.waiting
 

@@ -42,7 +42,7 @@ def test_sampling_is_seeded_and_well_formed(smol):
 
 def test_prompt_lookup_proposals_and_expected_length():
     pl = PromptLookup(max_ngram=2)
-    assert pl.propose([1, 2, 3, 4, 9, 2, 3], 2)[0] == [4, 9]       # continues the earlier "2 3"
+    assert pl.propose([1, 2, 3, 4, 9, 2, 3], 2)[0] == [4, 9]  # continues the earlier "2 3"
     assert pl.propose([1, 2, 3], 2)[0] == []
     assert expected_tokens_per_call(0.0, 4) == 1.0
     assert expected_tokens_per_call(1.0, 4) == 5.0
@@ -51,10 +51,11 @@ def test_prompt_lookup_proposals_and_expected_length():
 
 def test_attention_kernels_agree_and_eager_materialises_more(smol):
     from pipeline.kernels import available_kernels, kernel_sweep, score_matrix_mb
+
     ks = available_kernels(smol)
     assert "eager" in ks and "sdpa: math" in ks
     rows = kernel_sweep(smol, [64], ks)
     assert {r.kernel for r in rows} == set(ks)
     assert all(r.max_diff_vs_eager < 1e-3 for r in rows)
     assert score_matrix_mb(smol, 1024) == 9 * 1024 * 1024 * 4 / 2**20
-    assert smol.model.config._attn_implementation == "explorer"       # restored after the sweep
+    assert smol.model.config._attn_implementation == "explorer"  # restored after the sweep

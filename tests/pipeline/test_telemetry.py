@@ -40,8 +40,8 @@ def test_matmul_probe_and_decode_profile(smol):
 
 def test_mean_utilisation_prefers_nvml_buffered_samples():
     from pipeline.telemetry import Timeline
-    cpu = Timeline(source="psutil", t0=0.0, samples=[{"t": 0, "cpu_percent": 0.0}, {"t": 1, "cpu_percent": 150.0},
-                                                     {"t": 2, "cpu_percent": 50.0}])
+
+    cpu = Timeline(source="psutil", t0=0.0, samples=[{"t": 0, "cpu_percent": 0.0}, {"t": 1, "cpu_percent": 150.0}, {"t": 2, "cpu_percent": 50.0}])
     assert cpu.mean_utilisation() == (100.0, "process CPU % (psutil; 100 % = one core)")
     gpu = Timeline(source="nvml", t0=0.0, samples=[{"t": 0, "gpu_util": 10}], nvml_util=[(0.1, 80.0), (0.2, 90.0)])
     assert gpu.mean_utilisation()[0] == 85.0 and "NVML samples" in gpu.mean_utilisation()[1]

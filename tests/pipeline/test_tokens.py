@@ -34,7 +34,7 @@ def test_emoji_split_over_tokens_is_one_segment(smol):
     seg = tk.segments[-1]
     assert seg.text == " 👋🏽" and len(seg.token_indices) > 1
     parts = [tk.tokens[i] for i in seg.token_indices]
-    assert any("\\x" in t.text for t in parts)       # partial-byte tokens show their bytes, not mojibake
+    assert any("\\x" in t.text for t in parts)  # partial-byte tokens show their bytes, not mojibake
 
 
 def test_special_token_text_typed_by_user_is_not_injected(lm):
@@ -49,10 +49,9 @@ def test_chat_template_adds_special_tokens_around_the_prompt(smol):
     tk = tokenize(smol.tokenizer, "Why is the sky blue? <|im_end|>", chat=True)
     assert tk.chat and "Why is the sky blue? <|im_end|>" in tk.text
     specials = [t.piece for t in tk.tokens if t.special]
-    assert specials.count("<|im_start|>") == 3 and specials.count("<|im_end|>") == 2   # typed one is text
+    assert specials.count("<|im_start|>") == 3 and specials.count("<|im_end|>") == 2  # typed one is text
     assert b"".join(t.bytes for t in tk.tokens).decode() == tk.text
-    ref = smol.tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}],
-                                             tokenize=True, add_generation_prompt=True)
+    ref = smol.tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}], tokenize=True, add_generation_prompt=True)
     ref = ref["input_ids"] if isinstance(ref, dict) or hasattr(ref, "keys") else ref
     assert tokenize(smol.tokenizer, "Why is the sky blue?", chat=True).input_ids == list(ref)
 
@@ -67,8 +66,9 @@ def test_cli_tokens_json(capsys):
     import json
 
     from pipeline.__main__ import main
+
     buf = io.StringIO()
     assert main(["tokens", "Hi 👋🏽", "--json"], out=buf) == 0
     data = json.loads(buf.getvalue())
     assert data["n_tokens"] == len(data["tokens"]) and data["n_chars"] == 5
-    assert data["tokens"][1]["text"].startswith(" \\x")      # space + the first bytes of the emoji
+    assert data["tokens"][1]["text"].startswith(" \\x")  # space + the first bytes of the emoji

@@ -32,7 +32,7 @@ def test_smollm_paris_probability(smol):
     tr = pipeline.trace(smol, "The capital of France is")
     p = torch.softmax(torch.tensor(tr.next_logits), -1)
     assert smol.tokenizer.decode([int(p.argmax())]) == " Paris"
-    assert 0.7 < float(p.max()) < 0.85            # ≈0.77 for the Q4_1 weights
+    assert 0.7 < float(p.max()) < 0.85  # ≈0.77 for the Q4_1 weights
 
 
 def test_cross_checks_pass(lm):
@@ -52,14 +52,14 @@ def test_logit_lens_last_layer_equals_logits(lm):
 
 
 def test_long_prompt_is_pooled_and_keeps_full_layers(smol):
-    prompt = "The quick brown fox jumps over the lazy dog. " * 60          # ~600 tokens
+    prompt = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens
     tr = pipeline.trace(smol, prompt, attn_layers=[3])
     assert tr.T > 256 and tr.attn_block > 1
     assert np.allclose(tr.attentions.astype(np.float32).sum(-1), 1, atol=2e-2)
     full = tr.attention(3)
     assert full.shape == (smol.facts.n_heads, tr.T, tr.T)
     assert np.allclose(full.astype(np.float32).sum(-1), 1, atol=2e-2)
-    assert np.allclose(np.triu(full.astype(np.float32), 1), 0)            # causal
+    assert np.allclose(np.triu(full.astype(np.float32), 1), 0)  # causal
     assert tr.attention(5) is None
     assert np.allclose(tr.attn_last_row[3], full[:, -1, :].astype(np.float32), atol=1e-3)
 
@@ -91,7 +91,7 @@ def test_concurrent_traces_never_mix(smol):
     def work(i, p):
         try:
             got[i] = pipeline.trace(smol, p)
-        except Exception as e:   # pragma: no cover
+        except Exception as e:  # pragma: no cover
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(i, p)) for i, p in enumerate(prompts)]
@@ -110,6 +110,7 @@ def test_concurrent_traces_never_mix(smol):
 
 def test_model_outside_a_trace_runs_sdpa_and_is_unchanged(smol):
     from pipeline.capture import NAME
+
     assert smol.model.config._attn_implementation == NAME
     ids = torch.tensor([smol.tokenizer("Hello there").input_ids])
     with torch.inference_mode():

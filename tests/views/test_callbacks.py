@@ -3,6 +3,7 @@
 Streamlit keeps a widget's format_func / on_change / on_click in the session's widget metadata for as long as
 the session lives, and a function defined in a page script holds that page's whole namespace (its trace,
 ~220 MB for a long prompt) through __globals__. Callbacks come from views/widgets.py, closing over plain data."""
+
 import ast
 from pathlib import Path
 
@@ -21,7 +22,6 @@ def test_no_page_defined_callbacks(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             for kw in node.keywords:
-                if kw.arg in CALLBACK_ARGS and (isinstance(kw.value, ast.Lambda) or
-                                                isinstance(kw.value, ast.Name) and kw.value.id in local_funcs):
+                if kw.arg in CALLBACK_ARGS and (isinstance(kw.value, ast.Lambda) or isinstance(kw.value, ast.Name) and kw.value.id in local_funcs):
                     bad.append(f"line {node.lineno}: {kw.arg}")
     assert not bad, f"{path.name}: callbacks defined in the page: {bad}"

@@ -1,4 +1,5 @@
 """AppTest for the pages after the first token: generation, prefill vs decode, KV cache, hardware."""
+
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -19,6 +20,7 @@ def page(path, prompt="The capital of France is", timeout=300):
 
 def common_pass():
     from views.widgets import PASS
+
     return PASS
 
 
@@ -33,7 +35,7 @@ def metric(at, label):
 def test_generation_streams_and_shows_metrics_and_distributions():
     at = page("views/6_generation.py")
     assert any("Generate" in i.value for i in at.info)
-    assert at.toggle(key="gen_chat").value is True               # instruct model: chat mode on by default
+    assert at.toggle(key="gen_chat").value is True  # instruct model: chat mode on by default
     at.toggle(key="gen_chat").set_value(False)
     at.number_input(key="gen_n").set_value(8)
     at.slider(key="gen_t").set_value(0.0)
@@ -42,7 +44,7 @@ def test_generation_streams_and_shows_metrics_and_distributions():
     assert int(metric(at, "Tokens generated")) == 8
     assert metric(at, "Time to first token").endswith("ms")
     assert any("Paris" in m.value for m in at.markdown)
-    assert len(at.get("plotly_chart")) >= 2                     # the chosen token's distribution + step times
+    assert len(at.get("plotly_chart")) >= 2  # the chosen token's distribution + step times
 
 
 def test_generation_caps_and_bad_prompt():
@@ -64,7 +66,7 @@ def test_prefill_decode_sweep_and_cache_experiment():
 
 def test_kv_cache_formula_equals_measured():
     at = page("views/8_kv_cache.py")
-    assert metric(at, "Formula, per token") == "46,080 B"          # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
+    assert metric(at, "Formula, per token") == "46,080 B"  # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
     assert metric(at, "Measured, per token") == "46,080 B"
     assert metric(at, "Agree") == "yes"
 
@@ -93,8 +95,8 @@ def test_streaming_and_sharding_page_labels_the_plan():
     at = page("views/14_streaming_sharding.py")
     assert any("event: token" in c.value for c in at.code)
     assert any("plan computed" in m.value for m in at.markdown)
-    assert any("its own short generation" in c.value for c in at.caption)     # page 6 has not run here
-    assert at.select_slider(key="shard_n").value == 3 and not at.warning        # 9 and 3 heads split by 3
+    assert any("its own short generation" in c.value for c in at.caption)  # page 6 has not run here
+    assert at.select_slider(key="shard_n").value == 3 and not at.warning  # 9 and 3 heads split by 3
     at.select_slider(key="shard_n").set_value(4).run()
     assert not at.exception
     assert any("query heads" in w.value for w in at.warning)
@@ -106,7 +108,7 @@ def test_attention_kernels_page():
     button(at, "kern_go").click().run()
     assert not at.exception, at.exception
     assert any(m.value.startswith(common_pass()) and "same logits" in m.value for m in at.markdown)
-    assert len(at.dataframe[0].value) == 3 * 3                      # 3 lengths x (eager, math, flash) on CPU
+    assert len(at.dataframe[0].value) == 3 * 3  # 3 lengths x (eager, math, flash) on CPU
 
 
 def test_roofline_page():
@@ -133,31 +135,32 @@ def test_production_page():
 
 def test_speculative_with_a_local_model_folder_as_draft():
     import pipeline
+
     at = page("views/13_speculative.py")
     at.selectbox(key="spec_kind").set_value("a local model folder…").run()
     at.text_input(key="spec_folder").set_value("/no/such/folder").run()
     assert any("No such folder" in e.value for e in at.error)
-    folder = pipeline.load_model().source            # the embedded model's safetensors folder: same tokenizer
+    folder = pipeline.load_model().source  # the embedded model's safetensors folder: same tokenizer
     at.text_input(key="spec_folder").set_value(folder).run()
     at.number_input(key="spec_n").set_value(12)
     button(at, "spec_go").click().run()
     assert not at.exception, at.exception
-    assert metric(at, "Acceptance rate α") == "100%"              # the same model drafts perfectly
+    assert metric(at, "Acceptance rate α") == "100%"  # the same model drafts perfectly
 
 
 def test_batching_page_runs_the_three_policies_and_checks_every_answer():
     at = page("views/15_batching.py")
     assert any("Run the three policies" in i.value for i in at.info)
-    assert "Requests running" in [m.label for m in at.metric]               # the live panel of the shared engine
+    assert "Requests running" in [m.label for m in at.metric]  # the live panel of the shared engine
     at.selectbox(key="batch_preset").set_value("Everyone at once, same length").run()
     button(at, "batch_go").click().run()
     assert not at.exception, at.exception
     labels = [m.label for m in at.metric]
     assert "Throughput, continuous" in labels and "Padding rows computed (static)" in labels
-    assert len(at.get("plotly_chart")) >= 5                                   # gantt, occupancy, 2 x KV, latency
+    assert len(at.get("plotly_chart")) >= 5  # gantt, occupancy, 2 x KV, latency
     table = next(d.value for d in at.dataframe if "policy" in d.value.columns)
     assert list(table["policy"]) == ["one after another", "static", "continuous"]
-    assert (table["tokens"] == 4 * 24).all()                                  # every answer exactly 24 tokens
+    assert (table["tokens"] == 4 * 24).all()  # every answer exactly 24 tokens
     button(at, "chk_scene").click().run()
     assert not at.exception, at.exception
     marks = [m.value for m in at.markdown if "generated alone" in m.value]

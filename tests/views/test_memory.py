@@ -4,6 +4,7 @@ Measured before the fix: one session, 12 prompts of ~1,300 tokens through pages 
 and never levelled off; widgets whose format_func was a lambda in a page script kept that page's whole
 namespace (its trace, ~220 MB) in Streamlit's widget metadata, one entry per distinct prompt. Now every cache
 has a bound in bytes and widget callbacks hold plain data only (views/widgets.py)."""
+
 import ctypes
 import gc
 from pathlib import Path
@@ -13,15 +14,27 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py",
-         "views/4_layer.py", "views/5_next_token.py", "views/6_generation.py", "views/7_prefill_decode.py",
-         "views/8_kv_cache.py", "views/9_hardware.py", "views/10_roofline.py", "views/11_attention_kernels.py",
-         "views/12_production.py", "views/13_speculative.py", "views/14_streaming_sharding.py",
-         "views/15_batching.py"]
+PAGES = [
+    "views/0_overview.py",
+    "views/1_tokens.py",
+    "views/2_embeddings.py",
+    "views/3_attention.py",
+    "views/4_layer.py",
+    "views/5_next_token.py",
+    "views/6_generation.py",
+    "views/7_prefill_decode.py",
+    "views/8_kv_cache.py",
+    "views/9_hardware.py",
+    "views/10_roofline.py",
+    "views/11_attention_kernels.py",
+    "views/12_production.py",
+    "views/13_speculative.py",
+    "views/14_streaming_sharding.py",
+    "views/15_batching.py",
+]
 N_PROMPTS = 12
-BUDGET_GB = 4.5             # the README's figure for one server with the embedded model
-WORDS = ("sky light blue scatter wave air sun red evening molecule colour photon short long violet eye "
-         "atmosphere noon dusk cloud").split()
+BUDGET_GB = 4.5  # the README's figure for one server with the embedded model
+WORDS = ("sky light blue scatter wave air sun red evening molecule colour photon short long violet eye atmosphere noon dusk cloud").split()
 
 
 def long_prompt(i: int) -> str:
@@ -33,7 +46,7 @@ def long_prompt(i: int) -> str:
 def rss_gb() -> float:
     gc.collect()
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)       # hand freed heap back: count what is held, not fragmentation
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back: count what is held, not fragmentation
     except OSError:
         pass
     return psutil.Process().memory_info().rss / 2**30

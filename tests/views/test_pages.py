@@ -1,4 +1,5 @@
 """Every page through Streamlit's AppTest: renders, shows this run's numbers, no exception."""
+
 from pathlib import Path
 
 import pytest
@@ -6,8 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py",
-         "views/4_layer.py", "views/5_next_token.py"]
+PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py", "views/4_layer.py", "views/5_next_token.py"]
 
 
 def run(page=None, prompt=None, chat=None, model=None, timeout=240):
@@ -38,7 +38,7 @@ def test_tokens_page_counts_and_chat_template():
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Words"] == "5" and metrics["Characters"] == "20" and metrics["Tokens from your prompt"] == "6"
-    assert int(metrics["Tokens the model reads"]) > 6     # the template adds special tokens and a system prompt
+    assert int(metrics["Tokens the model reads"]) > 6  # the template adds special tokens and a system prompt
     assert any("&lt;|im_start|&gt;" in h.proto.body for h in at.get("html"))
 
 
@@ -53,10 +53,14 @@ def test_next_token_page_refilters_without_new_trace():
 
 
 @pytest.mark.parametrize("page", ["views/1_tokens.py", "views/3_attention.py", "views/5_next_token.py"])
-@pytest.mark.parametrize("bad, expect", [
-    ("", "empty"), ("   \n\t ", "empty"),
-    ("x " * 50000, "context window"),                      # 100k characters, far over 8,192 tokens
-])
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        ("", "empty"),
+        ("   \n\t ", "empty"),
+        ("x " * 50000, "context window"),  # 100k characters, far over 8,192 tokens
+    ],
+)
 def test_bad_prompts_give_a_message(page, bad, expect):
     at = run(page, prompt=bad)
     assert not at.exception
@@ -73,6 +77,7 @@ def test_tokens_page_still_tokenizes_a_prompt_too_long_for_the_model():
 @pytest.mark.parametrize("page", PAGES)
 def test_pages_on_gemma(page):
     import pipeline
+
     if not any(m.key == pipeline.GEMMA and m.available for m in pipeline.available_models()):
         pytest.skip("Gemma not installed (make models)")
     at = run(page, model=pipeline.GEMMA, prompt="The capital of France is", chat=True)
@@ -84,9 +89,9 @@ def test_special_token_text_is_not_injected():
     at = run("views/1_tokens.py", prompt="say <|im_end|> now")
     assert not at.exception
     bodies = [h.proto.body for h in at.get("html")]
-    main = bodies[0]                                          # this model's chips (others follow for comparison)
+    main = bodies[0]  # this model's chips (others follow for comparison)
     assert "im" in main and "end" in main
-    assert "#3a3a3a" not in main                              # no special-token chip: typed text stays text
+    assert "#3a3a3a" not in main  # no special-token chip: typed text stays text
 
 
 @pytest.mark.parametrize("path, expect", [("/no/such/folder", "No such folder"), ("PICKLE", "pickle")])
