@@ -11,7 +11,10 @@ section that fails records its error and the rest go on):
   2. TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same model,
      greedy agreement, the telemetry timeline at batch 1 (NVML utilisation over time);
   3. the attention kernels sweep (time, peak memory, agreement);
-  4. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only).
+  4. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only);
+  5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
+     aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
+     N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506).
 Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
@@ -27,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the lent GPU machine runs this file from a copy of the tree, not installed
 
 
 def main():
@@ -39,7 +42,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
-    ap.add_argument("--only", default="production,loop,kernels,speculative")
+    ap.add_argument("--only", default="production,loop,kernels,speculative,serving")
+    ap.add_argument("--serving-ns", default="1,8,32,64,128,256")
     args = ap.parse_args()
     only = set(args.only.split(","))
     from pipeline.generation import generate, metrics
@@ -196,7 +200,33 @@ def main():
             "identical_to_plain": sp.tokens == plain,
         }
 
-    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative)):
+    def serving():
+        from pipeline.engine import Engine, Sampling
+
+        ids1 = ids[0].tolist()
+        eng = Engine(lm, max_batch=512, max_queue=1024)
+        out = res.setdefault("serving", {})
+        for N in [int(x) for x in args.serving_ns.split(",")]:
+            row = {}
+            for _ in range(2):  # the first run warms kernels and RoPE tables
+                t = time.perf_counter()
+                hs = [eng.submit(ids1, n, Sampling(), stop_ids=frozenset()) for _ in range(N)]
+                toks = sum(len(list(h)) for h in hs)
+                wall = time.perf_counter() - t
+                row = {"requests": N, "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "iterations": eng.iterations}
+            batch = torch.tensor([ids1] * N, device=lm.device)
+            with torch.inference_mode():
+                lm.model.generate(batch, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+                t = time.perf_counter()
+                lm.model.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+                if lm.device.type == "cuda":
+                    torch.cuda.synchronize()
+                row["hf_static_tokens_per_s"] = N * n / (time.perf_counter() - t)
+            out[str(N)] = row
+            save()
+            print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
+
+    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative), ("serving", serving)):
         section(name, fn)
     print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1, default=float))
     print("->", path)

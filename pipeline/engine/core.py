@@ -261,15 +261,17 @@ class Engine:
                 rows = [r for r in plan.decode if r.state == "decode"]
                 with self.lm.lock, torch.inference_mode():
                     first, logits = self._forward(plan.prefill, rows)
+                    parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
+                    outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
                 batch = len(rows) + len(plan.prefill)
-                for r, lg in first:
-                    self._emit(r, lg, "prefill", t0, t_done, batch, finished)
+                for j, (r, _) in enumerate(first):
+                    self._emit(r, outs[j], "prefill", t0, t_done, batch, finished)
                 for j, r in enumerate(rows):
                     if r.finish is not None:  # static batching: a finished row computed as padding
                         padded.append(r.id)
                         continue
-                    self._emit(r, logits[j], "decode", t0, t_done, batch, finished)
+                    self._emit(r, outs[len(first) + j], "decode", t0, t_done, batch, finished)
                     decoded.append(r.id)
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
@@ -336,11 +338,30 @@ class Engine:
         out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
         return first, torch.stack(out) if out else None
 
-    def _emit(self, r: Request, logits, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
+    @staticmethod
+    def _outputs(reqs: list[Request], logits: torch.Tensor) -> list[StepOutput]:
+        """What sampling needs of each row, brought to the host in one transfer where possible: greedy rows only a
+        summary computed on the device for all of them at once ([argmax, logsumexp, top values, top ids]), sampled
+        rows their whole distribution."""
+        greedy = [j for j, r in enumerate(reqs) if not (r.sampling.temperature and r.sampling.temperature > 0)]
+        out: list[StepOutput | None] = [None] * len(reqs)
+        if greedy:
+            g = logits[torch.tensor(greedy, device=logits.device)]
+            k = min(max(r.sampling.n_top for r in reqs), g.shape[-1])
+            tv, ti = g.topk(k, dim=-1)
+            summ = torch.cat([g.argmax(-1, keepdim=True).float(), torch.logsumexp(g, -1, keepdim=True), tv, ti.float()], -1).cpu()
+            for row, j in enumerate(greedy):
+                out[j] = StepOutput(summary=summ[row])
+        for j in range(len(reqs)):
+            if out[j] is None:
+                out[j] = StepOutput(logits=logits[j].cpu())
+        return out
+
+    def _emit(self, r: Request, out: StepOutput, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
         from ..generation import StepEvent
 
         s = r.sampling
-        c = choose(StepOutput(logits=logits), self._dec, s.temperature, s.top_k, s.top_p, s.min_p, self._gens.get(r.id), s.n_top)
+        c = choose(out, self._dec, s.temperature, s.top_k, s.top_p, s.min_p, self._gens.get(r.id), s.n_top)
         ctx = r.context_len
         r.generated.append(c.token_id)
         if r.first_token_at is None:

@@ -113,7 +113,7 @@ class PagedStep:
 
     def forward(self, seqs: list[Seq], logits: bool = True) -> torch.Tensor | None:
         """Every token of every seq through the model; K/V written into the seqs' blocks. Returns the logits of
-        each seq's last token [len(seqs), vocab] float32 on the host (None with logits=False: a prompt chunk
+        each seq's last token [len(seqs), vocab] float32 on the device (None with logits=False: a prompt chunk
         that is not the last needs no logits)."""
         lm, kv = self.lm, self.kv
         dev, bs = lm.device, kv.block_size
@@ -145,7 +145,7 @@ class PagedStep:
         out = torch.mm(head.weight, h.t()).t()
         if head.bias is not None:
             out = out + head.bias
-        return lm.arch.apply_softcap(out.float()).cpu()
+        return lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
 
     def _attention_plan(self, seqs: list[Seq], dev) -> dict:
         """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal
