@@ -1,4 +1,7 @@
-"""Command line: `python -m pipeline tokens|next|trace "prompt" [--json]` (for scripts and handouts)."""
+"""Command line: `python -m pipeline tokens|next|trace|generate "prompt" [--json]` (for scripts and handouts).
+
+`generate` goes through the model's serving engine (pipeline.engine), as the app's pages do; several prompts
+(repeat the argument) are served together, continuously batched."""
 
 from __future__ import annotations
 
@@ -119,6 +122,35 @@ def cmd_trace(args, out):
                 out.write(f"  {k:<28} {v:9.2f} ms\n")
 
 
+def cmd_generate(args, out):
+    from .engine import Sampling, engine_for
+    from .generation import prepare
+
+    lm = _load(args)
+    eng = engine_for(lm)
+    reqs = [prepare(lm, p, args.max_new_tokens, args.chat) for p in args.prompts]
+    handles = [eng.submit(r.prompt_ids, r.max_new_tokens, Sampling(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)) for r in reqs]
+    res = []
+    for p, h in zip(args.prompts, handles):
+        ev = list(h)
+        res.append(
+            {
+                "prompt": p,
+                "tokens": [e.token_id for e in ev],
+                "text": lm.tokenizer.decode([e.token_id for e in ev], skip_special_tokens=True),
+                "finished": ev[-1].finished if ev else None,
+                "ttft_ms": round(ev[0].t_s * 1000, 1) if ev else None,
+                "max_batch": max((e.batch for e in ev), default=0),
+            }
+        )
+    if args.json:
+        json.dump({"model": lm.label, "engine": eng.name, "results": res}, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+    else:
+        for r in res:
+            out.write(f"{r['prompt']!r} -> {r['text']!r} ({len(r['tokens'])} tokens, {r['finished']})\n")
+
+
 def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
@@ -136,13 +168,24 @@ def main(argv=None, out=None) -> int:
             p.add_argument("--top-p", type=float, default=1.0)
             p.add_argument("--min-p", type=float, default=0.0)
             p.add_argument("-n", type=int, default=10, help="how many candidates to print")
+    p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
+    p.add_argument("prompts", nargs="+")
+    p.add_argument("--chat", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_generate)
     args = ap.parse_args(argv)
     from .models import ModelLoadError
     from .tracing import TraceError
 
     try:
         args.fn(args, out)
-    except (ModelLoadError, TraceError) as e:
+    except (ModelLoadError, TraceError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

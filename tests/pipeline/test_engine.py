@@ -138,3 +138,18 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     during = [r for r in recs if any(rid == hl.request.id for rid, _ in r.prefill)]
     assert all(hs.request.id in r.decode for r in during[:3])  # the short one kept streaming
     assert [e.token_id for e in hl] == alone_long
+
+
+def test_cli_generate_goes_through_the_engine_batched(smol):
+    import io
+    import json
+
+    from pipeline.__main__ import main
+
+    buf = io.StringIO()
+    assert main(["generate", PROMPTS[0], PROMPTS[2], "--max-new-tokens", "6", "--json"], out=buf) == 0
+    data = json.loads(buf.getvalue())
+    assert "engine" in data["engine"] and [r["prompt"] for r in data["results"]] == [PROMPTS[0], PROMPTS[2]]
+    for r in data["results"]:
+        assert r["tokens"] == [e.token_id for e in generate(smol, r["prompt"], 6, cache="dynamic")][: len(r["tokens"])]
+    assert max(r["max_batch"] for r in data["results"]) == 2            # served together
