@@ -2,8 +2,9 @@ import pandas as pd
 import streamlit as st
 
 from components.batching import gantt_figure, kv_figure, latency_figure, occupancy_figure
+from components.generation import telemetry_figure
 from pipeline import checks
-from pipeline.engine.scene import POLICIES, User, run_alone, run_scene
+from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
 from views import widgets
 
 st.title("15 · Continuous batching: serving many users")
@@ -57,8 +58,15 @@ table = st.data_editor(
         "max new tokens": st.column_config.NumberColumn(min_value=1, max_value=128, step=1),
     },
 )
-c1, c2 = st.columns(2)
+c1, c2, c3 = st.columns(3)
 chat = widgets.chat_switch(lm, "batch_chat", c1)
+lib = c3.toggle(
+    "Also transformers' own continuous batching",
+    value=False,
+    key="batch_lib",
+    help="model.generate_batch, all requests at once (it takes no arrival times): a well-kept library on the same requests, "
+    "for comparison. Its manager starts a worker and allocates a paged cache each call: seconds more.",
+)
 eos = c2.toggle(
     "Stop at end-of-sequence",
     value=False,
@@ -97,7 +105,10 @@ if st.button("Run the three policies", type="primary", key="batch_go"):
         try:
             for k, policy in enumerate(POLICIES):
                 runs.append(run_scene(lm, users, policy, chat=chat, stop_at_eos=eos, progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m)))
-            widgets.remember("scene", (users, chat, eos, runs))
+            if lib:
+                bar.progress(1.0, text="transformers' generate_batch")
+            library = run_transformers_batch(lm, users, chat=chat, stop_at_eos=eos) if lib else None
+            widgets.remember("scene", (users, chat, eos, runs, library))
         except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
             st.warning(f"Could not run the scene: {type(e).__name__}: {e}")
         bar.empty()
@@ -106,7 +117,7 @@ got = widgets.recall("scene")
 if got is None:
     st.info("Press **Run the three policies** (a few seconds per policy on a CPU).")
 else:
-    users, chat_run, eos_run, runs = got
+    users, chat_run, eos_run, runs, library = got
     by = {r.policy: r for r in runs}
     seq, static, cont = by["one after another"], by["static"], by["continuous"]
     m = st.columns(4)
@@ -134,25 +145,44 @@ else:
     c2.plotly_chart(kv_figure(cont), width="stretch")
     st.plotly_chart(latency_figure(runs), width="stretch")
     util_col = "GPU util %" if seq.utilisation_of.startswith("GPU") else "CPU %"
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "policy": r.policy,
-                    "tokens": r.tokens,
-                    "wall s": round(r.wall_s, 2),
-                    "tok/s": round(r.tokens_per_s, 1),
-                    "mean TTFT s": round(r.mean_ttft_s, 2),
-                    "mean answer s": round(r.mean_latency_s, 2),
-                    "iterations": len(r.records),
-                    "padding rows": r.padded_rows,
-                    util_col: None if r.utilisation is None else round(r.utilisation),
-                }
-                for r in runs
-            ]
-        ),
-        hide_index=True,
-        width="stretch",
+    rows = [
+        {
+            "policy": r.policy,
+            "tokens": r.tokens,
+            "wall s": round(r.wall_s, 2),
+            "tok/s": round(r.tokens_per_s, 1),
+            "mean TTFT s": round(r.mean_ttft_s, 2),
+            "mean answer s": round(r.mean_latency_s, 2),
+            "iterations": len(r.records),
+            "padding rows": r.padded_rows,
+            util_col: None if r.utilisation is None else round(r.utilisation),
+        }
+        for r in runs
+    ]
+    if library is not None:
+        rows.append(
+            {
+                "policy": "transformers generate_batch (all at once)",
+                "tokens": library.tokens,
+                "wall s": round(library.wall_s, 2),
+                "tok/s": round(library.tokens_per_s, 1),
+            }
+        )
+        if library.error:
+            st.warning(f"transformers' generate_batch did not run: {library.error}")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    better = lambda a, b: "higher" if a > b else "lower"  # noqa: E731
+    st.markdown(
+        f"**The seed's promise, on this machine's numbers.** Throughput: continuous batching {cont.tokens_per_s:.1f} tok/s, "
+        f"{better(cont.tokens_per_s, seq.tokens_per_s)} than one after another ({seq.tokens_per_s:.1f}) and "
+        f"{better(cont.tokens_per_s, static.tokens_per_s)} than static batching ({static.tokens_per_s:.1f}). "
+        f"Average response time (arrival to whole answer): {cont.mean_latency_s:.2f} s, against {seq.mean_latency_s:.2f} s one "
+        f"after another and {static.mean_latency_s:.2f} s static. "
+        + (
+            f"{util_col.split()[0]} utilisation: {cont.utilisation:.0f}% continuous vs {seq.utilisation:.0f}% one after another."
+            if cont.utilisation is not None and seq.utilisation is not None
+            else ""
+        )
     )
     st.caption(
         f"{util_col}: {seq.utilisation_of}, mean over each run. Times are wall-clock on this machine, shared "
@@ -160,6 +190,8 @@ else:
         "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
         "where a small batch costs about the same as one request."
     )
+    with st.expander("Utilisation over the continuous run"):
+        st.plotly_chart(telemetry_figure(cont.timeline), width="stretch")
     with st.expander("The answers"):
         for u in cont.users:
             st.markdown(f"**{u.name}** ({len(u.token_ids)} tokens)")
@@ -167,10 +199,13 @@ else:
 
     def scene_checks():
         alone = {u.name: run_alone(lm, u, chat=chat_run, stop_at_eos=eos_run) for u in users}
-        return [
+        out = [
             checks.check_same_tokens(f"{r.policy}: every answer = the same request generated alone", {u.name: u.token_ids for u in r.users}, alone)
             for r in runs
         ]
+        if library is not None and not library.error:
+            out.append(checks.check_same_tokens("transformers generate_batch: every answer = the same request alone", library.token_ids, alone))
+        return out
 
     widgets.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
 

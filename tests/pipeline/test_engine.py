@@ -152,4 +152,4 @@ def test_cli_generate_goes_through_the_engine_batched(smol):
     assert "engine" in data["engine"] and [r["prompt"] for r in data["results"]] == [PROMPTS[0], PROMPTS[2]]
     for r in data["results"]:
         assert r["tokens"] == [e.token_id for e in generate(smol, r["prompt"], 6, cache="dynamic")][: len(r["tokens"])]
-    assert max(r["max_batch"] for r in data["results"]) == 2            # served together
+    assert max(r["max_batch"] for r in data["results"]) == 2  # served together
