@@ -1,3 +1,5 @@
+import pytest
+
 from pipeline.roofline import layer_ops, roofline
 
 
@@ -16,10 +18,16 @@ def test_q_projection_counted_by_hand(smol):
 def test_roofline_measures_peaks_and_times(smol):
     r = roofline(smol, prompt_tokens=32, context=32)
     assert r.peak_flops > 0 and r.bandwidth > 0 and r.ridge > 0
+    assert r.ridge == pytest.approx(r.peak_flops / r.bandwidth)
     for phase in ("prefill", "decode"):
         for o in r.phases[phase].ops:
-            assert o.measured_s > 0 and o.bound_s > 0 and o.bound_by in ("compute", "memory")
+            assert o.measured_s > 0
+            assert o.bound_s == pytest.approx(max(o.flops / r.peak_flops, o.bytes / r.bandwidth))  # the roof, from the counts
+            assert o.bound_by == ("compute" if o.flops / r.peak_flops > o.bytes / r.bandwidth else "memory")
+            assert o.intensity == pytest.approx(o.flops / o.bytes)
     dec = {o.op: o for o in r.phases["decode"].ops}
     pre = {o.op: o for o in r.phases["prefill"].ops}
     assert dec["q projection"].intensity < pre["q projection"].intensity  # decode: little work per byte
-    assert r.decode_ceiling_tokens_per_s > 0
+    # every decode step reads all weights (fp32) and the KV cache at 32 tokens (46,080 B per token) once
+    assert r.weight_bytes == smol.facts.n_params * 4 and r.kv_bytes == 46_080 * 32
+    assert r.decode_ceiling_tokens_per_s == pytest.approx(r.bandwidth / (r.weight_bytes + r.kv_bytes))
