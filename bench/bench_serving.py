@@ -30,7 +30,8 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-WORKLOADS = {"same time, same length": (False, False), "same time, mixed lengths": (False, True), "staggered, mixed lengths": (True, True)}
+WORKLOADS = {"same": (False, False), "mixed": (False, True), "staggered": (True, True)}  # staggered, mixed lengths
+WORKLOAD_NAMES = {"same": "same time, same length", "mixed": "same time, mixed lengths", "staggered": "staggered, mixed lengths"}
 
 
 def workload(lm, n, tokens, staggered, mixed):
@@ -112,7 +113,7 @@ def main():
 
         gc = GenerationConfig(max_new_tokens=max(w[1] for w in work), do_sample=False, eos_token_id=-1, pad_token_id=lm.tokenizer.pad_token_id or 0)
         t = time.perf_counter()
-        with lm.lock, torch.inference_mode():
+        with lm.lock:  # no inference_mode: its worker thread updates the paged cache in place, outside that mode
             impl = lm.model.config._attn_implementation
             lm.model.set_attn_implementation("sdpa")
             try:
@@ -144,7 +145,7 @@ def main():
     results = {}
     for mode in args.workloads.split(","):
         staggered, mixed = WORKLOADS[mode]
-        results[mode] = {}
+        results[mode] = {"workload": WORKLOAD_NAMES[mode]}
         for n in [int(x) for x in args.ns.split(",")]:
             work = workload(lm, n, args.tokens, staggered, mixed)
             runs = {m: [] for m in methods}
@@ -188,6 +189,8 @@ def main():
     base = {m: r.get("tokens_per_s") for m, r in alone.items()}
     for mode in results.values():
         for row in mode.values():
+            if not isinstance(row, dict):
+                continue  # the workload's name
             for m, r in row.items():
                 ref = base.get("threads") or base.get(m)
                 if ref and r.get("tokens_per_s"):
