@@ -30,19 +30,41 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-WORKLOADS = {"same": (False, False), "mixed": (False, True), "staggered": (True, True)}  # staggered, mixed lengths
-WORKLOAD_NAMES = {"same": "same time, same length", "mixed": "same time, mixed lengths", "staggered": "staggered, mixed lengths"}
+WORKLOADS = {"same": (False, False), "mixed": (False, True), "staggered": (True, True), "steady": None, "long-prompt": None}
+WORKLOAD_NAMES = {
+    "same": "same time, same length",
+    "mixed": "same time, mixed lengths",
+    "staggered": "staggered, mixed lengths",
+    "steady": "short questions (probes) arriving while N-1 others decode",
+    "long-prompt": "probes arriving while a 1,024-token prompt is prefilled and N-2 others decode",
+}
+PROBES = 4  # probe requests per run in "steady" and "long-prompt": their TTFT is compared with a probe alone
 
 
 def workload(lm, n, tokens, staggered, mixed):
-    """n requests: prompt ids, new tokens (mixed: 1/2x, 1x, 3/2x the base), arrival offset (s)."""
+    """n requests: prompt ids, new tokens (mixed: 1/2x, 1x, 3/2x the base), arrival offset (s), is a probe."""
     from pipeline.generation import prepare
 
     out = []
     for i in range(n):
         k = max(4, [tokens // 2, tokens, tokens * 3 // 2][i % 3]) if mixed else tokens
         ids = prepare(lm, PROMPTS[i % len(PROMPTS)], k, chat=True).prompt_ids
-        out.append((ids, k, 0.15 * i if staggered else 0.0))
+        out.append((ids, k, 0.15 * i if staggered else 0.0, False))
+    return out
+
+
+def probe_workload(lm, n, tokens, long_prompt):
+    """n-1 requests (n-2 and a 1,024-token prompt with long_prompt) decoding, and PROBES short questions of 4
+    new tokens arriving one by one once they are under way (n = 1: the probes alone, the reference)."""
+    from pipeline.generation import prepare
+    from pipeline.timing import ids_of_length
+
+    t0 = 0.5 + 0.1 * (n - 1)  # the background's prompts are in the cache by then
+    out = [(prepare(lm, PROMPTS[i % len(PROMPTS)], 3 * tokens, chat=True).prompt_ids, 3 * tokens, 0.0, False) for i in range(n - 1 - (long_prompt and n > 1))]
+    if long_prompt and n > 1:
+        out.append((ids_of_length(lm, 1024)[0].tolist(), tokens, t0 - 0.1, False))
+    for j in range(PROBES):
+        out.append((prepare(lm, PROMPTS[j % len(PROMPTS)], 4, chat=True).prompt_ids, 4, t0 + 0.6 * j, True))
     return out
 
 
@@ -51,12 +73,12 @@ def run_clients(work, serve):
     stamps = [None] * len(work)
     t0 = time.perf_counter() + 0.05
 
-    def client(i, ids, k, at):
+    def client(i, ids, k, at, probe):
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         arrived = time.perf_counter()
-        stamps[i] = (arrived, list(serve(ids, k, arrived)))
+        stamps[i] = (arrived, list(serve(ids, k, arrived)), probe)
 
     threads = [threading.Thread(target=client, args=(i, *w)) for i, w in enumerate(work)]
     for t in threads:
@@ -70,7 +92,7 @@ def summarise(stamps, wall):
     toks = sum(len(s[1]) for s in stamps)
     ttft = [s[1][0] - s[0] for s in stamps if s[1]]
     itl = [b - a for s in stamps for a, b in zip(s[1], s[1][1:])]
-    return {
+    out = {
         "tokens": toks,
         "wall_s": wall,
         "tokens_per_s": toks / wall,
@@ -79,6 +101,10 @@ def summarise(stamps, wall):
         "itl_p50_s": pct(itl, 50),
         "itl_p95_s": pct(itl, 95),
     }
+    probes = [s[1][0] - s[0] for s in stamps if s[2] and s[1]]
+    if probes:
+        out.update(probe_ttft_p50_s=pct(probes, 50), probe_ttft_p95_s=pct(probes, 95))
+    return out
 
 
 def main():
@@ -89,6 +115,9 @@ def main():
     ap.add_argument("--threads-max", type=int, default=8, help="(a) above this N takes minutes: skipped")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--methods", default="threads,engine,hf-continuous,hf-static")
+    ap.add_argument("--prefill-chunk", type=int, default=None, help="the engine's prompt tokens per iteration (default: the engine's)")
+    ap.add_argument("--request-chunk", type=int, default=None, help="the engine's prompt tokens per request per iteration (default: the engine's)")
+    ap.add_argument("--out", default="serving", help="results file name under bench/results/")
     args = ap.parse_args()
     import torch
 
@@ -98,7 +127,7 @@ def main():
 
     lm = pipeline.load_model()
     methods = args.methods.split(",")
-    eng = Engine(lm, max_batch=64, max_queue=256)
+    eng = Engine(lm, max_batch=64, max_queue=256, prefill_chunk=args.prefill_chunk, request_chunk=args.request_chunk)
 
     def threads_serve(ids, k, arrived):
         for _ in generate(lm, "", k, cache="dynamic", request=Request(ids, k, []), stop_ids=set()):
@@ -121,7 +150,10 @@ def main():
             finally:
                 lm.model.set_attn_implementation(impl)
         wall = time.perf_counter() - t
-        toks = sum(len(getattr(r, "generated_tokens", []) or []) for r in out.values())
+        errors = [r.error for r in out.values() if r.error]
+        if errors:
+            raise RuntimeError(errors[0])
+        toks = sum(len(r.generated_tokens) for r in out.values())
         return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall}
 
     def hf_static(work):
@@ -144,10 +176,11 @@ def main():
 
     results = {}
     for mode in args.workloads.split(","):
-        staggered, mixed = WORKLOADS[mode]
         results[mode] = {"workload": WORKLOAD_NAMES[mode]}
+        probing = WORKLOADS[mode] is None
+        staggered = probing or WORKLOADS[mode][0]
         for n in [int(x) for x in args.ns.split(",")]:
-            work = workload(lm, n, args.tokens, staggered, mixed)
+            work = probe_workload(lm, n, args.tokens, mode == "long-prompt") if probing else workload(lm, n, args.tokens, *WORKLOADS[mode])
             runs = {m: [] for m in methods}
             for _ in range(args.reps):
                 for m in methods:  # interleaved: every method once per repeat
@@ -195,8 +228,12 @@ def main():
                 ref = base.get("threads") or base.get(m)
                 if ref and r.get("tokens_per_s"):
                     r["ratio_vs_one_request_alone"] = round(r["tokens_per_s"] / ref, 2)
+                key = "probe_ttft_p95_s" if "probe_ttft_p95_s" in r else "ttft_p95_s"
+                alone_ttft = mode.get("1", {}).get(m, {}).get(key)
+                if alone_ttft and r.get(key):  # the goal: <= 2x under load
+                    r["ttft_p95_vs_alone"] = round(r[key] / alone_ttft, 2)
     write(
-        "serving",
+        args.out,
         {
             "model": lm.label,
             "device": lm.device_label,
@@ -204,6 +241,8 @@ def main():
             "reps": args.reps,
             "one_request_alone_tokens_per_s": base.get("threads"),
             "engine_block_size": eng.kv.block_size,
+            "engine_prefill_chunk": eng.scheduler.prefill_chunk,
+            "engine_request_chunk": eng.scheduler.request_chunk,
             "results": results,
         },
     )

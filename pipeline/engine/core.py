@@ -18,9 +18,11 @@ arrived, and rows that finish keep being computed (padding) until the longest is
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -129,7 +131,8 @@ class Engine:
         block_size: int = BLOCK_SIZE,
         max_batch: int = 16,
         max_queue: int = 64,
-        prefill_chunk: int = 256,
+        prefill_chunk: int | None = None,
+        request_chunk: int | None = None,
         policy: str = "continuous",
         history: int = 4096,
         background: bool = True,
@@ -147,7 +150,14 @@ class Engine:
         self.name = "engine (continuous batching)" if policy == "continuous" else "engine (static batching)"
         if not ok:
             self.name += ", one request at a time: " + self.unsupported
-        self.scheduler = Scheduler(BlockPool(n_blocks, block_size), max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk)
+        gpu = lm.device.type == "cuda"  # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
+        self.scheduler = Scheduler(
+            BlockPool(n_blocks, block_size),
+            max_batch=max_batch,
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk or (2048 if gpu else 256),
+            request_chunk=request_chunk or (512 if gpu else 64),
+        )
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.t_start = time.perf_counter()
         self.iterations = 0
@@ -160,6 +170,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._iter_lock = threading.Lock()
+        _all_engines.add(self)
 
     # ------------------------------------------------------------------------------------------ visitors
     def submit(
@@ -238,7 +249,7 @@ class Engine:
                 self._thread.start()
 
     def _worker(self):
-        while True:
+        while not _exiting.is_set():
             if not self.scheduler.wait_for_work(5.0):
                 with self._thread_lock:
                     if self.scheduler.wait_for_work(0.0):
@@ -455,6 +466,20 @@ def default_kv_bytes(lm: LoadedModel) -> int:
 
 
 _engines_lock = threading.Lock()
+_exiting = threading.Event()
+_all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """At interpreter exit, let each worker finish its iteration and stop (a thread killed inside a torch call
+    can abort the process: "terminate called without an active exception")."""
+    _exiting.set()
+    for eng in list(_all_engines):
+        eng._wake()
+        t = eng._thread
+        if t is not None:
+            t.join(timeout=10)
 
 
 def engine_for(lm: LoadedModel) -> Engine:

@@ -4,8 +4,11 @@ Every engine iteration asks `plan()` what to run:
   * retire cancelled requests (their blocks go back to the pool at once);
   * admit waiting requests in arrival order while the batch has room and the pool has the blocks for the
     request's whole budget (prompt + max new tokens): a request that does not fit waits; nothing is preempted;
-  * give prefill work (chunks of at most `prefill_chunk` prompt tokens per iteration in all), so a long prompt
-    is prefilled over several iterations while the running requests keep decoding;
+  * give prefill work: at most `prefill_chunk` prompt tokens per iteration in all and `request_chunk` per request,
+    the shortest remaining prompt first, and prompts that complete this iteration without the chunks of longer
+    ones. A long prompt is prefilled over several short iterations while the running requests keep decoding, and
+    a short question arriving meanwhile waits for one short iteration, not a long chunk, and has its first token
+    after the next (measured in bench_serving.py's "long-prompt" workload);
   * decode one token for every request whose prompt is in the cache.
 `finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
 
@@ -119,8 +122,9 @@ class Plan:
 class Scheduler:
     """Thread-safe: submit / cancel come from visitors' threads, plan / finish from the engine's."""
 
-    def __init__(self, pool: BlockPool, max_batch: int = 32, max_queue: int = 64, prefill_chunk: int = 256):
+    def __init__(self, pool: BlockPool, max_batch: int = 32, max_queue: int = 64, prefill_chunk: int = 256, request_chunk: int | None = None):
         self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
+        self.request_chunk = request_chunk or prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling or decoding
         self.lock = threading.Lock()
@@ -171,11 +175,18 @@ class Scheduler:
                 r.blocks, r.state, r.admitted_at = self.pool.take(need), "prefill", now
                 self.running.append(r)
             budget, prefill = self.prefill_chunk, []
-            for r in self.running:
-                if r.state == "prefill" and budget > 0:
-                    n = min(budget, len(r.prompt_ids) - r.prefilled)
-                    prefill.append((r, r.prefilled, r.prefilled + n))
-                    budget -= n
+            # the shortest remaining prompt first: a short question that arrives while a long prompt is being
+            # prefilled chunk by chunk gets its first token next iteration, not after the whole long prompt
+            todo = sorted((r for r in self.running if r.state == "prefill"), key=lambda r: len(r.prompt_ids) - r.prefilled)
+            completing = [r for r in todo if len(r.prompt_ids) - r.prefilled <= self.request_chunk]
+            # prompts that finish this iteration go alone: a long prompt's next chunk waits one iteration rather
+            # than lengthen the one that gives the short ones their first token
+            for r in completing or todo:
+                if budget <= 0:
+                    break
+                n = min(budget, self.request_chunk, len(r.prompt_ids) - r.prefilled)
+                prefill.append((r, r.prefilled, r.prefilled + n))
+                budget -= n
             decode = [r for r in self.running if r.state == "decode"]
             return Plan(prefill, decode, retired)
 

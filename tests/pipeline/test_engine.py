@@ -126,7 +126,7 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     long_ids = ids(lm, long_prompt(lm, 600))
     short_ids = ids(lm, PROMPTS[0])
     alone_long = [e.token_id for e in generate(lm, "", 4, cache="dynamic", request=Request(long_ids, 4, []))]
-    eng = Engine(lm, kv_bytes=64 << 20, prefill_chunk=128, background=False)
+    eng = Engine(lm, kv_bytes=64 << 20, prefill_chunk=128, request_chunk=128, background=False)
     hs = eng.submit(short_ids, 12)
     eng.iterate()
     hl = eng.submit(long_ids, 4)

@@ -72,19 +72,34 @@ def test_a_request_larger_than_the_pool_is_refused_not_queued_forever():
     assert not s.waiting
 
 
-def test_chunked_prefill_shares_a_token_budget_per_iteration():
+def test_chunked_prefill_shares_a_token_budget_per_iteration_shortest_remaining_first():
     s = Scheduler(BlockPool(100, 16), prefill_chunk=64)
     long, short = req(150, 4), req(20, 4)
     s.submit(long)
-    s.submit(short)
     p = s.plan()
-    assert p.prefill == [(long, 0, 64)]  # the budget is spent on the first in line
+    assert p.prefill == [(long, 0, 64)]  # a long prompt is prefilled in chunks of the budget
     long.prefilled = 64
+    s.submit(short)  # a short question arrives meanwhile: it is not stuck behind the long prompt
     p = s.plan()
-    assert p.prefill == [(long, 64, 128)]
+    assert p.prefill == [(short, 0, 20)]  # it completes this iteration: alone, the long one waits one iteration
+    short.prefilled, short.state = 20, "decode"
+    p = s.plan()
+    assert p.prefill == [(long, 64, 128)] and p.decode == [short]
     long.prefilled = 128
     p = s.plan()
-    assert p.prefill == [(long, 128, 150), (short, 0, 20)]  # 22 + 20 <= 64
+    assert p.prefill == [(long, 128, 150)]
+
+
+def test_request_chunk_caps_each_prompt_so_iterations_stay_short():
+    s = Scheduler(BlockPool(100, 16), prefill_chunk=256, request_chunk=64)
+    a, b, c = req(200, 4), req(30, 4), req(100, 4)
+    for r in (a, b, c):
+        s.submit(r)
+    p = s.plan()
+    assert p.prefill == [(b, 0, 30)]  # b completes: alone
+    b.prefilled, b.state = 30, "decode"
+    p = s.plan()
+    assert p.prefill == [(c, 0, 64), (a, 0, 64)]  # nobody completes: 128 of the 256, no request above 64
 
 
 def test_cancel_frees_the_slot_and_blocks_at_the_next_plan():
