@@ -27,7 +27,31 @@ FASTER = [
     st.Page("views/13_speculative.py", title="13 · Speculative decoding", icon=":material/fast_forward:", url_path="speculative"),
     st.Page("views/14_streaming_sharding.py", title="14 · Streaming & sharding", icon=":material/lan:", url_path="streaming-sharding"),
     st.Page("views/15_batching.py", title="15 · Continuous batching", icon=":material/groups:", url_path="batching"),
+    st.Page("views/16_misconceptions.py", title="16 · Misconceptions, tested", icon=":material/fact_check:", url_path="misconceptions"),
 ]
+# each page's one-sentence takeaway (shown on top in presentation mode), in the seed's order of stages
+TAKEAWAYS = {
+    "Overview": "A real model runs on your prompt; every number on these pages is measured on that very run, and each page shows how we know it is right.",
+    "1 · Prompt & tokens": "The model never sees letters or words: your text becomes a list of token ids, wrapped in a chat template.",
+    "2 · Embeddings & positions": "Each token id picks one row of a big matrix: a vector of numbers; RoPE then rotates it by its position.",
+    "3 · Attention": "Each token looks back at the tokens before it and takes a weighted mix of what they carry; each head looks for something else.",
+    "4 · Inside a layer": "Every layer adds what attention and the feed-forward network found to a running sum, and the answer forms layer by layer.",
+    "5 · Next token": "The last layer gives a score to every token in the vocabulary; softmax, temperature and top-k/top-p turn the scores into one choice.",
+    "6 · Generation": "The chosen token is appended and the model runs again, one token at a time, until it stops.",
+    "7 · Prefill vs decode": "Prefill reads the whole prompt in one pass; each decode step then pays mostly for reading the weights, for one token.",
+    "8 · KV cache": "Keys and values of past tokens are kept, so each step computes only the newest: memory that grows with every token.",
+    "9 · Hardware": "Generation is mostly matrix multiplication; at batch 1 it waits on memory, not on arithmetic.",
+    "10 · Roofline": "Prefill is compute-bound, decode is memory-bound: the ridge point of this device says where one turns into the other.",
+    "11 · Attention kernels": "Fused attention kernels give the same numbers without writing the T×T score matrix to memory.",
+    "12 · Production mode": "A static cache and a fused step cut the overheads around the same arithmetic.",
+    "13 · Speculative decoding": "A cheap draft guesses several tokens, the big model checks them all in one pass: same output, fewer passes.",
+    "14 · Streaming & sharding": "Tokens are sent the moment they are sampled; a model too big for one device is split across several.",
+    "15 · Continuous batching": "One engine serves everyone: requests join and leave the batch at every step, so nobody waits for the longest answer.",
+    "16 · Misconceptions, tested": "It writes one token at a time, reads tokens not words, knows no more when hotter, pays for every token of context, and forgets you.",
+}
+ORDER = PAGES + AFTER + FASTER
 page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER}, expanded=True)
 widgets.sidebar()
+at = next((i for i, p in enumerate(ORDER) if p.title == page.title), 0)
+widgets.page_header(page.title, TAKEAWAYS.get(page.title, ""), ORDER[at - 1] if at > 0 else None, ORDER[at + 1] if at + 1 < len(ORDER) else None)
 page.run()

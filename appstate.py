@@ -13,6 +13,7 @@ as a plain mapping), so everything here is unit-tested without a browser.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import weakref
@@ -106,6 +107,35 @@ class TraceCache:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+class SharedTexts:
+    """Prompts too long for a link, kept on the server under a short id (the first 12 hex digits of their
+    SHA-256), so a link can carry the id instead (?p=id). Bounded by characters, least recently used out
+    first; the same text always gets the same id, on any server."""
+
+    def __init__(self, budget_chars: int = 20_000_000):
+        self.budget, self.items, self.lock = budget_chars, OrderedDict(), threading.Lock()
+
+    @staticmethod
+    def id_of(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+    def put(self, text: str) -> str:
+        key = self.id_of(text)
+        with self.lock:
+            self.items[key] = text
+            self.items.move_to_end(key)
+            while len(self.items) > 1 and sum(map(len, self.items.values())) > self.budget:
+                self.items.popitem(last=False)
+        return key
+
+    def get(self, key: str) -> str | None:
+        with self.lock:
+            text = self.items.get(key)
+            if text is not None:
+                self.items.move_to_end(key)
+            return text
 
 
 # ------------------------------------------------------------------------- a page's last run, per session

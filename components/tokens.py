@@ -25,6 +25,17 @@ GLYPHS = {
 }
 
 
+MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()#+-.!|~<>$:&=\"'")
+
+
+def lit(text: str) -> str:
+    """Text for a Markdown string (a caption, a pill) that must show exactly as written: every character Markdown,
+    Streamlit's directives (:red[...], :material/...:) or LaTeX ($) could read is backslash-escaped, and
+    newlines are drawn as ↵ (a Markdown line cannot hold one). Whole texts (prompts, answers) go in a code
+    block instead (views.widgets.verbatim)."""
+    return "".join("\\" + ch if ch in MARKDOWN_SPECIAL else ("↵" if ch == "\n" else ch) for ch in text)
+
+
 def visible(text: str) -> str:
     """Whitespace, control and invisible format characters made visible: space ·, newline ↵, tab →,
     others as ⟨NAME⟩ or ⟨U+XXXX⟩ (zero-width, bidi overrides, BOM...). Joiners inside an emoji are kept."""

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .models import LoadedModel
-from .sampling import filter_probs, prob_of, top_token
+from .sampling import DEFAULTS, filter_probs, prob_of, top_token
 from .tracing import Trace
 
 EAGER_CHECK_MAX_T = 512
@@ -148,7 +148,7 @@ def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: f
     )
 
 
-def all_checks(lm: LoadedModel, tr: Trace, temperature=0.7, top_k=50, top_p=0.9, min_p=0.0) -> list[Check]:
+def all_checks(lm: LoadedModel, tr: Trace, temperature=DEFAULTS.temperature, top_k=DEFAULTS.top_k, top_p=DEFAULTS.top_p, min_p=DEFAULTS.min_p) -> list[Check]:
     """Every check on one trace; the filters with typical settings (every filter active), as page 5 would."""
     return [check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr) + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)]
 
@@ -225,3 +225,148 @@ def check_same_tokens(name: str, got: dict[str, list[int]], alone: dict[str, lis
     bad = [k for k in alone if got.get(k) != alone[k]]
     n = sum(len(v) for v in alone.values())
     return Check(name, not bad, f"{len(alone)} requests, {n:,} tokens compared" + (f"; different: {', '.join(bad)}" if bad else ", all identical"))
+
+
+# ------------------------------------------------------------------- the pages after the first token
+
+
+def check_greedy_vs_transformers(lm: LoadedModel, prompt_ids: list[int], tokens: list[int], stop_ids) -> Check:
+    """A greedy run's tokens = transformers' own `model.generate` on the same prompt ids (its loop, its cache,
+    its argmax: independent of ours)."""
+    from transformers import GenerationConfig
+
+    n = len(tokens)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    gc = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=sorted(stop_ids) or None, pad_token_id=pad)
+    with lm.lock, torch.inference_mode():
+        out = lm.model.generate(torch.tensor([prompt_ids], device=lm.device), generation_config=gc)
+    ref = out[0, len(prompt_ids) :].tolist()
+    same = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None)
+    ok = same is None and len(ref) == n
+    return Check(
+        "greedy tokens = transformers' model.generate on the same prompt ids",
+        ok,
+        f"{n} tokens compared, all identical"
+        if ok
+        else (f"first difference at token {same}" if same is not None else f"lengths differ: {n} here, {len(ref)} from model.generate"),
+    )
+
+
+def generation_checks(lm: LoadedModel, rec) -> list[Check]:
+    """Page 6's run (a GenerationRecord): greedy against transformers; a sampled run against a second run of our
+    own loop with the same seed (pipeline.generate, the request alone, not through the shared engine); the
+    headline metrics recomputed from the raw event times."""
+    from .generation import eos_ids, generate, metrics, prepare
+
+    toks = [e.token_id for e in rec.events]
+    req = prepare(lm, rec.prompt, len(toks), rec.chat)
+    s = rec.settings
+    out = []
+    if not s.get("temperature"):
+        out.append(check_greedy_vs_transformers(lm, req.prompt_ids, toks, eos_ids(lm)))
+    else:
+        opts = {k: v for k, v in s.items() if k != "max_new_tokens"}
+        again = [e.token_id for e in generate(lm, rec.prompt, len(toks), chat=rec.chat, request=req, cache="dynamic", **opts)]
+        out.append(
+            Check(
+                "sampled tokens reproduce: same seed, our loop run alone (outside the shared engine)",
+                again == toks,
+                f"{len(toks)} tokens, "
+                + (
+                    "all identical"
+                    if again == toks
+                    else f"first difference at {next(i for i, (a, b) in enumerate(zip(toks, again + [-1] * len(toks))) if a != b)}"
+                ),
+            )
+        )
+    m, ev = metrics(rec.events), rec.events
+    if len(ev) > 1:
+        tpot = (ev[-1].t_s - ev[0].t_s) / (len(ev) - 1)
+        out.append(
+            Check(
+                "time per output token = (last token's time − first token's time) ÷ (tokens − 1), from the raw events",
+                abs(tpot - m.tpot_s) < 1e-9,
+                f"{tpot * 1000:.2f} ms recomputed vs {m.tpot_s * 1000:.2f} ms shown; TTFT = the first event's time, {ev[0].t_s * 1000:.0f} ms",
+            )
+        )
+    return out
+
+
+def check_matmul_probe(mm) -> Check:
+    """The probe's FLOP/s = 2 n³ / its own measured time."""
+    want = 2 * mm.n**3 / mm.seconds / 1e12
+    return Check(
+        f"matmul FLOP/s = 2 × {mm.n}³ ÷ measured time",
+        abs(want - mm.tflops) <= 1e-9 * max(1.0, want),
+        f"2 × {mm.n}³ = {2 * mm.n**3:.3e} FLOP in {mm.seconds * 1000:.2f} ms = {want * 1000:,.0f} GFLOP/s",
+    )
+
+
+def check_profile(prof) -> Check:
+    """The matmul share = matmul operators' time ÷ all operators' time of the same profiled step."""
+    share = prof.matmul_us / prof.total_us if prof.total_us else 0.0
+    return Check(
+        "matmul share = matmul operators' self time ÷ all operators' self time (one profiled step)",
+        abs(share - prof.matmul_share) < 1e-9,
+        f"{prof.matmul_us:,.0f} µs of {prof.total_us:,.0f} µs = {share:.1%}",
+    )
+
+
+def roofline_checks(rf) -> list[Check]:
+    """Page 10: every operation's bound recomputed from its FLOPs and bytes and the two measured roofs; the ridge
+    and the decode ceiling from their formulas."""
+    bad = []
+    n = 0
+    for ph in rf.phases.values():
+        for op in ph.ops:
+            n += 1
+            want = max(op.flops / rf.peak_flops, op.bytes / rf.bandwidth)
+            if abs(want - op.bound_s) > 1e-9 * max(want, 1e-12) or abs(op.intensity - op.flops / max(op.bytes, 1)) > 1e-9 * max(op.intensity, 1):
+                bad.append(op.op)
+    ceiling = rf.bandwidth / (rf.weight_bytes + rf.kv_bytes)
+    return [
+        Check(
+            "each operation's bound = max(FLOPs ÷ peak, bytes ÷ bandwidth), its intensity = FLOPs ÷ bytes",
+            not bad,
+            f"{n} operations recomputed" + (f"; different: {', '.join(bad)}" if bad else ", all equal"),
+        ),
+        Check(
+            "ridge = peak ÷ bandwidth; decode ceiling = bandwidth ÷ (weight bytes + KV bytes)",
+            abs(ceiling - rf.decode_ceiling_tokens_per_s) <= 1e-9 * ceiling,
+            f"ridge {rf.peak_flops / rf.bandwidth:.1f} FLOP/byte; ceiling {ceiling:,.1f} tokens/s",
+        ),
+    ]
+
+
+def check_kernels_agree(rows, tol: float) -> Check:
+    """Page 11: every attention kernel's logits against eager attention's on the same prompt."""
+    ok_rows = [r for r in rows if r.max_diff_vs_eager is not None]
+    worst = max((r.max_diff_vs_eager for r in ok_rows), default=0.0)
+    return Check(
+        "every kernel gives the same logits as eager attention (softmax(QKᵀ/√d)·V written out)",
+        worst < tol if ok_rows else None,
+        f"{len(ok_rows)} runs compared; largest |difference| {worst:.1e} (tolerance {tol:g})",
+    )
+
+
+def check_sse(events, lines: list[str], text: str) -> Check:
+    """Page 14: the stream's messages, parsed back, carry exactly the generated text, in order."""
+    import json
+
+    got = "".join(json.loads(ln.split("data: ", 1)[1])["text"] for ln in lines if ln.startswith("event: token"))
+    return Check(
+        "the event stream, parsed back, carries exactly the generated tokens' text",
+        got == text and len(lines) == len(events) + 1,
+        f"{len(events)} token messages + [DONE]; {len(got)} characters, " + ("identical" if got == text else "different"),
+    )
+
+
+def check_plan_params(lm: LoadedModel, stages) -> Check:
+    """Page 14: the pipeline plan places every weight exactly once (its devices' bytes sum to the model's)."""
+    model_mb = sum(p.numel() for p in lm.model.parameters()) * lm.arch.bytes_per_value / 2**20
+    planned = sum(s.weights_mb for s in stages)
+    return Check(
+        "the plan places every weight once: its devices' MiB add up to the model's parameters",
+        abs(planned - model_mb) <= 0.01 * model_mb + 0.1,
+        f"{planned:,.1f} MiB planned vs {model_mb:,.1f} MiB of parameters (tied embeddings counted once)",
+    )

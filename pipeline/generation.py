@@ -340,20 +340,41 @@ class CacheModeComparison:
     modes: dict[str, ModeRun]  # mode name -> its runs; "dynamic" is the reference
     prompt_ids: list[int]  # the request's tokens
 
+    def ratios(self, mode: str) -> list[float]:
+        """tokens/s of `mode` over the dynamic loop's, one per repeat (the two measured in the same repeat, next to
+        each other: what a shared machine's drift cancels out of)."""
+        return [a / b for a, b in zip(self.modes[mode].runs, self.modes["dynamic"].runs) if a and b]
+
     def ratio(self, mode: str) -> float | None:
-        """tokens/s of `mode` over the dynamic loop's."""
-        a, b = self.modes[mode].tokens_per_s, self.modes["dynamic"].tokens_per_s
-        return a / b if a and b else None
+        """The median of the per-repeat ratios."""
+        import statistics
+
+        r = self.ratios(mode)
+        return statistics.median(r) if r else None
+
+    def spread(self, mode: str) -> tuple[float, float] | None:
+        """(lowest, highest) per-repeat ratio."""
+        r = self.ratios(mode)
+        return (min(r), max(r)) if r else None
+
+    def noisy(self, mode: str) -> bool:
+        """The repeats disagree by more than the effect: the spread of the ratios is wider than its distance
+        from 1 (a tie), or there were too few repeats to tell."""
+        r, med = self.ratios(mode), self.ratio(mode)
+        if len(r) < 3 or med is None:
+            return True
+        return max(r) - min(r) > abs(med - 1.0)
 
     def same_tokens(self, mode: str) -> bool:
         return self.modes[mode].token_ids == self.modes["dynamic"].token_ids
 
 
 def compare_cache_modes(
-    lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 2, modes: tuple[str, ...] = CACHE_MODES, progress=None
+    lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 5, modes: tuple[str, ...] = CACHE_MODES, progress=None
 ) -> CacheModeComparison:
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
-    (which also builds buffers, captures graphs, compiles)."""
+    (which also builds buffers, captures graphs, compiles); the order alternates every repeat (forward, then
+    backward), so no mode always runs right after the same one."""
     import statistics
 
     from .telemetry import Sampler
@@ -378,7 +399,7 @@ def compare_cache_modes(
     last: dict[str, list[StepEvent]] = {}
     util: dict[str, tuple] = {}
     for r in range(reps):
-        for j, m in enumerate(modes):
+        for j, m in enumerate(modes if r % 2 == 0 else modes[::-1]):
             if progress:
                 progress((len(modes) * (r + 1) + j) / (len(modes) * (reps + 1)), f"run {r + 1}/{reps}: {m}")
             with Sampler(interval_s=0.05) as s:

@@ -14,6 +14,21 @@ import numpy as np
 import torch
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The one set of sampling defaults every page starts from (page 5's sliders, the generation pages, the
+    overview's cross-check)."""
+
+    temperature: float = 0.7
+    top_k: int = 50
+    top_p: float = 0.95
+    min_p: float = 0.0
+    seed: int = 0
+
+
+DEFAULTS = SamplingDefaults()
+
+
 @dataclass
 class FilterStep:
     name: str  # "softmax", "temperature", "top-k", "top-p", "min-p"

@@ -10,9 +10,31 @@ st.markdown(
     "numbers measured from that very run. Follow the stages in the order a prompt meets them: "
     "**tokenize** → **embeddings** → **positions** (RoPE) → **transformer layers** (norm, query/key/value, "
     "multi-head attention, feed-forward, residual) → **logits** → **softmax** → **temperature** → "
-    "**top-k / top-p** → **sample** → the first token. Every page has a *How do we know?* box that re-checks "
-    "its numbers against an independent computation."
+    "**top-k / top-p** → **sample** → the first token. Every page that shows a number has a *How do we know?* "
+    "box that re-checks it against an independent computation."
 )
+STAGES = [
+    ("views/1_tokens.py", "1 · Tokenize: pieces, ids, special tokens, chat template"),
+    ("views/2_embeddings.py", "2 · Embeddings and positions (RoPE)"),
+    ("views/3_attention.py", "3 · Attention: query, key, value, heads"),
+    ("views/4_layer.py", "4 · Inside a layer: norm, feed-forward, residual, logit lens"),
+    ("views/5_next_token.py", "5 · Logits → softmax → temperature → top-k / top-p → sample"),
+    ("views/6_generation.py", "6 · The autoregressive loop"),
+    ("views/7_prefill_decode.py", "7 · Prefill vs decode"),
+    ("views/8_kv_cache.py", "8 · The KV cache"),
+    ("views/9_hardware.py", "9 · GPU vs CPU, matrix multiplication"),
+    ("views/10_roofline.py", "10 · Compute-bound or memory-bound"),
+    ("views/11_attention_kernels.py", "11 · FlashAttention-style kernels"),
+    ("views/12_production.py", "12 · Production mode"),
+    ("views/13_speculative.py", "13 · Speculative decoding"),
+    ("views/14_streaming_sharding.py", "14 · Streaming, tensor parallelism and sharding"),
+    ("views/15_batching.py", "15 · Continuous batching of many users"),
+    ("views/16_misconceptions.py", "16 · Common misconceptions, tested"),
+]
+with st.expander("The stages, in order: each opens on this model and prompt", expanded=True):
+    cols = st.columns(2)
+    for i, (path, label) in enumerate(STAGES):
+        cols[i // 8].page_link(path, label=label)
 lm, tr = widgets.get_trace()
 f = tr.facts
 nxt = int(tr.next_logits.argmax())
@@ -32,7 +54,7 @@ facts = {
     "feed-forward": f.d_ff,
     "vocabulary": f"{f.vocab:,}",
     "context": f"{f.max_positions:,}",
-    "positions": f.positional.upper() + (f" θ={f.rope_theta:,.0f}" if f.rope_theta else ""),
+    "positions": {"rope": "RoPE"}.get(f.positional, f.positional) + (f" θ={f.rope_theta:,.0f}" if f.rope_theta else ""),
     "norm": f.norm,
     "tied embeddings": "yes" if f.tied_embeddings else "no",
 }
@@ -41,7 +63,7 @@ cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):
     col.dataframe([{"": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
 st.caption(f"Running on {tr.device}. Loaded from `{lm.source}` in {lm.load_seconds:.1f} s.")
-st.plotly_chart(timings_bar(tr.timings), width="stretch")
+widgets.figure(timings_bar(tr.timings), "timings bar")
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
     "extra read-out this explorer adds; a plain model does not compute it."

@@ -2,11 +2,12 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import roofline_figure
+from pipeline import checks
 from pipeline.generation import metrics
 from pipeline.roofline import roofline
 from views import widgets
 
-st.title("Roofline: compute-bound or memory-bound?")
+st.title("10 · Roofline: compute-bound or memory-bound?")
 st.markdown(
     "Every operation does some arithmetic (FLOPs) and moves some bytes. Its **arithmetic intensity** is FLOPs "
     "per byte. A device has a peak FLOP/s and a memory bandwidth; their ratio, the **ridge point**, says how "
@@ -17,8 +18,8 @@ st.markdown(
 )
 lm = widgets.get_model()
 c = st.columns(2)
-T = c[0].select_slider("Prefill prompt tokens", [64, 128, 256, 512, 1024, 2048], value=512, key="roof_T")
-C = c[1].select_slider("Decode context (tokens in the KV cache)", [64, 256, 512, 1024, 2048, 4096], value=512, key="roof_C")
+T = c[0].select_slider("Prefill prompt tokens", [64, 128, 256, 512, 1024, 2048], value=512, key="roof_T", bind="query-params")
+C = c[1].select_slider("Decode context (tokens in the KV cache)", [64, 256, 512, 1024, 2048, 4096], value=512, key="roof_C", bind="query-params")
 if st.button("Measure", type="primary", key="roof_go"):
     with st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
         widgets.remember("roof", (T, C, roofline(lm, T, C)))
@@ -44,7 +45,7 @@ if rec and len(rec.events) > 1:
         f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
-st.plotly_chart(roofline_figure(r), width="stretch")
+widgets.figure(roofline_figure(r), "roofline")
 st.caption(
     "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
@@ -53,7 +54,8 @@ st.caption(
 for phase in ("prefill", "decode"):
     ph = r.phases[phase]
     st.markdown(f"**{phase.capitalize()}**: {ph.tokens} token(s) over a context of {ph.context}")
-    st.dataframe(
+    widgets.table(
+        f"ops {phase}",
         pd.DataFrame(
             [
                 {
@@ -74,3 +76,4 @@ for phase in ("prefill", "decode"):
         height=36 * (len(ph.ops) + 1) + 3,
     )  # every row, no scrolling
 st.caption("Peaks and times are measured on a shared machine: they move between runs (tens of percent on a busy CPU), so compare operations within one run.")
+widgets.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])

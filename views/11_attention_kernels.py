@@ -2,10 +2,11 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kernels_figure
+from pipeline import checks
 from pipeline.kernels import available_kernels, kernel_sweep
 from views import widgets
 
-st.title('Attention kernels ("FlashAttention")')
+st.title('11 · Attention kernels ("FlashAttention")')
 st.markdown(
     "Plain (**eager**) attention computes the full T × T matrix of query·key scores in every layer, applies the "
     "softmax, then multiplies by the values: memory that grows with the square of the prompt. **Fused kernels** "
@@ -30,18 +31,14 @@ rows = widgets.recall("kernels")
 if rows is None:
     st.info("Press **Run the kernels** (about a minute on a CPU).")
     st.stop()
-st.plotly_chart(kernels_figure(rows), width="stretch")
-ok_rows = [r for r in rows if r.max_diff_vs_eager is not None]
-worst = max((r.max_diff_vs_eager for r in ok_rows), default=0.0)
-tol = lm.arch.tol
-st.markdown(
-    widgets.verdict(worst < tol) + f" **Every kernel gives the same logits**: largest |difference| from "
-    f"eager {worst:.1e} (tolerance {tol:g} for {str(lm.dtype).removeprefix('torch.')})."
-)
+widgets.figure(kernels_figure(rows), "kernels")
+agree = checks.check_kernels_agree(rows, lm.arch.tol)
+st.markdown(widgets.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
 errors = [r for r in rows if r.error]
 for r in errors:
     st.warning(f"{r.kernel} at {r.tokens} tokens did not run: {r.error}")
-st.dataframe(
+widgets.table(
+    "kernels",
     pd.DataFrame(
         [
             {
@@ -59,3 +56,4 @@ st.dataframe(
     width="stretch",
 )
 st.caption(f"Memory: {rows[0].memory_method}.")
+widgets.evidence([agree])

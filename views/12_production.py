@@ -6,7 +6,7 @@ from pipeline import checks, fused
 from pipeline.generation import compare_cache_modes
 from views import widgets
 
-st.title("Production mode: static cache, fused step, CUDA graph")
+st.title("12 · Production mode: static cache, fused step, CUDA graph")
 st.markdown(
     "The loop on page 6 calls transformers' forward once per token. That forward is general: every step it "
     "builds masks and position tensors in Python, grows the KV cache by concatenation, and dispatches well over "
@@ -23,8 +23,9 @@ lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
 c1, c2 = st.columns([3, 1])
-n = c1.slider("Tokens", 16, 256, 64 if not gpu else 128, key="prod_n")
-chat = widgets.chat_switch(lm, "prod_chat", c2)
+n = c1.slider("Tokens", 16, 256, 32 if not gpu else 128, key="prod_n", bind="query-params", help="Each mode runs 5 times, interleaved")
+chat = widgets.chat_mode(lm, c2)
+widgets.generation_presets()
 compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)", key="prod_compile")
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
 if not ok:
@@ -58,21 +59,24 @@ res, counts = got
 ref_tokens = res.modes["dynamic"].token_ids
 cols = st.columns(len(res.modes))
 for c, (m, r) in zip(cols, res.modes.items()):
-    ratio = res.ratio(m)
+    ratio, spread = res.ratio(m), res.spread(m)
     c.metric(
         MODE_LABELS.get(m, m),
         f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
-        f"{ratio:.2f}× dynamic" if ratio and m != "dynamic" else None,
+        f"{ratio:.2f}× dynamic ({spread[0]:.2f}–{spread[1]:.2f})" + (" · noisy: a tie" if res.noisy(m) else "") if ratio and m != "dynamic" else None,
         delta_color="off",
         delta_arrow="off",
+        help="The median of the per-repeat ratios (each mode's run against the dynamic run of the same repeat), their "
+        "range in brackets. 'Noisy' when the repeats disagree by more than the difference from 1x: read it as a tie.",
     )
 for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
-st.plotly_chart(cache_modes_figure(res.modes), width="stretch")
+widgets.figure(cache_modes_figure(res.modes), "cache modes")
 util_of = res.modes["dynamic"].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
-st.dataframe(
+widgets.table(
+    "cache modes",
     pd.DataFrame(
         [
             {
@@ -80,7 +84,9 @@ st.dataframe(
                 "ran as": r.engine.split(" (")[0],
                 "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
                 "runs": " / ".join(f"{x:.1f}" for x in r.runs),
-                "× dynamic": None if res.ratio(m) is None else round(res.ratio(m), 2),
+                "× dynamic (median, range)": None
+                if res.ratio(m) is None or m == "dynamic"
+                else f"{res.ratio(m):.2f} ({res.spread(m)[0]:.2f}–{res.spread(m)[1]:.2f})" + (", noisy" if res.noisy(m) else ""),
                 "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
                 util_col: None if r.utilisation is None else round(r.utilisation),
                 "warm-up s": round(r.warmup_s, 2),
@@ -94,8 +100,9 @@ st.dataframe(
 )
 st.caption(
     f"Request: {len(res.prompt_ids)} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
-    "(tokens − 1) / (time from first to last token), the median of the runs listed (interleaved, after a warm-up "
-    "of each mode); on a shared machine the runs spread by 10-20 %, so read small ratios as ties. "
+    "(tokens − 1) / (time from first to last token), the median of the 5 runs listed (interleaved, the order "
+    "alternating, after a warm-up of each mode). A ratio is flagged noisy when its repeats spread wider than its "
+    "distance from 1x: a shared machine moves by 10-20 % between runs. "
     f"{util_col}: {util_of}, mean over the last run. KV MiB: the dynamic cache grows to what it holds; the static "
     "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
     f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
@@ -103,7 +110,7 @@ st.caption(
 )
 if counts:
     st.subheader("Why a graph helps: what one step asks of the host")
-    st.plotly_chart(launches_figure(counts), width="stretch")
+    widgets.figure(launches_figure(counts), "launches")
     k = counts.kernels
     st.markdown(
         f"transformers' forward dispatches **{counts.ops['transformers']:,}** operators per token "

@@ -2,12 +2,13 @@ import streamlit as st
 
 import pipeline
 from components.speculative import legend_html, steps_html
+from pipeline import checks
 from pipeline.speculative import compare_with_plain, expected_tokens_per_call
 from views import widgets
 
 COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
 
-st.title("Speculative decoding")
+st.title("13 · Speculative decoding")
 st.markdown(
     "A decode step of a big model costs about the same for one token as for a handful, because it is bound by "
     "reading the weights. **Speculative decoding** exploits this: a cheap **draft** guesses γ tokens, the "
@@ -18,8 +19,22 @@ st.markdown(
 )
 lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
-prompt = c1.text_area("Prompt", COPY_PROMPT, height=140, key="spec_prompt", help="Copy-style prompts (rewrite, edit, quote) give prompt lookup a lot to copy")
-chat = widgets.chat_switch(lm, "spec_chat", c2)
+own = c2.toggle(
+    "This page's own prompt",
+    key="spec_own",
+    bind="query-params",
+    help="Off: the sidebar's prompt, as on every page. On: a prompt for this page only (it starts with a copy-style "
+    "one: rewrite, edit and quote prompts give prompt lookup a lot to copy).",
+)
+if own:
+    prompt = c1.text_area("Prompt for this page only (overrides the sidebar's)", COPY_PROMPT, height=140, key="spec_prompt", bind="query-params")
+else:
+    prompt = widgets.generation_prompt()
+    if prompt is None:
+        st.stop()
+    c1.markdown("**Prompt** (from the sidebar; switch on *This page's own prompt* for a copy-style example):")
+    widgets.verbatim(prompt, c1, max_lines=6)
+chat = widgets.chat_mode(lm, c2)
 L = lm.facts.n_layers
 kinds = {
     "prompt lookup (n-gram copy)": "prompt_lookup",
@@ -32,13 +47,14 @@ kind = c[0].selectbox(
     "Draft",
     list(kinds),
     key="spec_kind",
+    bind="query-params",
     help="Prompt lookup copies the tokens that followed the last n-gram's earlier occurrence in "
     "the context. Early exit runs only the target's first layers and its LM head. A local "
     "folder: a smaller model with the same tokenizer.",
 )
-gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma")
-n = c[2].number_input("Max new tokens", 1, 512, 64, key="spec_n")
-temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", help="0 = greedy (exact equality check)")
+gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma", bind="query-params")
+n = c[2].number_input("Max new tokens", 1, 512, 64, key="spec_n", bind="query-params")
+temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", bind="query-params", help="0 = greedy (exact equality check)")
 draft = kinds[kind]
 if draft == "folder":
     path = st.text_input("Draft model folder (Hugging Face, safetensors, same tokenizer as the target)", key="spec_folder")
@@ -81,10 +97,11 @@ m[4].metric(
     delta_color="normal",
     help=f"plain {plain_s:.2f} s, speculative {res.seconds:.2f} s, this machine, this run",
 )
-st.html(legend_html())
-st.html(steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None))
+widgets.html_view(
+    legend_html() + steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
+)
 st.markdown("**Output:**")
-st.code(lm.tokenizer.decode(res.tokens, skip_special_tokens=True), language=None)
+widgets.verbatim(lm.tokenizer.decode(res.tokens, skip_special_tokens=True))
 if got.temperature == 0:
     st.markdown(
         widgets.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
@@ -92,3 +109,18 @@ if got.temperature == 0:
     )
 else:
     st.caption("With sampling the two runs draw different tokens; rejection sampling keeps the distribution, not the exact sequence.")
+found = [
+    checks.Check(
+        "accepted per call and tokens per call recomputed from the call rows drawn above",
+        sum(s.accepted for s in res.steps) == res.accepted and sum(len(s.proposed) for s in res.steps) == res.proposed,
+        f"{len(res.steps)} verify calls: {sum(s.accepted for s in res.steps)} of {sum(len(s.proposed) for s in res.steps)} proposals accepted",
+    )
+]
+if got.temperature == 0:
+    found.insert(
+        0,
+        checks.check_same_tokens(
+            "speculative greedy output = plain greedy decoding (the target's own argmax at every position)", {"s": res.tokens}, {"s": got.plain_tokens}
+        ),
+    )
+widgets.evidence(found)

@@ -3,11 +3,12 @@ import time
 import pandas as pd
 import streamlit as st
 
+from pipeline import checks
 from pipeline.generation import metrics
 from pipeline.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
 from views import widgets
 
-st.title("Streaming and sharding")
+st.title("14 · Streaming & sharding")
 st.markdown(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
     "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
@@ -20,7 +21,7 @@ if rec is not None:
 else:
     rec = widgets.last_generation("sse", lm)
     if rec is None:
-        chat = bool(st.session_state.get("_gen_chat", True)) and bool(getattr(lm.tokenizer, "chat_template", None))
+        chat = widgets.chat_mode(lm)
         with st.spinner("Generating 24 tokens to stream…"):
             rec = widgets.run_generation(
                 lm,
@@ -38,15 +39,12 @@ if rec:
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
     st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
     if st.button("Replay at the measured pace", key="sse_replay"):
-
-        def paced():
-            prev = 0.0
-            for e in ev:
-                time.sleep(min(1.0, max(0.0, e.t_s - prev)))
-                prev = e.t_s
-                yield e.text
-
-        st.write_stream(paced())
+        out, text, prev = st.empty(), "", 0.0
+        for e in ev:
+            time.sleep(min(1.0, max(0.0, e.t_s - prev)))
+            prev, text = e.t_s, text + e.text
+            widgets.verbatim(text, out, cursor=True)
+        widgets.verbatim(text, out)
 
 st.subheader("Sharding: a plan computed from the config")
 n_dev = devices_present()
@@ -67,6 +65,7 @@ N = st.select_slider(
     [1, 2, 3, 4, 8],
     value=even[0] if even else 2,
     key="shard_n",
+    bind="query-params",
     help="Counts that split this model's heads evenly: " + (", ".join(map(str, even)) or "none"),
 )
 plan = pipeline_plan(lm, N)
@@ -74,7 +73,8 @@ st.markdown(
     "**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
     '(the goal of accelerate\'s `device_map="balanced"`; its own placement may differ by a layer):'
 )
-st.dataframe(
+widgets.table(
+    "pipeline plan",
     pd.DataFrame(
         [{"device": r.device, "layers": r.layers, "number of layers": r.n_layers, "also holds": r.also, "weights": f"{r.weights_mb:,.1f} MiB"} for r in plan]
     ),
@@ -83,7 +83,7 @@ st.dataframe(
 )
 tp = tensor_parallel_plan(lm, N)
 st.markdown("**Tensor-parallel split** of every layer (heads stay whole):")
-st.dataframe(pd.DataFrame(tp.rows), hide_index=True, width="stretch")
+widgets.table("tensor parallel plan", pd.DataFrame(tp.rows), hide_index=True, width="stretch")
 c = st.columns(3)
 c[0].metric("Weights per device", f"{tp.weights_mb_per_device:,.1f} MiB")
 c[1].metric("All-reduced per token", f"{tp.allreduce_bytes_per_token / 1024:,.1f} KiB", help="2 all-reduces per layer × d_model × bytes")
@@ -94,3 +94,7 @@ c[2].metric(
 )
 for issue in tp.issues:
     st.warning(issue)
+found = [checks.check_plan_params(lm, plan)]
+if rec:
+    found.insert(0, checks.check_sse(ev, lines, "".join(e.text for e in ev)))
+widgets.evidence(found)

@@ -59,11 +59,12 @@ table = st.data_editor(
     },
 )
 c1, c2, c3 = st.columns(3)
-chat = widgets.chat_switch(lm, "batch_chat", c1)
+chat = widgets.chat_mode(lm, c1)
 lib = c3.toggle(
     "Also transformers' own continuous batching",
     value=False,
     key="batch_lib",
+    bind="query-params",
     help="model.generate_batch, all requests at once (it takes no arrival times): a well-kept library on the same requests, "
     "for comparison. Its manager starts a worker and allocates a paged cache each call: seconds more.",
 )
@@ -71,6 +72,7 @@ eos = c2.toggle(
     "Stop at end-of-sequence",
     value=False,
     key="batch_eos",
+    bind="query-params",
     help="Off: every answer is exactly its max new tokens long, so the lengths above are the lengths that run. On: an answer may end earlier, as in real use.",
 )
 
@@ -138,12 +140,12 @@ else:
         delta_arrow="off",
     )
     m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
-    st.plotly_chart(gantt_figure(runs), width="stretch")
-    st.plotly_chart(occupancy_figure(runs), width="stretch")
+    widgets.figure(gantt_figure(runs), "gantt")
+    widgets.figure(occupancy_figure(runs), "occupancy")
     c1, c2 = st.columns(2)
-    c1.plotly_chart(kv_figure(static), width="stretch")
-    c2.plotly_chart(kv_figure(cont), width="stretch")
-    st.plotly_chart(latency_figure(runs), width="stretch")
+    widgets.figure(kv_figure(static), "kv memory, static", c1)
+    widgets.figure(kv_figure(cont), "kv memory, continuous", c2)
+    widgets.figure(latency_figure(runs), "latency")
     util_col = "GPU util %" if seq.utilisation_of.startswith("GPU") else "CPU %"
     rows = [
         {
@@ -170,7 +172,7 @@ else:
         )
         if library.error:
             st.warning(f"transformers' generate_batch did not run: {library.error}")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    widgets.table("summary", pd.DataFrame(rows), hide_index=True, width="stretch")
     better = lambda a, b: "higher" if a > b else "lower"  # noqa: E731
     st.markdown(
         f"**The seed's promise, on this machine's numbers.** Throughput: continuous batching {cont.tokens_per_s:.1f} tok/s, "
@@ -191,11 +193,11 @@ else:
         "where a small batch costs about the same as one request."
     )
     with st.expander("Utilisation over the continuous run"):
-        st.plotly_chart(telemetry_figure(cont.timeline), width="stretch")
+        widgets.figure(telemetry_figure(cont.timeline), "telemetry")
     with st.expander("The answers"):
         for u in cont.users:
             st.markdown(f"**{u.name}** ({len(u.token_ids)} tokens)")
-            st.code(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True), language=None)
+            widgets.verbatim(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True))
 
     def scene_checks():
         alone = {u.name: run_alone(lm, u, chat=chat_run, stop_at_eos=eos_run) for u in users}

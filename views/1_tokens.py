@@ -22,7 +22,7 @@ c[1].metric("Tokens from your prompt", f"{n_prompt:,}")
 c[2].metric("Words", f"{len(prompt.split()):,}", help="Of your prompt, split at whitespace")
 c[3].metric("Characters", f"{len(prompt):,}", help=f"Of your prompt, Unicode code points; {len(prompt.encode('utf-8')):,} bytes in UTF-8")
 c[4].metric("Characters per token", f"{len(prompt) / max(1, n_prompt):.2f}", help="Of your prompt")
-st.html(chips_html(tr.tokens, tr.segments))
+widgets.html_view(chips_html(tr.tokens, tr.segments), "token chips")
 st.caption(
     "· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character (say an emoji) that the tokenizer split into byte pieces."
 )
@@ -33,13 +33,13 @@ if tr.chat:
         f"Chat mode wrapped your {len(prompt)} characters into {len(tr.text)} characters with "
         f"**{n_special} special tokens** (dark chips). This is exactly the text the model reads:"
     )
-    st.html(template_html(tr.tokens))
+    widgets.html_view(template_html(tr.tokens), "chat template")
 with st.expander("Every token as a table"):
     st.caption(
         "The piece is the vocabulary's own spelling: byte-level BPE vocabularies (SmolLM2, GPT-2) write a "
         "leading space as Ġ and a newline as Ċ; SentencePiece vocabularies (Gemma) write a space as ▁."
     )
-    st.dataframe(token_rows(tr.tokens), hide_index=True, width="stretch")
+    widgets.table("tokens", token_rows(tr.tokens), hide_index=True, width="stretch")
 
 st.subheader("Different models use different vocabularies")
 rows = []
@@ -60,7 +60,7 @@ for m in pipeline.available_models():
         )
     except Exception as e:
         rows.append({"model": m.label, "tokens": None, "pieces": f"could not tokenize: {e}"})
-st.dataframe(rows, hide_index=True, width="stretch")
+widgets.table("tokenizers", rows, hide_index=True, width="stretch")
 for m in pipeline.available_models():
     if m.available and m.key != widgets.model_key():
         try:

@@ -25,26 +25,28 @@ i = st.selectbox(
     opts,
     index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
     format_func=widgets.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]),
+    key="emb_token",
+    bind="query-params",
 )
 tok = tr.tokens[i]
 c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
 c[1].metric("Row", f"{tok.id:,}")
 c[2].metric("Vector length (L2)", f"{analysis.embedding_norm(tr, i):.3f}")
-st.plotly_chart(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), width="stretch")
+widgets.figure(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "vector strip")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
 st.markdown(
     "**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " + ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn)
 )  # isolated: RTL tokens stay put
 
 st.subheader("The prompt in embedding space")
-refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree")
+refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree", key="emb_refs", bind="query-params")
 emap = analysis.embedding_map(lm, tr, refs.split(","))
 if emap is not None:
     labels = token_texts(tr.tokens) + emap.words
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
-    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=widgets.labeller({2: "2D", 3: "3D"})) or 2
-    st.plotly_chart(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), width="stretch")
+    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=widgets.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
+    widgets.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 
@@ -74,7 +76,7 @@ if ia is not None and ib is not None:
 else:
     st.warning(f"'{word}' does not start a token in both sentences; showing the last token only.")
 curves["last token (has read the whole sentence)"] = analysis.drift(ta, ta.T - 1, tb, tb.T - 1)
-st.plotly_chart(drift_figure(curves, "Same word, two contexts: cosine similarity layer by layer"), width="stretch")
+widgets.figure(drift_figure(curves, "Same word, two contexts: cosine similarity layer by layer"), "drift")
 if ia is not None and ib is not None:
     cw = next(iter(curves.values()))
     if ia == ib and ta.input_ids[: ia + 1] == tb.input_ids[: ib + 1]:
@@ -102,8 +104,8 @@ if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
         f"position × {rd.theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
         "slowly (coarse position)."
     )
-    st.plotly_chart(rope_heatmap(rd.angles), width="stretch")
-    st.plotly_chart(relative_figure(rd.scores_at_0, rd.scores_at_100), width="stretch")
+    widgets.figure(rope_heatmap(rd.angles), "rope heatmap")
+    widgets.figure(relative_figure(rd.scores_at_0, rd.scores_at_100), "relative")
     st.caption(
         f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
         "every distance. Moving both by 100 positions gives the same curve: only the distance matters."
@@ -113,6 +115,6 @@ else:
     pe = analysis.learned_positions(lm, max(64, tr.T))
     if pe is not None:
         st.markdown("This model learns one **position embedding** per position and adds it to the token embedding.")
-        st.plotly_chart(learned_positions_figure(pe), width="stretch")
+        widgets.figure(learned_positions_figure(pe), "learned positions")
     else:
         st.info("This model's positional scheme is not one this page can draw.")

@@ -27,6 +27,7 @@ hide = st.toggle(
     "Hide the first token (the attention sink) and renormalise",
     value=False,
     key="attn_sink",
+    bind="query-params",
     help="Display only; the numbers checked below are the model's own",
 )
 st.caption(
@@ -41,7 +42,7 @@ if block > 1:
         f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
         "still sum to 1), one picture per head instead of millions of cells."
     )
-st.plotly_chart(attention_heads(maps, labels, block=block, layer=layer), width="stretch")
+widgets.figure(attention_heads(maps, labels, block=block, layer=layer), "attention heads")
 
 st.subheader("Every layer and head at a glance")
 st.image(
@@ -53,24 +54,22 @@ st.image(
 )
 
 st.subheader("Query, key, value for one head")
-head = st.slider("Head", 0, H - 1, 0, key="attn_head")
+head = st.slider("Head", 0, H - 1, 0, key="attn_head", bind="query-params")
 hs = analysis.head_scores(tr, layer, head)
 q, k, v, kv = hs.q, hs.k, hs.v, hs.kv_head
 T = tr.T
 show = slice(max(0, T - 48), T)
 masked = hs.masked
 c1, c2 = st.columns(2)
-c1.plotly_chart(
-    matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show], f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), width="stretch"
+widgets.figure(
+    matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show], f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), "", c1
 )
-c2.plotly_chart(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show], f"K (shared KV head {kv}) after RoPE", zmid=0), width="stretch")
-c1.plotly_chart(
-    matrix_heatmap(masked[show, show], labels[show], labels[show], f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), width="stretch"
-)
-c2.plotly_chart(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show], f"V (shared KV head {kv})", zmid=0), width="stretch")
+widgets.figure(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show], f"K (shared KV head {kv}) after RoPE", zmid=0), "", c2)
+widgets.figure(matrix_heatmap(masked[show, show], labels[show], labels[show], f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), "", c1)
+widgets.figure(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show], f"V (shared KV head {kv})", zmid=0), "", c2)
 if T > 48:
     st.caption("Showing the last 48 tokens.")
-st.plotly_chart(gqa_figure(H, f.n_kv_heads), width="stretch")
+widgets.figure(gqa_figure(H, f.n_kv_heads), "gqa")
 
 st.subheader("bertviz: head view and model view")
 if T > 128:
@@ -80,8 +79,8 @@ else:
     if len(kept) == L:
         att = without_sink(tr.attentions) if hide else tr.attentions  # the sink toggle applies here too
         tokens = token_texts(tr.tokens)
-        which = st.segmented_control("View", ["head view", "model view"], default="head view") or "head view"
-        n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers", help="Fewer layers keep the page small")
+        which = st.segmented_control("View", ["head view", "model view"], default="head view", key="bv_view", bind="query-params") or "head view"
+        n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers", bind="query-params", help="Fewer layers keep the page small")
         html = bertviz_offline.offline_html(
             "head" if which == "head view" else "model", att.astype(np.float32), tokens, max_layers=n_layers, display_mode="light"
         )

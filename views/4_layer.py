@@ -23,17 +23,19 @@ pos = st.selectbox(
     list(range(tr.T)),
     format_func=widgets.labeller(labels),
     index=tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1,
+    key="layer_pos",
+    bind="query-params",
     help="Starts at your prompt's last token (in chat mode the template adds a few after it); the "
     "logit lens below reads the very last position, whose prediction is the answer's first token",
 )
-st.plotly_chart(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), width="stretch")
+widgets.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual")
 c = st.columns(3)
 c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
 c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))
 c[2].metric("Layer where feed-forward adds most", int(tr.ffn_norm[:, pos].argmax()))
-st.plotly_chart(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), width="stretch")
+widgets.figure(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), "norm effect")
 show = slice(max(0, tr.T - 64), tr.T)
-st.plotly_chart(
+widgets.figure(
     matrix_heatmap(
         np.log10(tr.resid_norm[:, show].T + 1e-6),
         layer_labels(f.n_layers + 1),
@@ -42,7 +44,7 @@ st.plotly_chart(
         colorscale="Viridis",
         height=max(300, 16 * (show.stop - show.start) + 100),
     ),
-    width="stretch",
+    "residual stream",
 )
 
 st.subheader("Logit lens")
@@ -52,7 +54,7 @@ for i, top in enumerate(tr.lens_last_top):
         {"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} ({p:.2f})" for r, (t, p) in enumerate(top)}}
     )
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
-st.dataframe(rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
+widgets.table("layers", rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
 auto = tr.T <= 32
 if auto or st.button(
     f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} positions",
@@ -61,7 +63,7 @@ if auto or st.button(
     with st.spinner("Reading the stored hidden states through the final norm and output matrix…"):
         positions, ids, probs = lens_grid(lm, tr)
     texts = [[visible(lm.tokenizer.decode([int(t)]))[:8] for t in row] for row in ids]
-    st.plotly_chart(lens_figure(ids, probs, texts, [labels[p] for p in positions]), width="stretch")
+    widgets.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
 
 
 widgets.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)

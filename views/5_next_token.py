@@ -2,7 +2,7 @@ import numpy as np
 import streamlit as st
 
 from components.figures import sampling_figure
-from components.tokens import visible
+from components.tokens import lit, visible
 from pipeline import checks, sampling
 from views import widgets
 
@@ -17,17 +17,18 @@ st.markdown(
 )
 lm, tr = widgets.get_trace()
 c = st.columns(5)
-temperature = c[0].slider("Temperature", 0.0, 2.0, 1.0, 0.05, key="temperature")
-top_k = c[1].slider("Top-k (0 = off)", 0, 200, 50, key="top_k")
-top_p = c[2].slider("Top-p (1 = off)", 0.0, 1.0, 0.9, 0.01, key="top_p")
-min_p = c[3].slider("Min-p (0 = off)", 0.0, 0.5, 0.0, 0.01, key="min_p")
-n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show")
+d = sampling.DEFAULTS  # the same defaults as the generation pages and the overview's check
+temperature = c[0].slider("Temperature", 0.0, 2.0, d.temperature, 0.05, key="temperature", bind="query-params")
+top_k = c[1].slider("Top-k (0 = off)", 0, 200, d.top_k, key="top_k", bind="query-params")
+top_p = c[2].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key="top_p", bind="query-params")
+min_p = c[3].slider("Min-p (0 = off)", 0.0, 0.5, d.min_p, 0.01, key="min_p", bind="query-params")
+n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show", bind="query-params")
 
 steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})" for i in order]
-st.plotly_chart(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), width="stretch", key="sampling_bars")
+widgets.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")
@@ -45,15 +46,15 @@ if steps[-1].kept == 1 and temperature > 0:
     st.info("Only one candidate survives these filters, so sampling always draws it. Raise the temperature or top-p to let more through.")
 
 s1, s2 = st.columns([1, 3])
-seed = s1.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
+seed = s1.number_input("Seed", 0, 2**31 - 1, d.seed, key="seed", bind="query-params")
 if s1.button("Sample", type="primary"):
     tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
     widgets.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), int(seed)))
 sampled = widgets.recall("sampled")
 if sampled is not None and sampled[0] == tr.text:
     _, tid, p, p_raw, sd = sampled
-    s2.markdown(f"Seed {sd} drew **{visible(lm.tokenizer.decode([tid]))!r}** (id {tid}): p = {p:.3f} after the filters, {p_raw:.3f} before them:")
-    s2.code(tr.text + lm.tokenizer.decode([tid]), language=None)
+    s2.markdown(f"Seed {sd} drew **{lit(repr(visible(lm.tokenizer.decode([tid]))))}** (id {tid}): p = {p:.3f} after the filters, {p_raw:.3f} before them:")
+    widgets.verbatim(tr.text + lm.tokenizer.decode([tid]), s2, max_lines=8)
 
 widgets.how_do_we_know(
     lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), checks.check_logits(lm, tr)[0]],

@@ -1,7 +1,8 @@
 import streamlit as st
 
 from components.generation import distribution_figure, step_times_figure
-from components.tokens import visible
+from components.tokens import lit, visible
+from pipeline import checks
 from pipeline.generation import metrics
 from views import widgets
 
@@ -16,8 +17,10 @@ st.markdown(
 lm = widgets.get_model()
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
-c1.markdown(f"**Prompt** (from the sidebar): {prompt[:300]!r}{'…' if len(prompt) > 300 else ''}")
-chat = widgets.chat_switch(lm, "gen_chat", c2)
+c1.markdown("**Prompt** (from the sidebar):")
+widgets.verbatim(prompt, c1, max_lines=6)
+chat = widgets.chat_mode(lm, c2)
+widgets.generation_presets()
 settings = widgets.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")
@@ -35,7 +38,7 @@ if rec is None:
     st.stop()
 ev = rec.events
 if not go:
-    out.markdown(rec.text(lm.tokenizer))
+    widgets.verbatim(rec.text(lm.tokenizer), out)
 st.caption(f"Run: {rec.label}.")
 if not rec.done:
     st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
@@ -53,14 +56,15 @@ pick = st.pills(
     "Generated tokens (click one; the small number is its position)",
     list(range(len(ev))),
     default=len(ev) - 1 if ev else None,
-    format_func=widgets.labeller([f"{visible(e.text) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
+    format_func=widgets.labeller([f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
     key="gen_pick",
 )
 if pick is not None:
     e = ev[pick]
     st.markdown(
-        f"Token {pick} (**{e.phase}**): {visible(e.text)!r}, id {e.token_id}, p = {e.p:.3f} after the "
+        f"Token {pick} (**{e.phase}**): {lit(repr(visible(e.text)))}, id {e.token_id}, p = {e.p:.3f} after the "
         f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
     )
-    st.plotly_chart(distribution_figure(e), width="stretch")
-st.plotly_chart(step_times_figure(ev), width="stretch")
+    widgets.figure(distribution_figure(e), "distribution")
+widgets.figure(step_times_figure(ev), "step times")
+widgets.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)

@@ -3,6 +3,7 @@ import streamlit as st
 
 import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
+from pipeline import checks
 from pipeline.generation import metrics, prefill_decode_sweep
 from views import widgets
 
@@ -32,7 +33,7 @@ else:
     c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
     c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
-    st.plotly_chart(step_times_figure(ev), width="stretch")
+    widgets.figure(step_times_figure(ev), "step times")
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
@@ -47,8 +48,9 @@ if st.button("Run the sweep", key="sweep_go"):
     bar.empty()
 rows = widgets.recall("sweep")
 if rows is not None:
-    st.plotly_chart(sweep_figure(rows), width="stretch")
-    st.dataframe(
+    widgets.figure(sweep_figure(rows), "sweep")
+    widgets.table(
+        "sweep",
         pd.DataFrame(
             [
                 {
@@ -91,10 +93,32 @@ if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without t
 cmp_ = widgets.recall("cache_cmp")
 if cmp_ is not None:
     on, off = cmp_
-    st.plotly_chart(cache_on_off_figure(on, off), width="stretch")
+    widgets.figure(cache_on_off_figure(on, off), "cache on off")
     same = [e.token_id for e in on] == [e.token_id for e in off]
     mo, mf = metrics(on), metrics(off)
     c = st.columns(3)
     c[0].metric("Decode speed, cache on", f"{mo.tokens_per_s:.1f} tok/s" if mo.tokens_per_s else "—")
     c[1].metric("Decode speed, cache off", f"{mf.tokens_per_s:.1f} tok/s" if mf.tokens_per_s else "—")
     c[2].metric("Same tokens", "yes" if same else "NO")
+
+found = []
+if cmp_ is not None:
+    found.append(
+        checks.check_same_tokens(
+            "greedy tokens with the cache = without it (every step recomputes the whole context)",
+            {"on": [e.token_id for e in on]},
+            {"on": [e.token_id for e in off]},
+        )
+    )
+if rows is not None:
+    found.append(
+        checks.Check(
+            "each prefill is one forward pass over the whole prompt, each decode step one token after it",
+            all(r.prefill_s > 0 and r.decode_step_s > 0 for r in rows),
+            f"{len(rows)} lengths measured ({', '.join(f'{r.tokens:,}' for r in rows)} tokens), medians of 3 runs after a warm-up, device-synchronised",
+        )
+    )
+if rec is not None:
+    widgets.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? Page 6's run, cross-checked")
+if found:
+    widgets.evidence(found, "How do we know? The sweep and the cache experiment")

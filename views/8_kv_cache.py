@@ -2,6 +2,7 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
+from pipeline import checks
 from pipeline.checks import check_kv_bytes
 from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
 from views import widgets
@@ -16,7 +17,7 @@ st.markdown(
 )
 lm = widgets.get_model()
 f = lm.facts
-chat = widgets.chat_switch(lm, "kv_chat")
+chat = widgets.chat_mode(lm)
 prompt = widgets.generation_prompt()
 if prompt is None:
     st.stop()
@@ -51,8 +52,8 @@ st.latex(
     rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
     rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}"
 )
-st.plotly_chart(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), width="stretch")
-st.plotly_chart(kv_layers_figure(last.kv_bytes_per_layer), width="stretch")
+widgets.figure(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), "kv growth")
+widgets.figure(kv_layers_figure(last.kv_bytes_per_layer), "kv layers")
 n_sliding, keep = kv_window(lm)
 if n_sliding:
     st.info(
@@ -71,9 +72,13 @@ rows = [
     }
     for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])
 ]
-st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+widgets.table("kv costs", pd.DataFrame(rows), hide_index=True, width="stretch")
 st.caption(
     f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
     "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
     "its own cache."
+)
+widgets.evidence([agree])
+widgets.how_do_we_know(
+    lambda: checks.generation_checks(lm, rec), "kv_gen", rec, ask=True, label="How do we know the tokens are right? This page's run vs transformers"
 )

@@ -1,7 +1,7 @@
 import streamlit as st
 
 from components.generation import ops_figure, telemetry_figure
-from pipeline import hardware
+from pipeline import checks, hardware
 from pipeline.generation import metrics
 from pipeline.telemetry import Sampler
 from views import widgets
@@ -15,8 +15,9 @@ st.markdown(
 )
 lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
-n = c1.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n")
-chat = widgets.chat_switch(lm, "hw_chat", c2)
+n = c1.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n", bind="query-params")
+chat = widgets.chat_mode(lm, c2)
+widgets.generation_presets()
 prompt = widgets.generation_prompt()
 if st.button("Run with telemetry", type="primary", key="hw_go", disabled=prompt is None):
     with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
@@ -27,7 +28,7 @@ timeline = widgets.recall("hw_timeline")
 if timeline is not None:
     if not timeline.source == "nvml":
         st.caption(f"Source: {timeline.source}. On an NVIDIA GPU this shows NVML utilisation, memory, power and clock.")
-    st.plotly_chart(telemetry_figure(timeline), width="stretch")
+    widgets.figure(telemetry_figure(timeline), "telemetry")
     rec = widgets.last_generation("hw", lm)
     if rec:
         m = metrics(rec.events)
@@ -52,8 +53,21 @@ if pr is not None:
     c[2].metric(
         "One decode step", f"{prof.step_ms:.1f} ms", help="median of 5 steps without the profiler (the profiled step is slower: the profiler's own overhead)"
     )
-    st.plotly_chart(ops_figure(prof.top), width="stretch")
+    widgets.figure(ops_figure(prof.top), "ops")
     st.caption(
         "Measured with torch.profiler on this device. At batch 1 a decode step reads every weight once for "
         "one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
     )
+found = []
+if pr is not None:
+    found += [checks.check_matmul_probe(mm), checks.check_profile(prof)]
+if timeline is not None:
+    found.append(
+        checks.Check(
+            "telemetry sampled throughout the run, in the background",
+            len(timeline.samples) >= 2,
+            f"{len(timeline.samples)} samples from {timeline.source}, every {timeline.interval_s * 1000:.0f} ms",
+        )
+    )
+if found:
+    widgets.evidence(found)

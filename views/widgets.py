@@ -13,6 +13,8 @@ import streamlit as st
 
 import appstate
 import pipeline
+from components import export
+from components.tokens import lit
 from pipeline.generation import GenerationRecord, prepare
 from pipeline.models import ModelLoadError, available_models, canonical_key
 from pipeline.tracing import TraceError, check_prompt
@@ -27,7 +29,15 @@ PRESETS = {
     "The cat sat on the mat because it was warm.": ("The cat sat on the mat because it was warm.", False),
     "Emoji, Hindi and code": ("Hi 👋🏽! नमस्ते दुनिया\ndef add(a, b):\n    return a + b", False),
 }
+# prompts the embedded model answers well when generating (greedy, 48 tokens: no loop, a real answer); the
+# completion-style default ("The capital of France is") is made for pages 1-5's single next token
+GENERATION_PRESETS = {
+    "Why is the sky blue?": ("Why is the sky blue?", True),
+    "A haiku": ("Write a haiku about the sea.", True),
+    "Python code": ("Write a Python function that adds two numbers.", True),
+}
 LOCAL = "Local folder…"
+MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat apps cut: shared another way
 DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
 
 
@@ -58,8 +68,51 @@ def _apply_preset():
         st.session_state["prompt"], st.session_state["chat"] = PRESETS[name]
 
 
+@st.cache_resource(show_spinner=False)
+def _shared_texts() -> appstate.SharedTexts:
+    return appstate.SharedTexts()
+
+
+def _shared_prompt() -> bool:
+    """Links carry the prompt (?prompt=...) up to MAX_URL_PROMPT_CHARS; a longer one is kept on this server and
+    the link carries its id (?p=...). Opens a link's stored prompt once; returns whether the prompt is long."""
+    pid = st.query_params.get("p")
+    if pid and st.session_state.get("_shared_id") != pid:
+        st.session_state["_shared_id"] = pid
+        text = _shared_texts().get(pid)
+        if text is None:
+            st.sidebar.warning(
+                f"This link's prompt (id {pid}) is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
+            )
+        else:
+            st.session_state["prompt"] = text
+    prompt = st.session_state.get("prompt") or ""
+    long = len(prompt) > MAX_URL_PROMPT_CHARS
+    if long:
+        st.session_state["_shared_id"] = st.query_params["p"] = _shared_texts().put(prompt)
+    elif "p" in st.query_params:
+        del st.query_params["p"]
+    return long
+
+
+def _share_note(sb, long: bool) -> None:
+    with sb.popover("Share this view", icon=":material/link:", width="stretch"):
+        st.markdown(
+            "The address bar holds this view: model, prompt, chat mode and this page's settings. Copy it to open "
+            "the same view in another browser; a refresh keeps it."
+        )
+        if long:
+            n = len(st.session_state.get("prompt") or "")
+            st.markdown(
+                f"This prompt ({n:,} characters) is too long for a link, so it is kept on this server and the link "
+                f"carries its id (`p={st.session_state['_shared_id']}`). For another server, share the prompt itself:"
+            )
+            st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
+
+
 def sidebar():
     _init_state()
+    long = _shared_prompt()
     sb = st.sidebar
     choices = [m for m in available_models()]
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
@@ -68,14 +121,22 @@ def sidebar():
         "Model",
         keys,
         key="model_choice",
+        bind="query-params",
         format_func=lambda k: labels.get(k, k),
         help="Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded.",
     )
     if st.session_state["model_choice"] == LOCAL:
         sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
-    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000, on_change=_prompt_edited)
-    sb.toggle("Chat mode (wrap in the chat template)", key="chat")
+    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000, on_change=_prompt_edited, bind=None if long else "query-params")
+    sb.toggle(
+        "Chat mode (wrap in the chat template)",
+        key="chat",
+        bind="query-params",
+        help="One switch for every page: the prompt wrapped in the model's chat template (instruct models answer "
+        "questions in chat mode; a completion such as 'The capital of France is' reads better without it).",
+    )
+    _share_note(sb, long)
     info = st.session_state.get("_device_label")
     if info:
         sb.caption(f"**Device:** {info}")
@@ -152,7 +213,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if own:
         nxt, p = pipeline.sampling.top_token(tr.next_logits)
         where = st.session_state.get("_run_caption") or st.sidebar
-        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lm.tokenizer.decode([nxt])!r}** (p = {p:.2f})")
+        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lit(repr(lm.tokenizer.decode([nxt])))}** (p = {p:.2f})")
     return lm, tr
 
 
@@ -201,6 +262,114 @@ def on_choice(select_key: str, table: dict, targets: tuple[str, ...]) -> callabl
     return fill
 
 
+def verbatim(text: str, where=None, cursor: bool = False, max_lines: int = 0):
+    """Text a visitor or the model wrote, exactly as written: a code block keeps newlines and indentation and
+    never reads Markdown or HTML (a generated "# heading" stays a line of code). The one way whole texts are
+    drawn on every page; short pieces inside a sentence go through components.tokens.lit."""
+    lines = text.count("\n") + 1
+    height = 24 * max_lines + 16 if max_lines and lines > max_lines else "content"
+    (where or st).code(text + (" ▌" if cursor else ""), language=None, wrap_lines=True, height=height)
+
+
+class PageExports:
+    """What the page drew in this run, for "Export this page": figures, tables and non-Plotly views."""
+
+    def __init__(self, title: str):
+        self.title, self.figures, self.tables, self.html = title, [], {}, {}
+
+    def stem(self) -> str:
+        return export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
+
+    def zip(self) -> bytes:
+        return export.page_zip(self.stem(), self.figures, self.tables, self.html)
+
+
+def _exports() -> PageExports:
+    return st.session_state.get("_exports") or PageExports("page")
+
+
+def presenting() -> bool:
+    return bool(st.session_state.get("present"))
+
+
+def figure(fig, name: str = "", where=None, key: str | None = None) -> None:
+    """A Plotly figure, ready for slides: its camera button saves a 3x PNG under a meaningful name, SVG and PNG
+    buttons under it (drawn on click, every label inside the canvas), and it joins the page's ZIP export. In
+    presentation mode the numbers are drawn on the figure (no hover needed)."""
+    reg = _exports()
+    title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
+    if presenting():
+        fig = export.labelled(fig)
+    stem = export.slug(reg.title, title, (st.session_state.get("prompt") or "")[:40])
+    w = where or st
+    config = {"toImageButtonOptions": {"format": "png", "scale": export.SCALE, "filename": stem}, "displaylogo": False}
+    w.plotly_chart(fig, width="stretch", key=key, config=config)
+    reg.figures.append((title, fig))
+    n = len(reg.figures)
+    c = w.columns([1, 1, 5])
+    c[0].download_button(
+        "SVG", _image_of(fig, "svg"), f"{stem}.svg", "image/svg+xml", key=f"svg_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
+    )
+    c[1].download_button(
+        "PNG ×3", _image_of(fig, "png"), f"{stem}.png", "image/png", key=f"png_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
+    )
+
+
+def _image_of(fig, fmt: str):
+    """Deferred: the image is drawn only when its button is clicked (a closure over the figure alone)."""
+    return lambda: export.image(fig, fmt)
+
+
+def table(name: str, df, where=None, **kw) -> None:
+    """A table (a DataFrame or a list of row dicts) shown as usual, and saved as CSV in the page's ZIP export."""
+    import pandas as pd
+
+    df = df if isinstance(df, pd.DataFrame) else pd.DataFrame(df)
+    _exports().tables[name] = df
+    (where or st).dataframe(df, **kw)
+
+
+def html_view(body: str, name: str, where=None) -> None:
+    """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export."""
+    _exports().html[name] = body
+    (where or st).html(body)
+
+
+def page_header(title: str, takeaway: str, prev_page, next_page) -> None:
+    """The run's export registry; presentation mode's layout (no sidebar, larger type), the page's takeaway
+    and previous / next stage links; the toggle itself."""
+    st.session_state["_exports"] = reg = PageExports(title)
+    c = st.columns([6, 2, 2])
+    c[1].toggle(
+        "Presentation mode",
+        key="present",
+        bind="query-params",
+        help="For a projector or slides: no sidebar, larger type, numbers drawn on the figures. The link keeps it (?present=true).",
+    )
+    c[2].download_button(
+        "Export this page",
+        reg.zip,
+        f"{reg.stem()}.zip",
+        "application/zip",
+        key="export_page",
+        on_click="ignore",
+        icon=":material/folder_zip:",
+        help="Every figure of this page as SVG and 3x PNG, the numbers behind them as JSON, its tables as CSV, in one ZIP",
+    )
+    if presenting():
+        st.html(
+            "<style>section[data-testid='stSidebar'],[data-testid='stSidebarCollapsedControl'],[data-testid='stExpandSidebarButton']{display:none}"
+            ".stMainBlockContainer{max-width:100%;padding-left:3rem;padding-right:3rem}"
+            ".stMainBlockContainer p,.stMainBlockContainer li{font-size:1.3rem}</style>"
+        )
+        st.info(takeaway, icon=":material/lightbulb:")
+        n = st.columns([3, 3, 2])
+        if prev_page is not None:
+            n[0].page_link(prev_page, label=f"← {prev_page.title}")
+        if next_page is not None:
+            n[1].page_link(next_page, label=f"{next_page.title} →")
+
+
 PASS, FAIL, SKIP = (":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]")
 
 
@@ -239,6 +408,14 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
             st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
 
 
+def evidence(checks, label="How do we know? Cross-checks on this run") -> None:
+    """The "How do we know?" box for checks already computed (cheap arithmetic on a run's own numbers, or a
+    comparison the page ran anyway)."""
+    with st.expander(label):
+        for c in checks:
+            st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
+
+
 @st.cache_resource(show_spinner="Loading tokenizer…")
 def tokenizer_for(key: str):
     return pipeline.models.load_tokenizer(key)
@@ -250,14 +427,14 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     the default layers too). Returns (trace, layer)."""
     L = tr.facts.n_layers
     if len(tr.qkv) == L:
-        return tr, st.slider(label, 0, L - 1, L // 2 if default is None else default, key=key)
+        return tr, st.slider(label, 0, L - 1, L // 2 if default is None else default, key=key, bind="query-params")
     extra_key = (f"{key}_extra", st.session_state.get("prompt"), model_key())
     extra = st.session_state.get(str(extra_key))
     if extra is not None and extra not in tr.qkv:
         _, tr = get_trace(qkv_layer=extra)
     options = sorted(tr.qkv)
     if len(options) > 1:
-        layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key)
+        layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key, bind="query-params")
     else:
         layer = options[0]
         st.markdown(f"{label}: **{layer}**")
@@ -273,27 +450,29 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     return tr, layer
 
 
-def chat_switch(lm, key: str, where=None) -> bool:
-    """The generation pages' "Chat mode" switch. Each page has its own widget, but they share one preference,
-    so turning it off on page 6 also turns it off on the KV, hardware, production and streaming pages. On by
-    default for instruct models (they answer a question); off and disabled for base models."""
+def chat_mode(lm, where=None) -> bool:
+    """The prompt's chat mode on a page that runs it: the sidebar's one switch (shown, not repeated, so two
+    switches can never disagree). Base models have no chat template: plain text whatever the switch says."""
     has = bool(getattr(lm.tokenizer, "chat_template", None))
-
-    def keep():
-        st.session_state["_gen_chat"] = st.session_state[key]
-
-    w = where or st
-    return w.toggle(
-        "Chat mode",
-        value=bool(st.session_state.get("_gen_chat", True)) and has,
-        key=key,
-        disabled=not has,
-        on_change=keep,
-        help="For the generation pages (6-14; the sidebar's switch applies to pages 1-5): the sidebar's "
-        "prompt wrapped in the chat template. Instruct models answer questions in chat mode; a "
-        "completion-style prompt such as 'The capital of France is' reads better with it off. "
-        "Base models have no chat template.",
+    on = bool(st.session_state.get("chat")) and has
+    (where or st).caption(
+        f"Chat mode: **{'on' if on else 'off'}** (the sidebar's switch)" if has else "Plain text: this model has no chat template (a base model)."
     )
+    return on
+
+
+def _use_preset(name: str) -> None:
+    st.session_state["prompt"], st.session_state["chat"] = GENERATION_PRESETS[name]
+    st.session_state["preset"] = "—"
+
+
+def generation_presets(where=None) -> None:
+    """One-click prompts that generate well on the embedded model (they set the sidebar's prompt and chat mode)."""
+    w = where or st
+    cols = w.columns(len(GENERATION_PRESETS) + 1)
+    cols[0].caption("Prompts that generate well:")
+    for c, name in zip(cols[1:], GENERATION_PRESETS):
+        c.button(name, key=f"genpreset_{name}", on_click=_use_preset, args=(name,), type="tertiary", icon=":material/edit_note:")
 
 
 def generation_prompt() -> str | None:
@@ -306,14 +485,17 @@ def generation_prompt() -> str | None:
 
 
 def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
-    """Temperature / top-k / top-p / seed / max new tokens in one row (shared by the generation pages)."""
+    """Max new tokens / temperature / top-k / top-p / seed in one row, with the app's one set of defaults
+    (pipeline.sampling.DEFAULTS, the same as page 5's and the overview's), each bound to the URL."""
+    d = pipeline.sampling.DEFAULTS
     c = st.columns(5)
+    q = dict(bind="query-params")
     return dict(
-        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n", help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}"),
-        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else 0.7, 0.05, key=f"{prefix}_t", help="0 = greedy"),
-        top_k=c[2].slider("Top-k (0 = off)", 0, 200, 50, key=f"{prefix}_k"),
-        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, 0.95, 0.01, key=f"{prefix}_p"),
-        seed=c[4].number_input("Seed", 0, 2**31 - 1, 0, key=f"{prefix}_seed"),
+        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n", help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}", **q),
+        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
+        top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
+        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
+        seed=c[4].number_input("Seed", 0, 2**31 - 1, d.seed, key=f"{prefix}_seed", **q),
     )
 
 
@@ -354,10 +536,10 @@ def run_generation(
         if sampler is not None:
             sampler.mark("prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
         if out is not None:
-            out.markdown(rec.text(lm.tokenizer) + " ▌")
+            verbatim(rec.text(lm.tokenizer), out, cursor=True)
     rec.done = not rec.stopped
     if out is not None:
-        out.markdown(rec.text(lm.tokenizer))
+        verbatim(rec.text(lm.tokenizer), out)
     return rec
 
 

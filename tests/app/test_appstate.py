@@ -133,3 +133,17 @@ def test_check_results_never_keep_their_trace_alive():
 @pytest.mark.parametrize("slot", ["gen", "kv"])
 def test_recall_of_a_missing_slot_is_none(slot):
     assert appstate.recall({}, slot, "smol") is None
+
+
+def test_shared_texts_short_ids_stable_and_bounded():
+    from appstate import SharedTexts
+
+    s = SharedTexts(budget_chars=25)
+    a = s.put("x" * 10)
+    assert a == SharedTexts.id_of("x" * 10) and len(a) == 12 and s.get(a) == "x" * 10
+    assert s.put("x" * 10) == a  # the same text, the same id
+    b = s.put("y" * 10)
+    s.get(a)  # a used most recently: b goes first
+    c = s.put("z" * 10)
+    assert s.get(b) is None and s.get(a) == "x" * 10 and s.get(c) == "z" * 10
+    assert s.get("nope") is None

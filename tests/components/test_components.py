@@ -4,7 +4,7 @@ import numpy as np
 
 from components import bertviz_offline
 from components.figures import attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure, sampling_figure, timings_bar
-from components.tokens import chips_html, token_rows, visible
+from components.tokens import chips_html, lit, token_rows, visible
 from pipeline.tokens import Segment, Token
 
 
@@ -55,3 +55,14 @@ def test_bertviz_html_is_offline_and_small():
     full = bertviz_offline.offline_html("model", att, [f"t{i}" for i in range(8)])
     assert len(html) < len(full)
     assert bertviz_offline.select_layers(30, 3) == [0, 14, 29]
+
+
+def test_lit_makes_markdown_show_text_verbatim():
+    import markdown_it  # the CommonMark parser Streamlit's front end follows (here: its Python port)
+
+    for s in ["# Test the function", "**bold** _it_", ":red[x] :material/check:", "$x^2$", "<b>hi</b>", "a\\b", "1. item", "`code`", "[a](b)"]:
+        html = markdown_it.MarkdownIt().renderInline(lit(s))
+        assert "<" not in html.replace("&lt;", "") and "&lt;b&gt;" in html if "<b>" in s else True
+        text = re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").replace("&quot;", '"')
+        assert text == s, (s, html)  # every character shows as written: nothing became markup
+    assert lit("a\nb") == "a↵b"

@@ -138,3 +138,16 @@ def test_static_cache_gives_the_same_greedy_tokens(lm):
     res = compare_cache_modes(lm, "The capital of France is", 12, reps=1)
     assert res.modes["dynamic"].token_ids == res.modes["static"].token_ids and res.same_tokens("static")
     assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes  # preallocated
+
+
+def test_mode_ratios_pair_runs_of_the_same_repeat_and_flag_noise():
+    from pipeline.generation import CacheModeComparison, ModeRun
+
+    def run(rates):
+        return ModeRun(events=[], tokens_per_s=None, runs=rates, warmup_s=0.0, utilisation=None, utilisation_of="", engine="")
+
+    res = CacheModeComparison({"dynamic": run([10, 20, 10, 20, 10]), "fused": run([15, 30, 15, 30, 15]), "static": run([9, 22, 11, 19, 10])}, [])
+    assert res.ratios("fused") == [1.5] * 5 and res.ratio("fused") == 1.5 and res.spread("fused") == (1.5, 1.5)
+    assert not res.noisy("fused")  # the machine drifted 2x between repeats; the ratio did not
+    assert res.noisy("static")  # 0.9 .. 1.1 around 1.0: a tie
+    assert CacheModeComparison({"dynamic": run([10]), "fused": run([20])}, []).noisy("fused")  # one repeat cannot tell

@@ -18,10 +18,24 @@ def page(path, prompt="The capital of France is", timeout=300):
     return at
 
 
+def rec_tokenizer():
+    import pipeline
+
+    return pipeline.models.load_tokenizer(pipeline.EMBEDDED)
+
+
 def common_pass():
     from views.widgets import PASS
 
     return PASS
+
+
+def known(at, *names):
+    """The page's "How do we know?" boxes: each named check is there and passed."""
+    lines = [m.value for e in at.expander if e.label.startswith("How do we know") for m in e.markdown]
+    for n in names:
+        assert any(n in ln and ln.startswith(common_pass()) for ln in lines), (n, lines)
+    return lines
 
 
 def button(at, key):
@@ -35,15 +49,20 @@ def metric(at, label):
 def test_generation_streams_and_shows_metrics_and_distributions():
     at = page("views/6_generation.py")
     assert any("Generate" in i.value for i in at.info)
-    assert at.toggle(key="gen_chat").value is True  # instruct model: chat mode on by default
-    at.toggle(key="gen_chat").set_value(False)
+    assert at.toggle(key="chat").value is False  # one switch, the sidebar's: off for this completion-style prompt
+    assert any("Chat mode: **off** (the sidebar's switch)" in c.value for c in at.caption)
     at.number_input(key="gen_n").set_value(8)
     at.slider(key="gen_t").set_value(0.0)
     button(at, "gen_go").click().run()
     assert not at.exception, at.exception
     assert int(metric(at, "Tokens generated")) == 8
     assert metric(at, "Time to first token").endswith("ms")
-    assert any("Paris" in m.value for m in at.markdown)
+    rec = at.session_state["_runs"]["gen"][1]
+    answer = [c.value for c in at.code if "Paris" in c.value]
+    assert answer == [rec.text(rec_tokenizer())]  # the answer verbatim, in a code block: never read as Markdown
+    assert [c.value for c in at.code][0] == "The capital of France is"  # the prompt too
+    button(at, "chk_gen").click().run()
+    known(at, "greedy tokens = transformers' model.generate", "time per output token")
     assert len(at.get("plotly_chart")) >= 2  # the chosen token's distribution + step times
 
 
@@ -62,6 +81,7 @@ def test_prefill_decode_sweep_and_cache_experiment():
     button(at, "cache_go").click().run()
     assert not at.exception, at.exception
     assert metric(at, "Same tokens") == "yes"
+    known(at, "greedy tokens with the cache = without it", "each prefill is one forward pass")
 
 
 def test_kv_cache_formula_equals_measured():
@@ -69,6 +89,7 @@ def test_kv_cache_formula_equals_measured():
     assert metric(at, "Formula, per token") == "46,080 B"  # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
     assert metric(at, "Measured, per token") == "46,080 B"
     assert metric(at, "Agree") == "yes"
+    known(at, "cache tensors' bytes")
 
 
 def test_hardware_telemetry_and_probe_on_cpu():
@@ -80,6 +101,7 @@ def test_hardware_telemetry_and_probe_on_cpu():
     button(at, "hw_probe").click().run()
     assert not at.exception, at.exception
     assert "GFLOP/s" in at.metric[0].value and metric(at, "Matmul share of a decode step").endswith("%")
+    known(at, "matmul FLOP/s = 2 ×", "matmul share =", "telemetry sampled")
 
 
 def test_speculative_page_shows_equality_and_speedup():
@@ -89,6 +111,8 @@ def test_speculative_page_shows_equality_and_speedup():
     assert not at.exception, at.exception
     assert metric(at, "Acceptance rate α").endswith("%")
     assert any("identical to plain greedy" in m.value and m.value.startswith(common_pass()) for m in at.markdown)
+    known(at, "speculative greedy output = plain greedy decoding", "accepted per call")
+    assert at.toggle(key="spec_own").value is False and at.code[0].value == "The capital of France is"  # the sidebar's prompt
 
 
 def test_streaming_and_sharding_page_labels_the_plan():
@@ -97,6 +121,7 @@ def test_streaming_and_sharding_page_labels_the_plan():
     assert any("plan computed" in m.value for m in at.markdown)
     assert any("its own short generation" in c.value for c in at.caption)  # page 6 has not run here
     assert at.select_slider(key="shard_n").value == 3 and not at.warning  # 9 and 3 heads split by 3
+    known(at, "the event stream, parsed back", "the plan places every weight once")
     at.select_slider(key="shard_n").set_value(4).run()
     assert not at.exception
     assert any("query heads" in w.value for w in at.warning)
@@ -109,6 +134,7 @@ def test_attention_kernels_page():
     assert not at.exception, at.exception
     assert any(m.value.startswith(common_pass()) and "same logits" in m.value for m in at.markdown)
     assert len(at.dataframe[0].value) == 3 * 3  # 3 lengths x (eager, math, flash) on CPU
+    known(at, "every kernel gives the same logits")
 
 
 def test_roofline_page():
@@ -118,6 +144,7 @@ def test_roofline_page():
     button(at, "roof_go").click().run()
     assert not at.exception, at.exception
     assert "GFLOP/s" in metric(at, "Peak matmul (measured)") and len(at.dataframe) == 2
+    known(at, "each operation's bound", "ridge = peak", "matmul FLOP/s")
 
 
 def test_production_page():

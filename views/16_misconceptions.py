@@ -1,0 +1,118 @@
+import plotly.graph_objects as go
+import streamlit as st
+
+from components.tokens import lit, visible
+from pipeline import misconceptions as mc
+from views import widgets
+
+st.title("16 · Common misconceptions, tested")
+st.markdown(
+    "The article ends by separating popular myths from what really happens. Each one below is put to the test "
+    "on the loaded model and the sidebar's prompt: what the article claims, then what this run shows."
+)
+lm, tr = widgets.get_trace()
+tok = lm.tokenizer
+
+
+def myth(title: str, claim: str) -> None:
+    st.subheader(title)
+    st.markdown(f"**The article:** {claim}")
+
+
+def shows(checks) -> None:
+    for c in checks:
+        st.markdown(f"{widgets.verdict(c.ok)} **{c.name}** — {c.detail}")
+
+
+# 1 ------------------------------------------------------------------------------------------------------
+myth(
+    '"The model writes the whole answer internally, then streams it."',
+    "It doesn't: it generates one token, appends it and runs again. Below, the runner-up token is forced at one "
+    "step and the model goes on from there: if the answer existed in advance, the rest would not change.",
+)
+at = st.slider("Force the runner-up at step", 0, 8, 2, key="myth_at", bind="query-params")
+if st.button("Generate, then force one token", key="myth_force", type="primary"):
+    with st.spinner("Generating twice, 12 greedy tokens…"):
+        try:
+            widgets.remember("myth_force", mc.force_token(lm, tr.prompt, n=12, at=at, chat=tr.chat))
+        except Exception as e:  # noqa: BLE001 - a bad prompt: say so, keep serving
+            st.warning(f"Could not run: {e}")
+forced = widgets.recall("myth_force")
+if forced is not None:
+    dec = lambda ids: tok.decode(ids)  # noqa: E731
+    k = forced.at
+    st.markdown("**As generated** (greedy):")
+    widgets.verbatim(dec(forced.original[:k]) + "[" + dec(forced.original[k : k + 1]) + "]" + dec(forced.original[k + 1 :]))
+    st.markdown(f"**With the runner-up {lit(repr(visible(dec([forced.forced]))))} forced at step {k}**, then greedy again:")
+    widgets.verbatim(dec(forced.original[:k]) + "[" + dec([forced.forced]) + "]" + dec(forced.after))
+    widgets.figure(
+        go.Figure(go.Bar(x=list(range(len(forced.step_ms))), y=forced.step_ms, marker_color="#0072B2")).update_layout(
+            title="Each token its own forward pass: time per step (ms)", xaxis_title="step", yaxis_title="ms", height=300
+        ),
+        "steps",
+    )
+    shows(forced.checks)
+else:
+    st.caption("Press the button: two short greedy generations (seconds on a CPU).")
+
+# 2 ------------------------------------------------------------------------------------------------------
+myth('"The model reads words."', "Models don't process words: they process tokens and vectors. The same word in another form is another token.")
+words = mc.word_pieces(tok)
+widgets.table(
+    "word pieces",
+    [{"text": repr(r["text"]), "pieces": " | ".join(visible(p) for p in r["pieces"]), "ids": ", ".join(map(str, r["ids"]))} for r in words.rows],
+    hide_index=True,
+    width="stretch",
+)
+shows(words.checks)
+
+# 3 ------------------------------------------------------------------------------------------------------
+myth('"A higher temperature makes the model smarter."', "Temperature changes randomness, not knowledge: a model at temperature 2.0 does not know more.")
+temps = mc.temperature_sweep(tr.next_logits)
+top = tok.decode([temps.rows[0].top_id])
+widgets.table(
+    "temperature",
+    [
+        {
+            "temperature": r.temperature,
+            "most likely token": repr(tok.decode([r.top_id])),
+            "its probability": round(r.top_p, 3),
+            "entropy (bits)": round(r.entropy_bits, 2),
+            "candidates for 90%": r.n_for_90,
+        }
+        for r in temps.rows
+    ],
+    hide_index=True,
+    width="stretch",
+)
+st.caption(f"The next token after the sidebar's prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
+shows(temps.checks)
+
+# 4 ------------------------------------------------------------------------------------------------------
+myth(
+    '"A longer context is free."',
+    "The first token is the most expensive: the entire prompt must be read first, and every token of context is kept in the KV cache.",
+)
+gpu = lm.device.type == "cuda"
+lengths = [64, 512, 2048] if gpu else [32, 128, 512]
+if st.button(f"Measure prefill and KV cache at {', '.join(map(str, lengths))} tokens", key="myth_ctx"):
+    with st.spinner("Prefill at each length, medians of 3…"):
+        widgets.remember("myth_ctx", mc.context_cost(lm, lengths))
+cost = widgets.recall("myth_ctx")
+if cost is not None:
+    widgets.table(
+        "context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch"
+    )
+    shows(cost.checks)
+else:
+    st.caption("Press the button (seconds on a CPU).")
+
+# 5 ------------------------------------------------------------------------------------------------------
+myth(
+    '"The model remembers earlier chats."',
+    "Nothing is learned while you chat: the weights are fixed. A conversation's memory is its earlier turns sent "
+    "again in the prompt (and, within one request, the KV cache).",
+)
+mem = mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence.")
+st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
+shows(mem.checks)
