@@ -157,6 +157,31 @@ def forget_run(state: MutableMapping, slot: str) -> None:
     state.get(RUNS, {}).pop(slot, None)
 
 
+class RunStore:
+    """A page's last runs survive a browser refresh (which opens a new Streamlit session): each browser's runs
+    are kept here under a short id that its address carries (?s=...), for the `max_sessions` most recent
+    browsers. A session restored from it gets a copy (a link shared with that id gives the class a copy of the
+    teacher's runs, never a dict two sessions write into)."""
+
+    def __init__(self, max_sessions: int = 128):
+        self.max_sessions, self.items, self.lock = max_sessions, OrderedDict(), threading.Lock()
+
+    def attach(self, state: MutableMapping, sid: str | None, new_id: Callable[[], str]) -> str:
+        """Give this session its id (a restored one, or a new one) and keep its runs under it; returns the id."""
+        with self.lock:
+            if "_sid" not in state:
+                saved = self.items.get(sid) if sid else None
+                if saved is not None:
+                    state[RUNS] = dict(saved)
+                state["_sid"] = sid if saved is not None else new_id()
+            key = state["_sid"]
+            self.items[key] = state.setdefault(RUNS, {})
+            self.items.move_to_end(key)
+            while len(self.items) > self.max_sessions:
+                self.items.popitem(last=False)
+            return key
+
+
 class CheckResults:
     """Cross-check results of one session, per (check, the object checked: a trace or a run's result), held
     with a weak reference to that object, so keeping results never keeps a trace alive, and a new run never

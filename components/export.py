@@ -41,7 +41,7 @@ def slug(*parts: str, max_len: int = 80) -> str:
 
 
 def for_export(fig: go.Figure) -> go.Figure:
-    """A copy drawn for a slide: white background, every axis title and tick label inside the canvas (automargin),
+    """A copy drawn for a slide (image() also draws the numbers on it, see labelled()): white background, every axis title and tick label inside the canvas (automargin),
     the title kept, a fixed width so the file does not depend on the visitor's window."""
     f = go.Figure(fig)
     f.update_layout(template="plotly_white", paper_bgcolor="white", width=WIDTH, height=max(int(f.layout.height or 500), 360))
@@ -66,7 +66,7 @@ def image(fig: go.Figure, fmt: str = "png", scale: int = SCALE) -> bytes:
                 _server = True
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "kopts ignored with a server": expected
-                return for_export(fig).to_image(format=fmt, scale=scale if fmt == "png" else 1)
+                return for_export(labelled(fig)).to_image(format=fmt, scale=scale if fmt == "png" else 1)
         except Exception as e:  # noqa: BLE001 - no Chromium, a broken figure: a message, the app keeps serving
             raise ExportError(f"Could not draw the figure as {fmt.upper()}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from e
 

@@ -377,8 +377,8 @@ def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> g
         )
         fig.update_xaxes(range=[0, 1.15], row=1, col=j + 1, showticklabels=False)
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=11))
-    _layout(fig, None, height=max(320, 26 * len(cands) + 80))
-    fig.update_layout(margin=dict(t=40))
+    _layout(fig, None, height=max(320, 26 * len(cands) + 110))
+    fig.update_layout(margin=dict(t=70))  # room above the stage titles: the toolbar never covers one
     return fig
 
 

@@ -16,7 +16,7 @@ import torch
 
 from .decode import choose, open_step, token_texts
 from .models import LoadedModel
-from .timing import ids_of_length, syncer
+from .timing import Ratios, ids_of_length, syncer
 from .tokens import tokenize
 from .tracing import TraceError, check_prompt
 
@@ -340,30 +340,13 @@ class CacheModeComparison:
     modes: dict[str, ModeRun]  # mode name -> its runs; "dynamic" is the reference
     prompt_ids: list[int]  # the request's tokens
 
-    def ratios(self, mode: str) -> list[float]:
-        """tokens/s of `mode` over the dynamic loop's, one per repeat (the two measured in the same repeat, next to
-        each other: what a shared machine's drift cancels out of)."""
-        return [a / b for a, b in zip(self.modes[mode].runs, self.modes["dynamic"].runs) if a and b]
+    def ratios(self, mode: str) -> Ratios:
+        """tokens/s of `mode` over the dynamic loop's, one per repeat (the two measured in the same repeat)."""
+        return Ratios(tuple(a / b for a, b in zip(self.modes[mode].runs, self.modes["dynamic"].runs) if a and b))
 
     def ratio(self, mode: str) -> float | None:
         """The median of the per-repeat ratios."""
-        import statistics
-
-        r = self.ratios(mode)
-        return statistics.median(r) if r else None
-
-    def spread(self, mode: str) -> tuple[float, float] | None:
-        """(lowest, highest) per-repeat ratio."""
-        r = self.ratios(mode)
-        return (min(r), max(r)) if r else None
-
-    def noisy(self, mode: str) -> bool:
-        """The repeats disagree by more than the effect: the spread of the ratios is wider than its distance
-        from 1 (a tie), or there were too few repeats to tell."""
-        r, med = self.ratios(mode), self.ratio(mode)
-        if len(r) < 3 or med is None:
-            return True
-        return max(r) - min(r) > abs(med - 1.0)
+        return self.ratios(mode).median
 
     def same_tokens(self, mode: str) -> bool:
         return self.modes[mode].token_ids == self.modes["dynamic"].token_ids

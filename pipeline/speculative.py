@@ -13,6 +13,7 @@ LoadedModel sharing the tokenizer.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from .arch import decoder_of
 from .generation import eos_ids, prepare
 from .models import LoadedModel
 from .sampling import filter_probs
+from .timing import Ratios
 
 
 @dataclass
@@ -273,18 +275,28 @@ def speculative_generate(
 
 @dataclass
 class SpecComparison:
-    """Plain decoding and speculative decoding of the same request, same settings, one after the other."""
+    """Plain decoding and speculative decoding of the same request, same settings, interleaved repeats."""
 
     draft: str  # what drafted
     gamma: int
     temperature: float
     plain_tokens: list[int]
-    plain_s: float  # wall time of plain decoding (s)
-    spec: SpecResult
+    plain_runs_s: list[float]  # wall time of plain decoding, each repeat (s)
+    spec_runs_s: list[float]  # wall time of speculative decoding, each repeat (s)
+    spec: SpecResult  # the last speculative run (its calls are drawn)
+
+    @property
+    def plain_s(self) -> float:
+        return statistics.median(self.plain_runs_s)
+
+    @property
+    def speedups(self) -> Ratios:
+        """plain time / speculative time, one per repeat (both timed next to each other)."""
+        return Ratios(tuple(p / s for p, s in zip(self.plain_runs_s, self.spec_runs_s) if s))
 
     @property
     def speedup(self) -> float:
-        return self.plain_s / self.spec.seconds if self.spec.seconds else 0.0
+        return self.speedups.median or 0.0
 
     @property
     def identical(self) -> bool:
@@ -293,14 +305,32 @@ class SpecComparison:
 
 
 def compare_with_plain(
-    lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64, temperature: float = 0.0, chat: bool = False, seed: int = 0
+    lm: LoadedModel,
+    prompt: str,
+    draft="prompt_lookup",
+    gamma: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    chat: bool = False,
+    seed: int = 0,
+    reps: int = 5,
+    progress=None,
 ) -> SpecComparison:
-    """Decode `prompt` plainly (our loop), then with the draft: tokens, wall times, every verify call."""
+    """Decode `prompt` plainly (our loop) and with the draft, `reps` times, the order alternating each repeat:
+    tokens, wall times, every verify call of the last speculative run."""
     from .generation import generate
 
-    t = time.perf_counter()
-    plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, temperature=temperature, chat=chat, seed=seed)]
-    plain_s = time.perf_counter() - t
-    res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, chat=chat, seed=seed)
+    plain_s, spec_s, plain, res = [], [], [], None
+    for r in range(reps):
+        for which in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
+            if progress:
+                progress((2 * r + (which == "spec")) / (2 * reps), f"repeat {r + 1}/{reps}: {which}")
+            t = time.perf_counter()
+            if which == "plain":
+                plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, temperature=temperature, chat=chat, seed=seed)]
+                plain_s.append(time.perf_counter() - t)
+            else:
+                res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, chat=chat, seed=seed)
+                spec_s.append(res.seconds)
     name = draft if isinstance(draft, str) else getattr(draft, "label", "a model")
-    return SpecComparison(name, gamma, temperature, plain, plain_s, res)
+    return SpecComparison(name, gamma, temperature, plain, plain_s, spec_s, res)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -51,3 +52,35 @@ def ids_of_length(lm, n: int) -> torch.Tensor:
     ids = lm.tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
     ids = (ids * (n // len(ids) + 1))[:n]
     return torch.tensor([ids], device=lm.device)
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """A speed ratio measured in interleaved repeats: one value per repeat, both sides timed next to each other
+    (a shared machine drifts between repeats; a ratio taken within one repeat cancels most of it). The headline
+    is the median with its range, flagged noisy when the repeats disagree by more than the effect."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float | None:
+        import statistics
+
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        return (min(self.values), max(self.values)) if self.values else None
+
+    @property
+    def noisy(self) -> bool:
+        """Fewer than 3 repeats, or a range wider than the median's distance from 1x (a tie)."""
+        if len(self.values) < 3:
+            return True
+        return max(self.values) - min(self.values) > abs(self.median - 1.0)
+
+    def __str__(self) -> str:
+        if not self.values:
+            return "—"
+        lo, hi = self.spread
+        return f"{self.median:.2f}× ({lo:.2f}–{hi:.2f})" + (", noisy: a tie" if self.noisy else "")

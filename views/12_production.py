@@ -59,11 +59,11 @@ res, counts = got
 ref_tokens = res.modes["dynamic"].token_ids
 cols = st.columns(len(res.modes))
 for c, (m, r) in zip(cols, res.modes.items()):
-    ratio, spread = res.ratio(m), res.spread(m)
+    ratios = res.ratios(m)
     c.metric(
         MODE_LABELS.get(m, m),
         f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
-        f"{ratio:.2f}× dynamic ({spread[0]:.2f}–{spread[1]:.2f})" + (" · noisy: a tie" if res.noisy(m) else "") if ratio and m != "dynamic" else None,
+        f"vs dynamic: {ratios}" if ratios.values and m != "dynamic" else None,
         delta_color="off",
         delta_arrow="off",
         help="The median of the per-repeat ratios (each mode's run against the dynamic run of the same repeat), their "
@@ -84,9 +84,7 @@ widgets.table(
                 "ran as": r.engine.split(" (")[0],
                 "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
                 "runs": " / ".join(f"{x:.1f}" for x in r.runs),
-                "× dynamic (median, range)": None
-                if res.ratio(m) is None or m == "dynamic"
-                else f"{res.ratio(m):.2f} ({res.spread(m)[0]:.2f}–{res.spread(m)[1]:.2f})" + (", noisy" if res.noisy(m) else ""),
+                "× dynamic (median, range)": None if m == "dynamic" else str(res.ratios(m)),
                 "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
                 util_col: None if r.utilisation is None else round(r.utilisation),
                 "warm-up s": round(r.warmup_s, 2),

@@ -19,11 +19,6 @@ def myth(title: str, claim: str) -> None:
     st.markdown(f"**The article:** {claim}")
 
 
-def shows(checks) -> None:
-    for c in checks:
-        st.markdown(f"{widgets.verdict(c.ok)} **{c.name}** — {c.detail}")
-
-
 # 1 ------------------------------------------------------------------------------------------------------
 myth(
     '"The model writes the whole answer internally, then streams it."',
@@ -51,7 +46,7 @@ if forced is not None:
         ),
         "steps",
     )
-    shows(forced.checks)
+    widgets.show_checks(forced.checks)
 else:
     st.caption("Press the button: two short greedy generations (seconds on a CPU).")
 
@@ -64,7 +59,7 @@ widgets.table(
     hide_index=True,
     width="stretch",
 )
-shows(words.checks)
+widgets.show_checks(words.checks)
 
 # 3 ------------------------------------------------------------------------------------------------------
 myth('"A higher temperature makes the model smarter."', "Temperature changes randomness, not knowledge: a model at temperature 2.0 does not know more.")
@@ -86,7 +81,7 @@ widgets.table(
     width="stretch",
 )
 st.caption(f"The next token after the sidebar's prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
-shows(temps.checks)
+widgets.show_checks(temps.checks)
 
 # 4 ------------------------------------------------------------------------------------------------------
 myth(
@@ -103,7 +98,7 @@ if cost is not None:
     widgets.table(
         "context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch"
     )
-    shows(cost.checks)
+    widgets.show_checks(cost.checks)
 else:
     st.caption("Press the button (seconds on a CPU).")
 
@@ -115,4 +110,4 @@ myth(
 )
 mem = mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence.")
 st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
-shows(mem.checks)
+widgets.show_checks(mem.checks)

@@ -84,7 +84,7 @@ else:
         html = bertviz_offline.offline_html(
             "head" if which == "head view" else "model", att.astype(np.float32), tokens, max_layers=n_layers, display_mode="light"
         )
-        height = 160 + 22 * T if which == "head view" else 140 + 105 * n_layers
+        height = 160 + 22 * T if which == "head view" else 150 + 500 * n_layers  # the model view: a row of heads per layer
         st.iframe(html, height=max(420, height))
         st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 decimals.")
     else:

@@ -110,8 +110,23 @@ def _share_note(sb, long: bool) -> None:
             st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
 
 
+@st.cache_resource(show_spinner=False)
+def _run_store() -> appstate.RunStore:
+    return appstate.RunStore()
+
+
+def _keep_runs() -> None:
+    """A page's runs (generations, sweeps) survive a refresh: the address carries this browser's id (?s=...)."""
+    import uuid
+
+    sid = _run_store().attach(st.session_state, st.query_params.get("s"), lambda: uuid.uuid4().hex[:12])
+    if st.query_params.get("s") != sid:
+        st.query_params["s"] = sid
+
+
 def sidebar():
     _init_state()
+    _keep_runs()
     long = _shared_prompt()
     sb = st.sidebar
     choices = [m for m in available_models()]
@@ -404,16 +419,20 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
                 st.error(f"A check could not run: {type(e).__name__}: {e}")
                 return
             store.put(key, tr, results)
-        for c in results:
-            st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
+        show_checks(results)
 
 
 def evidence(checks, label="How do we know? Cross-checks on this run") -> None:
     """The "How do we know?" box for checks already computed (cheap arithmetic on a run's own numbers, or a
     comparison the page ran anyway)."""
     with st.expander(label):
-        for c in checks:
-            st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
+        show_checks(checks)
+
+
+def show_checks(checks) -> None:
+    """Each check as one line: its verdict, what was compared, the measured discrepancy."""
+    for c in checks:
+        st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
 
 
 @st.cache_resource(show_spinner="Loading tokenizer…")

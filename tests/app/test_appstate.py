@@ -147,3 +147,20 @@ def test_shared_texts_short_ids_stable_and_bounded():
     c = s.put("z" * 10)
     assert s.get(b) is None and s.get(a) == "x" * 10 and s.get(c) == "z" * 10
     assert s.get("nope") is None
+
+
+def test_run_store_restores_a_copy_after_a_refresh_and_is_bounded():
+    from appstate import RunStore, recall, remember
+
+    store, ids = RunStore(max_sessions=2), iter(["a", "b", "c", "d"])
+    first: dict = {}
+    sid = store.attach(first, None, lambda: next(ids))
+    remember(first, "gen", "smol", "answer")
+    refreshed: dict = {}  # the same browser after a refresh: a new session, the address still says ?s=a
+    assert store.attach(refreshed, sid, lambda: next(ids)) == "a"
+    assert recall(refreshed, "gen", "smol") == "answer" and refreshed["_runs"] is not first["_runs"]  # a copy
+    stranger: dict = {}
+    assert store.attach(stranger, "zzz", lambda: next(ids)) == "b" and recall(stranger, "gen", "smol") is None
+    store.attach({}, None, lambda: next(ids))  # a third browser: the oldest is dropped
+    late: dict = {}
+    assert store.attach(late, "a", lambda: next(ids)) == "d" and recall(late, "gen", "smol") is None

@@ -124,3 +124,15 @@ def test_misconceptions_page_runs_its_experiments(server, browser):
     for claim in ("writes the whole answer", "reads words", "smarter", "longer context is free", "remembers earlier chats"):
         assert claim in body, claim
     assert "changing one token changes what follows" in body and "the same logits before and after" in body
+
+
+def test_a_run_survives_a_refresh(server, browser):
+    page = visit(browser, f"{server}/next-token?{q(prompt='The capital of France is')}")
+    page.get_by_role("button", name="Sample").first.click()
+    wait_idle(page)
+    assert "drew" in page.locator("body").inner_text()
+    assert "s=" in page.url
+    page.reload(wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page)
+    assert "drew" in page.locator("body").inner_text()  # a new Streamlit session, the same browser's runs

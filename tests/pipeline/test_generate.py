@@ -147,7 +147,7 @@ def test_mode_ratios_pair_runs_of_the_same_repeat_and_flag_noise():
         return ModeRun(events=[], tokens_per_s=None, runs=rates, warmup_s=0.0, utilisation=None, utilisation_of="", engine="")
 
     res = CacheModeComparison({"dynamic": run([10, 20, 10, 20, 10]), "fused": run([15, 30, 15, 30, 15]), "static": run([9, 22, 11, 19, 10])}, [])
-    assert res.ratios("fused") == [1.5] * 5 and res.ratio("fused") == 1.5 and res.spread("fused") == (1.5, 1.5)
-    assert not res.noisy("fused")  # the machine drifted 2x between repeats; the ratio did not
-    assert res.noisy("static")  # 0.9 .. 1.1 around 1.0: a tie
-    assert CacheModeComparison({"dynamic": run([10]), "fused": run([20])}, []).noisy("fused")  # one repeat cannot tell
+    assert res.ratios("fused").values == (1.5,) * 5 and res.ratio("fused") == 1.5 and res.ratios("fused").spread == (1.5, 1.5)
+    assert not res.ratios("fused").noisy and str(res.ratios("fused")) == "1.50× (1.50–1.50)"  # the machine drifted 2x; the ratio did not
+    assert res.ratios("static").noisy and str(res.ratios("static")).endswith("noisy: a tie")  # 0.9 .. 1.1 around 1.0
+    assert CacheModeComparison({"dynamic": run([10]), "fused": run([20])}, []).ratios("fused").noisy  # one repeat cannot tell

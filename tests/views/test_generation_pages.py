@@ -192,3 +192,13 @@ def test_batching_page_runs_the_three_policies_and_checks_every_answer():
     assert not at.exception, at.exception
     marks = [m.value for m in at.markdown if "generated alone" in m.value]
     assert len(marks) == 3 and all(m.startswith(common_pass()) for m in marks), marks
+
+
+def test_misconceptions_page_tests_each_myth():
+    at = page("views/16_misconceptions.py")
+    lines = [m.value for m in at.markdown if m.value.startswith((common_pass(), ":red["))]
+    assert len(lines) == 7 and all(ln.startswith(common_pass()) for ln in lines), lines  # words 3, temperature 3, memory 1
+    button(at, "myth_force").click().run()
+    assert not at.exception, at.exception
+    assert any("changing one token changes what follows" in m.value for m in at.markdown)
+    assert len(at.code) >= 2  # the answer as generated, and with the forced token
