@@ -169,7 +169,7 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     H, n, _ = maps.shape
     cols = min(max_cols, H)
     rows = -(-H // cols)
-    labelled = n <= 48  # token names on the outer axes (shared), up to 48 rows
+    labelled = n <= 96  # token names on the outer axes (shared), every one of them, up to 96 rows
     fig = make_subplots(
         rows=rows,
         cols=cols,
@@ -201,9 +201,9 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
             row=h // cols + 1,
             col=h % cols + 1,
         )
-    size = 9 if n <= 16 else 7
-    fig.update_yaxes(autorange="reversed", showticklabels=False, tickfont=dict(size=size), type="category")
-    fig.update_xaxes(showticklabels=False, tickfont=dict(size=size), tickangle=-60, type="category")
+    size = 9 if n <= 16 else (7 if n <= 48 else 5)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, tickfont=dict(size=size), type="category", dtick=1)
+    fig.update_xaxes(showticklabels=False, tickfont=dict(size=size), tickangle=-60, type="category", dtick=1)
     if labelled:  # token names once: left column, and under each column's last map
         fig.update_yaxes(showticklabels=True, col=1)
         for h in range(max(0, H - cols), H):
@@ -350,7 +350,7 @@ def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_
         )
     )
     fig.update_yaxes(autorange="reversed", title="after layer (emb = embeddings)", type="category")
-    fig.update_xaxes(tickangle=-45, tickfont=dict(size=9))
+    fig.update_xaxes(tickangle=-45, tickfont=dict(size=9 if P <= 32 else 7), type="category", dtick=1)  # every position's token
     return _layout(fig, "Logit lens: the model's best guess for the NEXT token if it stopped after each layer", height=max(420, 18 * L1 + 120))
 
 

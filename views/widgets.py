@@ -86,10 +86,13 @@ def _shared_prompt() -> bool:
             )
         else:
             st.session_state["prompt"] = text
+            st.rerun()  # the widgets are drawn from the restored prompt (drawn in this first run, the box could stay blank)
     prompt = st.session_state.get("prompt") or ""
     long = len(prompt) > MAX_URL_PROMPT_CHARS
     if long:
-        st.session_state["_shared_id"] = st.query_params["p"] = _shared_texts().put(prompt)
+        st.session_state["_shared_id"] = key = _shared_texts().put(prompt)
+        if st.query_params.get("p") != key:  # written only when it changes: each write is a message to the browser
+            st.query_params["p"] = key
     elif "p" in st.query_params:
         del st.query_params["p"]
     return long

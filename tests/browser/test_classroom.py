@@ -7,6 +7,7 @@ import os
 import struct
 import urllib.parse
 
+from playwright.sync_api import expect
 from ui import ROOT, no_exception, wait_idle
 
 SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots" / "present"
@@ -32,12 +33,12 @@ def slider_value(page, key):
 def test_a_link_reproduces_the_view_and_a_refresh_keeps_it(server, browser):
     page = visit(browser, f"{server}/attention?{q(prompt='Dog bites man.', attn_head=3, attn_layer=5)}")
     assert "3 · Attention" in page.locator("h1").first.inner_text()
-    assert page.locator("[data-testid='stSidebar'] textarea").first.input_value() == "Dog bites man."
+    expect(page.locator("[data-testid='stSidebar'] textarea").first).to_have_value("Dog bites man.", timeout=30_000)
     assert slider_value(page, "attn_head") == "3" and slider_value(page, "attn_layer") == "5"
     page.reload(wait_until="domcontentloaded")
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page)
-    assert page.locator("[data-testid='stSidebar'] textarea").first.input_value() == "Dog bites man."
+    expect(page.locator("[data-testid='stSidebar'] textarea").first).to_have_value("Dog bites man.", timeout=30_000)
     assert slider_value(page, "attn_head") == "3"
     # another page, another setting, typed into the address bar by a student
     other = visit(browser, f"{server}/next-token?{q(prompt='The capital of France is', temperature=1.3, top_k=5)}")
@@ -55,12 +56,15 @@ def test_a_prompt_too_long_for_a_link_travels_as_an_id(server, browser):
     url = page.url
     assert "p=" in url and "prompt=" not in url and len(url) < 300, url
     fresh = visit(browser, url)  # another browser opens the link
-    assert fresh.locator("[data-testid='stSidebar'] textarea").first.input_value() == long
+    expect(fresh.locator("[data-testid='stSidebar'] textarea").first).to_have_value(long, timeout=30_000)
 
 
 def test_presentation_mode_renders_every_page_without_the_sidebar(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    paths = ["", "tokens", "embeddings", "attention", "layer", "next-token", "kv-cache", "roofline", "streaming-sharding", "batching", "misconceptions"]
+    paths = [
+        *("", "tokens", "embeddings", "attention", "layer", "next-token", "generation", "prefill-decode", "kv-cache", "hardware"),
+        *("roofline", "attention-kernels", "production", "speculative", "streaming-sharding", "batching", "misconceptions"),
+    ]
     page = visit(browser, f"{server}/?{q(present='true', prompt='Why is the sky blue?', chat='true')}", height=2000)
     for path in paths:
         page.goto(f"{server}/{path}?{q(present='true', prompt='Why is the sky blue?', chat='true')}", wait_until="domcontentloaded")

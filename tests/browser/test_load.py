@@ -18,7 +18,7 @@ SUB = str.maketrans("", "", "₀₁₂₃₄₅₆₇₈₉")
 
 def open_generation(browser, server, prompt):
     page = browser.new_page(viewport={"width": 1300, "height": 1100})
-    page.goto(f"{server}/generation", wait_until="domcontentloaded")
+    page.goto(f"{server}/generation?chat=true", wait_until="domcontentloaded")  # the answers are checked in chat mode
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
     set_prompt(page, prompt)

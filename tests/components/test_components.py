@@ -66,3 +66,11 @@ def test_lit_makes_markdown_show_text_verbatim():
         text = re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").replace("&quot;", '"')
         assert text == s, (s, html)  # every character shows as written: nothing became markup
     assert lit("a\nb") == "a↵b"
+
+
+def test_figures_name_every_token_without_hover():
+    labels = [f"{i}:t{i}" for i in range(80)]
+    fig = attention_heads(np.full((4, 80, 80), 1 / 80), labels)
+    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis.dtick == 1 and list(fig.data[0].y) == labels  # all 80, not thinned
+    lens = lens_figure(np.zeros((3, 64), int), np.ones((3, 64)) * 0.5, [["a"] * 64] * 3, [f"p{i}" for i in range(64)])
+    assert lens.layout.xaxis.dtick == 1 and lens.layout.xaxis.type == "category"
