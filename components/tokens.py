@@ -33,6 +33,7 @@ def lit(text: str) -> str:
     Streamlit's directives (:red[...], :material/...:) or LaTeX ($) could read is backslash-escaped, and
     newlines are drawn as ↵ (a Markdown line cannot hold one). Whole texts (prompts, answers) go in a code
     block instead (views.widgets.verbatim)."""
+    text = text.replace("↵\n", "↵")  # already drawn by visible(): one arrow per newline
     return "".join("\\" + ch if ch in MARKDOWN_SPECIAL else ("↵" if ch == "\n" else ch) for ch in text)
 
 

@@ -74,3 +74,7 @@ def test_figures_name_every_token_without_hover():
     assert fig.layout.yaxis.showticklabels and fig.layout.yaxis.dtick == 1 and list(fig.data[0].y) == labels  # all 80, not thinned
     lens = lens_figure(np.zeros((3, 64), int), np.ones((3, 64)) * 0.5, [["a"] * 64] * 3, [f"p{i}" for i in range(64)])
     assert lens.layout.xaxis.dtick == 1 and lens.layout.xaxis.type == "category"
+
+
+def test_lit_after_visible_draws_one_arrow_per_newline():
+    assert lit(visible(" ...\n\n")) == "·\\.\\.\\.↵↵"

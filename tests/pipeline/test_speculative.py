@@ -10,9 +10,10 @@ COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    r
 def test_greedy_speculative_equals_plain_greedy(lm, draft):
     if draft == "early_exit:half":
         draft = f"early_exit:{lm.facts.n_layers // 2}"
+    n = 24 if draft == "prompt_lookup" else 12  # early-exit drafts are rarely right: every call rejects, 12 tokens show it
     for prompt in [COPY, "The capital of France is"]:
-        plain = [e.token_id for e in generate(lm, prompt, 24, temperature=0.0)]
-        res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=24)
+        plain = [e.token_id for e in generate(lm, prompt, n, temperature=0.0)]
+        res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=n)
         assert res.tokens == plain, (draft, prompt)
         assert res.target_calls == 1 + len(res.steps)
         assert all(s.accepted <= len(s.proposed) for s in res.steps)
