@@ -108,6 +108,10 @@ myth(
     "Nothing is learned while you chat: the weights are fixed. A conversation's memory is its earlier turns sent "
     "again in the prompt (and, within one request, the KV cache).",
 )
-mem = mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence.")
+mem = widgets.recall("myth_mem")
+if mem is None or mem[0] != tr.text:  # three forward passes: once per prompt, not on every slider move
+    mem = (tr.text, mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence."))
+    widgets.remember("myth_mem", mem)
+mem = mem[1]
 st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
 widgets.show_checks(mem.checks)
