@@ -117,8 +117,7 @@ def test_faster_inference_pages(server, browser):
         page.wait_for_selector("h1", timeout=240_000)
         wait_idle(page, 300_000)
         if button:
-            page.get_by_role("button", name=button).first.click()
-            wait_idle(page, 600_000)
+            click_button(page, button, 600_000)
         no_exception(page)
         assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stCode']").count() > 0, path
         page.screenshot(path=str(SHOTS / f"{path}.png"))

@@ -8,7 +8,7 @@ import struct
 import urllib.parse
 
 from playwright.sync_api import expect
-from ui import ROOT, no_exception, wait_idle
+from ui import ROOT, click_button, no_exception, wait_idle
 
 SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots" / "present"
 
@@ -92,8 +92,7 @@ def test_generated_code_keeps_its_newlines_and_indentation(server, browser):
     prompt = "Write a Python function that adds two numbers."
     want = "".join(e.text for e in generate(lm, prompt, 40, chat=True, temperature=0.0))
     page = visit(browser, f"{server}/generation?{q(prompt=prompt, chat='true', gen_n=40, gen_t='0.0')}")
-    page.get_by_role("button", name="Generate").first.click()
-    wait_idle(page, 300_000)
+    click_button(page, "Generate", 300_000)
     no_exception(page)
     codes = page.locator("[data-testid='stCode'] code").all_inner_texts()
     assert any(c.rstrip() == want.rstrip() for c in codes), (want, codes)
@@ -121,8 +120,7 @@ def test_figures_export_as_svg_and_3x_png(server, browser):
 
 def test_misconceptions_page_runs_its_experiments(server, browser):
     page = visit(browser, f"{server}/misconceptions?{q(prompt='The capital of France is')}", height=3000)
-    page.get_by_role("button", name="Generate, then force one token").click()
-    wait_idle(page, 300_000)
+    click_button(page, "Generate, then force one token", 300_000)
     no_exception(page)
     body = page.locator("body").inner_text()
     for claim in ("writes the whole answer", "reads words", "smarter", "longer context is free", "remembers earlier chats"):
@@ -132,8 +130,7 @@ def test_misconceptions_page_runs_its_experiments(server, browser):
 
 def test_a_run_survives_a_refresh(server, browser):
     page = visit(browser, f"{server}/next-token?{q(prompt='The capital of France is')}")
-    page.get_by_role("button", name="Sample").first.click()
-    wait_idle(page)
+    click_button(page, "Sample")
     assert "drew" in page.locator("body").inner_text()
     assert "s=" in page.url
     page.reload(wait_until="domcontentloaded")

@@ -107,6 +107,16 @@ def open_app(server, browser, height=2000):
     return page
 
 
-def click_button(page, text):
+def click_button(page, text, timeout=180_000):
+    """Click a button and wait for the run it starts: first for the script to start (on a loaded CI machine the
+    rerun can begin more than a second after the click, and an idle check alone would pass before it), then
+    for it to finish."""
     page.get_by_role("button", name=text).first.click()
-    wait_idle(page)
+    started = """() => { const app = document.querySelector('[data-testid="stApp"]');
+                 const state = app ? app.getAttribute('data-test-script-state') : 'initial';
+                 return state === 'running' || state === 'rerunRequested' || !!document.querySelector('[data-stale="true"]'); }"""
+    try:
+        page.wait_for_function(started, timeout=30_000, polling=20)
+    except Exception:  # noqa: BLE001 - a run shorter than the polling interval: the idle check below settles it
+        pass
+    wait_idle(page, timeout)
