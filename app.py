@@ -50,8 +50,18 @@ TAKEAWAYS = {
     "16 · Misconceptions, tested": "It writes one token at a time, reads tokens not words, knows no more when hotter, pays for every token of context, and forgets you.",
 }
 ORDER = PAGES + AFTER + FASTER
-page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER}, expanded=True)
+OPERATOR = st.Page("views/operator.py", title="Operator", icon=":material/admin_panel_settings:", url_path="operator", visibility="hidden")
+page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER, "": [OPERATOR]}, expanded=True)
+demo_mode = widgets.policy().enabled
+if demo_mode:
+    widgets.warm()  # the operator's models load at the first visit, in the background
 widgets.sidebar()
 at = next((i for i, p in enumerate(ORDER) if p.title == page.title), 0)
 widgets.page_header(page.title, TAKEAWAYS.get(page.title, ""), ORDER[at - 1] if at > 0 else None, ORDER[at + 1] if at + 1 < len(ORDER) else None)
-page.run()
+if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
+    try:
+        page.run()
+    except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
+        widgets.fail(e, "draw this page", level="error")
+else:
+    page.run()

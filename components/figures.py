@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .tokens import visible
+from .tokens import plot_text, visible
 
 SEQ = "Viridis"  # perceptually uniform, colour-blind safe
 BLUE, ORANGE, GREEN, GREY, RED = "#0072B2", "#E69F00", "#009E73", "#BBBBBB", "#D55E00"
@@ -37,7 +37,7 @@ def token_texts(tokens) -> list[str]:
 
 def labels_of(tokens) -> list[str]:
     """Axis labels "position:text" (unique, so a repeated token keeps its own row)."""
-    return [f"{i}:{s}" for i, s in enumerate(token_texts(tokens))]
+    return [plot_text(f"{i}:{s}") for i, s in enumerate(token_texts(tokens))]
 
 
 # ------------------------------------------------------------------------------ overview

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks
-from .tokens import visible
+from .tokens import plot_text, visible
 
 
 def step_times_figure(events, title="Time per generated token (this run)") -> go.Figure:
@@ -18,8 +18,8 @@ def step_times_figure(events, title="Time per generated token (this run)") -> go
             x=x,
             y=y,
             marker_color=colors,
-            customdata=[visible(e.text) for e in events],
-            text=[visible(e.text) for e in events] if len(events) <= 32 else None,
+            customdata=[plot_text(visible(e.text)) for e in events],
+            text=[plot_text(visible(e.text)) for e in events] if len(events) <= 32 else None,
             hovertemplate="token %{x}: %{customdata}<br>%{y:.1f} ms<extra></extra>",
         )
     )
@@ -41,7 +41,7 @@ def distribution_figure(ev) -> go.Figure:
         fig.add_trace(
             go.Bar(
                 x=[p for _, _, p in rows],
-                y=[f"{visible(t)!r}" for _, t, _ in rows],
+                y=[plot_text(f"{visible(t)!r}") for _, t, _ in rows],
                 orientation="h",
                 marker_color=[RED if i == chosen else BLUE for i, _, _ in rows],
                 showlegend=False,

@@ -28,6 +28,12 @@ GLYPHS = {
 MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()#+-.!|~<>$:&=\"'")
 
 
+def plot_text(text: str) -> str:
+    """Text for a Plotly label or hover: Plotly reads a subset of HTML (<b>, <a href>, <br>...) in text, so & and
+    < become entities and a typed or generated "<b>" is drawn as those three characters."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def lit(text: str) -> str:
     """Text for a Markdown string (a caption, a pill) that must show exactly as written: every character Markdown,
     Streamlit's directives (:red[...], :material/...:) or LaTeX ($) could read is backslash-escaped, and

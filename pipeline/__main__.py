@@ -180,6 +180,12 @@ def main(argv=None, out=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_generate)
     args = ap.parse_args(argv)
+    for text in [getattr(args, "prompt", "")] + list(getattr(args, "prompts", None) or []):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            print(f"error: the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding", file=sys.stderr)
+            return 2
     from .models import ModelLoadError
     from .tracing import TraceError
 

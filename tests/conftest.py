@@ -6,6 +6,8 @@
     gemma    needs Gemma-3 270M (make models)
     browser  the whole app in headless Chromium
     gpu      needs a CUDA device
+    cluster  a local Ray cluster with engine replicas (Ray Serve)
+    load     the class load test, minutes long (make test-load; not in make test)
 """
 
 import os
@@ -15,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MODEL_FIXTURES = {"smol", "lm"}
-TIERS = ("unit", "model", "gemma", "browser", "gpu")
+TIERS = ("unit", "model", "gemma", "browser", "gpu", "cluster", "load")
 
 
 def _models():

@@ -62,7 +62,8 @@ half = (len(facts) + 1) // 2
 cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):
     col.dataframe([{"": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
-st.caption(f"Running on {tr.device}. Loaded from `{lm.source}` in {lm.load_seconds:.1f} s.")
+where = "" if widgets.policy().enabled else f" from `{lm.source}`"  # a demo server never shows its paths
+st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s.")
 widgets.figure(timings_bar(tr.timings), "timings bar")
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "

@@ -18,10 +18,20 @@ st.markdown(
 )
 lm = widgets.get_model()
 c = st.columns(2)
-T = c[0].select_slider("Prefill prompt tokens", [64, 128, 256, 512, 1024, 2048], value=512, key="roof_T", bind="query-params")
-C = c[1].select_slider("Decode context (tokens in the KV cache)", [64, 256, 512, 1024, 2048, 4096], value=512, key="roof_C", bind="query-params")
+top, note = widgets.cap("sweep_tokens", 10**9), widgets.cap_note("sweep_tokens", "tokens").strip() or None
+T = c[0].select_slider(
+    "Prefill prompt tokens", [n for n in (64, 128, 256, 512, 1024, 2048) if n <= top], value=512, key="roof_T", bind="query-params", help=note
+)
+C = c[1].select_slider(
+    "Decode context (tokens in the KV cache)",
+    [n for n in (64, 256, 512, 1024, 2048, 4096) if n <= top],
+    value=512,
+    key="roof_C",
+    bind="query-params",
+    help=note,
+)
 if st.button("Measure", type="primary", key="roof_go"):
-    with st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
+    with widgets.heavy("the roofline measurement"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
         widgets.remember("roof", (T, C, roofline(lm, T, C)))
 got = widgets.recall("roof")
 if got is None:

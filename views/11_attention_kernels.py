@@ -17,16 +17,18 @@ st.markdown(
 lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 kernels = available_kernels(lm)
-lengths = [512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024]
+lengths = [n for n in ([512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
 st.caption(
     f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
     + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)")
     + ". Best of 2 runs after a warm-up."
+    + widgets.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the kernels", type="primary", key="kern_go"):
-    bar = st.progress(0.0, text="prefill with each kernel")
-    widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m)))
-    bar.empty()
+    with widgets.heavy("the kernel sweep"):
+        bar = st.progress(0.0, text="prefill with each kernel")
+        widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m)))
+        bar.empty()
 rows = widgets.recall("kernels")
 if rows is None:
     st.info("Press **Run the kernels** (about a minute on a CPU).")

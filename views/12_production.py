@@ -23,10 +23,29 @@ lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
 c1, c2 = st.columns([3, 1])
-n = c1.slider("Tokens", 16, 256, 32 if not gpu else 128, key="prod_n", bind="query-params", help="Each mode runs 5 times, interleaved")
+reps = widgets.cap("repeats", 5)
+top = widgets.cap("new_tokens", 256)
+n = c1.slider(
+    "Tokens",
+    16,
+    top,
+    min(top, 32 if not gpu else 128),
+    key="prod_n",
+    bind="query-params",
+    help=f"Each mode runs {reps} times, interleaved." + widgets.cap_note("new_tokens"),
+)
 chat = widgets.chat_mode(lm, c2)
 widgets.generation_presets()
-compile_step = gpu and ok and st.checkbox("torch.compile the fused step too (compiles once: about a minute)", key="prod_compile")
+compile_step = (
+    gpu
+    and ok
+    and st.checkbox(
+        "torch.compile the fused step too (compiles once: about a minute)",
+        key="prod_compile",
+        disabled=not widgets.policy().caps.compile,
+        help=None if widgets.policy().caps.compile else "Off on this demo server: compiling holds the whole server for a minute.",
+    )
+)
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
 if not ok:
     st.info(f"The fused step is not available for this model: {why}")
@@ -42,15 +61,16 @@ st.caption(
 )
 if st.button("Run all modes", type="primary", key="prod_go"):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
-    bar = st.progress(0.0, text="warm-up")
-    try:
-        res = compare_cache_modes(lm, prompt, n, chat=chat, modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
-        bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
-        counts = fused.launches_per_step(lm) if ok else None
-        widgets.remember("prod", (res, counts))
-    except Exception as e:  # a model the fused step cannot run, out of memory: say so, keep serving
-        st.warning(f"Could not run: {type(e).__name__}: {e}")
-    bar.empty()
+    with widgets.heavy("production mode"):
+        bar = st.progress(0.0, text="warm-up")
+        try:
+            res = compare_cache_modes(lm, prompt, n, chat=chat, reps=reps, modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
+            bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
+            counts = fused.launches_per_step(lm) if ok else None
+            widgets.remember("prod", (res, counts))
+        except Exception as e:  # noqa: BLE001 - a model the fused step cannot run, out of memory: say so, keep serving
+            widgets.fail(e, "run the modes")
+        bar.empty()
 got = widgets.recall("prod")
 if got is None:
     st.info("Press **Run all modes**.")

@@ -40,8 +40,9 @@ kinds = {
     "prompt lookup (n-gram copy)": "prompt_lookup",
     f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
     f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
-    "a local model folder…": "folder",
 }
+if widgets.policy().caps.draft_folders:  # a typed folder is a server path: not on a demo server
+    kinds["a local model folder…"] = "folder"
 c = st.columns([2, 1, 1, 1])
 kind = c[0].selectbox(
     "Draft",
@@ -53,7 +54,10 @@ kind = c[0].selectbox(
     "folder: a smaller model with the same tokenizer.",
 )
 gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma", bind="query-params")
-n = c[2].number_input("Max new tokens", 1, 512, 32, key="spec_n", bind="query-params")
+n = c[2].number_input(
+    "Max new tokens", 1, widgets.cap("new_tokens", 512), 32, key="spec_n", bind="query-params", help=widgets.cap_note("new_tokens").strip() or None
+)
+reps = widgets.cap("repeats", 5)
 temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", bind="query-params", help="0 = greedy (exact equality check)")
 draft = kinds[kind]
 if draft == "folder":
@@ -64,17 +68,27 @@ if draft == "folder":
         if ldr is not None:
             draft = ldr
 if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
-    bar = st.progress(0.0, text="plain and speculative decoding, 5 interleaved repeats")
-    try:
-        widgets.remember(
-            "spec",
-            compare_with_plain(
-                lm, prompt, draft, gamma=gamma, max_new_tokens=n, temperature=temperature, chat=chat, seed=0, progress=lambda f, m: bar.progress(f, text=m)
-            ),
-        )
-    except (pipeline.TraceError, ValueError) as e:
-        st.warning(str(e))
-    bar.empty()
+    with widgets.heavy("the speculative comparison"):
+        bar = st.progress(0.0, text=f"plain and speculative decoding, {reps} interleaved repeats")
+        try:
+            widgets.remember(
+                "spec",
+                compare_with_plain(
+                    lm,
+                    prompt,
+                    draft,
+                    gamma=gamma,
+                    max_new_tokens=n,
+                    temperature=temperature,
+                    chat=chat,
+                    seed=0,
+                    reps=reps,
+                    progress=lambda f, m: bar.progress(f, text=m),
+                ),
+            )
+        except (pipeline.TraceError, ValueError) as e:
+            st.warning(str(e))
+        bar.empty()
 got = widgets.recall("spec")
 if got is None:
     st.info("Press **Run** to decode the prompt plainly and with the draft, 5 times each, interleaved.")

@@ -1,8 +1,11 @@
+import re
+
 import pandas as pd
 import streamlit as st
 
 from components.batching import gantt_figure, kv_figure, latency_figure, occupancy_figure
 from components.generation import telemetry_figure
+from components.tokens import lit
 from pipeline import checks
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
 from views import widgets
@@ -55,7 +58,9 @@ table = st.data_editor(
     key="batch_editor",
     column_config={
         "arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0, step=0.1),
-        "max new tokens": st.column_config.NumberColumn(min_value=1, max_value=128, step=1),
+        "max new tokens": st.column_config.NumberColumn(
+            min_value=1, max_value=widgets.cap("new_tokens", 128), step=1, help="At most 128." + widgets.cap_note("new_tokens")
+        ),
     },
 )
 c1, c2, c3 = st.columns(3)
@@ -80,40 +85,55 @@ eos = c2.toggle(
 def _users() -> list[User] | None:
     users = []
     for _, row in table.iterrows():
-        name, prompt = str(row["user"] or "").strip(), str(row["prompt"] or "")
+        # a name is a label on the figures and in the text: letters, digits, spaces and . ' - only
+        name, prompt = re.sub(r"[^\w .'-]", "", str(row["user"] or "")).strip()[:40], str(row["prompt"] or "")
         if not name and not prompt.strip():
             continue
         if not prompt.strip():
-            st.warning(f"{name or 'A user'} has an empty prompt.")
+            st.warning(f"{lit(name) or 'A user'} has an empty prompt.")
             return None
         try:
             users.append(
-                User(name or f"user {len(users) + 1}", float(row["arrives after (s)"] or 0.0), prompt, max(1, min(128, int(row["max new tokens"] or 1))))
+                User(
+                    name or f"user {len(users) + 1}",
+                    float(row["arrives after (s)"] or 0.0),
+                    prompt,
+                    max(1, min(widgets.cap("new_tokens", 128), int(row["max new tokens"] or 1))),
+                )
             )
         except (TypeError, ValueError):
-            st.warning(f"{name}: arrival and max new tokens must be numbers.")
+            st.warning(f"{lit(name)}: arrival and max new tokens must be numbers.")
             return None
-    if not 1 <= len(users) <= 8:
-        st.warning("The scene needs between one and eight users.")
+    top = widgets.cap("users", 8)
+    if not 1 <= len(users) <= top:
+        st.warning(f"The scene needs between one and {top} users.")
         return None
+    limit = widgets.cap("prompt_tokens", 10**9)
+    for u in users:
+        if len(lm.tokenizer(u.prompt)["input_ids"]) > limit:
+            st.warning(f"{lit(u.name)}'s prompt is longer than this demo server's {limit:,} tokens.")
+            return None
     return users
 
 
 if st.button("Run the three policies", type="primary", key="batch_go"):
     users = _users()
     if users:
-        bar = st.progress(0.0, text="one after another")
-        runs = []
-        try:
-            for k, policy in enumerate(POLICIES):
-                runs.append(run_scene(lm, users, policy, chat=chat, stop_at_eos=eos, progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m)))
-            if lib:
-                bar.progress(1.0, text="transformers' generate_batch")
-            library = run_transformers_batch(lm, users, chat=chat, stop_at_eos=eos) if lib else None
-            widgets.remember("scene", (users, chat, eos, runs, library))
-        except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
-            st.warning(f"Could not run the scene: {type(e).__name__}: {e}")
-        bar.empty()
+        with widgets.heavy("the batching scene"):
+            bar = st.progress(0.0, text="one after another")
+            runs = []
+            try:
+                for k, policy in enumerate(POLICIES):
+                    runs.append(
+                        run_scene(lm, users, policy, chat=chat, stop_at_eos=eos, progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m))
+                    )
+                if lib:
+                    bar.progress(1.0, text="transformers' generate_batch")
+                library = run_transformers_batch(lm, users, chat=chat, stop_at_eos=eos) if lib else None
+                widgets.remember("scene", (users, chat, eos, runs, library))
+            except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
+                widgets.fail(e, "run the scene")
+            bar.empty()
 
 got = widgets.recall("scene")
 if got is None:
@@ -196,7 +216,7 @@ else:
         widgets.figure(telemetry_figure(cont.timeline), "telemetry")
     with st.expander("The answers"):
         for u in cont.users:
-            st.markdown(f"**{u.name}** ({len(u.token_ids)} tokens)")
+            st.markdown(f"**{lit(u.name)}** ({len(u.token_ids)} tokens)")
             widgets.verbatim(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True))
 
     def scene_checks():

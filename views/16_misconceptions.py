@@ -26,12 +26,12 @@ myth(
     "step and the model goes on from there: if the answer existed in advance, the rest would not change.",
 )
 at = st.slider("Force the runner-up at step", 0, 8, 2, key="myth_at", bind="query-params")
-if st.button("Generate, then force one token", key="myth_force", type="primary"):
+if st.button("Generate, then force one token", key="myth_force", type="primary") and widgets.allowed("this experiment"):
     with st.spinner("Generating twice, 12 greedy tokens…"):
         try:
             widgets.remember("myth_force", mc.force_token(lm, tr.prompt, n=12, at=at, chat=tr.chat))
         except Exception as e:  # noqa: BLE001 - a bad prompt: say so, keep serving
-            st.warning(f"Could not run: {e}")
+            widgets.fail(e, "run this experiment")
 forced = widgets.recall("myth_force")
 if forced is not None:
     dec = lambda ids: tok.decode(ids)  # noqa: E731

@@ -1,7 +1,7 @@
 import streamlit as st
 
 from components.figures import drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap, token_texts, vector_strip
-from components.tokens import visible
+from components.tokens import plot_text, visible
 from pipeline import analysis, checks
 from views import widgets
 
@@ -43,7 +43,7 @@ st.subheader("The prompt in embedding space")
 refs = st.text_input("Reference words", "king, queen, Paris, France, London, dog, cat, blue, red, chip, tree", key="emb_refs", bind="query-params")
 emap = analysis.embedding_map(lm, tr, refs.split(","))
 if emap is not None:
-    labels = token_texts(tr.tokens) + emap.words
+    labels = [plot_text(s) for s in token_texts(tr.tokens) + emap.words]
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
     dims = st.segmented_control("Projection", [2, 3], default=2, format_func=widgets.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
     widgets.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca")

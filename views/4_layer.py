@@ -2,7 +2,7 @@ import numpy as np
 import streamlit as st
 
 from components.figures import labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
-from components.tokens import visible
+from components.tokens import plot_text, visible
 from pipeline import checks
 from pipeline.tracing import LENS_GRID_MAX, lens_grid
 from views import widgets
@@ -62,7 +62,7 @@ if auto or st.button(
 ):
     with st.spinner("Reading the stored hidden states through the final norm and output matrix…"):
         positions, ids, probs = lens_grid(lm, tr)
-    texts = [[visible(lm.tokenizer.decode([int(t)]))[:8] for t in row] for row in ids]
+    texts = [[plot_text(visible(lm.tokenizer.decode([int(t)]))[:8]) for t in row] for row in ids]
     widgets.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
 
 

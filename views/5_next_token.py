@@ -2,7 +2,7 @@ import numpy as np
 import streamlit as st
 
 from components.figures import sampling_figure
-from components.tokens import lit, visible
+from components.tokens import lit, plot_text, visible
 from pipeline import checks, sampling
 from views import widgets
 
@@ -27,7 +27,7 @@ n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show", bind="query-pa
 steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
-cands = [f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})" for i in order]
+cands = [plot_text(f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})") for i in order]
 widgets.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")

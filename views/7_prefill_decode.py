@@ -37,15 +37,17 @@ else:
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
-lengths = [16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]
+lengths = [n for n in ([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
+reps = widgets.cap("repeats", 3)
 st.caption(
     f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
-    "pass, each decode time the mean of 8 steps after it; medians of 3 runs after a warm-up."
+    f"pass, each decode time the mean of 8 steps after it; medians of {reps} runs after a warm-up." + widgets.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the sweep", key="sweep_go"):
-    bar = st.progress(0.0, text="prefill and decode at each length")
-    widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
-    bar.empty()
+    with widgets.heavy("the prompt-length sweep"):
+        bar = st.progress(0.0, text="prefill and decode at each length")
+        widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, repeats=reps, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
+        bar.empty()
 rows = widgets.recall("sweep")
 if rows is not None:
     widgets.figure(sweep_figure(rows), "sweep")
@@ -83,7 +85,7 @@ n_off, ctx = (24, 256) if not gpu else (64, 1024)
 prompt = pipeline.generation.long_prompt(lm, ctx)
 ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)  # what generate will see
 if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
-    with st.spinner("Generating twice…"):
+    with widgets.heavy("the cache comparison"), st.spinner("Generating twice…"):
         try:
             on = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0))
             off = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0, use_cache=False))

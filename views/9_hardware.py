@@ -15,7 +15,15 @@ st.markdown(
 )
 lm = widgets.get_model()
 c1, c2 = st.columns([3, 1])
-n = c1.slider("Tokens to generate with telemetry", 8, 128, 32, key="hw_n", bind="query-params")
+n = c1.slider(
+    "Tokens to generate with telemetry",
+    8,
+    widgets.cap("new_tokens", 128),
+    32,
+    key="hw_n",
+    bind="query-params",
+    help=widgets.cap_note("new_tokens").strip() or None,
+)
 chat = widgets.chat_mode(lm, c2)
 widgets.generation_presets()
 prompt = widgets.generation_prompt()

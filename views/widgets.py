@@ -8,10 +8,13 @@ Pages stay thin: they read widgets, call pipeline, hand plain data to components
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import streamlit as st
 
 import appstate
+import demo
 import pipeline
 from components import export
 from components.tokens import lit
@@ -41,6 +44,132 @@ MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat 
 DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
 
 
+# ------------------------------------------------------------------------------------- demo mode (demo.py)
+def policy() -> demo.Policy:
+    """Demo mode's policy: LLM_EXPLORER_DEMO=1 or a [demo] section in .streamlit/secrets.toml (read each run:
+    cheap, and a test can switch it per server)."""
+    try:
+        secrets = st.secrets.to_dict() if st.secrets.load_if_toml_exists() else {}
+    except Exception:  # noqa: BLE001 - a malformed secrets file must not take the app down
+        secrets = {}
+    return demo.load_policy(secrets)
+
+
+def cap(name: str, page_max: int) -> int:
+    """A control's maximum: the page's own, or the demo server's cap when lower."""
+    return min(page_max, getattr(policy().caps, name))
+
+
+def cap_note(name: str, unit: str = "") -> str:
+    """ " Demo server: at most N unit." next to a capped control (empty outside demo mode)."""
+    p = policy()
+    return f" Demo server: at most {getattr(p.caps, name):,}{' ' + unit if unit else ''}." if p.enabled else ""
+
+
+@st.cache_resource(show_spinner=False)
+def _errors() -> demo.ErrorLog:
+    return demo.ErrorLog()
+
+
+@st.cache_resource(show_spinner=False)
+def _limiter() -> demo.RateLimiter:
+    return demo.RateLimiter(0)
+
+
+@st.cache_resource(show_spinner=False)
+def _heavy_line(at_once: int) -> demo.FairQueue:
+    return demo.FairQueue(at_once)
+
+
+@st.cache_resource(show_spinner=False)
+def _sessions() -> demo.Sessions:
+    return demo.Sessions()
+
+
+def server_status() -> dict:
+    """What the operator page shows: plain numbers from this process's shared state."""
+    import datetime
+
+    p = policy()
+    engines = []
+    for key in _loaders().keys():
+        ldr = _loader(key)
+        if ldr.done.is_set() and ldr.result is not None:
+            s = pipeline.engine.engine_for(ldr.result).stats()
+            engines.append(
+                {
+                    "model": ldr.result.label,
+                    "running": s["running"],
+                    "waiting": s["waiting"],
+                    "tok/s, last minute": round(s["tokens_per_s_last_minute"], 1),
+                    "KV MiB in use": round(s["kv_bytes_in_use"] / 2**20, 1),
+                    "iterations": s["iterations"],
+                }
+            )
+    errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]
+    return {
+        "sessions": _sessions().active(),
+        "heavy": _heavy_line(p.caps.heavy_at_once).snapshot(),
+        "engines": engines,
+        "errors": errors,
+        "traces": len(_traces()),
+        "trace_bytes": _traces().nbytes,
+    }
+
+
+def session_key() -> str:
+    return st.session_state.get("_sid") or "?"
+
+
+def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
+    """An unexpected error, said in the page: type and message on one's own machine; on a demo server only a
+    request id (the details, paths and traceback are logged on the server, never shown to a visitor)."""
+    w = where or st
+    if policy().enabled:
+        rid = _errors().record(e, what)
+        getattr(w, level)(f"Could not {what}. The server logged the details under request id **{rid}**: quote it to whoever runs this server.")
+    else:
+        getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
+
+
+def allowed(what: str) -> bool:
+    """The per-session rate limit of a demo server (always True elsewhere); says so in the page when exceeded."""
+    p = policy()
+    per_minute = p.caps.requests_per_minute if p.enabled else 0
+    wait = _limiter().allow(session_key(), per_minute)
+    if wait:
+        st.warning(f"Too many runs from this browser: this demo server allows {per_minute} a minute. Try {what} again in {wait:.0f} s.")
+    return not wait
+
+
+@contextmanager
+def heavy(what: str):
+    """A heavy experiment (a sweep, the kernels, production mode, a speculative comparison): on a demo server it
+    waits its turn in a fair line (one per visitor, `heavy_at_once` at a time), saying where it stands; a tab
+    closed while waiting leaves the line. Elsewhere it just runs."""
+    p = policy()
+    if not p.enabled:
+        yield
+        return
+    if not allowed(what):
+        st.stop()
+    note = st.empty()
+    line = _heavy_line(p.caps.heavy_at_once)
+    try:
+        ticket = line.turn(
+            session_key(), what, on_wait=lambda pos: note.info(f"The server runs one heavy experiment at a time: you are {demo.ordinal(pos)} in line.")
+        )
+        ticket.__enter__()
+    except demo.Busy as e:
+        note.warning(str(e))
+        st.stop()
+    note.empty()
+    try:
+        yield
+    finally:
+        ticket.__exit__(None, None, None)
+
+
 @st.cache_resource(show_spinner=False)
 def _loaders() -> appstate.Loaders:
     return appstate.Loaders(max_models=4)
@@ -48,6 +177,13 @@ def _loaders() -> appstate.Loaders:
 
 def _loader(key: str) -> appstate.Loader:
     return _loaders().get(key)
+
+
+def warm() -> None:
+    """Start loading every model of the demo allowlist (each once per process; `make demo` has built their
+    caches before the server opened, so this is seconds)."""
+    for key in policy().models:
+        _loader(key)
 
 
 def _init_state():
@@ -132,21 +268,35 @@ def sidebar():
     _keep_runs()
     long = _shared_prompt()
     sb = st.sidebar
-    choices = [m for m in available_models()]
+    pol = policy()
+    _sessions().seen(session_key())
+    if pol.enabled:  # only the operator's allowlist; nothing a visitor types is ever a server path
+        known = {m.key: m for m in available_models()}
+        choices = [known.get(k) or pipeline.models.ModelChoice(k, Path(k).name, True) for k in pol.models]
+        keys = [m.key for m in choices]
+        if st.session_state.get("model_choice") not in keys:
+            st.session_state["model_choice"] = keys[0]
+        helptext = "The models this demo server offers (chosen by its operator). Nothing is ever downloaded."
+    else:
+        choices = available_models()
+        keys = [m.key for m in choices] + [LOCAL]
+        helptext = (
+            "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded."
+        )
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
-    keys = [m.key for m in choices] + [LOCAL]
-    sb.selectbox(
-        "Model",
-        keys,
-        key="model_choice",
-        bind="query-params",
-        format_func=lambda k: labels.get(k, k),
-        help="Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded.",
-    )
+    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=labels.get, help=helptext)
     if st.session_state["model_choice"] == LOCAL:
         sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
-    sb.text_area("Prompt", key="prompt", height=110, max_chars=200_000, on_change=_prompt_edited, bind=None if long else "query-params")
+    sb.text_area(
+        "Prompt",
+        key="prompt",
+        height=110,
+        max_chars=200_000,
+        on_change=_prompt_edited,
+        bind=None if long else "query-params",
+        help="Any text: it is shown as typed, never read as Markdown or HTML." + cap_note("prompt_tokens", "tokens"),
+    )
     sb.toggle(
         "Chat mode (wrap in the chat template)",
         key="chat",
@@ -163,6 +313,9 @@ def sidebar():
 
 def model_key() -> str:
     choice = st.session_state.get("model_choice") or pipeline.EMBEDDED
+    pol = policy()
+    if pol.enabled:
+        return choice if choice in pol.models else pol.models[0]
     if choice == LOCAL:
         path = st.session_state.get("local_path", "").strip()
         return canonical_key(path) if path else ""
@@ -179,7 +332,7 @@ def get_model():
     try:
         pipeline.models.check_folder(key) if key not in (pipeline.EMBEDDED, pipeline.GEMMA) else None
     except ModelLoadError as e:
-        st.error(str(e))
+        fail(e, "open this model", level="error") if policy().enabled else st.error(str(e))
         st.stop()
     lm = _wait_loaded(key, "the model")
     if lm is None:
@@ -205,6 +358,7 @@ def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progr
             chat=chat,
             qkv_layers=[qkv_layer] if qkv_layer is not None else None,
             attn_layers=None if qkv_layer is None else [qkv_layer],
+            max_tokens=cap("prompt_tokens", pipeline.tracing.DEFAULT_MAX_TOKENS),
             progress=progress,
         ),
     )
@@ -419,7 +573,7 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
             try:
                 results = checks_fn()
             except Exception as e:  # noqa: BLE001 - a failed check is shown, the page keeps serving
-                st.error(f"A check could not run: {type(e).__name__}: {e}")
+                fail(e, "run a check", level="error")
                 return
             store.put(key, tr, results)
         show_checks(results)
@@ -513,7 +667,15 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
     c = st.columns(5)
     q = dict(bind="query-params")
     return dict(
-        max_new_tokens=c[0].number_input("Max new tokens", 0, 100_000, 48, key=f"{prefix}_n", help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS}", **q),
+        max_new_tokens=c[0].number_input(
+            "Max new tokens",
+            0,
+            cap("new_tokens", 100_000),
+            min(48, cap("new_tokens", 48)),
+            key=f"{prefix}_n",
+            help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
+            **q,
+        ),
         temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
         top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
         top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
@@ -533,6 +695,12 @@ def run_generation(
     except TraceError as e:
         st.warning(str(e))
         return None
+    limit = cap("prompt_tokens", 10**9)
+    if len(req.prompt_ids) > limit:
+        st.warning(f"The prompt is {len(req.prompt_ids):,} tokens; this demo server generates from prompts of at most {limit:,} tokens. Shorten it.")
+        return None
+    if not allowed("generating"):
+        return None
     for note in req.notes:
         st.info(note)
     rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings), prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
@@ -547,18 +715,24 @@ def run_generation(
     else:
         events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
     appstate.remember(st.session_state, slot, model_key(), rec)
-    for ev in events:
-        if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
-            break  # request is cancelled as the stream closes)
-        if isinstance(ev, pipeline.engine.Waiting):
+    try:
+        for ev in events:
+            if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
+                break  # request is cancelled as the stream closes)
+            if isinstance(ev, pipeline.engine.Waiting):
+                if out is not None:
+                    out.info(f"The server is busy: {ev}. Your request starts as soon as a slot is free.")
+                continue
+            rec.events.append(ev)
+            if sampler is not None:
+                sampler.mark(
+                    "prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s
+                )
             if out is not None:
-                out.info(f"The server is busy: {ev}. Your request starts as soon as a slot is free.")
-            continue
-        rec.events.append(ev)
-        if sampler is not None:
-            sampler.mark("prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
-        if out is not None:
-            verbatim(rec.text(lm.tokenizer), out, cursor=True)
+                verbatim(rec.text(lm.tokenizer), out, cursor=True)
+    except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept
+        st.warning(str(e))
+        rec.stopped = True
     rec.done = not rec.stopped
     if out is not None:
         verbatim(rec.text(lm.tokenizer), out)
@@ -590,6 +764,10 @@ def recall(slot: str):
 
 def load_other_model(key: str):
     """Load a second model (e.g. a draft) with progress; a clear message and None when it cannot load."""
+    pol = policy()
+    if pol.enabled and not pol.caps.draft_folders and key not in pol.models:
+        st.warning("This demo server loads only the models its operator chose.")
+        return None
     try:
         pipeline.models.check_folder(key)
     except ModelLoadError as e:
@@ -608,7 +786,10 @@ def _wait_loaded(key: str, what: str):
         bar.empty()
     if ldr.error:
         _loaders().forget(key)  # only this one: every other loaded model stays for every session
-        st.error(f"Could not load {what}: {ldr.error}")
+        if policy().enabled:
+            fail(ModelLoadError(ldr.error), f"load {what}", level="error")
+        else:
+            st.error(f"Could not load {what}: {ldr.error}")
         return None
     return ldr.result
 

@@ -19,6 +19,7 @@ arrived, and rows that finish keep being computed (padding) until the longest is
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -55,6 +56,11 @@ class IterationRecord:
     padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th... (a place in line)."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 @dataclass
 class Waiting:
     """A request still in line."""
@@ -63,8 +69,7 @@ class Waiting:
     eta_s: float | None  # about how long until it is (None: no recent rate to go by)
 
     def __str__(self) -> str:
-        nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(self.position, f"{self.position}th")
-        return f"{nth} in line" + (f", about {self.eta_s:.0f} s" if self.eta_s is not None else "")
+        return f"{ordinal(self.position)} in line" + (f", about {self.eta_s:.0f} s" if self.eta_s is not None else "")
 
 
 class Handle:
@@ -483,7 +488,13 @@ def _stop_workers() -> None:
 
 
 def engine_for(lm: LoadedModel) -> Engine:
-    """The one shared engine of this loaded model (made on first use, lives as long as the model)."""
+    """The one shared engine of this loaded model (made on first use, lives as long as the model); with
+    LLM_EXPLORER_ENGINE set (ray://host:port, or auto), the model's engine on Ray Serve (engine.ray_serve),
+    which takes the same requests and streams the same events."""
+    if os.environ.get("LLM_EXPLORER_ENGINE"):
+        from .ray_serve import remote_engine
+
+        return remote_engine(lm.key)
     with _engines_lock:
         eng = getattr(lm, "_engine", None)
         if eng is None:

@@ -48,7 +48,7 @@ def timed_attention(browser, server):
     return dt
 
 
-@pytest.mark.browser
+@pytest.mark.load  # minutes: make test-load
 def test_eight_visitors_generate_at_once_each_gets_their_own_answer(server, browser):
     import pipeline
     from components.tokens import visible

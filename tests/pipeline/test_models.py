@@ -150,6 +150,20 @@ def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, mo
     a, b = pipeline.trace(first, "Hi"), pipeline.trace(again, "Hi")
     assert np.array_equal(a.next_logits, b.next_logits)
 
+    # a conversion killed mid-way leaves a temp folder; a damaged cache (a truncated file): neither is ever loaded,
+    # the next start rebuilds the cache and removes the leftovers
+    folder = next(tmp_path.glob("smollm2*[0-9]"))
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    (tmp_path / f"{folder.name}.tmp-99999").mkdir()
+    with weights.open("r+b") as f:
+        f.truncate(size // 2)
+    seen.clear()
+    third = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append((f, m)))
+    assert any("dequantising" in m for _, m in seen)  # rebuilt
+    assert weights.stat().st_size == size and not list(tmp_path.glob("*.tmp-*"))
+    assert np.array_equal(pipeline.trace(third, "Hi").next_logits, a.next_logits)
+
 
 def test_random_weight_model_has_the_same_shape(smol):
     from pathlib import Path

@@ -72,7 +72,7 @@ def one_session() -> list[float]:
     return seen
 
 
-@pytest.mark.model
+@pytest.mark.load  # minutes: make test-load (the class load test checks the server stays flat too)
 def test_one_session_many_long_prompts_every_page_memory_levels_off():
     out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=3000, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,0 +1,232 @@
+"""A class on the hosted demo, measured: visitors over a few minutes on a fresh demo-mode server (127.0.0.1 only).
+
+Some visitors are real Chromium tabs doing the class's path with their own prompt: the overview, pages 1-5,
+then page 6 generating 8 greedy tokens (checked against the same request generated alone: no cross-talk), and
+every few rounds one heavy sweep (page 7, through the demo's fair line). The rest use the engine API: each asks
+its own question, one in four cancels after two tokens (a closed tab) and every finished answer is checked
+against the same request alone. In-process (the default) the API visitors drive the engine in this process, the
+same engine code the server runs; with LLM_EXPLORER_ENGINE set (make cluster) both reach the same Ray Serve engine.
+
+Counted: visitors served, page times p50/p95, API time to first token and per-token time p50/p95, errors (must
+be 0), cross-talk (must be 0), cancelled requests not freed (must be 0), the server's RSS after warm-up and at
+the end (no growth over repeated distinct prompts).
+
+    .venv/bin/python bench/bench_class.py [--minutes 5] [--browsers 4] [--api 28]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SUBJECTS = ["the sea", "a volcano", "the moon", "a library", "bread", "rain", "a bicycle", "chess", "bees", "glass", "a river", "snow"]
+PAGES = ["tokens", "embeddings", "attention", "layer", "next-token"]
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return None if not xs else xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+class Alone:
+    """Each prompt's greedy answer generated alone (transformers' dynamic cache, no engine): the reference."""
+
+    def __init__(self, lm):
+        self.lm, self.memo, self.lock = lm, {}, threading.Lock()
+
+    def __call__(self, prompt: str, n: int, chat: bool = True) -> list[int]:
+        import pipeline
+
+        with self.lock:
+            key = (prompt, n, chat)
+            if key not in self.memo:
+                self.memo[key] = [e.token_id for e in pipeline.generate(self.lm, prompt, n, chat=chat, cache="dynamic")]
+            return self.memo[key]
+
+
+def browser_visitor(browser, server, prompt, want, stats, heavy=False):
+    """One visitor's path in a real tab; page times into stats["page_s"], problems into stats["errors"]."""
+    from ui import click_button, no_exception, wait_idle
+
+    from components.tokens import visible
+
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    try:
+        t = time.perf_counter()
+        page.goto(f"{server}/?{urllib.parse.urlencode({'prompt': prompt, 'chat': 'true'})}", wait_until="domcontentloaded")
+        page.wait_for_selector("h1", timeout=300_000)
+        wait_idle(page, 300_000)
+        stats["page_s"].append(time.perf_counter() - t)
+        for path in PAGES:
+            t = time.perf_counter()
+            page.locator(f"[data-testid='stSidebarNavLink'][href$='/{path}']").first.click()
+            wait_idle(page, 300_000)
+            stats["page_s"].append(time.perf_counter() - t)
+            no_exception(page)
+        t = time.perf_counter()
+        q = urllib.parse.urlencode({"prompt": prompt, "chat": "true", "gen_n": 8, "gen_t": "0.0"})
+        page.goto(f"{server}/generation?{q}", wait_until="domcontentloaded")
+        page.wait_for_selector("h1", timeout=300_000)
+        wait_idle(page, 300_000)
+        click_button(page, "Generate", 300_000)
+        stats["page_s"].append(time.perf_counter() - t)
+        no_exception(page)
+        pills = [x.strip().rsplit(" ", 1)[0].strip() for x in page.locator(".st-key-gen_pick button").all_inner_texts()]
+        expect = [(visible(t) or "∅").replace("\n", "").strip() for t in want]
+        if pills != expect:
+            stats["crosstalk"].append((prompt, pills, expect))
+        if heavy:
+            page.locator("[data-testid='stSidebarNavLink'][href$='/prefill-decode']").first.click()
+            wait_idle(page, 300_000)
+            t = time.perf_counter()
+            click_button(page, "Run the sweep", 600_000)
+            stats["heavy_s"].append(time.perf_counter() - t)
+            no_exception(page)
+        stats["browser_visits"] += 1
+    except Exception as e:  # noqa: BLE001 - counted, and the run goes on
+        stats["errors"].append(f"browser {prompt!r}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    finally:
+        page.close()  # the tab closes: nothing may keep running for it
+
+
+def api_visitor(lm, alone, k, deadline, stats, rng):
+    """Questions through the engine API until the deadline: own prompt each time, one in four cancelled."""
+    from pipeline.engine import Sampling, engine_for
+    from pipeline.generation import prepare
+
+    eng = engine_for(lm)
+    i = 0
+    while time.time() < deadline:
+        prompt = f"Write one sentence about {SUBJECTS[(k + i) % len(SUBJECTS)]}."
+        i += 1
+        cancel = rng.random() < 0.25
+        try:
+            req = prepare(lm, prompt, 12, chat=True)
+            t0 = time.perf_counter()
+            h = eng.submit(req.prompt_ids, 12, Sampling(temperature=0.0))
+            got, last = [], t0
+            for ev in h:
+                now = time.perf_counter()
+                (stats["ttft_s"] if not got else stats["token_s"]).append(now - last)
+                last = now
+                got.append(ev.token_id)
+                if cancel and len(got) == 2:
+                    break
+            if cancel:
+                stats["cancelled"] += 1
+            else:
+                if got != alone(prompt, 12):
+                    stats["crosstalk"].append((prompt, got))
+                stats["api_answers"] += 1
+        except Exception as e:  # noqa: BLE001
+            stats["errors"].append(f"api {prompt!r}: {type(e).__name__}: {e}")
+        time.sleep(rng.uniform(0.5, 2.0))  # reading the answer
+
+
+def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, heavy_every: int = 3) -> dict:
+    import psutil
+    from playwright.sync_api import sync_playwright
+    from ui import CHROMIUM, FLAGS, free_port, start_server, stop_server
+
+    import pipeline
+
+    lm = pipeline.load_model()
+    alone = Alone(lm)
+    proc, server = start_server(free_port(), env={"LLM_EXPLORER_DEMO": "1"})
+    rss = []
+    stats = {"page_s": [], "heavy_s": [], "ttft_s": [], "token_s": [], "errors": [], "crosstalk": [], "browser_visits": 0, "api_answers": 0, "cancelled": 0}
+    stop = threading.Event()
+
+    def sample():
+        p = psutil.Process(proc.pid)
+        while not stop.wait(2.0):
+            rss.append((time.time(), p.memory_info().rss))
+
+    threading.Thread(target=sample, daemon=True).start()
+    t_start = time.time()
+    warm_rss = None
+    counter, clock = [0], threading.Lock()
+
+    def tab_worker():
+        """One Chromium of its own (Playwright's sync API is one driver per thread): visitor after visitor, each with
+        a prompt of their own, until the deadline."""
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            while time.time() < deadline:
+                with clock:
+                    n = counter[0]
+                    counter[0] += 1
+                prompt = f"Tell me a fact about {SUBJECTS[n % len(SUBJECTS)]} ({n})."
+                want = [lm.tokenizer.decode([t]) for t in alone(prompt, 8)]
+                browser_visitor(browser, server, prompt, want, stats, heavy=n % (browsers * heavy_every) == heavy_every)
+            browser.close()
+
+    try:
+        with sync_playwright() as pw:  # warm-up: one visitor's path (model loaded, caches filled), then the measured run
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            browser_visitor(browser, server, "Why is the sky blue?", [lm.tokenizer.decode([t]) for t in alone("Why is the sky blue?", 8)], stats)
+            browser.close()
+        warm_rss = psutil.Process(proc.pid).memory_info().rss
+        stats.update(page_s=[], browser_visits=0)
+        deadline = time.time() + 60 * minutes
+        rngs = [random.Random(seed * 1000 + k) for k in range(api)]
+        workers = [threading.Thread(target=api_visitor, args=(lm, alone, k, deadline, stats, rngs[k]), daemon=True) for k in range(api)]
+        workers += [threading.Thread(target=tab_worker, daemon=True) for _ in range(browsers)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60 * minutes + 900)
+        eng = pipeline.engine.engine_for(lm)
+        time.sleep(2.0)
+        left = eng.stats()
+    finally:
+        stop.set()
+        end_rss = psutil.Process(proc.pid).memory_info().rss
+        stop_server(proc)
+    return {
+        "minutes": round((time.time() - t_start) / 60, 2),
+        "visitors": {
+            "browser visits": stats["browser_visits"],
+            "api visitors": api,
+            "api answers checked": stats["api_answers"],
+            "api cancelled": stats["cancelled"],
+        },
+        "page_s": {"n": len(stats["page_s"]), "p50": pct(stats["page_s"], 50), "p95": pct(stats["page_s"], 95)},
+        "heavy_sweep_s": stats["heavy_s"],
+        "api_ttft_s": {"p50": pct(stats["ttft_s"], 50), "p95": pct(stats["ttft_s"], 95)},
+        "api_token_s": {"p50": pct(stats["token_s"], 50), "p95": pct(stats["token_s"], 95)},
+        "errors": stats["errors"],
+        "crosstalk": [list(map(str, c)) for c in stats["crosstalk"]],
+        "cancelled_not_freed": {"running": left["running"], "waiting": left["waiting"], "blocks_used": left["blocks_used"]},
+        "server_rss_mb": {
+            "after_warm_up": round(warm_rss / 2**20),
+            "end": round(end_rss / 2**20),
+            "max": round(max(r for _, r in rss) / 2**20) if rss else None,
+        },
+        "api_engine": "in this process (same engine code as the server)" if not __import__("os").environ.get("LLM_EXPLORER_ENGINE") else "Ray Serve",
+    }
+
+
+def main():
+    from common import write
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--browsers", type=int, default=4)
+    ap.add_argument("--api", type=int, default=28)
+    ap.add_argument("--out", default="class_load")
+    a = ap.parse_args()
+    write(a.out, run(a.minutes, a.browsers, a.api))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""Demo mode: what a hosted explorer lets a visitor make the server do. Without Streamlit, unit-tested.
+
+One switch turns it on: `LLM_EXPLORER_DEMO=1` (what `make demo` sets), or `enabled = true` in a `[demo]` section
+of .streamlit/secrets.toml (the operator's file, never in git), which may also set the model allowlist, any cap
+and the operator page's password:
+
+    [demo]
+    enabled = true
+    models = ["smollm2-135m-instruct", "/srv/models/my-model"]   # model keys or folders; default: the embedded model
+    operator_password = "..."
+    new_tokens = 96                                              # any field of Caps
+
+    policy = load_policy(secrets)       # secrets: a mapping (st.secrets), or None
+    policy.enabled, policy.models, policy.caps.new_tokens
+    limiter = RateLimiter(per_minute=20); limiter.allow(session_id) -> seconds to wait (0: go)
+    line = FairQueue(at_once=1); with line.turn(session_id, on_wait=...): ...   # heavy experiments, fair share
+    errors = ErrorLog(); rid = errors.record(exc, where)                       # logged with a traceback; visitors see rid
+
+Outside demo mode nothing here limits anything (caps are the pages' own maxima, no queue, no rate limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+
+from pipeline.engine.core import ordinal  # noqa: F401  (the pages say "2nd in line" the engine's way)
+
+log = logging.getLogger("llm_explorer")
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one visitor may ask of a demo server (each shown next to its control)."""
+
+    prompt_tokens: int = 512  # tokens in a traced or generated prompt
+    new_tokens: int = 128  # tokens one generation may produce (pages 6, 9, 12, 13, 15)
+    sweep_tokens: int = 1024  # the longest prompt of a sweep (pages 7, 10, 11)
+    repeats: int = 3  # timed repeats of a sweep point
+    users: int = 8  # users in page 15's scene
+    requests_per_minute: int = 20  # runs a session may start per minute (generations, sweeps, traces)
+    heavy_at_once: int = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
+    compile: bool = False  # production mode's torch.compile (a minute of the whole server's CPU)
+    draft_folders: bool = False  # speculative decoding with a draft model from a typed folder
+
+
+UNCAPPED = Caps(
+    prompt_tokens=10**9,
+    new_tokens=10**9,
+    sweep_tokens=10**9,
+    repeats=10**9,
+    users=10**9,
+    requests_per_minute=0,
+    heavy_at_once=0,
+    compile=True,
+    draft_folders=True,
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    enabled: bool = False
+    models: tuple[str, ...] = ()  # the allowlist (model keys or folders); empty outside demo mode
+    caps: Caps = UNCAPPED
+    operator_password: str | None = None
+
+    def allows_model(self, key: str) -> bool:
+        return not self.enabled or key in self.models
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) -> Policy:
+    """The policy from the environment and the `[demo]` section of the secrets (either can switch it on)."""
+    from pipeline import EMBEDDED
+    from pipeline.models import canonical_key
+
+    env = os.environ if environ is None else environ
+    sec = dict((secrets or {}).get("demo", {}) or {})
+    password = sec.get("operator_password") or env.get("LLM_EXPLORER_OPERATOR_PASSWORD") or None
+    if not (_truthy(env.get("LLM_EXPLORER_DEMO", "")) or _truthy(sec.get("enabled", False))):
+        return Policy(operator_password=password)
+    listed = sec.get("models") or [m for m in env.get("LLM_EXPLORER_MODELS", "").split(",") if m.strip()] or [EMBEDDED]
+    caps = replace(Caps(), **{f.name: type(getattr(Caps(), f.name))(sec[f.name]) for f in fields(Caps) if f.name in sec})
+    return Policy(True, tuple(canonical_key(str(m).strip()) for m in listed), caps, password)
+
+
+class RateLimiter:
+    """At most `per_minute` starts per session in any sliding minute (0: no limit)."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096):
+        self.per_minute, self.clock, self.max_sessions = per_minute, clock, max_sessions
+        self._seen: OrderedDict[str, deque] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def allow(self, session: str, per_minute: int | None = None) -> float:
+        """Record a start and return 0, or return the seconds until one is allowed (nothing recorded).
+        `per_minute` overrides the limit given at construction (the policy can change; the record stays)."""
+        limit = self.per_minute if per_minute is None else per_minute
+        if limit <= 0:
+            return 0.0
+        now = self.clock()
+        with self._lock:
+            q = self._seen.setdefault(session, deque())
+            self._seen.move_to_end(session)
+            while q and now - q[0] >= 60.0:
+                q.popleft()
+            if len(q) >= limit:
+                return 60.0 - (now - q[0])
+            q.append(now)
+            while len(self._seen) > self.max_sessions:
+                self._seen.popitem(last=False)
+            return 0.0
+
+
+class Busy(RuntimeError):
+    """This session already has a heavy experiment running or waiting."""
+
+
+@dataclass
+class _Ticket:
+    session: str
+    what: str
+    since: float = field(default_factory=time.monotonic)
+    go: threading.Event = field(default_factory=threading.Event)
+
+
+class FairQueue:
+    """Heavy experiments (sweeps, kernel runs, production mode, speculative comparisons, long traces) wait here,
+    `at_once` running at a time (0: no queue), served round-robin over sessions: one per session in line, so a
+    visitor who starts ten gets no more turns than one who starts one. `turn()` tells the waiting visitor where
+    they stand; a tab that leaves while waiting (the page's script stops) leaves the line."""
+
+    def __init__(self, at_once: int = 1):
+        self.at_once = at_once
+        self._waiting: list[_Ticket] = []
+        self._running: list[_Ticket] = []
+        self._lock = threading.Lock()
+        self.served = 0
+
+    def _promote(self) -> None:
+        while self._waiting and len(self._running) < self.at_once:
+            t = self._waiting.pop(0)
+            self._running.append(t)
+            t.go.set()
+
+    def position(self, ticket: _Ticket) -> int:
+        with self._lock:
+            return 0 if ticket in self._running else self._waiting.index(ticket) + 1 if ticket in self._waiting else 0
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            now = time.monotonic()
+            return {
+                "running": [(t.what, round(now - t.since, 1)) for t in self._running],
+                "waiting": [(t.what, round(now - t.since, 1)) for t in self._waiting],
+                "served": self.served,
+            }
+
+    @contextmanager
+    def turn(self, session: str, what: str, on_wait: Callable[[int], None] | None = None, poll_s: float = 0.5):
+        """Wait for a turn (calling on_wait(position) while in line), run the body, give the turn back.
+        Raises Busy when this session already holds a place."""
+        if self.at_once <= 0:
+            yield
+            return
+        t = _Ticket(session, what)
+        with self._lock:
+            if any(x.session == session for x in self._waiting + self._running):
+                raise Busy("You already have an experiment running or waiting: it must finish before you start another.")
+            self._waiting.append(t)
+            self._promote()
+        try:
+            while not t.go.wait(poll_s):
+                if on_wait is not None:
+                    on_wait(self.position(t))
+            yield
+        finally:
+            with self._lock:
+                if t in self._waiting:
+                    self._waiting.remove(t)
+                if t in self._running:
+                    self._running.remove(t)
+                    self.served += 1
+                self._promote()
+
+
+class ErrorLog:
+    """Errors a visitor hit: logged server-side with the traceback under a short request id; the visitor sees only
+    the id. The last `keep` are kept for the operator page."""
+
+    def __init__(self, keep: int = 200):
+        self.items: deque[tuple[float, str, str, str]] = deque(maxlen=keep)  # (time, id, where, one line)
+        self._lock = threading.Lock()
+
+    def record(self, exc: BaseException, where: str) -> str:
+        rid = uuid.uuid4().hex[:8]
+        log.error("request %s in %s: %s", rid, where, "".join(traceback.format_exception(exc)))
+        with self._lock:
+            self.items.append((time.time(), rid, where, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
+        return rid
+
+
+class Sessions:
+    """Browsers seen recently (by their run-store id), for the operator page; at most `keep`."""
+
+    def __init__(self, keep: int = 4096, clock: Callable[[], float] = time.monotonic):
+        self.keep, self.clock = keep, clock
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def seen(self, session: str) -> None:
+        with self._lock:
+            self._seen[session] = self.clock()
+            self._seen.move_to_end(session)
+            while len(self._seen) > self.keep:
+                self._seen.popitem(last=False)
+
+    def active(self, window_s: float = 300.0) -> int:
+        now = self.clock()
+        with self._lock:
+            return sum(1 for t in self._seen.values() if now - t <= window_s)
+
+
+def secrets_file(root: str = ".") -> dict:
+    """The operator's .streamlit/secrets.toml as a dict (what st.secrets reads), {} when there is none."""
+    import tomllib
+
+    path = os.path.join(root, ".streamlit", "secrets.toml")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def warm(out=None) -> int:
+    """`python -m demo`: build each allowlisted model's cache and load it once, before the server opens (so no
+    visitor waits for the one-time conversion). Exit status 1 if a model cannot load."""
+    import sys
+
+    from pipeline.models import ModelLoadError, load_model
+
+    out = out or sys.stdout
+    policy = load_policy(secrets_file(), {**os.environ, "LLM_EXPLORER_DEMO": "1"})
+    status = 0
+    for key in policy.models:
+        t = time.perf_counter()
+        try:
+            lm = load_model(key)
+            out.write(f"{lm.label}: ready in {time.perf_counter() - t:.1f} s\n")
+        except ModelLoadError as e:
+            out.write(f"{key}: {e}\n")
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(warm())

@@ -1,0 +1,180 @@
+"""Demo mode's policy without Streamlit: the switch, the allowlist, caps, the rate limit, the fair line, the
+error log; the model's first-come-first-served lock; the cache check; the command line's bad input."""
+
+import io
+import logging
+import threading
+import time
+
+import pytest
+
+import demo
+import pipeline
+from pipeline.models import FairLock, ModelLoadError, cache_ok, check_weights
+
+
+def test_off_by_default_and_nothing_capped():
+    p = demo.load_policy({}, {})
+    assert not p.enabled and p.caps == demo.UNCAPPED and p.allows_model("/any/folder")
+
+
+def test_switched_on_by_the_environment_or_the_secrets_section():
+    p = demo.load_policy({}, {"LLM_EXPLORER_DEMO": "1"})
+    assert p.enabled and p.models == (pipeline.EMBEDDED,) and p.caps == demo.Caps()
+    assert not p.allows_model("/etc") and p.allows_model(pipeline.EMBEDDED)
+    s = demo.load_policy({"demo": {"enabled": True, "models": [pipeline.GEMMA], "new_tokens": "64", "operator_password": "pw"}}, {})
+    assert s.enabled and s.models == (pipeline.GEMMA,) and s.caps.new_tokens == 64 and s.operator_password == "pw"
+    assert demo.load_policy({}, {"LLM_EXPLORER_DEMO": "yes", "LLM_EXPLORER_MODELS": f"{pipeline.EMBEDDED}, {pipeline.GEMMA}"}).models == (
+        pipeline.EMBEDDED,
+        pipeline.GEMMA,
+    )
+    assert not demo.load_policy({}, {"LLM_EXPLORER_DEMO": "0"}).enabled
+
+
+def test_rate_limit_per_session_over_a_sliding_minute():
+    now = [0.0]
+    rl = demo.RateLimiter(3, clock=lambda: now[0])
+    assert [rl.allow("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = rl.allow("a")
+    assert 59 < wait <= 60
+    assert rl.allow("b") == 0.0  # another visitor is not affected
+    now[0] = 60.5
+    assert rl.allow("a") == 0.0
+    assert demo.RateLimiter(0).allow("a") == 0.0  # 0: no limit
+
+
+def test_the_fair_line_serves_one_at_a_time_one_place_per_visitor_and_says_where_each_stands():
+    line = demo.FairQueue(at_once=1)
+    order, positions = [], {}
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with line.turn("alice", "sweep"):
+            first_in.set()
+            release.wait(5)
+            order.append("alice")
+
+    def wait_turn(who):
+        with line.turn(who, "kernels", on_wait=lambda pos: positions.setdefault(who, pos), poll_s=0.02):
+            order.append(who)
+
+    t0 = threading.Thread(target=hold)
+    t0.start()
+    assert first_in.wait(5)
+    t1 = threading.Thread(target=wait_turn, args=("bob",))
+    t1.start()
+    time.sleep(0.1)
+    t2 = threading.Thread(target=wait_turn, args=("carol",))
+    t2.start()
+    time.sleep(0.2)
+    with pytest.raises(demo.Busy):  # alice already holds a place
+        with line.turn("alice", "again"):
+            pass
+    snap = line.snapshot()
+    assert [w for w, _ in snap["running"]] == ["sweep"] and len(snap["waiting"]) == 2
+    release.set()
+    for t in (t0, t1, t2):
+        t.join(5)
+    assert order == ["alice", "bob", "carol"] and positions == {"bob": 1, "carol": 2}
+    assert line.snapshot() == {"running": [], "waiting": [], "served": 3}
+
+
+def test_a_visitor_who_leaves_the_line_frees_their_place():
+    line = demo.FairQueue(at_once=1)
+    gone = RuntimeError("tab closed")
+
+    def leave(pos):
+        raise gone
+
+    with line.turn("alice", "sweep"):
+        with pytest.raises(RuntimeError):
+            with line.turn("bob", "kernels", on_wait=leave, poll_s=0.01):
+                pass
+        assert line.snapshot()["waiting"] == []
+    with line.turn("bob", "kernels"):  # bob may queue again
+        pass
+
+
+def test_errors_are_logged_with_a_request_id_and_the_visitor_sees_only_the_id(caplog):
+    log = demo.ErrorLog(keep=2)
+    with caplog.at_level(logging.ERROR, logger="llm_explorer"):
+        try:
+            raise FileNotFoundError("/home/teacher/secret/model.safetensors")
+        except FileNotFoundError as e:
+            rid = log.record(e, "load the model")
+    assert len(rid) == 8 and rid in caplog.text and "Traceback" in caplog.text and "/home/teacher" in caplog.text
+    assert log.items[-1][1] == rid
+    for _ in range(3):
+        log.record(ValueError("x"), "y")
+    assert len(log.items) == 2
+
+
+def test_sessions_counts_browsers_seen_recently():
+    now = [0.0]
+    s = demo.Sessions(clock=lambda: now[0])
+    s.seen("a")
+    s.seen("b")
+    now[0] = 200.0
+    s.seen("a")
+    assert s.active(300) == 2 and s.active(100) == 1
+
+
+def test_the_model_lock_goes_to_the_longest_waiter():
+    lock = FairLock()
+    got = []
+    lock.acquire()
+    threads = [threading.Thread(target=lambda i=i: (lock.acquire(), got.append(i), lock.release())) for i in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # they queue in order
+    lock.release()
+    for t in threads:
+        t.join(5)
+    assert got == [0, 1, 2, 3] and not lock.locked()
+    assert lock.acquire(blocking=False) and not FairLock().locked()
+    res = []
+    t = threading.Thread(target=lambda: res.append(lock.acquire(timeout=0.05)))
+    t.start()
+    t.join(5)
+    assert res == [False]  # timed out, and left the line
+    lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError):
+        lock.release()
+
+
+def test_a_truncated_safetensors_file_is_caught_before_loading(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save_file({"w": torch.zeros(64, 64)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 100])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        check_weights(folder)
+    assert not cache_ok(folder)
+
+
+def test_a_cache_without_its_finished_marker_is_not_used(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert not cache_ok(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["caf\udce9", "lone \ud800 surrogate"])
+def test_the_command_line_refuses_text_that_is_not_utf8(bad, capsys):
+    from pipeline.__main__ import main
+
+    out = io.StringIO()
+    assert main(["tokens", bad], out=out) == 2
+    assert "not valid UTF-8" in capsys.readouterr().err and out.getvalue() == ""
+
+
+def test_secrets_file_reads_the_demo_section(tmp_path):
+    (tmp_path / ".streamlit").mkdir()
+    (tmp_path / ".streamlit" / "secrets.toml").write_text('[demo]\nenabled = true\nmodels = ["x"]\n')
+    assert demo.secrets_file(str(tmp_path)) == {"demo": {"enabled": True, "models": ["x"]}}
+    assert demo.secrets_file(str(tmp_path / "none")) == {}

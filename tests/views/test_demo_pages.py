@@ -1,0 +1,115 @@
+"""Demo mode in AppTest: the allowlist instead of "Local folder…", caps shown on their controls, server paths never
+shown, a per-session rate limit, errors as request ids, the operator page behind its password."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = str(ROOT / "app.py")
+
+
+@pytest.fixture
+def demo_env(monkeypatch):
+    monkeypatch.setenv("LLM_EXPLORER_DEMO", "1")
+    monkeypatch.delenv("LLM_EXPLORER_MODELS", raising=False)
+    monkeypatch.setenv("LLM_EXPLORER_OPERATOR_PASSWORD", "teacher-pw")
+
+
+def page(path=None, prompt="The capital of France is", **state):
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["prompt"] = prompt
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.run()
+    if path:
+        at.switch_page(path)
+        at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def texts(at) -> str:
+    return "\n".join(str(e.value) for kind in ("markdown", "caption", "info", "warning", "error", "success") for e in getattr(at, kind))
+
+
+def test_the_model_picker_offers_only_the_allowlist(demo_env):
+    at = page()
+    box = at.selectbox(key="model_choice")
+    assert box.options == ["SmolLM2-135M (embedded)"]
+    assert not [t for t in at.text_input if t.key == "local_path"]
+    assert "Demo server: at most 512 tokens" in at.sidebar.text_area(key="prompt").help
+
+
+def test_a_typed_or_linked_path_is_never_used(demo_env):
+    from views.widgets import LOCAL
+
+    at = page(model_choice=LOCAL, local_path="/etc/shadow")
+    assert "shadow" not in texts(at) and "/etc" not in texts(at)
+    assert at.session_state["model_choice"] == pipeline.EMBEDDED
+
+
+def test_caps_are_on_the_controls(demo_env):
+    at = page("views/6_generation.py")
+    n = at.number_input(key="gen_n")
+    assert n.max == 128 and "Demo server: at most 128" in n.help
+    at = page("views/13_speculative.py")
+    assert "a local model folder…" not in at.selectbox(key="spec_kind").options
+    assert at.number_input(key="spec_n").max == 128
+    at = page("views/11_attention_kernels.py")
+    assert any("Demo server: at most 1,024 prompt tokens" in c.value for c in at.caption)
+
+
+def test_a_long_prompt_is_refused_with_the_cap(demo_env):
+    at = page("views/1_tokens.py", prompt="demo cap " * 350)  # a prompt no other test traced (the cache is shared)
+    at.switch_page("views/3_attention.py")
+    at.run()
+    assert not at.exception
+    assert any("at most 512 tokens" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_the_rate_limit_says_when_to_try_again(demo_env, monkeypatch):
+    import dataclasses
+
+    import demo
+
+    real = demo.load_policy
+
+    def one_a_minute(*a, **k):
+        p = real(*a, **k)
+        return dataclasses.replace(p, caps=dataclasses.replace(p.caps, requests_per_minute=1))
+
+    monkeypatch.setattr(demo, "load_policy", one_a_minute)
+    at = page("views/6_generation.py")
+    at.number_input(key="gen_n").set_value(2)
+    next(b for b in at.button if b.key == "gen_go").click().run()
+    assert not at.exception and not [w for w in at.warning if "Too many runs" in w.value]
+    next(b for b in at.button if b.key == "gen_go").click().run()
+    assert any("Too many runs from this browser" in w.value and "1 a minute" in w.value for w in at.warning)
+
+
+def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkeypatch):
+    def boom(*a, **k):
+        raise FileNotFoundError("/home/teacher/.secret/weights.bin")
+
+    monkeypatch.setattr("pipeline.misconceptions.force_token", boom)
+    at = page("views/16_misconceptions.py")
+    next(b for b in at.button if b.key == "myth_force").click().run()
+    assert not at.exception
+    shown = texts(at)
+    assert "request id" in shown and "/home/teacher" not in shown and "FileNotFoundError" not in shown
+
+
+def test_the_operator_page_asks_for_the_password(demo_env):
+    at = page("views/operator.py")
+    assert [t for t in at.text_input if t.key == "op_password"]
+    assert not at.metric
+    at.text_input(key="op_password").set_value("wrong").run()
+    assert any("Wrong password" in e.value for e in at.error) and not at.metric
+    at.text_input(key="op_password").set_value("teacher-pw").run()
+    assert not at.exception
+    labels = [m.label for m in at.metric]
+    assert "Browsers, last 5 min" in labels and "Server memory (RSS)" in labels

@@ -1,0 +1,55 @@
+"""The operator's page (/operator, not in the navigation): who is here, what waits, what the engine serves,
+memory, the errors visitors hit. Behind the password in .streamlit/secrets.toml ([demo] operator_password)."""
+
+import hmac
+import os
+import time
+
+import pandas as pd
+import psutil
+import streamlit as st
+
+from views import widgets
+
+st.title("Operator")
+pol = widgets.policy()
+if pol.operator_password is None and pol.enabled:
+    st.info('No operator password is set. Put one in .streamlit/secrets.toml:\n\n```toml\n[demo]\noperator_password = "..."\n```')
+    st.stop()
+if pol.operator_password is not None and not st.session_state.get("_operator"):
+    typed = st.text_input("Password", type="password", key="op_password")
+    if not typed:
+        st.stop()
+    if not hmac.compare_digest(typed.encode(), pol.operator_password.encode()):
+        time.sleep(1.0)  # slows guessing
+        st.error("Wrong password.")
+        st.stop()
+    st.session_state["_operator"] = True
+
+
+@st.fragment(run_every="3s")
+def status():
+    s = widgets.server_status()
+    c = st.columns(5)
+    c[0].metric("Demo mode", "on" if pol.enabled else "off")
+    c[1].metric("Browsers, last 5 min", s["sessions"])
+    c[2].metric("Heavy experiments", f"{len(s['heavy']['running'])} running", f"{len(s['heavy']['waiting'])} waiting", delta_color="off", delta_arrow="off")
+    c[3].metric("Server memory (RSS)", f"{psutil.Process(os.getpid()).memory_info().rss / 2**30:.2f} GiB")
+    c[4].metric("Trace cache", f"{s['trace_bytes'] / 2**20:,.0f} MiB", f"{s['traces']} traces", delta_color="off", delta_arrow="off")
+    st.subheader("Engines (one per loaded model)")
+    if s["engines"]:
+        st.dataframe(pd.DataFrame(s["engines"]), hide_index=True, width="stretch")
+    else:
+        st.caption("No model loaded yet.")
+    st.subheader("Heavy experiments")
+    rows = [{"state": "running", "what": w, "for s": t} for w, t in s["heavy"]["running"]] + [
+        {"state": "waiting", "what": w, "for s": t} for w, t in s["heavy"]["waiting"]
+    ]
+    st.dataframe(pd.DataFrame(rows, columns=["state", "what", "for s"]), hide_index=True, width="stretch")
+    st.caption(f"{s['heavy']['served']} served since the server started.")
+    st.subheader("Errors visitors hit (newest first)")
+    st.dataframe(pd.DataFrame(s["errors"], columns=["time", "request id", "where", "error"]), hide_index=True, width="stretch")
+    st.caption("Each error's traceback is in the server's log under its request id.")
+
+
+status()
