@@ -59,7 +59,7 @@ st.caption(
         "from memory, so expect little difference here; on a GPU the graph is the point."
     )
 )
-if st.button("Run all modes", type="primary", key="prod_go"):
+if st.button("Run all modes", type="primary", key="prod_go") and widgets.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
     with widgets.heavy("production mode"):
         bar = st.progress(0.0, text="warm-up")

@@ -67,7 +67,7 @@ if draft == "folder":
         ldr = widgets.load_other_model(path.strip())
         if ldr is not None:
             draft = ldr
-if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None):
+if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None) and widgets.prompt_fits(lm, prompt, chat):
     with widgets.heavy("the speculative comparison"):
         bar = st.progress(0.0, text=f"plain and speculative decoding, {reps} interleaved repeats")
         try:
@@ -91,7 +91,7 @@ if st.button("Run plain and speculative", type="primary", key="spec_go", disable
         bar.empty()
 got = widgets.recall("spec")
 if got is None:
-    st.info("Press **Run** to decode the prompt plainly and with the draft, 5 times each, interleaved.")
+    st.info(f"Press **Run** to decode the prompt plainly and with the draft, {reps} times each, interleaved.")
     st.stop()
 res, gamma_run, plain_s, speedup = got.spec, got.gamma, got.plain_s, got.speedup
 a = res.acceptance_rate

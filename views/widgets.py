@@ -132,6 +132,17 @@ def fail(e: BaseException, what: str, where=None, level: str = "warning") -> Non
         getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
 
 
+def prompt_fits(lm, prompt: str, chat: bool) -> bool:
+    """A demo server's prompt-token cap, for pages that run a prompt without tracing it; says so when over."""
+    limit = cap("prompt_tokens", 10**9)
+    if limit >= 10**9:
+        return True
+    n = len(pipeline.tokenize(lm.tokenizer, prompt, chat=chat).input_ids)
+    if n > limit:
+        st.warning(f"The prompt is {n:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it.")
+    return n <= limit
+
+
 def allowed(what: str) -> bool:
     """The per-session rate limit of a demo server (always True elsewhere); says so in the page when exceeded."""
     p = policy()
@@ -284,7 +295,7 @@ def sidebar():
             "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded."
         )
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
-    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=labels.get, help=helptext)
+    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=lambda k: labels.get(k, k), help=helptext)
     if st.session_state["model_choice"] == LOCAL:
         sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
