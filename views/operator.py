@@ -30,7 +30,14 @@ if pol.operator_password is not None and not st.session_state.get("_operator"):
 @st.fragment(run_every="3s")
 def status():
     s = widgets.server_status()
-    c = st.columns(5)
+    c = st.columns(6)
+    c[5].metric(
+        "Generations running",
+        sum(e["running"] for e in s["engines"]),
+        f"{sum(e['waiting'] for e in s['engines'])} waiting, {sum(e['cancelled'] for e in s['engines'])} cancelled so far",
+        delta_color="off",
+        delta_arrow="off",
+    )
     c[0].metric("Demo mode", "on" if pol.enabled else "off")
     c[1].metric("Browsers, last 5 min", s["sessions"])
     c[2].metric("Heavy experiments", f"{len(s['heavy']['running'])} running", f"{len(s['heavy']['waiting'])} waiting", delta_color="off", delta_arrow="off")

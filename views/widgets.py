@@ -104,6 +104,7 @@ def server_status() -> dict:
                     "tok/s, last minute": round(s["tokens_per_s_last_minute"], 1),
                     "KV MiB in use": round(s["kv_bytes_in_use"] / 2**20, 1),
                     "iterations": s["iterations"],
+                    "cancelled": s.get("ended", {}).get("cancelled", 0),
                 }
             )
     errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]

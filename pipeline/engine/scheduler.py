@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -128,6 +128,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling or decoding
         self.lock = threading.Lock()
+        self.ended: Counter[str] = Counter()  # requests retired, by reason (eos, length, cancelled...)
         self.changed = threading.Condition(self.lock)
 
     # -- visitors' side ----------------------------------------------------------------------------------
@@ -202,6 +203,8 @@ class Scheduler:
         if req.blocks:
             self.pool.give_back(req.blocks)
             req.blocks = []
+        if req.state != "finished":
+            self.ended[reason] += 1
         req.state, req.finish, req.finished_at = "finished", reason, time.perf_counter()
         self.changed.notify_all()
 
@@ -219,4 +222,5 @@ class Scheduler:
                 "waiting": len(self.waiting),
                 "blocks_used": self.pool.n_blocks - self.pool.n_free,
                 "blocks": self.pool.n_blocks,
+                "ended": dict(self.ended),
             }

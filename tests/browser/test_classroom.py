@@ -5,6 +5,7 @@ Screenshots of every page in presentation mode go to docs/screenshots/present/ w
 
 import os
 import struct
+import time
 import urllib.parse
 
 from playwright.sync_api import expect
@@ -137,3 +138,31 @@ def test_a_run_survives_a_refresh(server, browser):
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page)
     assert "drew" in page.locator("body").inner_text()  # a new Streamlit session, the same browser's runs
+
+
+def test_a_tab_closed_mid_generation_frees_its_request(server, browser):
+    """Closing the tab stops its script (Streamlit asks it to stop on disconnect), the stream closes and the engine
+    cancels the request: the operator page (open on one's own machine) sees it running, then cancelled."""
+    op = visit(browser, f"{server}/operator")
+
+    def metric():
+        return op.locator("[data-testid='stMetric']").filter(has_text="Generations running")
+
+    def running():
+        return int(metric().locator("[data-testid='stMetricValue']").inner_text())
+
+    def cancelled():
+        return int(metric().locator("[data-testid='stMetricDelta']").inner_text().split(", ")[1].split()[0])
+
+    page = visit(browser, f"{server}/generation?{q(prompt='Why is the sky blue?', chat='true', gen_n=1000, gen_t='0.0')}")
+    page.get_by_role("button", name="Generate").first.click()
+    deadline = time.time() + 120
+    while running() == 0 and time.time() < deadline:  # the operator page refreshes every 3 s
+        op.wait_for_timeout(500)
+    assert running() == 1
+    before = cancelled()
+    page.close()
+    t = time.time()
+    while running() and time.time() - t < 60:
+        op.wait_for_timeout(500)
+    assert running() == 0 and cancelled() == before + 1  # cancelled, not ended by itself
