@@ -37,7 +37,11 @@ else:
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
-lengths = [n for n in ([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
+offered = [n for n in ([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
+longest = st.select_slider(
+    "Longest prompt", offered, value=offered[-1], key="sweep_max", bind="query-params", help="Shorter sweeps finish sooner." + widgets.cap_note("sweep_tokens")
+)
+lengths = [n for n in offered if n <= longest]
 reps = widgets.cap("repeats", 3)
 st.caption(
     f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
@@ -117,7 +121,7 @@ if rows is not None:
         checks.Check(
             "each prefill is one forward pass over the whole prompt, each decode step one token after it",
             all(r.prefill_s > 0 and r.decode_step_s > 0 for r in rows),
-            f"{len(rows)} lengths measured ({', '.join(f'{r.tokens:,}' for r in rows)} tokens), medians of 3 runs after a warm-up, device-synchronised",
+            f"{len(rows)} lengths measured ({', '.join(f'{r.tokens:,}' for r in rows)} tokens), medians of {reps} runs after a warm-up, device-synchronised",
         )
     )
 if rec is not None:
