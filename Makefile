@@ -14,7 +14,7 @@ PORT ?= 8501
 ADDRESS ?= 0.0.0.0
 CLUSTER_CPUS ?= 4
 
-.PHONY: run demo cluster cluster-stop test test-fast test-load lint models bench install clean-cache screenshots
+.PHONY: run demo cluster cluster-stop test test-fast test-load test-cluster lint models bench install clean-cache screenshots
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,7 +54,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -q -m "not load" tests
+	$(BIN)/python -m pytest -q -m "not load and not cluster" tests
+	$(BIN)/python -m pytest -q -m cluster tests
+
+# the engine on a local Ray Serve alone (the cluster tier: its own process, see tests/pipeline/test_ray_serve.py)
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q -m cluster tests
 
 # minutes long: one session through many long prompts (memory), 8 tabs generating at once, a class of 32 on the
 # demo server for 5 minutes (bench/bench_class.py)

@@ -2,30 +2,16 @@
 answer equal to the same request alone, cancellation frees the replica's slot, a killed replica ends its requests
 with a clear message and Serve brings it back."""
 
-import functools
 import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.cluster  # its own pytest process (make test-cluster): Serve's sync handle calls refuse a thread
+# with a running asyncio loop, which the browser tests' Playwright leaves in the main thread of a shared session
 ray = pytest.importorskip("ray")
-
-
-def off_loop(fn):
-    """Serve's sync handle calls refuse to run in a thread with a running asyncio loop, and Playwright's sync API
-    (the browser tests, earlier in the same pytest session) leaves one in the main thread: run in a fresh thread,
-    as a Streamlit script thread or the CLI does."""
-
-    @functools.wraps(fn)
-    def run(*a, **k):
-        with ThreadPoolExecutor(1) as ex:
-            return ex.submit(fn, *a, **k).result()
-
-    return run
 
 
 PROMPTS = ["The capital of France is", "Dog bites man.", "Why is the sky blue?", "Apple released a new chip."]
@@ -37,10 +23,10 @@ def remote(smol):
 
     from pipeline.engine import ray_serve
 
-    off_loop(ray_serve.deploy)(smol.key, replicas=2, address="auto", cpus_per_replica=0.5)
-    eng = off_loop(ray_serve.RemoteEngine)(smol.key, "auto")
+    ray_serve.deploy(smol.key, replicas=2, address="auto", cpus_per_replica=0.5)
+    eng = ray_serve.RemoteEngine(smol.key, "auto")
     yield eng
-    off_loop(serve.shutdown)()
+    serve.shutdown()
     ray.shutdown()
     ray_serve._remotes.clear()
     ray_serve._connected = None
@@ -58,7 +44,6 @@ def ids(lm, prompt):
     return prepare(lm, prompt, 8).prompt_ids
 
 
-@off_loop
 def test_remote_answers_equal_the_same_request_alone_and_the_events_are_the_same_type(smol, remote):
     from pipeline.engine import Sampling
     from pipeline.generation import StepEvent
@@ -83,7 +68,6 @@ def test_remote_answers_equal_the_same_request_alone_and_the_events_are_the_same
     assert a == b
 
 
-@off_loop
 def test_a_client_that_stops_listening_frees_its_slot(smol, remote):
     from pipeline.engine import Sampling
 
@@ -101,7 +85,6 @@ def test_a_client_that_stops_listening_frees_its_slot(smol, remote):
     assert all(x["running"] == 0 for x in s), s
 
 
-@off_loop
 def test_bad_requests_fail_at_submit_as_in_process(smol, remote):
     from pipeline.engine import Sampling
 
@@ -109,7 +92,6 @@ def test_bad_requests_fail_at_submit_as_in_process(smol, remote):
         remote.submit([], 4, Sampling())
 
 
-@off_loop
 def test_a_killed_replica_ends_its_requests_clearly_and_serve_restarts_it(smol, remote):
     from pipeline.engine import EngineError, Sampling
 
