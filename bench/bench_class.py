@@ -171,10 +171,18 @@ def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, h
             browser.close()
 
     try:
-        with sync_playwright() as pw:  # warm-up: one visitor's path (model loaded, caches filled), then the measured run
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-            browser_visitor(browser, server, "Why is the sky blue?", [lm.tokenizer.decode([t]) for t in alone("Why is the sky blue?", 8)], stats)
-            browser.close()
+
+        def warm_up():  # one visitor's path (model loaded, caches filled), then the measured run
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+                browser_visitor(browser, server, "Why is the sky blue?", [lm.tokenizer.decode([t]) for t in alone("Why is the sky blue?", 8)], stats)
+                browser.close()
+
+        # every Chromium in a thread of its own: Playwright's sync API refuses a thread with a running asyncio loop,
+        # which an earlier browser test in the same pytest session leaves in the main thread
+        w = threading.Thread(target=warm_up)
+        w.start()
+        w.join()
         warm_rss = psutil.Process(proc.pid).memory_info().rss
         stats.update(page_s=[], browser_visits=0)
         deadline = time.time() + 60 * minutes
