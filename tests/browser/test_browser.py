@@ -120,11 +120,12 @@ def test_faster_inference_pages(server, browser):
         page.goto(f"{server}/{path}?{params}", wait_until="domcontentloaded")
         page.wait_for_selector("h1", timeout=240_000)
         wait_idle(page, 300_000)
+        drawn = ".js-plotly-plot, [data-testid='stHtml'], [data-testid='stCode']"
         if button:
-            click_button(page, button, 600_000)
+            click_button(page, button, 600_000, expect=drawn)
         no_exception(page)
         if button or path == "streaming-sharding":
-            assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stCode']").count() > 0, path
+            assert page.locator(drawn).count() > 0, path
         else:
             assert page.get_by_role("button", name=re.compile("^Run")).count() > 0, path
         page.screenshot(path=str(SHOTS / f"{path}.png"))

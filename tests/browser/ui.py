@@ -107,16 +107,30 @@ def open_app(server, browser, height=2000):
     return page
 
 
-def click_button(page, text, timeout=180_000):
+def click_button(page, text, timeout=180_000, expect=None):
     """Click a button and wait for the run it starts: first for the script to start (on a loaded CI machine the
     rerun can begin more than a second after the click, and an idle check alone would pass before it), then
-    for it to finish."""
-    page.get_by_role("button", name=text).first.click()
+    for it to finish. With `expect` (a selector the run draws), a click whose run left nothing is tried again,
+    twice at most: on a loaded machine the engine panel's 2-second refresh makes the page look running and idle
+    in turns, and an idle gap between its refresh and the button's run would end the wait too early."""
     started = """() => { const app = document.querySelector('[data-testid="stApp"]');
                  const state = app ? app.getAttribute('data-test-script-state') : 'initial';
                  return state === 'running' || state === 'rerunRequested' || !!document.querySelector('[data-stale="true"]'); }"""
-    try:
-        page.wait_for_function(started, timeout=30_000, polling=20)
-    except Exception:  # noqa: BLE001 - a run shorter than the polling interval: the idle check below settles it
-        pass
-    wait_idle(page, timeout)
+    for _ in range(3):
+        page.get_by_role("button", name=text).first.click()
+        try:
+            page.wait_for_function(started, timeout=30_000, polling=20)
+        except Exception:  # noqa: BLE001 - a run shorter than the polling interval: the idle check below settles it
+            pass
+        wait_idle(page, timeout)
+        if expect is None:
+            return
+        try:
+            page.wait_for_selector(expect, timeout=10_000)
+            return
+        except Exception:  # noqa: BLE001 - nothing drawn yet: the run may still be coming, or the click was lost
+            wait_idle(page, timeout)
+            if page.locator(expect).count():
+                return
+    alerts = page.locator("[data-testid='stAlert']").all_inner_texts()
+    raise AssertionError(f"{text!r} drew no {expect!r} after three clicks; the page says: {alerts}")
