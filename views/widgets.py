@@ -341,11 +341,12 @@ def get_model():
     if not key:
         st.info("Type the path of a local Hugging Face model folder in the sidebar.")
         st.stop()
-    try:
-        pipeline.models.check_folder(key) if key not in (pipeline.EMBEDDED, pipeline.GEMMA) else None
-    except ModelLoadError as e:
-        fail(e, "open this model", level="error") if policy().enabled else st.error(str(e))
-        st.stop()
+    if key not in (pipeline.EMBEDDED, pipeline.GEMMA):
+        try:
+            pipeline.models.check_folder(key)
+        except ModelLoadError as e:
+            _load_failed(e, "open this model")
+            st.stop()
     lm = _wait_loaded(key, "the model")
     if lm is None:
         st.stop()
@@ -798,12 +799,18 @@ def _wait_loaded(key: str, what: str):
         bar.empty()
     if ldr.error:
         _loaders().forget(key)  # only this one: every other loaded model stays for every session
-        if policy().enabled:
-            fail(ModelLoadError(ldr.error), f"load {what}", level="error")
-        else:
-            st.error(f"Could not load {what}: {ldr.error}")
+        _load_failed(ModelLoadError(f"Could not load {what}: {ldr.error}"), f"load {what}")
         return None
     return ldr.result
+
+
+def _load_failed(e: ModelLoadError, what: str) -> None:
+    """A model that cannot be opened or loaded: its own message on one's own machine (it names the folder the
+    user typed); on a demo server only a request id."""
+    if policy().enabled:
+        fail(e, what, level="error")
+    else:
+        st.error(str(e))
 
 
 @st.fragment(run_every="2s")
