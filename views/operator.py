@@ -34,9 +34,10 @@ def status():
     c[5].metric(
         "Generations running",
         sum(e["running"] for e in s["engines"]),
-        f"{sum(e['waiting'] for e in s['engines'])} waiting, {sum(e['cancelled'] for e in s['engines'])} cancelled so far",
+        f"{sum(e['waiting'] for e in s['engines'])} waiting",
         delta_color="off",
         delta_arrow="off",
+        help=f"{sum(e['cancelled'] for e in s['engines'])} cancelled so far (Stop, a reload or a closed tab): the engines' table has them per model.",
     )
     c[0].metric("Demo mode", "on" if pol.enabled else "off")
     c[1].metric("Browsers, last 5 min", s["sessions"])
