@@ -30,20 +30,26 @@ if pol.operator_password is not None and not st.session_state.get("_operator"):
 @st.fragment(run_every="3s")
 def status():
     s = widgets.server_status()
-    c = st.columns(6)
+    c = st.columns(4) + st.columns(4)  # two rows: each note fits its column
+    c[0].metric("Demo mode", "on" if pol.enabled else "off")
+    c[1].metric("Browsers, last 5 min", s["sessions"])
+    c[2].metric("Heavy experiments", f"{len(s['heavy']['running'])} running", f"{len(s['heavy']['waiting'])} waiting", delta_color="off", delta_arrow="off")
+    c[3].metric("Server memory (RSS)", f"{psutil.Process(os.getpid()).memory_info().rss / 2**30:.2f} GiB")
+    c[4].metric(
+        "Trace cache", f"{s['trace_bytes'] / 2**20:,.0f} MiB", f"{s['traces']} trace{'' if s['traces'] == 1 else 's'}", delta_color="off", delta_arrow="off"
+    )
     c[5].metric(
         "Generations running",
         sum(e["running"] for e in s["engines"]),
         f"{sum(e['waiting'] for e in s['engines'])} waiting",
         delta_color="off",
         delta_arrow="off",
-        help=f"{sum(e['cancelled'] for e in s['engines'])} cancelled so far (Stop, a reload or a closed tab): the engines' table has them per model.",
     )
-    c[0].metric("Demo mode", "on" if pol.enabled else "off")
-    c[1].metric("Browsers, last 5 min", s["sessions"])
-    c[2].metric("Heavy experiments", f"{len(s['heavy']['running'])} running", f"{len(s['heavy']['waiting'])} waiting", delta_color="off", delta_arrow="off")
-    c[3].metric("Server memory (RSS)", f"{psutil.Process(os.getpid()).memory_info().rss / 2**30:.2f} GiB")
-    c[4].metric("Trace cache", f"{s['trace_bytes'] / 2**20:,.0f} MiB", f"{s['traces']} traces", delta_color="off", delta_arrow="off")
+    c[6].metric(
+        "Generations cancelled",
+        sum(e["cancelled"] for e in s["engines"]),
+        help="Since the server started: Stop pressed, a reload or a closed tab. Each frees its KV blocks at the next iteration.",
+    )
     st.subheader("Engines (one per loaded model)")
     if s["engines"]:
         st.dataframe(pd.DataFrame(s["engines"]), hide_index=True, width="stretch")

@@ -145,14 +145,14 @@ def test_a_tab_closed_mid_generation_frees_its_request(server, browser):
     cancels the request: the operator page (open on one's own machine) sees it running, then cancelled."""
     op = visit(browser, f"{server}/operator")
 
-    def metric():
-        return op.locator("[data-testid='stMetric']").filter(has_text="Generations running")
+    def metric(label):
+        return int(op.locator("[data-testid='stMetric']").filter(has_text=label).locator("[data-testid='stMetricValue']").inner_text())
 
     def running():
-        return int(metric().locator("[data-testid='stMetricValue']").inner_text())
+        return metric("Generations running")
 
     def cancelled():
-        return int(metric().locator("[data-testid='stMetricDelta']").inner_text().split(", ")[1].split()[0])
+        return metric("Generations cancelled")
 
     page = visit(browser, f"{server}/generation?{q(prompt='Why is the sky blue?', chat='true', gen_n=1000, gen_t='0.0')}")
     page.get_by_role("button", name="Generate").first.click()
