@@ -78,7 +78,6 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_generate.py
 	$(BIN)/python bench/bench_faster.py
 	$(BIN)/python bench/bench_production.py
-	$(BIN)/python bench/bench_linear.py
 	$(BIN)/python bench/bench_serving.py --workloads same,mixed --ns 1,4,8,16,32
 	$(BIN)/python bench/bench_serving.py --workloads staggered,steady,long-prompt --ns 1,8,16 --methods threads,engine --out serving_latency
 

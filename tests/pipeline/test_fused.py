@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from pipeline.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, linear, supported
+from pipeline.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, supported
 from pipeline.generation import generate
 from pipeline.models import LoadedModel, facts_of
 
@@ -93,18 +93,6 @@ def test_torch_compile_of_the_step_traces_whole_and_agrees():
         a, b = eager.step(t, pos)[0], comp.step(t, pos)[0]
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
     assert comp.mode.startswith("torch.compile")
-
-
-@pytest.mark.parametrize("rows", [1, 2, 8, 36, 300])
-@pytest.mark.parametrize("bias", [False, True])
-def test_linear_equals_f_linear(rows, bias):
-    """The engine's CPU layout (W @ xT from two rows on) gives F.linear's numbers, in F.linear's shape."""
-    g = torch.Generator().manual_seed(rows)
-    w, x = torch.randn(96, 40, generator=g), torch.randn(rows, 1, 40, generator=g)
-    b = torch.randn(96, generator=g) if bias else None
-    got, ref = linear(x, w, b), torch.nn.functional.linear(x, w, b)
-    assert got.shape == ref.shape == (rows, 1, 96) and got.is_contiguous()
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_bucket_sizes():
