@@ -17,11 +17,7 @@ st.markdown(
 lm = widgets.get_model()
 gpu = lm.device.type == "cuda"
 kernels = available_kernels(lm)
-offered = [n for n in ([512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
-longest = st.select_slider(
-    "Longest prompt", offered, value=offered[-1], key="kern_max", bind="query-params", help="Shorter sweeps finish sooner." + widgets.cap_note("sweep_tokens")
-)
-lengths = [n for n in offered if n <= longest]
+lengths = widgets.sweep_lengths([512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024], "kern_max")
 st.caption(
     f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
     + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)")

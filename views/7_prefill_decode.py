@@ -37,11 +37,7 @@ else:
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
-offered = [n for n in ([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024]) if n <= widgets.cap("sweep_tokens", 10**9)]
-longest = st.select_slider(
-    "Longest prompt", offered, value=offered[-1], key="sweep_max", bind="query-params", help="Shorter sweeps finish sooner." + widgets.cap_note("sweep_tokens")
-)
-lengths = [n for n in offered if n <= longest]
+lengths = widgets.sweep_lengths([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024], "sweep_max")
 reps = widgets.cap("repeats", 3)
 st.caption(
     f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "

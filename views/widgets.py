@@ -133,6 +133,16 @@ def fail(e: BaseException, what: str, where=None, level: str = "warning") -> Non
         getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
 
 
+def sweep_lengths(offered: list[int], key: str) -> list[int]:
+    """A sweep's prompt lengths: those within a demo server's cap, up to the visitor's "Longest prompt" (bound to
+    the link, so a shared link reruns the same sweep)."""
+    offered = [n for n in offered if n <= cap("sweep_tokens", 10**9)]
+    longest = st.select_slider(
+        "Longest prompt", offered, value=offered[-1], key=key, bind="query-params", help="Shorter sweeps finish sooner." + cap_note("sweep_tokens")
+    )
+    return [n for n in offered if n <= longest]
+
+
 def prompt_fits(lm, prompt: str, chat: bool) -> bool:
     """A demo server's prompt-token cap, for pages that run a prompt without tracing it; says so when over."""
     limit = cap("prompt_tokens", 10**9)
