@@ -13,7 +13,10 @@ BLUE, ORANGE, GREEN, GREY, RED = "#0072B2", "#E69F00", "#009E73", "#BBBBBB", "#D
 
 
 def _layout(fig, title=None, height=420, **kw):
-    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10), template="plotly_white", **kw)
+    top = 40 if title else 10
+    if title and any(a.yanchor == "bottom" and (a.y or 0) >= 0.99 for a in fig.layout.annotations):
+        top = 70  # subplot titles sit above the plots: the figure's title goes above them, not across them
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=top, b=10), template="plotly_white", **kw)
     return fig
 
 

@@ -66,11 +66,11 @@ table = st.data_editor(
 c1, c2, c3 = st.columns(3)
 chat = widgets.chat_mode(lm, c1)
 lib = c3.toggle(
-    "Also transformers' own continuous batching",
+    "Also transformers' engine",
     value=False,
     key="batch_lib",
     bind="query-params",
-    help="model.generate_batch, all requests at once (it takes no arrival times): a well-kept library on the same requests, "
+    help="Also run transformers' own continuous batching, model.generate_batch, all requests at once (it takes no arrival times): a well-kept library on the same requests, "
     "for comparison. Its manager starts a worker and allocates a paged cache each call: seconds more.",
 )
 eos = c2.toggle(

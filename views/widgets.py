@@ -501,11 +501,11 @@ def figure(fig, name: str = "", where=None, key: str | None = None) -> None:
     w.plotly_chart(fig, width="stretch", key=key, config=config)
     reg.figures.append((title, fig))
     n = len(reg.figures)
-    c = w.columns([1, 1, 5])
-    c[0].download_button(
+    row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
+    row.download_button(
         "SVG", _image_of(fig, "svg"), f"{stem}.svg", "image/svg+xml", key=f"svg_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
     )
-    c[1].download_button(
+    row.download_button(
         "PNG ×3", _image_of(fig, "png"), f"{stem}.png", "image/png", key=f"png_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
     )
 
