@@ -78,3 +78,15 @@ def test_figures_name_every_token_without_hover():
 
 def test_lit_after_visible_draws_one_arrow_per_newline():
     assert lit(visible(" ...\n\n")) == "·\\.\\.\\.↵↵"
+
+
+def test_a_titled_figure_with_subplot_titles_keeps_them_apart():
+    """The figure's title goes above its subplot titles (they sit at the top of the plots): more top margin."""
+    from plotly.subplots import make_subplots
+
+    from components.figures import _layout
+
+    plain = _layout(make_subplots(rows=1, cols=2), "Title")
+    sub = _layout(make_subplots(rows=1, cols=2, subplot_titles=["left", "right"]), "Title")
+    untitled = _layout(make_subplots(rows=1, cols=2, subplot_titles=["left", "right"]))
+    assert plain.layout.margin.t == 40 and sub.layout.margin.t == 70 and untitled.layout.margin.t == 10
