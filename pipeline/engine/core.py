@@ -134,7 +134,7 @@ class Engine:
         lm: LoadedModel,
         kv_bytes: int | None = None,
         block_size: int = BLOCK_SIZE,
-        max_batch: int = 16,
+        max_batch: int | None = None,
         max_queue: int = 64,
         prefill_chunk: int | None = None,
         request_chunk: int | None = None,
@@ -158,7 +158,8 @@ class Engine:
         gpu = lm.device.type == "cuda"  # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
         self.scheduler = Scheduler(
             BlockPool(n_blocks, block_size),
-            max_batch=max_batch,
+            # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
+            max_batch=max_batch or (256 if gpu else 16),
             max_queue=max_queue,
             prefill_chunk=prefill_chunk or (2048 if gpu else 256),
             request_chunk=request_chunk or (512 if gpu else 64),
