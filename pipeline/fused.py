@@ -174,7 +174,7 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
 
 
 TALL_WEIGHT_KERNEL = True  # bench/bench_linear.py turns it off to measure what it gives
-TALL_WEIGHT_MAX_ROWS = 128  # above: F.linear (252 prompt rows at once ran 0.92x as fast as W @ xT)
+TALL_WEIGHT_MAX_ROWS = 128  # above: F.linear (252 prompt rows at once: W @ xT ran 0.89x as fast)
 TALL_WEIGHT_PAD_TO = 16  # 9-15 rows are computed as 16 (the 30 layers' projections: 16 rows 77 ms, 13-15 rows 108-126 ms)
 
 
@@ -182,8 +182,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     """F.linear(x, w, b) for x [..., in]. On a CPU with several rows (the engine's batch, a prompt chunk) it
     computes w @ xᵀ instead of x @ wᵀ: the same products, summed in another order, but MKL's kernel for a tall
     weight and a thin xᵀ is faster at a few rows: on this project's 2-core build machine the engine's batched
-    step took 1.66x less time for 8 decode rows, 1.19x less for a 36-token prompt chunk, and 252 prompt tokens
-    were faster with F.linear (bench/bench_linear.py). Measured against float64, its error is F.linear's (about
+    step took 1.54x less time for 8 decode rows, 1.35x for 12, 1.21x for a 36-token prompt chunk, and 252 prompt
+    tokens were faster with F.linear (bench/bench_linear.py). Measured against float64, its error is F.linear's (about
     2e-5 absolute on SmolLM2's projections, 1 to 300 rows); from 12 rows on it is even the same kernel and gives
     F.linear's numbers bit for bit. One row, more than TALL_WEIGHT_MAX_ROWS, or a GPU: F.linear."""
     rows = x.numel() // x.shape[-1]
