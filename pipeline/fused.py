@@ -183,8 +183,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     computes w @ xᵀ instead of x @ wᵀ: the same products, summed in another order, but MKL's kernel for a tall
     weight and a thin xᵀ is faster at a few rows: on this project's 2-core build machine the engine's batched
     step took 1.54x less time for 8 decode rows, 1.35x for 12, 1.21x for a 36-token prompt chunk, and 252 prompt
-    tokens were faster with F.linear (bench/bench_linear.py). Measured against float64, its error is F.linear's (about
-    2e-5 absolute on SmolLM2's projections, 1 to 300 rows); from 12 rows on it is even the same kernel and gives
+    tokens were faster with F.linear (bench/bench_linear.py). Measured against float64, its error is F.linear's (at most
+    about 4e-5 absolute on SmolLM2's projections, 1 to 300 rows); from 12 rows on it is even the same kernel and gives
     F.linear's numbers bit for bit. One row, more than TALL_WEIGHT_MAX_ROWS, or a GPU: F.linear."""
     rows = x.numel() // x.shape[-1]
     if not 2 <= rows <= TALL_WEIGHT_MAX_ROWS or x.device.type != "cpu" or not TALL_WEIGHT_KERNEL:
