@@ -171,6 +171,8 @@ class Engine:
         self._handles: dict[int, Handle] = {}
         self._gens: dict[int, torch.Generator | None] = {}
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
+        self._parked: dict = {}  # request id -> the Seq of its prompt chunk stopped at a layer (engine.paged)
+        self._done_chunks: list[tuple[int, int]] = []  # this iteration's (request id, prompt tokens completed)
         self._static_batch: list[Request] = []  # policy "static": the batch being run
         self._dec = token_texts(lm.tokenizer)
         self._thread: threading.Thread | None = None
@@ -274,6 +276,7 @@ class Engine:
             if plan.empty:
                 return None
             finished, decoded, padded, first = [], [], [], []
+            self._done_chunks = [(r.id, b - a) for r, a, b in plan.prefill]  # _forward says which it parked
             try:
                 rows = [r for r in plan.decode if r.state == "decode"]
                 with self.lm.lock, torch.inference_mode():
@@ -307,37 +310,53 @@ class Engine:
             with self.scheduler.lock:
                 blocks = {r.id: len(r.blocks) for r in self.scheduler.running}
                 waiting = [r.id for r in self.scheduler.waiting]
-            rec = IterationRecord(
-                self.iterations,
-                t0 - self.t_start,
-                t_done - self.t_start,
-                decoded,
-                [(r.id, b - a) for r, a, b in plan.prefill],
-                waiting,
-                blocks,
-                finished,
-                padded,
-            )
+            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, self._done_chunks, waiting, blocks, finished, padded)
             self.records.append(rec)
             return rec
 
     def _forward(self, chunks, rows: list[Request]):
         """ONE forward for this iteration: the prompt chunks and a decode token for every running row.
-        Returns ([(request whose prompt is now complete, its last logits)], decode logits [rows, vocab])."""
+        Returns ([(request whose prompt is now complete, its last logits)], decode logits [rows, vocab]).
+        A long prompt's chunk that is not its last stops at the current layer when a short request arrives
+        meanwhile (see newcomer_waiting), and resumes there in a later iteration."""
         if self.step is None:
             return self._forward_one_by_one(chunks, rows)
         from .paged import Seq
 
-        seqs = [Seq(r.prompt_ids[a:b], a, r.blocks) for r, a, b in chunks]
+        seqs = []
+        for r, a, b in chunks:
+            p = self._parked.pop(r.id, None)
+            if p is not None and p.start == a:  # resume the parked chunk where it stopped
+                seqs.append(p)
+            else:
+                seqs.append(Seq(r.prompt_ids[a:b], a, r.blocks, parkable=b < len(r.prompt_ids)))
         seqs += [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
-        logits = self.step.forward(seqs)
-        first = []
-        for j, (r, _, b) in enumerate(chunks):
-            r.prefilled = b
-            if b == len(r.prompt_ids):
+        interrupt = self.newcomer_waiting if self.policy == "continuous" else None
+        logits = self.step.forward(seqs, interrupt=interrupt)
+        first, self._done_chunks = [], []
+        for j, (r, _, _) in enumerate(chunks):
+            s = seqs[j]
+            if s.parked:  # K/V written up to s.layer; the rest in a later iteration
+                self._parked[r.id] = s
+                self._done_chunks.append((r.id, 0))
+                continue
+            r.prefilled = s.end
+            self._done_chunks.append((r.id, len(s.tokens)))
+            if s.end == len(r.prompt_ids):
                 r.state = "decode"
                 first.append((r, logits[j]))
         return first, logits[len(chunks) :]
+
+    def newcomer_waiting(self) -> bool:
+        """A short request (its prompt one chunk) is waiting and could be admitted now: asked by the forward
+        between layers, so that it need not wait for a long prompt's chunk. Read without the scheduler's lock
+        (only this engine's thread removes waiting requests; a stale answer costs one parked chunk or one wait)."""
+        sch = self.scheduler
+        try:
+            r = sch.waiting[0]
+        except IndexError:
+            return False
+        return len(r.prompt_ids) <= sch.request_chunk and len(sch.running) < sch.max_batch and sch.pool.blocks_for(r.n_tokens) <= sch.pool.n_free
 
     def _forward_one_by_one(self, chunks, rows: list[Request]):
         """Architectures the batched step does not implement: transformers' forward, one request at a time
@@ -432,6 +451,7 @@ class Engine:
     def _forget(self, r: Request) -> None:
         self._handles.pop(r.id, None)
         self._gens.pop(r.id, None)
+        self._parked.pop(r.id, None)
         st = self._fallback.pop(r.id, None)
         if st is not None:
             st.close()

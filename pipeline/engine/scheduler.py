@@ -6,9 +6,10 @@ Every engine iteration asks `plan()` what to run:
     request's whole budget (prompt + max new tokens): a request that does not fit waits; nothing is preempted;
   * give prefill work: at most `prefill_chunk` prompt tokens per iteration in all and `request_chunk` per request,
     the shortest remaining prompt first, and prompts that complete this iteration without the chunks of longer
-    ones. A long prompt is prefilled over several short iterations while the running requests keep decoding, and
-    a short question arriving meanwhile waits for one short iteration, not a long chunk, and has its first token
-    after the next (measured in bench_serving.py's "long-prompt" workload);
+    ones. A long prompt is prefilled over several iterations while the running requests keep decoding, and a
+    short question arriving meanwhile does not wait for a long chunk: the engine stops that chunk at the layer it
+    has reached (engine.paged, "parked"), and the question has its first token the next iteration (measured in
+    bench_serving.py's "long-prompt" workload);
   * decode one token for every request whose prompt is in the cache.
 `finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
 

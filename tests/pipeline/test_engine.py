@@ -140,6 +140,63 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     assert [e.token_id for e in hl] == alone_long
 
 
+def test_a_chunk_parked_at_a_layer_and_resumed_equals_the_pass_uninterrupted(lm):
+    """A prompt chunk stopped after layer k (its hidden state kept, the decode row going on alone) and resumed
+    there in the next pass writes the same K/V and gives the same logits as one pass without stopping."""
+    prompt = ids(lm, long_prompt(lm, 120))
+    first, chunk, rest = prompt[:20], prompt[:64], prompt[64:100]
+    out = {}
+    for k in (None, 5):
+        kv = PagedKV(lm, 64, 16)
+        step = PagedStep(lm, kv)
+        with lm.lock, torch.inference_mode():
+            step.forward([Seq(first, 0, [40, 41])])
+            s = Seq(chunk, 0, list(range(8)), parkable=True)
+            asked = []
+            dec = step.forward([s, Seq([prompt[20]], 20, [40, 41])], interrupt=(lambda: len(asked) == k or asked.append(0)) if k else None)
+            if k:
+                assert s.parked and s.layer == k + 1 and torch.isnan(dec[0]).all() and not torch.isnan(dec[1]).any()
+                step.forward([s])  # the chunk alone, from layer k + 1
+                assert not s.parked
+            out[k] = (dec[1], step.forward([Seq(rest, 64, list(range(8)))]), kv.K[:, :8].clone(), kv.V[:, :8].clone())
+    for a, b in zip(out[None], out[5]):
+        assert (a - b).abs().max() < 1e-4
+
+
+def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk(lm):
+    """A short question submitted while a long prompt's chunk is in the middle of a pass (simulated exactly: it
+    arrives when the pass asks, after a layer) stops that chunk at the layer; the next iteration gives the
+    question its first token, then the chunk resumes. Both answers equal their requests alone."""
+    long_ids, short_ids = ids(lm, long_prompt(lm, 300)), ids(lm, PROMPTS[0])
+    alone = {}
+    for name, p in (("long", long_ids), ("short", short_ids)):
+        e = Engine(lm, kv_bytes=64 << 20, background=False)
+        h = e.submit(p, 5)
+        run_all(e)
+        alone[name] = [ev.token_id for ev in h]
+    eng = Engine(lm, kv_bytes=64 << 20, request_chunk=64, background=False)
+    hl = eng.submit(long_ids, 5)
+    eng.iterate()  # the first chunk
+    newcomer, real = [], eng.newcomer_waiting
+
+    def arrives_during_the_pass():
+        if not newcomer:
+            newcomer.append(eng.submit(short_ids, 5))
+        return real()
+
+    eng.newcomer_waiting = arrives_during_the_pass
+    parked = eng.iterate()
+    hs = newcomer[0]
+    assert parked.prefill == [(hl.request.id, 0)] and hl.request.id in eng._parked  # stopped after layer 0
+    nxt = eng.iterate()
+    assert hs.request.first_token_at is not None and nxt.prefill == [(hs.request.id, len(short_ids))]
+    resumed = eng.iterate()
+    assert resumed.prefill == [(hl.request.id, 64)] and hs.request.id in resumed.decode
+    run_all(eng)
+    assert [e.token_id for e in hl] == alone["long"] and [e.token_id for e in hs] == alone["short"]
+    assert not eng._parked and eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks
+
+
 def test_cli_generate_goes_through_the_engine_batched(smol):
     import io
     import json
