@@ -3,7 +3,8 @@ or staggered, served four ways, interleaved, repeated:
 
   (a) threads: one generation loop per visitor (pipeline.generate, transformers' dynamic cache), as each
       Streamlit session ran its own before the engine;
-  (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV);
+  (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV); engine-unparked: the same
+      engine without parking a long prompt's chunk for a newcomer (the A/B of that feature);
   (c) hf-continuous: transformers' own continuous batching, `model.generate_batch` (all submitted at once);
   (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
 
@@ -127,15 +128,22 @@ def main():
 
     lm = pipeline.load_model()
     methods = args.methods.split(",")
-    eng = Engine(lm, max_batch=64, max_queue=256, prefill_chunk=args.prefill_chunk, request_chunk=args.request_chunk)
+    engines = {
+        m: Engine(lm, max_batch=64, max_queue=256, prefill_chunk=args.prefill_chunk, request_chunk=args.request_chunk, park=m == "engine")
+        for m in methods
+        if m.startswith("engine")
+    }
 
     def threads_serve(ids, k, arrived):
         for _ in generate(lm, "", k, cache="dynamic", request=Request(ids, k, []), stop_ids=set()):
             yield time.perf_counter()
 
-    def engine_serve(ids, k, arrived):
-        for _ in eng.submit(ids, k, Sampling(), stop_ids=frozenset(), arrived=arrived):
-            yield time.perf_counter()
+    def engine_serve(eng):
+        def serve(ids, k, arrived):
+            for _ in eng.submit(ids, k, Sampling(), stop_ids=frozenset(), arrived=arrived):
+                yield time.perf_counter()
+
+        return serve
 
     def hf_continuous(work):
         from transformers import GenerationConfig
@@ -192,8 +200,8 @@ def main():
                     if m == "threads":
                         st = run_clients(work, threads_serve)
                         runs[m].append(summarise(st, time.perf_counter() - t))
-                    elif m == "engine":
-                        st = run_clients(work, engine_serve)
+                    elif m in engines:
+                        st = run_clients(work, engine_serve(engines[m]))
                         runs[m].append(summarise(st, time.perf_counter() - t))
                     elif m == "hf-continuous":
                         try:
@@ -240,9 +248,15 @@ def main():
             "tokens": args.tokens,
             "reps": args.reps,
             "one_request_alone_tokens_per_s": base.get("threads"),
-            "engine_block_size": eng.kv.block_size,
-            "engine_prefill_chunk": eng.scheduler.prefill_chunk,
-            "engine_request_chunk": eng.scheduler.request_chunk,
+            **(
+                {
+                    "engine_block_size": eng.kv.block_size,
+                    "engine_prefill_chunk": eng.scheduler.prefill_chunk,
+                    "engine_request_chunk": eng.scheduler.request_chunk,
+                }
+                if (eng := next(iter(engines.values()), None))
+                else {}
+            ),
             "results": results,
         },
     )

@@ -142,11 +142,13 @@ class Engine:
         history: int = 4096,
         background: bool = True,
         static_batch_size: int | None = None,
+        park: bool = True,
     ):
         from ..fused import supported
         from .paged import PagedKV, PagedStep
 
         self.lm, self.policy, self.background, self.static_batch_size = lm, policy, background, static_batch_size
+        self.park = park  # a long prompt's chunk may stop at a layer for a newcomer (bench_serving measures without)
         budget = kv_bytes or default_kv_bytes(lm)
         n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
         self.kv = PagedKV(lm, n_blocks, block_size)
@@ -279,12 +281,12 @@ class Engine:
             self._done_chunks = [(r.id, b - a) for r, a, b in plan.prefill]  # _forward says which it parked
             try:
                 rows = [r for r in plan.decode if r.state == "decode"]
+                batch = len(rows) + len(plan.prefill)
                 with self.lm.lock, torch.inference_mode():
-                    first, logits = self._forward(plan.prefill, rows)
+                    first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
                     parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
                     outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
-                batch = len(rows) + len(plan.prefill)
                 for j, (r, _) in enumerate(first):
                     self._emit(r, outs[j], "prefill", t0, t_done, batch, finished)
                 for j, r in enumerate(rows):
@@ -315,23 +317,22 @@ class Engine:
             return rec
 
     def _forward(self, chunks, rows: list[Request]):
-        """ONE forward for this iteration: the prompt chunks and a decode token for every running row.
-        Returns ([(request whose prompt is now complete, its last logits)], decode logits [rows, vocab]).
-        A long prompt's chunk that is not its last stops at the current layer when a short request arrives
-        meanwhile (see newcomer_waiting), and resumes there in a later iteration."""
+        """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns
+        ([(request whose prompt is now complete, its last logits)], the rows that decoded, their logits [n, vocab]).
+        When a short request arrives during the pass (newcomer_waiting), the decode rows and the chunks of long
+        prompts that are not their last stop at the layer they reached ("parked", engine.paged): the newcomer is
+        prefilled in the next iteration, together with them resuming where they stopped."""
         if self.step is None:
             return self._forward_one_by_one(chunks, rows)
         from .paged import Seq
 
-        seqs = []
-        for r, a, b in chunks:
+        def resumed(r, start):  # the Seq parked at `start` last time, or None
             p = self._parked.pop(r.id, None)
-            if p is not None and p.start == a:  # resume the parked chunk where it stopped
-                seqs.append(p)
-            else:
-                seqs.append(Seq(r.prompt_ids[a:b], a, r.blocks, parkable=b < len(r.prompt_ids)))
-        seqs += [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
-        interrupt = self.newcomer_waiting if self.policy == "continuous" else None
+            return p if p is not None and p.start == start else None
+
+        seqs = [resumed(r, a) or Seq(r.prompt_ids[a:b], a, r.blocks, parkable=b < len(r.prompt_ids)) for r, a, b in chunks]
+        seqs += [resumed(r, r.context_len - 1) or Seq([r.generated[-1]], r.context_len - 1, r.blocks, parkable=True) for r in rows]
+        interrupt = self.newcomer_waiting if self.policy == "continuous" and self.park else None
         logits = self.step.forward(seqs, interrupt=interrupt)
         first, self._done_chunks = [], []
         for j, (r, _, _) in enumerate(chunks):
@@ -345,7 +346,13 @@ class Engine:
             if s.end == len(r.prompt_ids):
                 r.state = "decode"
                 first.append((r, logits[j]))
-        return first, logits[len(chunks) :]
+        done = []
+        for j, r in enumerate(rows, len(chunks)):
+            if seqs[j].parked:
+                self._parked[r.id] = seqs[j]
+            else:
+                done.append(j)
+        return first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
 
     def newcomer_waiting(self) -> bool:
         """A short request (its prompt one chunk) is waiting and could be admitted now: asked by the forward
@@ -372,7 +379,7 @@ class Engine:
             r.prefilled, r.state = b, "decode"
             first.append((r, st.prefill(r.prompt_ids).logits))
         out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
-        return first, torch.stack(out) if out else None
+        return first, rows, torch.stack(out) if out else None
 
     @staticmethod
     def _outputs(reqs: list[Request], logits: torch.Tensor) -> list[StepOutput]:

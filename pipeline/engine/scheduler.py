@@ -7,9 +7,9 @@ Every engine iteration asks `plan()` what to run:
   * give prefill work: at most `prefill_chunk` prompt tokens per iteration in all and `request_chunk` per request,
     the shortest remaining prompt first, and prompts that complete this iteration without the chunks of longer
     ones. A long prompt is prefilled over several iterations while the running requests keep decoding, and a
-    short question arriving meanwhile does not wait for a long chunk: the engine stops that chunk at the layer it
-    has reached (engine.paged, "parked"), and the question has its first token the next iteration (measured in
-    bench_serving.py's "long-prompt" workload);
+    short question arriving meanwhile does not wait for a long chunk: the engine stops that chunk and the decode
+    tokens at the layer they have reached (engine.paged, "parked"), and the question is prefilled the next
+    iteration while they resume (measured in bench_serving.py's "steady" and "long-prompt" workloads);
   * decode one token for every request whose prompt is in the cache.
 `finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
 

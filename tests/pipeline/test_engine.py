@@ -163,37 +163,43 @@ def test_a_chunk_parked_at_a_layer_and_resumed_equals_the_pass_uninterrupted(lm)
         assert (a - b).abs().max() < 1e-4
 
 
-def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk(lm):
-    """A short question submitted while a long prompt's chunk is in the middle of a pass (simulated exactly: it
-    arrives when the pass asks, after a layer) stops that chunk at the layer; the next iteration gives the
-    question its first token, then the chunk resumes. Both answers equal their requests alone."""
-    long_ids, short_ids = ids(lm, long_prompt(lm, 300)), ids(lm, PROMPTS[0])
+def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk_and_the_decode_rows(lm):
+    """A short question submitted while a long prompt's chunk and a decode token are in the middle of a pass
+    (simulated exactly: it arrives when the pass asks, after a layer) stops both at that layer; the next
+    iteration prefills the question while the decode row resumes, then the chunk resumes. Every answer equals
+    its request alone."""
+    prompts = {"long": ids(lm, long_prompt(lm, 300)), "short": ids(lm, PROMPTS[0]), "decoding": ids(lm, PROMPTS[1])}
     alone = {}
-    for name, p in (("long", long_ids), ("short", short_ids)):
+    for name, p in prompts.items():
         e = Engine(lm, kv_bytes=64 << 20, background=False)
-        h = e.submit(p, 5)
+        h = e.submit(p, 5, stop_ids=frozenset())  # no EOS: each runs its 5 tokens
         run_all(e)
         alone[name] = [ev.token_id for ev in h]
     eng = Engine(lm, kv_bytes=64 << 20, request_chunk=64, background=False)
-    hl = eng.submit(long_ids, 5)
-    eng.iterate()  # the first chunk
+    hd = eng.submit(prompts["decoding"], 5, stop_ids=frozenset())
+    eng.iterate()  # its prefill
+    hl = eng.submit(prompts["long"], 5, stop_ids=frozenset())
+    eng.iterate()  # the long prompt's first chunk, a decode token
     newcomer, real = [], eng.newcomer_waiting
 
     def arrives_during_the_pass():
         if not newcomer:
-            newcomer.append(eng.submit(short_ids, 5))
+            newcomer.append(eng.submit(prompts["short"], 5, stop_ids=frozenset()))
         return real()
 
     eng.newcomer_waiting = arrives_during_the_pass
     parked = eng.iterate()
     hs = newcomer[0]
-    assert parked.prefill == [(hl.request.id, 0)] and hl.request.id in eng._parked  # stopped after layer 0
+    assert parked.prefill == [(hl.request.id, 0)] and parked.decode == []  # both stopped after layer 0
+    assert {hl.request.id, hd.request.id} <= set(eng._parked)
     nxt = eng.iterate()
-    assert hs.request.first_token_at is not None and nxt.prefill == [(hs.request.id, len(short_ids))]
+    assert hs.request.first_token_at is not None and nxt.prefill == [(hs.request.id, len(prompts["short"]))]
+    assert nxt.decode == [hd.request.id]  # resumed, its token now
     resumed = eng.iterate()
     assert resumed.prefill == [(hl.request.id, 64)] and hs.request.id in resumed.decode
     run_all(eng)
-    assert [e.token_id for e in hl] == alone["long"] and [e.token_id for e in hs] == alone["short"]
+    for name, h in (("long", hl), ("short", hs), ("decoding", hd)):
+        assert [e.token_id for e in h] == alone[name], name
     assert not eng._parked and eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks
 
 
