@@ -7,8 +7,10 @@
     h.position(), h.eta_s()                          # "2nd in line, about 3 s"
 
 Each iteration (`iterate()`): the scheduler admits waiting requests and hands out prefill chunks; the engine
-runs those chunks (transformers' forward), then ONE batched decode forward for every running request
-(engine.paged), samples each row with its own settings and generator, and retires finished requests at once.
+runs those chunks and a decode token for every running request in ONE batched forward (engine.paged), samples
+each row with its own settings and generator, and retires finished requests at once. A short request that
+arrives during a pass does not wait for all of it: the decode tokens and long prompts' chunks stop ("park") at
+the layer they reached and resume next iteration, alongside the newcomer's prefill.
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 
