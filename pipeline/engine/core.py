@@ -150,7 +150,7 @@ class Engine:
         from .paged import PagedKV, PagedStep
 
         self.lm, self.policy, self.background, self.static_batch_size = lm, policy, background, static_batch_size
-        self.park = park  # a long prompt's chunk may stop at a layer for a newcomer (bench_serving measures without)
+        self.park = park  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see _forward)
         budget = kv_bytes or default_kv_bytes(lm)
         n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
         self.kv = PagedKV(lm, n_blocks, block_size)
@@ -175,7 +175,7 @@ class Engine:
         self._handles: dict[int, Handle] = {}
         self._gens: dict[int, torch.Generator | None] = {}
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
-        self._parked: dict = {}  # request id -> the Seq of its prompt chunk stopped at a layer (engine.paged)
+        self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
         self._done_chunks: list[tuple[int, int]] = []  # this iteration's (request id, prompt tokens completed)
         self._static_batch: list[Request] = []  # policy "static": the batch being run
         self._dec = token_texts(lm.tokenizer)
@@ -358,8 +358,8 @@ class Engine:
 
     def newcomer_waiting(self) -> bool:
         """A short request (its prompt one chunk) is waiting and could be admitted now: asked by the forward
-        between layers, so that it need not wait for a long prompt's chunk. Read without the scheduler's lock
-        (only this engine's thread removes waiting requests; a stale answer costs one parked chunk or one wait)."""
+        between layers, so that it need not wait for the rest of the pass. Read without the scheduler's lock
+        (only this engine's thread removes waiting requests; a stale answer costs one early stop or one wait)."""
         sch = self.scheduler
         try:
             r = sch.waiting[0]
