@@ -126,8 +126,8 @@ class PagedStep:
         """Every token of every seq through the model; K/V written into the seqs' blocks. Returns the logits of
         each seq's last token [len(seqs), vocab] float32 on the device (None with logits=False: a prompt chunk
         that is not the last needs no logits). A seq with layer > 0 enters there with its hidden state x. With
-        `interrupt` (a callable asked after each layer), the parkable seqs stop after the first layer at which it
-        says True: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
+        `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
+        True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
         dev, bs = lm.device, kv.block_size
         H, KV, D = self.H, self.KV, self.D
@@ -149,9 +149,12 @@ class PagedStep:
             r += len(s.tokens)
         parked: set[int] = set()
         views: dict[tuple, tuple] = {}  # active seqs -> (row index or None, blocks, offsets, RoPE, attention plan)
-        n_layers = len(self.layers)
+        n_layers, every = len(self.layers), tuple(range(len(seqs)))
+        resuming = any(s.layer for s in seqs)
+        if not any(s.parkable for s in seqs):
+            interrupt = None
         for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
-            act = tuple(j for j, s in enumerate(seqs) if s.layer <= i and j not in parked)
+            act = tuple(j for j, s in enumerate(seqs) if s.layer <= i and j not in parked) if resuming or parked else every
             if not act:
                 continue  # before a resumed chunk's layer, or only parked chunks left
             if act not in views:
@@ -170,13 +173,12 @@ class PagedStep:
             self._attend(i, layer, ly, q, att, plan)
             xa = finish_layer(layer, ly, xa, att.reshape(-1, 1, H * D))
             x = xa if idx is None else x.index_copy(0, idx, xa)
-            if interrupt is not None and i + 1 < n_layers and any(seqs[j].parkable for j in act) and interrupt():
+            if interrupt is not None and i + 1 < n_layers and interrupt():  # asked on: a resumed seq may start later
                 for j in act:
                     s = seqs[j]
                     if s.parkable:
                         s.layer, s.x, s.parked = i + 1, x[rows[j] : rows[j] + len(s.tokens)].clone(), True
                         parked.add(j)
-                interrupt = None
         if not logits:
             return None
         last = torch.tensor([rows[j] + len(s.tokens) - 1 for j, s in enumerate(seqs)], device=dev)

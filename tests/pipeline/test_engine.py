@@ -140,26 +140,34 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     assert [e.token_id for e in hl] == alone_long
 
 
-def test_a_chunk_parked_at_a_layer_and_resumed_equals_the_pass_uninterrupted(lm):
-    """A prompt chunk stopped after layer k (its hidden state kept, the decode row going on alone) and resumed
-    there in the next pass writes the same K/V and gives the same logits as one pass without stopping."""
+def test_seqs_parked_at_layers_and_resumed_equal_passes_uninterrupted(lm):
+    """A prompt chunk stopped after layer 5 (its hidden state kept, a decode row going on alone), then in the next
+    pass stopped again after its first layer there, with a decode token stopped after layer 0, and both finished
+    in a third pass: the same K/V and the same logits as passes that never stopped."""
     prompt = ids(lm, long_prompt(lm, 120))
     first, chunk, rest = prompt[:20], prompt[:64], prompt[64:100]
     out = {}
-    for k in (None, 5):
+    for parking in (False, True):
         kv = PagedKV(lm, 64, 16)
         step = PagedStep(lm, kv)
         with lm.lock, torch.inference_mode():
             step.forward([Seq(first, 0, [40, 41])])
             s = Seq(chunk, 0, list(range(8)), parkable=True)
-            asked = []
-            dec = step.forward([s, Seq([prompt[20]], 20, [40, 41])], interrupt=(lambda: len(asked) == k or asked.append(0)) if k else None)
-            if k:
-                assert s.parked and s.layer == k + 1 and torch.isnan(dec[0]).all() and not torch.isnan(dec[1]).any()
-                step.forward([s])  # the chunk alone, from layer k + 1
-                assert not s.parked
-            out[k] = (dec[1], step.forward([Seq(rest, 64, list(range(8)))]), kv.K[:, :8].clone(), kv.V[:, :8].clone())
-    for a, b in zip(out[None], out[5]):
+            d2 = Seq([prompt[21]], 21, [40, 41], parkable=True)
+            if not parking:
+                d1 = step.forward([s, Seq([prompt[20]], 20, [40, 41])])[1]
+                d2_logits = step.forward([d2])[0]
+            else:
+                asked = []
+                d1 = step.forward([s, Seq([prompt[20]], 20, [40, 41])], interrupt=lambda: len(asked) == 5 or asked.append(0))
+                assert s.parked and s.layer == 6 and torch.isnan(d1[0]).all() and not torch.isnan(d1[1]).any()
+                d1 = d1[1]
+                both = step.forward([s, d2], interrupt=lambda: True)  # d2 stops after layer 0, s after layer 6
+                assert (s.parked, s.layer, d2.parked, d2.layer) == (True, 7, True, 1) and torch.isnan(both).all()
+                d2_logits = step.forward([s, d2])[1]
+                assert not s.parked and not d2.parked
+            out[parking] = (d1, d2_logits, step.forward([Seq(rest, 64, list(range(8)))]), kv.K[:, :8], kv.V[:, :8], kv.K[:, 40:42], kv.V[:, 40:42])
+    for a, b in zip(out[False], out[True]):
         assert (a - b).abs().max() < 1e-4
 
 
