@@ -4,7 +4,8 @@ or staggered, served four ways, interleaved, repeated:
   (a) threads: one generation loop per visitor (pipeline.generate, transformers' dynamic cache), as each
       Streamlit session ran its own before the engine;
   (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV); engine-unparked: the same
-      engine without parking a long prompt's chunk for a newcomer (the A/B of that feature);
+      engine with parking off (decode tokens and long prompts' chunks stopping at a layer for a newcomer), the
+      A/B of that feature;
   (c) hf-continuous: transformers' own continuous batching, `model.generate_batch` (all submitted at once);
   (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
 
