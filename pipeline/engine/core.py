@@ -176,7 +176,6 @@ class Engine:
         self._gens: dict[int, torch.Generator | None] = {}
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
         self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
-        self._done_chunks: list[tuple[int, int]] = []  # this iteration's (request id, prompt tokens completed)
         self._static_batch: list[Request] = []  # policy "static": the batch being run
         self._dec = token_texts(lm.tokenizer)
         self._thread: threading.Thread | None = None
@@ -280,7 +279,6 @@ class Engine:
             if plan.empty:
                 return None
             finished, decoded, padded, first = [], [], [], []
-            self._done_chunks = [(r.id, b - a) for r, a, b in plan.prefill]  # _forward says which it parked
             try:
                 rows = [r for r in plan.decode if r.state == "decode"]
                 batch = len(rows) + len(plan.prefill)
@@ -314,7 +312,8 @@ class Engine:
             with self.scheduler.lock:
                 blocks = {r.id: len(r.blocks) for r in self.scheduler.running}
                 waiting = [r.id for r in self.scheduler.waiting]
-            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, self._done_chunks, waiting, blocks, finished, padded)
+            prefilled = [(r.id, r.prefilled - a) for r, a, _ in plan.prefill]  # 0 for a chunk parked (or failed)
+            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, prefilled, waiting, blocks, finished, padded)
             self.records.append(rec)
             return rec
 
@@ -336,15 +335,13 @@ class Engine:
         seqs += [resumed(r, r.context_len - 1) or Seq([r.generated[-1]], r.context_len - 1, r.blocks, parkable=True) for r in rows]
         interrupt = self.newcomer_waiting if self.policy == "continuous" and self.park else None
         logits = self.step.forward(seqs, interrupt=interrupt)
-        first, self._done_chunks = [], []
+        first = []
         for j, (r, _, _) in enumerate(chunks):
             s = seqs[j]
             if s.parked:  # K/V written up to s.layer; the rest in a later iteration
                 self._parked[r.id] = s
-                self._done_chunks.append((r.id, 0))
                 continue
             r.prefilled = s.end
-            self._done_chunks.append((r.id, len(s.tokens)))
             if s.end == len(r.prompt_ids):
                 r.state = "decode"
                 first.append((r, logits[j]))

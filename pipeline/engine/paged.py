@@ -38,9 +38,9 @@ class Seq:
     tokens: list[int]  # new tokens of one request
     start: int  # position of the first of them
     table: list[int]  # the request's KV blocks, in order
-    parkable: bool = False  # a chunk that may stop at a layer when interrupt() says so (no logits needed of it)
-    layer: int = 0  # the first layer it goes through: > 0 for a chunk resumed where it was parked
-    x: torch.Tensor | None = None  # its hidden state entering `layer` [n, 1, d] (a resumed or parked chunk)
+    parkable: bool = False  # it may stop at a layer when interrupt() says so (forward(interrupt=...))
+    layer: int = 0  # the first layer it goes through: > 0 when resumed where it was parked
+    x: torch.Tensor | None = None  # its hidden state entering `layer` [n, 1, d] (parked or resumed)
     parked: bool = False  # set by the last forward: it stopped at `layer`
 
     @property
@@ -181,13 +181,16 @@ class PagedStep:
                         parked.add(j)
         if not logits:
             return None
-        last = torch.tensor([rows[j] + len(s.tokens) - 1 for j, s in enumerate(seqs)], device=dev)
-        h = self.final_norm(x.index_select(0, last)).view(len(seqs), -1)
+        keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
+        last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
+        h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
         out = _project(lm.model.lm_head, h)  # on a CPU: W @ hᵀ (fused.linear), 2-3x faster at 8 rows than h @ Wᵀ
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
-        if parked:
-            out[torch.tensor(sorted(parked), device=dev)] = float("nan")
-        return out
+        if not parked:
+            return out
+        full = out.new_full((len(seqs), out.shape[-1]), float("nan"))
+        full[keep] = out
+        return full
 
     def _attention_plan(self, seqs: list[Seq], dev) -> dict:
         """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal
