@@ -3,9 +3,10 @@ or staggered, served four ways, interleaved, repeated:
 
   (a) threads: one generation loop per visitor (pipeline.generate, transformers' dynamic cache), as each
       Streamlit session ran its own before the engine;
-  (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV); engine-unparked: the same
-      engine with parking off (decode tokens and long prompts' chunks stopping at a layer for a newcomer), the
-      A/B of that feature;
+  (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV, prefix cache); engine-unparked:
+      the same engine with parking off (decode tokens and long prompts' chunks stopping at a layer for a
+      newcomer), engine-nocache: with the prefix cache off (every prompt's template computed again): the A/Bs of
+      those features. Every engine has served one chat prompt before the measures (a server's steady state);
   (c) hf-continuous: transformers' own continuous batching, `model.generate_batch` (all submitted at once);
   (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
 
@@ -22,6 +23,7 @@ import time
 
 from common import write
 
+from pipeline.engine import BLOCK_SIZE
 from pipeline.engine.scene import VISITOR_PROMPTS as PROMPTS
 
 
@@ -119,6 +121,7 @@ def main():
     ap.add_argument("--methods", default="threads,engine,hf-continuous,hf-static")
     ap.add_argument("--prefill-chunk", type=int, default=None, help="the engine's prompt tokens per iteration (default: the engine's)")
     ap.add_argument("--request-chunk", type=int, default=None, help="the engine's prompt tokens per request per iteration (default: the engine's)")
+    ap.add_argument("--block-size", type=int, default=BLOCK_SIZE, help="the engine's KV block size in tokens (what the prefix cache shares)")
     ap.add_argument("--out", default="serving", help="results file name under bench/results/")
     args = ap.parse_args()
     import torch
@@ -130,10 +133,27 @@ def main():
     lm = pipeline.load_model()
     methods = args.methods.split(",")
     engines = {
-        m: Engine(lm, max_batch=64, max_queue=256, prefill_chunk=args.prefill_chunk, request_chunk=args.request_chunk, park=m == "engine")
+        m: Engine(
+            lm,
+            max_batch=64,
+            max_queue=256,
+            prefill_chunk=args.prefill_chunk,
+            request_chunk=args.request_chunk,
+            block_size=args.block_size,
+            park=m != "engine-unparked",
+            prefix_cache=m != "engine-nocache",
+        )
         for m in methods
         if m.startswith("engine")
     }
+    from pipeline.generation import prepare
+
+    def steady_state(eng):
+        """A server's steady state before each run: it has served a chat prompt (its system turn is cached where
+        the prefix cache is on) and nothing of this workload (no prompt of an earlier repeat is cached)."""
+        with eng.scheduler.lock:
+            eng.scheduler.pool.forget_cached()
+        list(eng.submit(prepare(lm, "Hello!", 1, chat=True).prompt_ids, 1, Sampling()))
 
     def threads_serve(ids, k, arrived):
         for _ in generate(lm, "", k, cache="dynamic", request=Request(ids, k, []), stop_ids=set()):
@@ -202,6 +222,8 @@ def main():
                         st = run_clients(work, threads_serve)
                         runs[m].append(summarise(st, time.perf_counter() - t))
                     elif m in engines:
+                        steady_state(engines[m])
+                        t = time.perf_counter()
                         st = run_clients(work, engine_serve(engines[m]))
                         runs[m].append(summarise(st, time.perf_counter() - t))
                     elif m == "hf-continuous":
@@ -258,6 +280,7 @@ def main():
                 if (eng := next(iter(engines.values()), None))
                 else {}
             ),
+            "prefix_cache": {m: {k: e.stats()[k] for k in ("prefix_hit_requests", "prefix_hit_tokens", "blocks_cached")} for m, e in engines.items()},
             "results": results,
         },
     )

@@ -42,6 +42,7 @@ class StepEvent:
     engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
     batch: int = 1  # requests in the forward that produced this token (the engine batches)
     request_id: int = 0  # the engine's id of the request
+    cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held
 
 
 @dataclass(eq=False)

@@ -36,7 +36,7 @@ from ..models import LoadedModel
 from .scheduler import BlockPool, Request, Sampling, Scheduler
 
 DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
-BLOCK_SIZE = 16
+BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
 
 
 class EngineError(RuntimeError):
@@ -145,6 +145,7 @@ class Engine:
         background: bool = True,
         static_batch_size: int | None = None,
         park: bool = True,
+        prefix_cache: bool = True,
     ):
         from ..fused import supported
         from .paged import PagedKV, PagedStep
@@ -167,6 +168,9 @@ class Engine:
             max_queue=max_queue,
             prefill_chunk=prefill_chunk or (2048 if gpu else 256),
             request_chunk=request_chunk or (512 if gpu else 64),
+            # prompts that start alike (every chat prompt starts with the template's system turn) share the
+            # blocks already computed; only the paged step writes the pool, so only it can share them
+            prefix_cache=prefix_cache and ok and policy == "continuous",
         )
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.t_start = time.perf_counter()
@@ -342,6 +346,7 @@ class Engine:
                 self._parked[r.id] = s
                 continue
             r.prefilled = s.end
+            self.scheduler.cache_prompt(r)  # its full blocks, now written in every layer, can be shared
             if s.end == len(r.prompt_ids):
                 r.state = "decode"
                 first.append((r, logits[j]))
@@ -431,6 +436,7 @@ class Engine:
             engine=self.name,
             batch=batch,
             request_id=r.id,
+            cached_tokens=r.cached if phase == "prefill" else 0,
         )
         h = self._handles.get(r.id)
         if h is not None:

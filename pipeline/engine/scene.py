@@ -114,6 +114,7 @@ def engine_for_policy(lm: LoadedModel, policy: str, n_users: int, kv_bytes: int 
         policy="static" if policy == "static" else "continuous",
         background=False,
         static_batch_size=n_users,
+        prefix_cache=False,  # the three policies differ in batching alone (none reuses another user's prompt K/V)
     )
 
 

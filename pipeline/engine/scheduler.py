@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 
@@ -64,6 +64,9 @@ class Request:
     state: str = "waiting"  # waiting -> prefill -> decode -> finished
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the cache so far
+    cached: int = 0  # of them, tokens whose K/V came from the prefix cache (another prompt's blocks, shared)
+    registered: int = 0  # full prompt blocks in the prefix cache (matched or registered by this request)
+    prefix_serial: int = 0  # the prefix cache's serial of the last of them (BlockPool.register)
     generated: list[int] = field(default_factory=list)
     finish: str | None = None  # "eos" | "length" | "cancelled" | "error: ..."
     cancelled: bool = False
@@ -83,28 +86,109 @@ class Request:
 
 
 class BlockPool:
-    """Fixed-size KV blocks, handed out and taken back (ids only: the tensors live in the engine)."""
+    """Fixed-size KV blocks, handed out and taken back (ids only: the tensors live in the engine), with a
+    prefix cache (vLLM's automatic prefix caching): a full block of prompt tokens whose K/V are written can be
+    registered under its tokens and everything before them; a later prompt that starts with the same tokens
+    shares that block instead of computing it again. A block is shared by reference count; when nobody holds a
+    registered block it stays cached (evictable, least recently freed first) until the pool needs it.
+
+    Keys are exact, not hashes: (the key's serial of the block before, this block's tokens), so a block is
+    matched only when every token before it matched too, and no collision can hand one prompt another's K/V."""
 
     def __init__(self, n_blocks: int, block_size: int):
         if n_blocks < 1 or block_size < 1:
             raise ValueError("the KV pool needs at least one block of at least one token")
         self.n_blocks, self.block_size = n_blocks, block_size
-        self._free = list(range(n_blocks - 1, -1, -1))
+        self._free = list(range(n_blocks - 1, -1, -1))  # blocks holding nothing anyone can reuse
+        self._refs: dict[int, int] = {}  # block -> requests holding it (blocks handed out)
+        self._cached: dict[tuple, tuple[int, int]] = {}  # (parent serial, tokens) -> (block, serial)
+        self._key_of: dict[int, tuple] = {}  # registered block -> its key
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered blocks nobody holds, oldest first
+        self._serials = itertools.count(1)  # 0: the root (no block before)
+        self.hit_tokens = 0  # prompt tokens served from the cache since the pool was made
+        self.hit_requests = 0
 
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
 
     @property
     def n_free(self) -> int:
-        return len(self._free)
+        """Blocks a request can take now: empty ones and cached ones nobody holds."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def n_cached(self) -> int:
+        return len(self._key_of)
 
     def take(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"{n} blocks asked, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
+        if n > self.n_free:
+            raise RuntimeError(f"{n} blocks asked, {self.n_free} free")
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.pop()
+            else:  # the least recently freed cached block: forgotten, reused
+                b, _ = self._evictable.popitem(last=False)
+                del self._cached[self._key_of.pop(b)]
+            self._refs[b] = 1
+            out.append(b)
+        return out
 
     def give_back(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        for b in reversed(blocks):
+            n = self._refs.pop(b, 1) - 1
+            if n > 0:
+                self._refs[b] = n
+            elif b in self._key_of:
+                self._evictable[b] = None  # still cached: a later prompt may start with these tokens
+            else:
+                self._free.append(b)
+
+    def forget_cached(self) -> int:
+        """Drop every cached block nobody holds (the benchmark's fresh start); returns how many."""
+        n = len(self._evictable)
+        for b in self._evictable:
+            del self._cached[self._key_of.pop(b)]
+            self._free.append(b)
+        self._evictable.clear()
+        return n
+
+    def match(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """The cached blocks [(block, serial)] that hold the longest run of `tokens`' full blocks from the start,
+        leaving at least the last token to compute (its logits give the first new token)."""
+        bs, out, serial = self.block_size, [], 0
+        for i in range((len(tokens) - 1) // bs):
+            hit = self._cached.get((serial, tuple(tokens[i * bs : (i + 1) * bs])))
+            if hit is None:
+                break
+            out.append(hit)
+            serial = hit[1]
+        return out
+
+    def fits(self, n: int, shared: list[int]) -> bool:
+        """Can n new blocks be taken once `shared` (matched, maybe evictable) are held?"""
+        return n + sum(b in self._evictable for b in shared) <= self.n_free
+
+    def share(self, blocks: list[int]) -> None:
+        """Hold matched blocks (one more reference each; a cached block nobody held is no longer evictable)."""
+        for b in blocks:
+            self._evictable.pop(b, None)
+            self._refs[b] = self._refs.get(b, 0) + 1
+
+    def register(self, block: int, parent_serial: int, tokens: list[int]) -> int:
+        """Cache a block whose K/V for `tokens` are written in every layer; returns the key's serial (the next
+        block's parent). When the same tokens are cached already (two prompts computed them at once), the block
+        stays unregistered and the cached entry's serial is returned."""
+        key = (parent_serial, tuple(tokens))
+        hit = self._cached.get(key)
+        if hit is not None:
+            return hit[1]
+        if block in self._key_of:  # already registered (a shared block)
+            return self._cached[self._key_of[block]][1]
+        serial = next(self._serials)
+        self._cached[key] = (block, serial)
+        self._key_of[block] = key
+        return serial
 
 
 @dataclass
@@ -123,8 +207,11 @@ class Plan:
 class Scheduler:
     """Thread-safe: submit / cancel come from visitors' threads, plan / finish from the engine's."""
 
-    def __init__(self, pool: BlockPool, max_batch: int = 32, max_queue: int = 64, prefill_chunk: int = 256, request_chunk: int | None = None):
+    def __init__(
+        self, pool: BlockPool, max_batch: int = 32, max_queue: int = 64, prefill_chunk: int = 256, request_chunk: int | None = None, prefix_cache: bool = True
+    ):
         self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
+        self.prefix_cache = prefix_cache  # admitted prompts share the cached blocks of the prompts they start with
         self.request_chunk = request_chunk or prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling or decoding
@@ -170,11 +257,19 @@ class Scheduler:
             now = time.perf_counter()
             while self.waiting and len(self.running) < self.max_batch:
                 r = self.waiting[0]
-                need = self.pool.blocks_for(r.n_tokens)
-                if need > self.pool.n_free:
+                hits = self.pool.match(r.prompt_ids) if self.prefix_cache else []
+                need = self.pool.blocks_for(r.n_tokens) - len(hits)
+                if not self.pool.fits(need, [b for b, _ in hits]):
                     break  # first come, first served: nobody overtakes a waiting request
                 self.waiting.popleft()
-                r.blocks, r.state, r.admitted_at = self.pool.take(need), "prefill", now
+                shared = [b for b, _ in hits]
+                self.pool.share(shared)
+                r.blocks, r.state, r.admitted_at = shared + self.pool.take(need), "prefill", now
+                r.prefilled = r.cached = len(hits) * self.pool.block_size
+                r.registered, r.prefix_serial = len(hits), hits[-1][1] if hits else 0
+                if hits:
+                    self.pool.hit_tokens += r.cached
+                    self.pool.hit_requests += 1
                 self.running.append(r)
             budget, prefill = self.prefill_chunk, []
             # the shortest remaining prompt first: a short question that arrives while a long prompt is being
@@ -191,6 +286,18 @@ class Scheduler:
                 budget -= n
             decode = [r for r in self.running if r.state == "decode"]
             return Plan(prefill, decode, retired)
+
+    def cache_prompt(self, req: Request) -> None:
+        """Register the request's full prompt blocks whose K/V are now written in every layer (those below
+        req.prefilled) in the prefix cache. Called by the engine after a pass (never for a parked chunk)."""
+        if not self.prefix_cache:
+            return
+        bs = self.pool.block_size
+        with self.lock:
+            while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)) and req.registered < len(req.blocks):
+                i = req.registered
+                req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
+                req.registered += 1
 
     def finish(self, req: Request, reason: str) -> None:
         with self.lock:
@@ -223,5 +330,8 @@ class Scheduler:
                 "waiting": len(self.waiting),
                 "blocks_used": self.pool.n_blocks - self.pool.n_free,
                 "blocks": self.pool.n_blocks,
+                "blocks_cached": self.pool.n_cached,
+                "prefix_hit_tokens": self.pool.hit_tokens,
+                "prefix_hit_requests": self.pool.hit_requests,
                 "ended": dict(self.ended),
             }

@@ -224,3 +224,44 @@ def test_cli_generate_goes_through_the_engine_batched(smol):
     for r in data["results"]:
         assert r["tokens"] == [e.token_id for e in generate(smol, r["prompt"], 6, cache="dynamic")][: len(r["tokens"])]
     assert max(r["max_batch"] for r in data["results"]) == 2  # served together
+
+
+def test_prompts_that_start_alike_reuse_the_cached_kv_and_answer_as_alone(lm):
+    """The prefix cache: the same question asked again, and a question that shares its opening, compute only
+    what is new (whole blocks of the earlier prompt's K/V are shared); their tokens equal each request alone and
+    their first token's distribution equals an engine without the cache."""
+    enc = lambda t: lm.tokenizer.encode(t, add_special_tokens=False)
+    first = ids(lm, PROMPTS[3] + " " + PROMPTS[1])
+    again, opening = list(first), first[:20] + enc(" Dog bites man.")
+    bs = 8
+    out = {}
+    for cache in (True, False):
+        eng = Engine(lm, kv_bytes=32 << 20, block_size=bs, prefix_cache=cache, background=False)
+        h1 = eng.submit(first, 6, stop_ids=frozenset())
+        eng.iterate()  # its prefill: its full prompt blocks are now cached
+        hs = [eng.submit(p, 6, stop_ids=frozenset()) for p in (again, opening)]
+        run_all(eng)
+        out[cache] = [list(h) for h in [h1, *hs]]
+        assert eng.scheduler.pool.n_free == eng.scheduler.pool.n_blocks  # every block back (cached ones are free)
+    want_cached = [0, (len(first) - 1) // bs * bs, 20 // bs * bs]
+    assert [evs[0].cached_tokens for evs in out[True]] == want_cached and want_cached[1] > 0
+    assert all(evs[0].cached_tokens == 0 for evs in out[False])
+    for p, with_cache, without in zip((first, again, opening), out[True], out[False]):
+        alone = [e.token_id for e in generate(lm, "", 6, cache="dynamic", request=Request(p, 6, []), stop_ids=set())]
+        assert [e.token_id for e in with_cache] == alone == [e.token_id for e in without]
+        a, b = dict((i, q) for i, _, q in with_cache[0].top_raw), dict((i, q) for i, _, q in without[0].top_raw)
+        assert a.keys() == b.keys() and max(abs(a[i] - b[i]) for i in a) < 1e-4
+
+
+def test_every_chat_prompt_shares_the_templates_system_turn(smol):
+    """Two different chat questions: the second reuses the blocks of the system turn the template puts first."""
+    a, b = ids(smol, PROMPTS[0], chat=True), ids(smol, PROMPTS[2], chat=True)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    ha = eng.submit(a, 3)
+    eng.iterate()
+    hb = eng.submit(b, 3)
+    run_all(eng)
+    bs = eng.kv.block_size
+    assert list(ha)[0].cached_tokens == 0 and list(hb)[0].cached_tokens == common // bs * bs > 0
+    assert eng.stats()["prefix_hit_tokens"] == common // bs * bs

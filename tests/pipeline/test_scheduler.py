@@ -139,3 +139,75 @@ def test_submit_is_thread_safe():
     for t in threads:
         t.join()
     assert len(s.waiting) == 400 and len({r.id for r in s.waiting}) == 400
+
+
+def test_prefix_cache_matches_whole_blocks_exactly_from_the_start():
+    pool = BlockPool(10, 4)
+    a = pool.take(3)
+    serial = 0
+    for i, b in enumerate(a[:2]):
+        serial = pool.register(b, serial, list(range(i * 4, i * 4 + 4)))
+    assert [b for b, _ in pool.match(list(range(12)))] == a[:2]
+    assert [b for b, _ in pool.match(list(range(8)))] == a[:1]  # the last token is always computed (its logits)
+    assert pool.match([99] + list(range(1, 12))) == []  # another first token: nothing, though the rest agrees
+    assert [b for b, _ in pool.match([0, 1, 2, 3, 9, 9, 9, 9, 1])] == a[:1]  # a block only after the ones before it
+    assert pool.register(a[2], 0, [0, 1, 2, 3]) == pool.match([0, 1, 2, 3, 4])[0][1]  # computed twice: kept once
+    pool.give_back(a)
+    assert pool.n_free == 10 and pool.n_cached == 2  # cached blocks nobody holds count as free...
+    got = pool.take(8)  # ... empty blocks are taken first
+    assert set(got).isdisjoint(a[:2]) and pool.n_cached == 2
+    pool.take(1)  # then the least recently freed cached block (the second: freed before the first)
+    assert pool.n_cached == 1 and [b for b, _ in pool.match(list(range(12)))] == a[:1]
+
+
+def test_a_prompt_that_starts_like_a_cached_one_shares_its_blocks_and_skips_their_prefill():
+    s = Scheduler(BlockPool(20, 4), max_batch=8)
+    a = Request(list(range(1, 11)), 2)  # 10 prompt tokens: 2 full blocks and 2 tokens of a third
+    s.submit(a)
+    s.plan()
+    a.prefilled = 6  # a chunk of 6 done: only the first block is written in every layer
+    s.cache_prompt(a)
+    assert a.registered == 1 and s.pool.n_cached == 1
+    a.prefilled, a.state = 10, "decode"
+    s.cache_prompt(a)
+    assert a.registered == 2 and s.pool.n_cached == 2  # the third block (2 prompt tokens, then decode) is not
+    b = Request(list(range(1, 9)) + [50, 51, 52], 2)  # the same first 8 tokens, then its own
+    s.submit(b)
+    p = s.plan()
+    assert b.blocks[:2] == a.blocks[:2] and b.cached == b.prefilled == 8 and len(set(b.blocks[2:]) & set(a.blocks)) == 0
+    assert p.prefill == [(b, 8, 11)] and p.decode == [a]  # only its 3 new tokens are prefilled
+    c = Request(list(range(1, 9)), 2)  # exactly those 2 blocks: the second is computed again for its last token
+    s.submit(c)
+    s.plan()
+    assert c.cached == 4 and c.blocks[0] == a.blocks[0] and c.blocks[1] != a.blocks[1]
+    for r in (a, b, c):
+        s.finish(r, "eos")
+    assert s.pool.n_free == 20 and s.pool.n_cached == 2  # every block back; the shared ones still cached
+    snap = s.snapshot()
+    assert (snap["prefix_hit_requests"], snap["prefix_hit_tokens"], snap["blocks_used"]) == (2, 12, 0)
+
+
+def test_cached_blocks_give_way_when_the_pool_needs_them():
+    s = Scheduler(BlockPool(4, 4), max_batch=8)
+    a = Request(list(range(1, 10)), 3)  # 12 tokens: 3 blocks, 2 of them cached when done
+    s.submit(a)
+    s.plan()
+    a.prefilled = 9
+    s.cache_prompt(a)
+    s.finish(a, "eos")
+    big = Request(list(range(100, 113)), 3)  # 16 tokens: every block of the pool, cached ones included
+    s.submit(big)
+    s.plan()
+    assert big.state == "prefill" and big.cached == 0 and s.pool.n_cached == 0 and s.pool.n_free == 0
+
+
+def test_no_prefix_cache_no_sharing():
+    s = Scheduler(BlockPool(20, 4), prefix_cache=False)
+    a, b = Request(list(range(1, 11)), 2), Request(list(range(1, 11)), 2)
+    s.submit(a)
+    s.plan()
+    a.prefilled = 10
+    s.cache_prompt(a)
+    s.submit(b)
+    s.plan()
+    assert s.pool.n_cached == 0 and b.cached == 0 and not set(a.blocks) & set(b.blocks)
