@@ -10,7 +10,9 @@ Each iteration (`iterate()`): the scheduler admits waiting requests and hands ou
 runs those chunks and a decode token for every running request in ONE batched forward (engine.paged), samples
 each row with its own settings and generator, and retires finished requests at once. A short request that
 arrives during a pass does not wait for all of it: the decode tokens and long prompts' chunks stop ("park") at
-the layer they reached and resume next iteration, alongside the newcomer's prefill.
+the layer they reached and resume next iteration, alongside the newcomer's prefill. A prompt that starts like
+an earlier one (the chat template's system turn, the same question again) shares that prompt's KV blocks and
+prefills only the rest (the scheduler's prefix cache).
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 

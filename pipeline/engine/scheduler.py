@@ -3,7 +3,8 @@
 Every engine iteration asks `plan()` what to run:
   * retire cancelled requests (their blocks go back to the pool at once);
   * admit waiting requests in arrival order while the batch has room and the pool has the blocks for the
-    request's whole budget (prompt + max new tokens): a request that does not fit waits; nothing is preempted;
+    request's whole budget (prompt + max new tokens, less the blocks its prompt finds in the prefix cache): a
+    request that does not fit waits; nothing is preempted;
   * give prefill work: at most `prefill_chunk` prompt tokens per iteration in all and `request_chunk` per request,
     the shortest remaining prompt first, and prompts that complete this iteration without the chunks of longer
     ones. A long prompt is prefilled over several iterations while the running requests keep decoding, and a
@@ -17,6 +18,12 @@ Memory: a pool of fixed-size blocks (`block_size` tokens of K and V in every lay
 blocks for prompt + max_new_tokens when admitted (vLLM allocates block by block and preempts when the pool runs
 out; reserving up front never has to preempt, at the price of holding blocks a request that stops early never
 fills). The waiting queue is bounded: beyond `max_queue` a submission is refused with a clear message.
+
+Prefix cache (vLLM's automatic prefix caching): a request's full prompt blocks, once written in every layer, are
+registered under their tokens (and every token before them); a request admitted later whose prompt starts the
+same way shares those blocks (reference counted) and starts its prefill after them. Every chat prompt starts
+with the template's system turn, so on a class server most of a short question's prefill is already done. A
+cached block nobody holds counts as free and is reused, least recently freed first, when the pool needs it.
 """
 
 from __future__ import annotations

@@ -85,6 +85,21 @@ def test_prefill_decode_sweep_and_cache_experiment():
     known(at, "greedy tokens with the cache = without it", "each prefill is one forward pass")
 
 
+def test_the_same_question_again_is_prefilled_from_the_prefix_cache_and_page_7_says_so():
+    prompt = "Alice, Bob, Charlie and Diana each ordered a different coffee at the small cafe on the corner."
+    at = page("views/6_generation.py", prompt=prompt)
+    at.number_input(key="gen_n").set_value(2)
+    for _ in range(2):  # the second time, the engine has this prompt's blocks (every one but the last) cached
+        button(at, "gen_go").click().run()
+        assert not at.exception, at.exception
+    cached = at.session_state["_runs"]["gen"][1].events[0].cached_tokens
+    assert cached > 0 and cached % 8 == 0
+    at.switch_page("views/7_prefill_decode.py")
+    at.run()
+    assert not at.exception, at.exception
+    assert any(c.value.startswith(f"{cached} of the ") and "not computed" in c.value for c in at.caption)
+
+
 def test_kv_cache_formula_equals_measured():
     at = page("views/8_kv_cache.py")
     assert metric(at, "Formula, per token") == "46,080 B"  # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
