@@ -204,7 +204,8 @@ def main():
         from pipeline.engine import Engine, Sampling
 
         ids1 = ids[0].tolist()
-        eng = Engine(lm, max_batch=512, max_queue=1024)
+        # the prefix cache off: every repeat prefills its N prompts, as transformers' static batch below does
+        eng = Engine(lm, max_batch=512, max_queue=1024, prefix_cache=False)
         out = res.setdefault("serving", {})
         for N in [int(x) for x in args.serving_ns.split(",")]:
             row = {}

@@ -835,8 +835,9 @@ def engine_panel(lm):
     c[3].metric(
         "KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB", help=f"{s['blocks_used']} of {s['blocks']} blocks"
     )
+    hits = s.get("prefix_hit_requests", 0)
     st.caption(
         f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. {s['iterations']:,} iterations so far. "
-        f"Prefix cache: {s.get('prefix_hit_requests', 0):,} prompts started like an earlier one and reused "
-        f"{s.get('prefix_hit_tokens', 0):,} tokens of its K/V instead of computing them ({s.get('blocks_cached', 0):,} blocks cached)."
+        f"Prefix cache: {hits:,} {'prompt' if hits == 1 else 'prompts'} started like an earlier one and reused "
+        f"{s.get('prefix_hit_tokens', 0):,} tokens of K/V instead of computing them ({s.get('blocks_cached', 0):,} blocks cached)."
     )
