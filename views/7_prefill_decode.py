@@ -30,14 +30,8 @@ else:
         + (" The sidebar's prompt has changed since; generate again on page 6 to measure it." if rec.prompt != st.session_state.get("prompt", "") else "")
     )
     c = st.columns(3)
-    cached = ev[0].cached_tokens
-    c[0].metric(
-        "Time to first token (prefill)",
-        f"{m.ttft_s * 1000:.0f} ms",
-        help=f"{rec.prompt_tokens} prompt tokens"
-        + (f", {cached} of them from the engine's prefix cache (an earlier prompt started the same way: their K/V were not computed again)" if cached else ""),
-    )
-    if cached:
+    c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
+    if cached := ev[0].cached_tokens:
         st.caption(
             f"{cached} of the {rec.prompt_tokens} prompt tokens were not computed: an earlier prompt on this server started with "
             "the same tokens (a chat template's system turn, or the same question again), and the engine shares those KV blocks. "

@@ -160,17 +160,17 @@ class BlockPool:
         self._evictable.clear()
         return n
 
-    def match(self, tokens: list[int]) -> list[tuple[int, int]]:
-        """The cached blocks [(block, serial)] that hold the longest run of `tokens`' full blocks from the start,
-        leaving at least the last token to compute (its logits give the first new token)."""
+    def match(self, tokens: list[int]) -> tuple[list[int], int]:
+        """The cached blocks that hold the longest run of `tokens`' full blocks from the start, leaving at least the
+        last token to compute (its logits give the first new token), and the serial of the last of them (0: none)."""
         bs, out, serial = self.block_size, [], 0
         for i in range((len(tokens) - 1) // bs):
             hit = self._cached.get((serial, tuple(tokens[i * bs : (i + 1) * bs])))
             if hit is None:
                 break
-            out.append(hit)
+            out.append(hit[0])
             serial = hit[1]
-        return out
+        return out, serial
 
     def fits(self, n: int, shared: list[int]) -> bool:
         """Can n new blocks be taken once `shared` (matched, maybe evictable) are held?"""
@@ -190,8 +190,6 @@ class BlockPool:
         hit = self._cached.get(key)
         if hit is not None:
             return hit[1]
-        if block in self._key_of:  # already registered (a shared block)
-            return self._cached[self._key_of[block]][1]
         serial = next(self._serials)
         self._cached[key] = (block, serial)
         self._key_of[block] = key
@@ -264,17 +262,16 @@ class Scheduler:
             now = time.perf_counter()
             while self.waiting and len(self.running) < self.max_batch:
                 r = self.waiting[0]
-                hits = self.pool.match(r.prompt_ids) if self.prefix_cache else []
-                need = self.pool.blocks_for(r.n_tokens) - len(hits)
-                if not self.pool.fits(need, [b for b, _ in hits]):
+                shared, serial = self.pool.match(r.prompt_ids) if self.prefix_cache else ([], 0)
+                need = self.pool.blocks_for(r.n_tokens) - len(shared)
+                if not self.pool.fits(need, shared):
                     break  # first come, first served: nobody overtakes a waiting request
                 self.waiting.popleft()
-                shared = [b for b, _ in hits]
                 self.pool.share(shared)
                 r.blocks, r.state, r.admitted_at = shared + self.pool.take(need), "prefill", now
-                r.prefilled = r.cached = len(hits) * self.pool.block_size
-                r.registered, r.prefix_serial = len(hits), hits[-1][1] if hits else 0
-                if hits:
+                r.prefilled = r.cached = len(shared) * self.pool.block_size
+                r.registered, r.prefix_serial = len(shared), serial
+                if shared:
                     self.pool.hit_tokens += r.cached
                     self.pool.hit_requests += 1
                 self.running.append(r)
@@ -301,7 +298,7 @@ class Scheduler:
             return
         bs = self.pool.block_size
         with self.lock:
-            while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)) and req.registered < len(req.blocks):
+            while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)):
                 i = req.registered
                 req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
                 req.registered += 1

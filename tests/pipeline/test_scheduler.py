@@ -147,17 +147,17 @@ def test_prefix_cache_matches_whole_blocks_exactly_from_the_start():
     serial = 0
     for i, b in enumerate(a[:2]):
         serial = pool.register(b, serial, list(range(i * 4, i * 4 + 4)))
-    assert [b for b, _ in pool.match(list(range(12)))] == a[:2]
-    assert [b for b, _ in pool.match(list(range(8)))] == a[:1]  # the last token is always computed (its logits)
-    assert pool.match([99] + list(range(1, 12))) == []  # another first token: nothing, though the rest agrees
-    assert [b for b, _ in pool.match([0, 1, 2, 3, 9, 9, 9, 9, 1])] == a[:1]  # a block only after the ones before it
-    assert pool.register(a[2], 0, [0, 1, 2, 3]) == pool.match([0, 1, 2, 3, 4])[0][1]  # computed twice: kept once
+    assert pool.match(list(range(12))) == (a[:2], serial)
+    assert pool.match(list(range(8)))[0] == a[:1]  # the last token is always computed (its logits)
+    assert pool.match([99] + list(range(1, 12))) == ([], 0)  # another first token: nothing, though the rest agrees
+    assert pool.match([0, 1, 2, 3, 9, 9, 9, 9, 1])[0] == a[:1]  # a block only after the ones before it
+    assert pool.register(a[2], 0, [0, 1, 2, 3]) == pool.match([0, 1, 2, 3, 4])[1]  # computed twice: kept once
     pool.give_back(a)
     assert pool.n_free == 10 and pool.n_cached == 2  # cached blocks nobody holds count as free...
     got = pool.take(8)  # ... empty blocks are taken first
     assert set(got).isdisjoint(a[:2]) and pool.n_cached == 2
     pool.take(1)  # then the least recently freed cached block (the second: freed before the first)
-    assert pool.n_cached == 1 and [b for b, _ in pool.match(list(range(12)))] == a[:1]
+    assert pool.n_cached == 1 and pool.match(list(range(12)))[0] == a[:1]
 
 
 def test_a_prompt_that_starts_like_a_cached_one_shares_its_blocks_and_skips_their_prefill():
