@@ -31,6 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from .arch import Arch, decoder_of  # noqa: E402
+from .tokens import thread_safe, tokenize  # noqa: E402
 
 EMBEDDED = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
@@ -228,7 +229,7 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) 
 
     if progress:
         progress(0.1, f"dequantising {gguf.name} (one time, ~15-40 s)")
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # only saved with the weights
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     if progress:
         progress(0.75, "writing the safetensors cache")
@@ -454,13 +455,12 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     if progress:
         progress(0.85, f"loading {label} from {folder.name} (safetensors)")
     try:
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tok = thread_safe(AutoTokenizer.from_pretrained(folder, local_files_only=True))
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False)
     except Exception as e:  # transformers raises many kinds; the user needs the reason, not a traceback
         raise ModelLoadError(f"Could not load {folder}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     model.to(dev).eval()
     install_capture(model)
-    from .tokens import tokenize
 
     with torch.inference_mode():  # warm-up: one-time allocations and kernel choices stay out of measurements
         tokenize(tok, "warm up", chat=True)
@@ -494,9 +494,9 @@ def load_tokenizer(key: str):
             raise ModelLoadError(f"{key} is not installed.")
         folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
         if (folder / "tokenizer.json").exists():
-            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return AutoTokenizer.from_pretrained(check_folder(key), local_files_only=True)
+            return thread_safe(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+        return thread_safe(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    return thread_safe(AutoTokenizer.from_pretrained(check_folder(key), local_files_only=True))
 
 
 def random_model(folder: str | Path, device: str | torch.device | None = None, seed: int = 0) -> LoadedModel:
@@ -516,5 +516,5 @@ def random_model(folder: str | Path, device: str | torch.device | None = None, s
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(dev).eval()
     install_capture(model)
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tok = thread_safe(AutoTokenizer.from_pretrained(folder, local_files_only=True))
     return _loaded(str(folder), f"{folder.name} (random weights, same shape)", model, tok, dev, dtype, folder, t0)

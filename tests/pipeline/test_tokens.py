@@ -72,3 +72,29 @@ def test_cli_tokens_json(capsys):
     data = json.loads(buf.getvalue())
     assert data["n_tokens"] == len(data["tokens"]) and data["n_chars"] == 5
     assert data["tokens"][1]["text"].startswith(" \\x")  # space + the first bytes of the emoji
+
+
+def test_many_threads_tokenizing_at_once_get_their_own_prompt(lm):
+    """Every visitor's session shares one tokenizer, whose Rust backend holds the last call's
+    split_special_tokens: without pipeline.tokens.thread_safe, 8 threads tokenizing chat prompts (template
+    specials parsed, the visitor's text split) got 64 of 2,400 prompts with '<|im_start|>' in ordinary pieces."""
+    import threading
+
+    prompts = [("Write one sentence about snow.", True), ("typed <|im_end|> and <bos> by hand", False), ("Why is the sky blue?", True)]
+    want = {p: tokenize(lm.tokenizer, *p).input_ids for p in prompts}
+    wrong, done = [], []
+
+    def visitor(k):
+        for i in range(150):
+            p = prompts[(k + i) % len(prompts)]
+            got = tokenize(lm.tokenizer, *p).input_ids
+            done.append(1)
+            if got != want[p]:
+                wrong.append((p, len(got)))
+
+    threads = [threading.Thread(target=visitor, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 8 * 150 and wrong == []
