@@ -5,8 +5,9 @@ or staggered, served four ways, interleaved, repeated:
       Streamlit session ran its own before the engine;
   (b) engine: our shared engine (pipeline.engine: continuous batching, paged KV, prefix cache); engine-unparked:
       the same engine with parking off (decode tokens and long prompts' chunks stopping at a layer for a
-      newcomer), engine-nocache: with the prefix cache off (every prompt's template computed again): the A/Bs of
-      those features. Every engine has served one chat prompt before the measures (a server's steady state);
+      newcomer), engine-nocache: with the prefix cache off (every prompt's template computed again),
+      engine-mixed: without prefill first (the decode rows join the pass that prefills a newcomer): the A/Bs
+      of those features. Every engine has served one chat prompt before the measures (a server's steady state);
   (c) hf-continuous: transformers' own continuous batching, `model.generate_batch` (all submitted at once);
   (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
 
@@ -104,6 +105,7 @@ def summarise(stamps, wall):
         "ttft_p95_s": pct(ttft, 95),
         "itl_p50_s": pct(itl, 50),
         "itl_p95_s": pct(itl, 95),
+        "itl_max_s": max(itl) if itl else None,  # the longest pause in any answer (prefill first makes it longer)
     }
     probes = [s[1][0] - s[0] for s in stamps if s[2] and s[1]]
     if probes:
@@ -142,6 +144,7 @@ def main():
             block_size=args.block_size,
             park=m != "engine-unparked",
             prefix_cache=m != "engine-nocache",
+            **({"max_decode_stall": 0} if m == "engine-mixed" else {}),
         )
         for m in methods
         if m.startswith("engine")

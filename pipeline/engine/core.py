@@ -10,7 +10,8 @@ Each iteration (`iterate()`): the scheduler admits waiting requests and hands ou
 runs those chunks and a decode token for every running request in ONE batched forward (engine.paged), samples
 each row with its own settings and generator, and retires finished requests at once. A short request that
 arrives during a pass does not wait for all of it: the decode tokens and long prompts' chunks stop ("park") at
-the layer they reached and resume next iteration, alongside the newcomer's prefill. A prompt that starts like
+the layer they reached; the newcomer's prompt is prefilled first, alone, and they resume after it (at most 2
+passes later: the scheduler's prefill first). A prompt that starts like
 an earlier one (the chat template's system turn, the same question again) shares that prompt's KV blocks and
 prefills only the rest (the scheduler's prefix cache).
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
@@ -148,6 +149,7 @@ class Engine:
         static_batch_size: int | None = None,
         park: bool = True,
         prefix_cache: bool = True,
+        max_decode_stall: int = 2,
     ):
         from ..fused import supported
         from .paged import PagedKV, PagedStep
@@ -173,6 +175,9 @@ class Engine:
             # prompts that start alike (every chat prompt starts with the template's system turn) share the
             # blocks already computed; only the paged step writes the pool, so only it can share them
             prefix_cache=prefix_cache and ok and policy == "continuous",
+            # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
+            # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
+            max_decode_stall=max_decode_stall if policy == "continuous" else 0,
         )
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.t_start = time.perf_counter()

@@ -114,7 +114,10 @@ def engine_for_policy(lm: LoadedModel, policy: str, n_users: int, kv_bytes: int 
         policy="static" if policy == "static" else "continuous",
         background=False,
         static_batch_size=n_users,
-        prefix_cache=False,  # the three policies differ in batching alone (none reuses another user's prompt K/V)
+        # the three policies differ in batching alone: none reuses another user's prompt K/V, and the running
+        # users decode in every pass (no prefill first: a newcomer's pass carries them too, as in Orca)
+        prefix_cache=False,
+        max_decode_stall=0,
     )
 
 

@@ -174,8 +174,8 @@ def test_seqs_parked_at_layers_and_resumed_equal_passes_uninterrupted(lm):
 def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk_and_the_decode_rows(lm):
     """A short question submitted while a long prompt's chunk and a decode token are in the middle of a pass
     (simulated exactly: it arrives when the pass asks, after a layer) stops both at that layer; the next
-    iteration prefills the question while the decode row resumes, then the chunk resumes. Every answer equals
-    its request alone."""
+    iteration prefills the question alone (prefill first: the decode row sits out, still parked), then the
+    chunk and the decode rows resume. Every answer equals its request alone."""
     prompts = {"long": ids(lm, long_prompt(lm, 300)), "short": ids(lm, PROMPTS[0]), "decoding": ids(lm, PROMPTS[1])}
     alone = {}
     for name, p in prompts.items():
@@ -202,9 +202,9 @@ def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk_and_the
     assert {hl.request.id, hd.request.id} <= set(eng._parked)
     nxt = eng.iterate()
     assert hs.request.first_token_at is not None and nxt.prefill == [(hs.request.id, len(prompts["short"]))]
-    assert nxt.decode == [hd.request.id]  # resumed, its token now
+    assert nxt.decode == [] and hd.request.id in eng._parked  # the question's pass: nobody else's token
     resumed = eng.iterate()
-    assert resumed.prefill == [(hl.request.id, 64)] and hs.request.id in resumed.decode
+    assert resumed.prefill == [(hl.request.id, 64)] and resumed.decode == [hd.request.id, hs.request.id]
     run_all(eng)
     for name, h in (("long", hl), ("short", hs), ("decoding", hd)):
         assert [e.token_id for e in h] == alone[name], name

@@ -131,6 +131,29 @@ def test_decode_rows_are_requests_whose_prompt_is_in():
     assert p.decode == [a] and [x[0] for x in p.prefill] == [b]
 
 
+def test_prefill_first_the_decode_rows_sit_out_at_most_max_decode_stall_passes_in_a_row():
+    s = Scheduler(BlockPool(100, 4), prefill_chunk=64, max_decode_stall=2)
+    a = req()
+    s.submit(a)
+    s.plan()
+    a.prefilled, a.state = 10, "decode"
+    seen = []
+    for _ in range(5):  # a newcomer before every pass: each pass could give one its first token
+        s.submit(r := req())
+        p = s.plan()
+        seen.append(p.decode == [a])
+        assert [x[0] for x in p.prefill] == [r]
+        r.prefilled, r.state = 10, "decode"
+        s.finish(r, "eos")
+    assert seen == [False, False, True, False, False]  # two passes for newcomers, then a's next token
+    assert s.plan().decode == [a]  # nobody waiting: a decodes
+    long = req(150, 4)
+    s.submit(long)
+    p = s.plan()
+    assert p.decode == [a] and p.prefill[0][2] < 150  # a long prompt's chunk that does not complete: no pause
+    assert Scheduler(BlockPool(100, 4)).max_decode_stall == 0  # off unless asked (the engine asks for 2)
+
+
 def test_submit_is_thread_safe():
     s = Scheduler(BlockPool(1000, 4), max_queue=10_000)
     threads = [threading.Thread(target=lambda: [s.submit(req(1, 1)) for _ in range(50)]) for _ in range(8)]
