@@ -11,9 +11,9 @@ runs those chunks and a decode token for every running request in ONE batched fo
 each row with its own settings and generator, and retires finished requests at once. A short request that
 arrives during a pass does not wait for all of it: the decode tokens and long prompts' chunks stop ("park") at
 the layer they reached; the newcomer's prompt is prefilled first, alone, and they resume after it (at most 2
-passes later: the scheduler's prefill first). A prompt that starts like
-an earlier one (the chat template's system turn, the same question again) shares that prompt's KV blocks and
-prefills only the rest (the scheduler's prefix cache).
+passes later: the scheduler's prefill first). A prompt that starts like an earlier one (the chat template's
+system turn, the same question again) shares that prompt's KV blocks and prefills only the rest (the
+scheduler's prefix cache).
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 

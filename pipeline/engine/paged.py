@@ -18,8 +18,9 @@ A pass can be cut short for a visitor who just arrived: `interrupt()`, asked aft
 request is waiting; the seqs marked `parkable` (the engine marks decode tokens and the chunks of long prompts
 that are not their last) then stop at that layer, their hidden state kept in the Seq and their K/V written up
 to there; a prompt that completes in this pass goes on. A later pass carries the parked seqs from the layer
-they stopped at (with the newcomer's prompt from layer 0, or after it: the scheduler's prefill first). On a CPU a 64-token chunk costs a pass about 0.25 s of
-matrix work and a decode pass 0.1-0.15 s: without this, a question waited for all of it, then for its own pass.
+they stopped at (with the newcomer's prompt from layer 0, or after it: the scheduler's prefill first). On a
+CPU a 64-token chunk costs a pass about 0.25 s of matrix work and a decode pass 0.1-0.15 s: without this, a
+question waited for all of it, then for its own pass.
 """
 
 from __future__ import annotations

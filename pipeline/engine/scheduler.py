@@ -10,11 +10,11 @@ Every engine iteration asks `plan()` what to run:
     ones. A long prompt is prefilled over several iterations while the running requests keep decoding, and a
     short question arriving meanwhile does not wait for a long chunk: the engine stops that chunk and the decode
     tokens at the layer they have reached (engine.paged, "parked"), and the question is prefilled the next
-    iteration while they resume (measured in bench_serving.py's "steady" and "long-prompt" workloads);
+    iteration, before they resume (measured in bench_serving.py's "steady" and "long-prompt" workloads);
   * decode one token for every request whose prompt is in the cache, except in a pass that gives waiting
     prompts their first token: those run alone (prefill first), at most `max_decode_stall` passes in a row
-    (the engine asks for 2: in bench_serving.py's "staggered" workload this is what brings a newcomer's TTFT
-    p95 under 2x its TTFT alone; the price is a pause of a pass or two in the answers already streaming).
+    (the engine asks for 2; bench_serving.py measures it against "engine-mixed", which has it off: a newcomer's
+    first token sooner, for a pause of a pass or two in the answers already streaming).
 `finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
 
 Memory: a pool of fixed-size blocks (`block_size` tokens of K and V in every layer). A request reserves the
