@@ -88,6 +88,10 @@ class TraceCache:
     def __init__(self, budget: int = 1200 << 20):
         self.budget, self.items, self.lock = budget, OrderedDict(), threading.Lock()
 
+    def __contains__(self, key) -> bool:
+        with self.lock:
+            return key in self.items
+
     def get(self, key, make: Callable[[], Any]):
         with self.lock:
             if key in self.items:
@@ -158,28 +162,86 @@ def forget_run(state: MutableMapping, slot: str) -> None:
 
 
 class RunStore:
-    """A page's last runs survive a browser refresh (which opens a new Streamlit session): each browser's runs
-    are kept here under a short id that its address carries (?s=...), for the `max_sessions` most recent
-    browsers. A session restored from it gets a copy (a link shared with that id gives the class a copy of the
-    teacher's runs, never a dict two sessions write into)."""
+    """A page's last runs survive a browser refresh (which opens a new Streamlit session), and belong to the browser
+    that made them: they are kept here under the browser's own id (a cookie the app sets, never in the address),
+    for the `max_sessions` most recent browsers. A link carries a view (model, prompt, settings), never this id.
 
-    def __init__(self, max_sessions: int = 128):
-        self.max_sessions, self.items, self.lock = max_sessions, OrderedDict(), threading.Lock()
+    A visitor who wants to hand over results freezes them: `freeze` stores a copy under a fresh random id (?view=),
+    and whoever opens that link gets a copy of the copy in their own runs (`thaw`), under their own id. Nothing
+    anyone does through a link reaches the owner's runs."""
 
-    def attach(self, state: MutableMapping, sid: str | None, new_id: Callable[[], str]) -> str:
-        """Give this session its id (a restored one, or a new one) and keep its runs under it; returns the id."""
+    def __init__(self, max_sessions: int = 128, max_frozen: int = 256):
+        self.max_sessions, self.max_frozen = max_sessions, max_frozen
+        self.items: OrderedDict[str, dict] = OrderedDict()
+        self.frozen: OrderedDict[str, dict] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def attach(self, state: MutableMapping, browser: str | None, new_id: Callable[[], str]) -> str:
+        """Give this session its id (its browser's, or a new one when the browser has none yet) and keep its runs
+        under it; a refresh of the same browser starts from a copy of its runs. Returns the id."""
         with self.lock:
             if "_sid" not in state:
-                saved = self.items.get(sid) if sid else None
+                saved = self.items.get(browser) if browser else None
                 if saved is not None:
-                    state[RUNS] = dict(saved)
-                state["_sid"] = sid if saved is not None else new_id()
+                    state[RUNS] = _copy_runs(saved)
+                state["_sid"] = browser or new_id()
             key = state["_sid"]
             self.items[key] = state.setdefault(RUNS, {})
             self.items.move_to_end(key)
             while len(self.items) > self.max_sessions:
                 self.items.popitem(last=False)
             return key
+
+    def freeze(self, state: MutableMapping, new_id: Callable[[], str]) -> str:
+        """A copy of this session's finished runs under a new id, for a link (?view=id)."""
+        runs = {slot: (mk, v) for slot, (mk, v) in state.get(RUNS, {}).items() if getattr(v, "done", True) or getattr(v, "stopped", False)}
+        with self.lock:
+            vid = new_id()
+            self.frozen[vid] = _copy_runs(runs)
+            while len(self.frozen) > self.max_frozen:
+                self.frozen.popitem(last=False)
+            return vid
+
+    def thaw(self, state: MutableMapping, view_id: str) -> bool:
+        """Copy a frozen view's runs into this session's own (same slots replaced); False when it is not here."""
+        with self.lock:
+            runs = self.frozen.get(view_id)
+            if runs is None:
+                return False
+            state.setdefault(RUNS, {}).update(_copy_runs(runs))
+            return True
+
+
+def _copy_runs(runs: dict) -> dict:
+    """A copy of a runs dict whose values are copied one level down: a Stop pressed on a copy (which flags its
+    record) never reaches the original's record."""
+    import copy
+
+    return {slot: (mk, copy.copy(v)) for slot, (mk, v) in runs.items()}
+
+
+class LRU:
+    """A small thread-safe cache of at most `max_items` values, least recently used out first; `get` says
+    whether the value was made anew (so a caller can count the work against a visitor's limit)."""
+
+    def __init__(self, max_items: int = 16):
+        self.max_items, self.items, self.lock = max_items, OrderedDict(), threading.Lock()
+
+    def __contains__(self, key) -> bool:
+        with self.lock:
+            return key in self.items
+
+    def get(self, key, make: Callable[[], Any]):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.max_items:
+                self.items.popitem(last=False)
+        return value
 
 
 class CheckResults:

@@ -46,7 +46,10 @@ class Caps:
     sweep_tokens: int = 1024  # the longest prompt of a sweep (pages 7, 10, 11)
     repeats: int = 3  # timed repeats of a sweep point
     users: int = 8  # users in page 15's scene
-    requests_per_minute: int = 20  # runs a session may start per minute (generations, sweeps, traces)
+    requests_per_minute: int = 20  # runs one browser may start per minute (generations, sweeps, traces, tokenizing)
+    address_at_once: int = 40  # runs one client address may have queued or running at once (a class behind one NAT fits)
+    address_per_minute: int = 400  # runs one client address may start per minute, whatever its sessions or cookies
+    tokenize_chars: int = 20_000  # characters page 1 tokenizes (outside demo mode: the prompt box's 200,000)
     heavy_at_once: int = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
     compile: bool = False  # production mode's torch.compile (a minute of the whole server's CPU)
     draft_folders: bool = False  # speculative decoding with a draft model from a typed folder
@@ -59,6 +62,9 @@ UNCAPPED = Caps(
     repeats=10**9,
     users=10**9,
     requests_per_minute=0,
+    address_at_once=0,
+    address_per_minute=0,
+    tokenize_chars=10**9,
     heavy_at_once=0,
     compile=True,
     draft_folders=True,
@@ -121,6 +127,42 @@ class RateLimiter:
             while len(self._seen) > self.max_sessions:
                 self._seen.popitem(last=False)
             return 0.0
+
+
+class AddressSlots:
+    """At most `limit` runs queued or running at once per client address (0: no limit): a script that opens a new
+    session for every run sheds its cookie and its session, never its address.
+
+        slots = AddressSlots(); with slots.hold(address, limit): ...   # raises Busy when the address is full
+    """
+
+    def __init__(self):
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def count(self, address: str) -> int:
+        with self._lock:
+            return self._held.get(address, 0)
+
+    @contextmanager
+    def hold(self, address: str, limit: int):
+        if limit > 0:
+            with self._lock:
+                n = self._held.get(address, 0)
+                if n >= limit:
+                    raise Busy(
+                        f"Refused: your network address already has {n} runs queued or running on this server, the most one address "
+                        "may have at once. Try again in a few seconds, when one of them has finished."
+                    )
+                self._held[address] = n + 1
+        try:
+            yield
+        finally:
+            if limit > 0:
+                with self._lock:
+                    self._held[address] -= 1
+                    if not self._held[address]:
+                        del self._held[address]
 
 
 class Busy(RuntimeError):
@@ -209,6 +251,59 @@ class ErrorLog:
         with self._lock:
             self.items.append((time.time(), rid, where, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"))
         return rid
+
+
+class PasswordGuard:
+    """The operator password against online guessing, server-wide (one instance per process, whatever the session
+    or address): after a wrong password every attempt waits `throttle_s` (doubling with each failure in the
+    window, at most `lockout_s`), and `max_failures` wrong passwords within `window_s` lock the page for
+    `lockout_s`, the right password included. Every failure is logged with its time, never the guess.
+
+        guard = PasswordGuard(); wait = guard.wait()   # seconds before an attempt is taken (0: go)
+        guard.attempt(ok)                              # record the outcome of an attempt that was taken
+    """
+
+    def __init__(self, max_failures: int = 5, window_s: float = 900.0, lockout_s: float = 900.0, throttle_s: float = 2.0, clock=time.time):
+        self.max_failures, self.window_s, self.lockout_s, self.throttle_s, self.clock = max_failures, window_s, lockout_s, throttle_s, clock
+        self.failures: deque[float] = deque(maxlen=1000)  # times of wrong passwords (for the page and the log)
+        self.locked_until = 0.0
+        self._next_try = 0.0
+        self._lock = threading.Lock()
+
+    def _recent(self, now: float) -> int:
+        return sum(1 for t in self.failures if now - t <= self.window_s)
+
+    def wait(self) -> float:
+        """Seconds until an attempt may be made (0 when one may be made now)."""
+        now = self.clock()
+        with self._lock:
+            return max(0.0, self.locked_until - now, self._next_try - now)
+
+    def locked(self) -> bool:
+        return self.clock() < self.locked_until
+
+    def attempt(self, ok: bool) -> bool:
+        """Record an attempt; returns whether it is accepted (False while locked or throttled, the right password
+        included)."""
+        now = self.clock()
+        with self._lock:
+            if now < max(self.locked_until, self._next_try):
+                return False
+            if ok:
+                return True
+            self.failures.append(now)
+            n = self._recent(now)
+            self._next_try = now + min(self.lockout_s, self.throttle_s * 2 ** (n - 1))
+            if n >= self.max_failures:
+                self.locked_until = now + self.lockout_s
+            log.warning(
+                "operator page: wrong password at %s (%d in the last %.0f min)%s",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
+                n,
+                self.window_s / 60,
+                f"; locked for {self.lockout_s / 60:.0f} min" if n >= self.max_failures else "",
+            )
+            return False
 
 
 class Sessions:

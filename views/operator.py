@@ -17,12 +17,26 @@ if pol.operator_password is None and pol.enabled:
     st.info('No operator password is set. Put one in .streamlit/secrets.toml:\n\n```toml\n[demo]\noperator_password = "..."\n```')
     st.stop()
 if pol.operator_password is not None and not st.session_state.get("_operator"):
+    guard = widgets.password_guard()
+    wait = guard.wait()
+    if guard.locked():
+        st.error(
+            f"Locked: {guard.max_failures} wrong passwords in {guard.window_s / 60:.0f} minutes. The page accepts no password, the "
+            f"right one included, for {wait / 60:.0f} more minute{'s' if wait >= 90 else ''}. Each attempt is in the server's log."
+        )
+        st.stop()
     typed = st.text_input("Password", type="password", key="op_password")
     if not typed:
         st.stop()
-    if not hmac.compare_digest(typed.encode(), pol.operator_password.encode()):
-        time.sleep(1.0)  # slows guessing
-        st.error("Wrong password.")
+    if wait > 0:
+        st.warning(f"A wrong password was typed recently (here or in another browser): the next attempt is taken in {wait:.0f} s.")
+        st.stop()
+    if not guard.attempt(hmac.compare_digest(typed.encode(), pol.operator_password.encode())):
+        recent = sum(1 for t in guard.failures if time.time() - t <= guard.window_s)
+        st.error(
+            "Wrong password."
+            + (" The page is now locked." if guard.locked() else f" {guard.max_failures - recent} more wrong in {guard.window_s / 60:.0f} minutes lock it.")
+        )
         st.stop()
     st.session_state["_operator"] = True
 

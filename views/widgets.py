@@ -7,6 +7,8 @@ Pages stay thin: they read widgets, call pipeline, hand plain data to components
 
 from __future__ import annotations
 
+import re
+import secrets
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -118,8 +120,34 @@ def server_status() -> dict:
     }
 
 
+@st.cache_resource(show_spinner=False)
+def _address_limiter() -> demo.RateLimiter:
+    return demo.RateLimiter(0)
+
+
+@st.cache_resource(show_spinner=False)
+def _address_slots() -> demo.AddressSlots:
+    return demo.AddressSlots()
+
+
+@st.cache_resource(show_spinner=False)
+def password_guard() -> demo.PasswordGuard:
+    """The operator page's guard against guessing: one per server process, whatever the session or address."""
+    return demo.PasswordGuard()
+
+
 def session_key() -> str:
+    """This browser's id (its cookie; a new one for a browser that has none yet): what its runs and its rate limit
+    are kept under. Never in the address, so a link hands it to nobody."""
     return st.session_state.get("_sid") or "?"
+
+
+def client_address() -> str:
+    """The connection's address ("local" for localhost, where Streamlit gives none)."""
+    try:
+        return st.context.ip_address or "local"
+    except Exception:  # noqa: BLE001 - no client context (AppTest, a bare script run)
+        return "local"
 
 
 def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
@@ -155,13 +183,33 @@ def prompt_fits(lm, prompt: str, chat: bool) -> bool:
 
 
 def allowed(what: str) -> bool:
-    """The per-session rate limit of a demo server (always True elsewhere); says so in the page when exceeded."""
+    """A demo server's limits on starting a run (always True elsewhere): per browser (requests_per_minute) and per
+    client address (address_per_minute, whatever sessions or cookies it sheds); says in the page what was refused
+    and when to try again."""
     p = policy()
-    per_minute = p.caps.requests_per_minute if p.enabled else 0
-    wait = _limiter().allow(session_key(), per_minute)
+    if not p.enabled:
+        return True
+    wait = _limiter().allow(session_key(), p.caps.requests_per_minute)
     if wait:
-        st.warning(f"Too many runs from this browser: this demo server allows {per_minute} a minute. Try {what} again in {wait:.0f} s.")
+        st.warning(
+            f"Refused: too many runs from this browser. This demo server allows {p.caps.requests_per_minute} a minute per browser "
+            f"(model runs, generations, sweeps and tokenizing all count). Try {what} again in {wait:.0f} s."
+        )
+        return False
+    wait = _address_limiter().allow(client_address(), p.caps.address_per_minute)
+    if wait:
+        st.warning(
+            f"Refused: too many runs from your network address ({p.caps.address_per_minute} a minute is the most one address may start "
+            f"on this demo server). Try {what} again in {wait:.0f} s."
+        )
     return not wait
+
+
+def address_slot():
+    """A context manager holding one of this client address's places for a run queued or running (a demo server's
+    address_at_once); raises demo.Busy, with a message for the page, when the address has none left."""
+    p = policy()
+    return _address_slots().hold(client_address(), p.caps.address_at_once if p.enabled else 0)
 
 
 @contextmanager
@@ -178,18 +226,27 @@ def heavy(what: str):
     note = st.empty()
     line = _heavy_line(p.caps.heavy_at_once)
     try:
-        ticket = line.turn(
-            session_key(), what, on_wait=lambda pos: note.info(f"The server runs one heavy experiment at a time: you are {demo.ordinal(pos)} in line.")
-        )
-        ticket.__enter__()
+        slot = address_slot()
+        slot.__enter__()
     except demo.Busy as e:
         note.warning(str(e))
         st.stop()
-    note.empty()
     try:
-        yield
+        try:
+            ticket = line.turn(
+                session_key(), what, on_wait=lambda pos: note.info(f"The server runs one heavy experiment at a time: you are {demo.ordinal(pos)} in line.")
+            )
+            ticket.__enter__()
+        except demo.Busy as e:
+            note.warning(str(e))
+            st.stop()
+        note.empty()
+        try:
+            yield
+        finally:
+            ticket.__exit__(None, None, None)
     finally:
-        ticket.__exit__(None, None, None)
+        slot.__exit__(None, None, None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -231,16 +288,34 @@ def _shared_texts() -> appstate.SharedTexts:
     return appstate.SharedTexts()
 
 
+ID12 = re.compile(r"[0-9a-f]{12}")  # a shared prompt's or a frozen view's id: 12 hex digits, nothing else
+BROWSER_COOKIE = "llm_explorer_browser"  # this browser's id: its runs and its rate limit, never in a link
+BROWSER_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def _link_id(name: str) -> str | None:
+    """A ?p= / ?view= id from the address: returned when it is 12 hex digits; anything else is removed from the
+    address and said in the page as plain text (never echoed: a link's text is never rendered)."""
+    v = st.query_params.get(name)
+    if v is None:
+        return None
+    if ID12.fullmatch(v):
+        return v
+    del st.query_params[name]
+    st.sidebar.warning(f"This link's ?{name}= is not a valid id (12 hex digits), so it was ignored.")
+    return None
+
+
 def _shared_prompt() -> bool:
     """Links carry the prompt (?prompt=...) up to MAX_URL_PROMPT_CHARS; a longer one is kept on this server and
     the link carries its id (?p=...). Opens a link's stored prompt once; returns whether the prompt is long."""
-    pid = st.query_params.get("p")
+    pid = _link_id("p")
     if pid and st.session_state.get("_shared_id") != pid:
         st.session_state["_shared_id"] = pid
         text = _shared_texts().get(pid)
         if text is None:
             st.sidebar.warning(
-                f"This link's prompt (id {pid}) is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
+                "This link's prompt is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
             )
         else:
             st.session_state["prompt"] = text
@@ -256,12 +331,28 @@ def _shared_prompt() -> bool:
     return long
 
 
+def _freeze_view() -> None:
+    st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6))
+
+
 def _share_note(sb, long: bool) -> None:
     with sb.popover("Share this view", icon=":material/link:", width="stretch"):
         st.markdown(
             "The address bar holds this view: model, prompt, chat mode and this page's settings. Copy it to open "
-            "the same view in another browser; a refresh keeps it."
+            "the same view in another browser; a refresh keeps it. It never carries who you are: whoever opens it "
+            "starts with their own runs, and nothing they do reaches yours."
         )
+        st.button("Add a copy of my results to the link", key="share_freeze", on_click=_freeze_view, icon=":material/content_copy:")
+        vid = st.session_state.get("_frozen")
+        if vid:
+            from urllib.parse import urlencode
+
+            query = {k: st.query_params.get(k) for k in st.query_params if k not in ("view", "s")} | {"view": vid}
+            st.code(f"{st.context.url or ''}?{urlencode(query)}", language=None, wrap_lines=True)
+            st.caption(
+                "This link carries a frozen copy of your finished runs as they are now: whoever opens it gets their own copy "
+                "of that copy. Your own address is unchanged; runs you make later are not in the copy."
+            )
         if long:
             n = len(st.session_state.get("prompt") or "")
             st.markdown(
@@ -276,13 +367,33 @@ def _run_store() -> appstate.RunStore:
     return appstate.RunStore()
 
 
-def _keep_runs() -> None:
-    """A page's runs (generations, sweeps) survive a refresh: the address carries this browser's id (?s=...)."""
-    import uuid
+def _browser_id() -> str | None:
+    try:
+        v = st.context.cookies.get(BROWSER_COOKIE)
+    except Exception:  # noqa: BLE001 - no client context (AppTest)
+        return None
+    return v if v and BROWSER_ID.fullmatch(v) else None
 
-    sid = _run_store().attach(st.session_state, st.query_params.get("s"), lambda: uuid.uuid4().hex[:12])
-    if st.query_params.get("s") != sid:
-        st.query_params["s"] = sid
+
+def _keep_runs() -> None:
+    """A page's runs belong to this browser and survive a refresh: they are kept under the browser's id, a cookie
+    set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once."""
+    cookie = _browser_id()
+    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8))
+    if cookie != sid:  # this browser's first visit (or cookies refused): the next visit sends it back
+        st.sidebar.html(
+            f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax'</script>",
+            unsafe_allow_javascript=True,  # sid is 16 hex digits of our own making, never text from a visitor
+            width="content",
+        )
+    if "s" in st.query_params:  # older links carried a session id: it is never honoured
+        del st.query_params["s"]
+    vid = _link_id("view")
+    if vid and st.session_state.get("_thawed") != vid:
+        st.session_state["_thawed"] = vid
+        if not _run_store().thaw(st.session_state, vid):
+            st.sidebar.info("This link's copy of someone's results is not on this server any more: the view opens without them.")
+        del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
 
 
 def sidebar():
@@ -372,18 +483,31 @@ def _traces() -> appstate.TraceCache:
 
 
 def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
+    """The shared trace for these inputs; a new one counts as a run against the visitor's limits (a cached one
+    costs nothing) and is made on the model's own thread (pipeline.models.LoadedModel.run)."""
     lm = _loader(model_key).result
-    return _traces().get(
-        (model_key, prompt, chat, qkv_layer),
-        lambda: pipeline.trace(
-            lm,
-            prompt,
-            chat=chat,
-            qkv_layers=[qkv_layer] if qkv_layer is not None else None,
-            attn_layers=None if qkv_layer is None else [qkv_layer],
-            max_tokens=cap("prompt_tokens", pipeline.tracing.DEFAULT_MAX_TOKENS),
-            progress=progress,
-        ),
+    key = (model_key, prompt, chat, qkv_layer)
+    if key not in _traces():
+        if not allowed("running the model"):
+            st.stop()
+        try:
+            with address_slot():
+                return _traces().get(key, lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress))
+        except demo.Busy as e:
+            st.warning(str(e))
+            st.stop()
+    return _traces().get(key, lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress))
+
+
+def _make_trace(lm, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
+    return pipeline.trace(
+        lm,
+        prompt,
+        chat=chat,
+        qkv_layers=[qkv_layer] if qkv_layer is not None else None,
+        attn_layers=None if qkv_layer is None else [qkv_layer],
+        max_tokens=cap("prompt_tokens", pipeline.tracing.DEFAULT_MAX_TOKENS),
+        progress=progress,
     )
 
 
@@ -412,14 +536,15 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     return lm, tr
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
-def _tokenized(model_key: str, prompt: str, chat: bool):
-    return pipeline.tokenize(_loader(model_key).result.tokenizer, prompt, chat=chat)
+@st.cache_resource(show_spinner=False)
+def _tokenized() -> appstate.LRU:
+    return appstate.LRU(16)
 
 
 def get_tokens():
-    """(lm, tokenized prompt, message or None): tokenizing works at any length; the message says when the
-    prompt is too long for the model to run on."""
+    """(lm, tokenized prompt, message or None): tokenizing works at any length (a demo server tokenizes at most
+    its tokenize_chars); the message says when the prompt is too long for the model to run on. Tokenizing a new
+    prompt counts against the visitor's limits."""
     lm = get_model()
     prompt, chat = st.session_state.get("prompt", ""), bool(st.session_state.get("chat"))
     try:
@@ -427,7 +552,14 @@ def get_tokens():
     except TraceError as e:
         st.warning(str(e))
         st.stop()
-    tk = _tokenized(model_key(), prompt, chat)
+    limit = cap("tokenize_chars", 10**9)
+    if len(prompt) > limit:
+        st.warning(f"The prompt is {len(prompt):,} characters; this demo server tokenizes at most {limit:,}. Shorten it.")
+        st.stop()
+    key = (model_key(), prompt, chat)
+    if key not in _tokenized() and not allowed("tokenizing"):
+        st.stop()
+    tk = _tokenized().get(key, lambda: pipeline.tokenize(lm.tokenizer, prompt, chat=chat))
     try:
         check_prompt(prompt, len(tk.tokens), lm.facts.max_positions)
         msg = None

@@ -149,18 +149,48 @@ def test_shared_texts_short_ids_stable_and_bounded():
     assert s.get("nope") is None
 
 
-def test_run_store_restores_a_copy_after_a_refresh_and_is_bounded():
+def test_run_store_keeps_runs_per_browser_and_restores_a_copy_after_a_refresh():
     from appstate import RunStore, recall, remember
 
     store, ids = RunStore(max_sessions=2), iter(["a", "b", "c", "d"])
-    first: dict = {}
+    first: dict = {}  # a browser's first visit: no cookie yet, a new id (which the app then sets as its cookie)
     sid = store.attach(first, None, lambda: next(ids))
     remember(first, "gen", "smol", "answer")
-    refreshed: dict = {}  # the same browser after a refresh: a new session, the address still says ?s=a
+    refreshed: dict = {}  # the same browser after a refresh: a new session that sends its cookie back
     assert store.attach(refreshed, sid, lambda: next(ids)) == "a"
     assert recall(refreshed, "gen", "smol") == "answer" and refreshed["_runs"] is not first["_runs"]  # a copy
-    stranger: dict = {}
-    assert store.attach(stranger, "zzz", lambda: next(ids)) == "b" and recall(stranger, "gen", "smol") is None
-    store.attach({}, None, lambda: next(ids))  # a third browser: the oldest is dropped
+    other: dict = {}  # another browser (its own cookie, or none): never the first one's runs
+    assert store.attach(other, None, lambda: next(ids)) == "b" and recall(other, "gen", "smol") is None
+    remember(other, "gen", "smol", "theirs")
+    again: dict = {}
+    store.attach(again, "a", lambda: next(ids))
+    assert recall(again, "gen", "smol") == "answer"  # what the other browser did never reached the first one's runs
+    store.attach({}, None, lambda: next(ids))  # more browsers than kept: the oldest is dropped
+    store.attach({}, None, lambda: next(ids))
     late: dict = {}
-    assert store.attach(late, "a", lambda: next(ids)) == "d" and recall(late, "gen", "smol") is None
+    assert store.attach(late, "b", lambda: "e") == "b" and recall(late, "gen", "smol") is None
+
+
+def test_a_frozen_view_is_a_copy_both_ways():
+    """A link with a copy of one's results: its opener gets a copy under their own id; their runs and a Stop
+    pressed on the copy never reach the owner; a run still going is not frozen."""
+    from appstate import RunStore, recall, remember
+    from pipeline.generation import GenerationRecord
+
+    store = RunStore()
+    owner: dict = {}
+    store.attach(owner, "0" * 16, lambda: "x")
+    done = GenerationRecord(prompt="p", chat=False, model="m", settings={"max_new_tokens": 4}, prompt_tokens=1)
+    done.done = True
+    running = GenerationRecord(prompt="q", chat=False, model="m", settings={"max_new_tokens": 4}, prompt_tokens=1)
+    remember(owner, "gen", "smol", done)
+    remember(owner, "hw", "smol", running)
+    vid = store.freeze(owner, lambda: "abcdefabcdef")
+    visitor: dict = {}
+    assert store.attach(visitor, "1" * 16, lambda: "y") == "1" * 16
+    assert store.thaw(visitor, vid) and not store.thaw(visitor, "000000000000")
+    copy = recall(visitor, "gen", "smol")
+    assert copy is not done and copy.prompt == "p" and recall(visitor, "hw", "smol") is None
+    copy.stopped = True
+    remember(visitor, "gen", "smol", "theirs")
+    assert recall(owner, "gen", "smol") is done and not done.stopped

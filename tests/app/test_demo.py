@@ -178,3 +178,82 @@ def test_secrets_file_reads_the_demo_section(tmp_path):
     (tmp_path / ".streamlit" / "secrets.toml").write_text('[demo]\nenabled = true\nmodels = ["x"]\n')
     assert demo.secrets_file(str(tmp_path)) == {"demo": {"enabled": True, "models": ["x"]}}
     assert demo.secrets_file(str(tmp_path / "none")) == {}
+
+
+def test_operator_password_is_throttled_then_locked_server_wide_and_logged_without_the_guess(caplog):
+    now = [1000.0]
+    g = demo.PasswordGuard(max_failures=3, window_s=600, lockout_s=900, throttle_s=2, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="llm_explorer"):
+        assert g.wait() == 0 and not g.attempt(False)
+        assert g.wait() == 2 and not g.attempt(True)  # throttled: even the right password waits its turn
+        now[0] += 2
+        assert not g.attempt(False) and g.wait() == 4  # the wait doubles with each failure in the window
+        now[0] += 4
+        assert not g.attempt(False) and g.locked()  # the third: locked, whoever tries next
+        now[0] += 899
+        assert g.locked() and not g.attempt(True) and 0 < g.wait() <= 1
+        now[0] += 2
+        assert not g.locked() and g.attempt(True)
+    failures = [r.getMessage() for r in caplog.records if "wrong password" in r.getMessage()]
+    assert len(failures) == 3 and "locked" in failures[-1] and all(time.strftime("%Y-%m-%d", time.localtime(1000)) in m for m in failures)
+    assert len(g.failures) == 3
+
+
+def test_one_address_may_hold_a_bounded_number_of_runs_whatever_its_sessions():
+    slots = demo.AddressSlots()
+    with slots.hold("10.0.0.1", 2), slots.hold("10.0.0.1", 2):
+        with pytest.raises(demo.Busy, match="network address already has 2 runs"):
+            with slots.hold("10.0.0.1", 2):
+                pass
+        with slots.hold("10.0.0.2", 2):  # another address is not affected
+            assert slots.count("10.0.0.2") == 1
+    assert slots.count("10.0.0.1") == 0
+    with slots.hold("x", 0), slots.hold("x", 0), slots.hold("x", 0):  # 0: no limit (outside demo mode)
+        pass
+
+
+def test_the_demo_caps_bound_addresses_and_page_one():
+    c = demo.Caps()
+    assert c.address_at_once >= 30 and c.address_per_minute >= 30 * 10 and 0 < c.tokenize_chars <= 50_000
+    assert demo.load_policy({"demo": {"enabled": True, "address_at_once": "5"}}, {}).caps.address_at_once == 5
+
+
+def _fake_cache(folder):
+    """A finished conversion of a tiny model: config, weights, tokenizer files and the digest record."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.models import CACHE_DONE, _digests
+
+    folder.mkdir()
+    save_file({"w": torch.arange(4096.0).reshape(64, 64)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')
+    (folder / CACHE_DONE).write_text(json.dumps({"files": _digests(folder)}))
+
+
+@pytest.mark.parametrize("damage", ["cut tokenizer", "cut weights", "same-size random weights", "deleted file", "old marker"])
+def test_the_cache_digest_catches_every_damage(tmp_path, damage):
+    import os
+
+    from pipeline.models import CACHE_DONE, cache_problem
+
+    folder = tmp_path / "c"
+    _fake_cache(folder)
+    assert cache_problem(folder) is None
+    w, t = folder / "model.safetensors", folder / "tokenizer.json"
+    if damage == "cut tokenizer":
+        t.write_bytes(t.read_bytes()[:10])
+    elif damage == "cut weights":
+        w.write_bytes(w.read_bytes()[:-100])
+    elif damage == "same-size random weights":
+        w.write_bytes(os.urandom(w.stat().st_size))
+    elif damage == "deleted file":
+        t.unlink()
+    else:
+        (folder / CACHE_DONE).write_text('{"gguf": "x", "size": 1}')  # made before digests were recorded
+    assert cache_problem(folder) is not None
+    tokenizer_only = cache_problem(folder, ("tokenizer.json",))  # what loading the tokenizer alone checks
+    assert (tokenizer_only is None) == (damage in ("cut weights", "same-size random weights"))

@@ -165,6 +165,34 @@ def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, mo
     assert np.array_equal(pipeline.trace(third, "Hi").next_logits, a.next_logits)
 
 
+@pytest.mark.parametrize("damage", ["cut tokenizer.json", "same-size random weights"])  # cut weights: the test above
+def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, monkeypatch, smol, damage):
+    """Each start checks every cached file against the SHA-256 recorded at conversion and rebuilds the cache from
+    the GGUF on any mismatch, with progress as on a first start (a tokenizer.json cut short used to fail every
+    start; 50 MB of random bytes over the weights loaded with 51,043 non-finite weights)."""
+    import os
+    import shutil
+
+    monkeypatch.setenv("LLM_EXPLORER_CACHE", str(tmp_path))
+    folder = tmp_path / Path(smol.source).name
+    shutil.copytree(smol.source, folder)  # the intact cache, as a running server has it
+    weights, tok = folder / "model.safetensors", folder / "tokenizer.json"
+    size = weights.stat().st_size
+    if damage == "cut tokenizer.json":
+        tok.write_bytes(tok.read_bytes()[:1000])
+    else:
+        with weights.open("r+b") as f:
+            f.seek(size - 50 * 2**20)
+            f.write(os.urandom(50 * 2**20))
+    seen = []
+    lm = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append(m))
+    assert any("damaged" in m for m in seen) and any("dequantising" in m for m in seen)
+    assert weights.stat().st_size == size and pipeline.models.cache_problem(folder) is None
+    tr = pipeline.trace(lm, "The capital of France is")
+    assert lm.tokenizer.decode([int(tr.next_logits.argmax())]) == " Paris"
+    assert all(bool(p.isfinite().all()) for p in lm.model.parameters())
+
+
 def test_random_weight_model_has_the_same_shape(smol):
     from pathlib import Path
 
