@@ -1,8 +1,11 @@
 """LLM inference pipeline explorer: navigation and the shared sidebar (model, prompt, chat, device)."""
 
+from pathlib import Path
+
 import streamlit as st
 
-st.set_page_config(page_title="LLM pipeline explorer", page_icon=":material/biotech:", layout="wide")
+# a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
+st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
 from views import widgets  # noqa: E402  (after set_page_config)
 

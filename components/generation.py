@@ -59,35 +59,38 @@ def distribution_figure(ev) -> go.Figure:
     return fig
 
 
+def _bars(samples, scale: float = 1000.0) -> dict:
+    """Plotly error bars from the median up to the highest repeat and down to the lowest."""
+    return dict(
+        type="data", symmetric=False, array=[(x.hi - x.median) * scale for x in samples], arrayminus=[(x.median - x.lo) * scale for x in samples], thickness=1.5
+    )
+
+
 def sweep_figure(rows) -> go.Figure:
     fig = go.Figure()
     T = [r.tokens for r in rows]
-    fig.add_trace(
-        go.Scatter(
-            x=T,
-            y=[r.prefill_s * 1000 for r in rows],
-            mode="lines+markers",
-            name="prefill: the whole prompt at once (= time to first token)",
-            line=dict(color=ORANGE),
-        )
-    )
-    fig.add_trace(
-        go.Scatter(x=T, y=[r.decode_step_s * 1000 for r in rows], mode="lines+markers", name="decode: one more token with the KV cache", line=dict(color=BLUE))
-    )
+    for attr, name, color in (
+        ("prefill", "prefill: the whole prompt at once (= time to first token)", ORANGE),
+        ("decode", "decode: one more token with the KV cache", BLUE),
+    ):
+        s = [getattr(r, attr) for r in rows]
+        fig.add_trace(go.Scatter(x=T, y=[x.median * 1000 for x in s], error_y=_bars(s), mode="lines+markers", name=name, line=dict(color=color)))
     fig.update_xaxes(title="prompt length (tokens)", type="log", tickvals=T)
-    fig.update_yaxes(title="milliseconds (log scale)", type="log", **log_ticks([getattr(r, k) * 1000 for r in rows for k in ("prefill_s", "decode_step_s")]))
-    return _layout(fig, "Prefill and one decode step, by prompt length (medians, this device)", height=380, legend=dict(orientation="h", y=-0.25))
+    vals = [v * 1000 for r in rows for x in (r.prefill, r.decode) for v in x.values]
+    fig.update_yaxes(title="milliseconds (log scale)", type="log", **log_ticks(vals))
+    return _layout(fig, "Prefill and one decode step, by prompt length (median, bars: every repeat's range)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
-def cache_on_off_figure(on, off) -> go.Figure:
+def cache_on_off_figure(rows) -> go.Figure:
+    """Page 7's cache experiment: the mean decode step with and without the KV cache at each context length."""
     fig = go.Figure()
-    for events, name, color in ((on, "KV cache on: each step feeds 1 token", BLUE), (off, "cache off: each step re-reads the whole context", RED)):
-        fig.add_trace(
-            go.Scatter(x=[e.context_len for e in events], y=[e.step_s * 1000 for e in events], mode="lines+markers", name=name, line=dict(color=color))
-        )
-    fig.update_xaxes(title="context length at this step (tokens)")
-    fig.update_yaxes(title="step time (ms)")
-    return _layout(fig, "The same generation with and without the KV cache (measured)", height=380, legend=dict(orientation="h", y=-0.25))
+    T = [r.tokens for r in rows]
+    for attr, name, color in (("on", "KV cache on: each step feeds 1 token", BLUE), ("off", "cache off: each step re-reads the whole context", RED)):
+        s = [getattr(r, attr) for r in rows]
+        fig.add_trace(go.Scatter(x=T, y=[x.median * 1000 for x in s], error_y=_bars(s), mode="lines+markers", name=name, line=dict(color=color)))
+    fig.update_xaxes(title="context length (tokens)", tickvals=T)
+    fig.update_yaxes(title="decode step time (ms)")
+    return _layout(fig, "A decode step with and without the KV cache (median, bars: every repeat's range)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
 def kv_growth_figure(events, formula) -> go.Figure:
@@ -171,14 +174,17 @@ def ops_figure(top) -> go.Figure:
         go.Bar(
             x=[r.share * 100 for r in top],
             y=[r.op for r in top],
+            error_x=dict(
+                type="data", symmetric=False, array=[max(0.0, (r.hi - r.share) * 100) for r in top], arrayminus=[max(0.0, (r.share - r.lo) * 100) for r in top]
+            ),
             orientation="h",
             marker_color=[BLUE if r.matmul else GREY for r in top],
             hovertemplate="%{y}: %{x:.1f}%<extra></extra>",
         )
     )
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="% of one decode step's operator time")
-    return _layout(fig, "Where one decode step's time goes (blue = matrix multiplication)", height=380)
+    fig.update_xaxes(title="% of a decode step's operator time (median; bars: range over the repeats)")
+    return _layout(fig, "Where a decode step's time goes (blue = matrix multiplication)", height=380)
 
 
 def kernels_figure(rows) -> go.Figure:
@@ -189,7 +195,8 @@ def kernels_figure(rows) -> go.Figure:
     for k, color in zip(kernels, colors):
         rs = [r for r in rows if r.kernel == k and r.seconds is not None]
         x = [r.tokens for r in rs]
-        fig.add_trace(go.Scatter(x=x, y=[r.seconds for r in rs], name=k, mode="lines+markers", line=dict(color=color), legendgroup=k), 1, 1)
+        bars = _bars([r.runs for r in rs], 1.0) if all(r.runs is not None for r in rs) else None
+        fig.add_trace(go.Scatter(x=x, y=[r.seconds for r in rs], error_y=bars, name=k, mode="lines+markers", line=dict(color=color), legendgroup=k), 1, 1)
         fig.add_trace(
             go.Scatter(
                 x=x, y=[r.peak_mb if r.peak_mb > 0 else None for r in rs], name=k, mode="lines+markers", line=dict(color=color), legendgroup=k, showlegend=False

@@ -306,7 +306,7 @@ def check_profile(prof) -> Check:
     """The matmul share = matmul operators' time ÷ all operators' time of the same profiled step."""
     share = prof.matmul_us / prof.total_us if prof.total_us else 0.0
     return Check(
-        "matmul share = matmul operators' self time ÷ all operators' self time (one profiled step)",
+        "matmul share = matmul operators' self time ÷ all operators' self time (the median profiled step)",
         abs(share - prof.matmul_share) < 1e-9,
         f"{prof.matmul_us:,.0f} µs of {prof.total_us:,.0f} µs = {share:.1%}",
     )

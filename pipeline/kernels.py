@@ -4,7 +4,8 @@ time and peak memory over prompt lengths, and a check that every kernel gives th
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .models import LoadedModel
 from .telemetry import PeakMemory
-from .timing import best_of, ids_of_length
+from .timing import Samples, ids_of_length, syncer
 
 BACKENDS = {
     "sdpa: math": SDPBackend.MATH,
@@ -48,47 +49,87 @@ class KernelRun:
 
     kernel: str  # "eager" or "sdpa: <backend>"
     tokens: int  # prompt length T
-    seconds: float | None  # best of 2 after a warm-up (s); None when it could not run
+    seconds: float | None  # the median of the repeats after a warm-up (s); None when it could not run
     peak_mb: float | None  # peak extra memory of a third, untimed run (MiB)
     score_matrix_mb: float  # one layer's H x T x T fp32 scores, what eager materialises (MiB)
     max_diff_vs_eager: float | None  # max |logit difference| from the eager kernel
     memory_method: str = ""  # how peak_mb was measured
     error: str = ""  # why it did not run
+    runs: Samples | None = None  # every repeat's prefill time (s)
 
 
-def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None = None, progress=None) -> list[KernelRun]:
-    """Prefill (one forward of T tokens) per kernel and length: seconds (best of 2 after a warm-up), peak extra
-    memory (a third run, see telemetry.PeakMemory), and max |logit difference| from the eager kernel."""
+def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None = None, progress=None, repeats: int = 3) -> list[KernelRun]:
+    """Prefill (one forward of T tokens) per kernel and length: `repeats` interleaved timings (each repeat times
+    every kernel at every length, in a rotated order, so a busy moment spoils one repeat of several points
+    instead of every repeat of one), peak extra memory (an untimed run, see telemetry.PeakMemory), and max
+    |logit difference| from the eager kernel. The model lock is held for one run at a time, the attention
+    implementation restored before it is released: other visitors' traces and generations run in between."""
     kernels = kernels or available_kernels(lm)
-    rows, total, done = [], len(lengths) * len(kernels), 0
-    for n in lengths:
-        ids = ids_of_length(lm, n)
-        ref = None
-        for k in kernels:
-            # the model lock for one (length, kernel) at a time, the attention implementation restored before it
-            # is released: other visitors' traces and generations run between the measurements
-            with lm.lock:
-                impl = lm.model.config._attn_implementation
-                lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
-                ctx = (lambda: nullcontext()) if k == "eager" else (lambda: sdpa_kernel([BACKENDS[k]]))
+    jobs = [(n, k) for n in lengths for k in kernels]
+    ids = {n: ids_of_length(lm, n) for n in lengths}
+    times: dict[tuple[int, str], list[float]] = {j: [] for j in jobs}
+    info: dict[tuple[int, str], tuple] = {}
+    errors: dict[tuple[int, str], str] = {}
+    total, done = len(jobs) * repeats, 0
+
+    @contextmanager
+    def kernel(k):
+        with lm.lock:
+            impl = lm.model.config._attn_implementation
+            lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
+            try:
+                with torch.inference_mode(), nullcontext() if k == "eager" else sdpa_kernel([BACKENDS[k]]):
+                    yield
+            finally:
+                lm.model.set_attn_implementation(impl)
+
+    sync = syncer(lm.device)
+    for r in range(repeats):
+        order = jobs[r % len(jobs) :] + jobs[: r % len(jobs)]
+        for n, k in order:
+            if (n, k) not in errors:
                 try:
-                    with torch.inference_mode(), ctx():
-                        lm.model(input_ids=ids[:, :8], use_cache=False)  # warm-up
-                        last = {}
-                        best = best_of(lambda: last.update(out=lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)), lm.device, reps=2, warmup=False)
-                        out = last["out"]
-                        with PeakMemory(lm.device) as pm:  # a third, untimed run
-                            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                        peak = pm.extra_mb
-                    logits = out.logits[0, -1].float().cpu()
-                    ref = logits if k == "eager" else ref
-                    diff = float((logits - ref).abs().max()) if ref is not None else None
-                    rows.append(KernelRun(k, n, best, peak, score_matrix_mb(lm, n), diff, pm.method))
+                    with kernel(k):
+                        if r == 0:  # warm-up, logits and peak memory once, untimed
+                            lm.model(input_ids=ids[n][:, :8], use_cache=False)
+                            out = lm.model(input_ids=ids[n], use_cache=False, logits_to_keep=1)
+                            with PeakMemory(lm.device) as pm:
+                                lm.model(input_ids=ids[n], use_cache=False, logits_to_keep=1)
+                            info[(n, k)] = (out.logits[0, -1].float().cpu(), pm.extra_mb, pm.method)
+                        sync()
+                        t = time.perf_counter()
+                        lm.model(input_ids=ids[n], use_cache=False, logits_to_keep=1)
+                        sync()
+                        times[(n, k)].append(time.perf_counter() - t)
                 except RuntimeError as e:  # out of memory or unsupported at this size
-                    rows.append(KernelRun(k, n, None, None, score_matrix_mb(lm, n), None, error=str(e).splitlines()[0][:200]))
-                finally:
-                    lm.model.set_attn_implementation(impl)
+                    errors[(n, k)] = str(e).splitlines()[0][:200]
             done += 1
             if progress:
-                progress(done / total, f"{k}, {n} tokens")
+                progress(done / total, f"repeat {r + 1} of {repeats}: {k}, {n} tokens")
+    rows = []
+    for n, k in jobs:
+        if (n, k) in errors or not times[(n, k)]:
+            rows.append(KernelRun(k, n, None, None, score_matrix_mb(lm, n), None, error=errors.get((n, k), "not measured")))
+            continue
+        logits, peak, method = info[(n, k)]
+        ref = info.get((n, "eager"), (None,))[0]
+        diff = float((logits - ref).abs().max()) if ref is not None else None
+        runs = Samples(tuple(times[(n, k)]))
+        rows.append(KernelRun(k, n, runs.median, peak, score_matrix_mb(lm, n), diff, method, runs=runs))
     return rows
+
+
+def sweep_doubts(rows: list[KernelRun]) -> list[str]:
+    """Where the repeats contradict what a prefill must do: a kernel whose longer prompt was measured faster than
+    a shorter one in every repeat (more tokens are never less work), or repeats that span more than 2x. Each is
+    said on the page as noise, never drawn as a finding."""
+    out = []
+    for k in dict.fromkeys(r.kernel for r in rows):
+        rs = sorted((r for r in rows if r.kernel == k and r.runs is not None), key=lambda r: r.tokens)
+        for a, b in zip(rs, rs[1:]):
+            if a.runs.above(b.runs):
+                out.append(f"{k}: {b.tokens:,} tokens measured faster than {a.tokens:,} in every repeat ({b.runs.fmt(1, 's', 2)} vs {a.runs.fmt(1, 's', 2)})")
+        out += [
+            f"{k} at {r.tokens:,} tokens: repeats from {r.runs.lo:.2f} to {r.runs.hi:.2f} s" for r in rs if len(r.runs.values) > 1 and r.runs.hi > 2 * r.runs.lo
+        ]
+    return out

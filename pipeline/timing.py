@@ -86,6 +86,53 @@ class Ratios:
         return f"{self.median:.2f}× ({lo:.2f}–{hi:.2f})" + (", noisy: a tie" if self.noisy else "")
 
 
+@dataclass(frozen=True)
+class Samples:
+    """Repeated measurements of one quantity (seconds, tokens/s, a share): the median with its range, and whether
+    two of them differ by more than the repeats' own spread (ranges that do not overlap)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        import statistics
+
+        return statistics.median(self.values)
+
+    @property
+    def lo(self) -> float:
+        return min(self.values)
+
+    @property
+    def hi(self) -> float:
+        return max(self.values)
+
+    def fmt(self, scale: float = 1000.0, unit: str = "ms", digits: int = 0) -> str:
+        """ "12 ms (10–15)": the median and, with more than one repeat, the range."""
+        m = f"{self.median * scale:,.{digits}f}"
+        if len(self.values) < 2:
+            return f"{m} {unit}"
+        return f"{m} {unit} ({self.lo * scale:,.{digits}f}–{self.hi * scale:,.{digits}f})"
+
+    def above(self, other: Samples, factor: float = 1.0) -> bool:
+        """Every repeat of this one is more than `factor` times every repeat of the other (needs 2 repeats)."""
+        return len(self.values) >= 2 and len(other.values) >= 2 and self.lo > factor * other.hi
+
+
+def interleaved(fns: dict[str, Callable[[], float]], repeats: int, progress: Callable[[float, str], None] | None = None) -> dict[str, Samples]:
+    """Each fn() returns one measurement; every repeat runs all of them, in an order rotated each repeat, so a
+    machine that slows down for a while slows every one of them alike (a shared machine drifts between repeats)."""
+    names = list(fns)
+    got: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for i, n in enumerate(order):
+            got[n].append(float(fns[n]()))
+            if progress:
+                progress((r * len(names) + i + 1) / (repeats * len(names)), f"repeat {r + 1} of {repeats}: {n}")
+    return {n: Samples(tuple(v)) for n, v in got.items()}
+
+
 # ------------------------------------------------------------------------------------------ what else ran
 KINDS = {  # kind -> (singular, plural) as a page says it
     "trace": ("traced forward pass", "traced forward passes"),
@@ -109,6 +156,10 @@ class Busy:
             return "Nothing else ran on this server while it was measured."
         parts = [f"{n} other {KINDS.get(k, (k, k + 's'))[n != 1]}" for k, n in self.others if n]
         return f"{' and '.join(parts)} ran on this server while this was measured: this time is inflated."
+
+    def less_one(self, kind: str) -> Busy:
+        """The same, less one of `kind` (a request's own engine steps counted it among the batch)."""
+        return Busy(tuple((k, max(0, n - 1) if k == kind else n) for k, n in self.others))
 
     def merged(self, other: Busy) -> Busy:
         d = dict(self.others)
@@ -179,3 +230,24 @@ class _Job:
 
 
 ACTIVITY = Activity()  # one per process: every model's traces, engine steps and experiments
+
+
+def forward_repeats(lm, input_ids: list[int], repeats: int = 5, progress=None) -> tuple[Samples, Busy]:
+    """The plain forward pass over these ids (no hooks capturing, the LM head on the last position only) timed
+    `repeats` times after one warm-up, device-synchronised: the overview's "time it again". Returns the times and
+    what else ran meanwhile."""
+    ids = torch.tensor([input_ids], device=lm.device)
+    s = syncer(lm.device)
+
+    def once() -> float:
+        with lm.lock, torch.inference_mode():
+            s()
+            t = time.perf_counter()
+            lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
+            s()
+            return time.perf_counter() - t
+
+    once()
+    with ACTIVITY.doing("experiment") as job:
+        got = interleaved({"forward": once}, repeats, progress)["forward"]
+    return got, job.busy

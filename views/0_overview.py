@@ -41,8 +41,25 @@ nxt = int(tr.next_logits.argmax())
 c = st.columns(4)
 c[0].metric("Tokens in", tr.T)
 c[1].metric("Most likely next token", repr(lm.tokenizer.decode([nxt])))
-c[2].metric("Forward pass", f"{tr.timings['forward total'] * 1000:.0f} ms")
+c[2].metric(
+    "Forward pass",
+    f"{tr.timings['forward total'] * 1000:.0f} ms",
+    help="This run's forward pass, with the hooks that record every stage. 'Time it again' below repeats it without them.",
+)
 c[3].metric("Parameters", f"{f.n_params / 1e6:.0f} M")
+widgets.busy_note(tr.busy)
+again = widgets.recall("fwd_again")
+if again is not None and again[0] == (tuple(tr.input_ids), tr.model_label):
+    samples, busy = again[1]
+    st.caption(f"The same forward pass timed {len(samples.values)} more times (without the recording hooks): median {samples.fmt()} (range).")
+    widgets.busy_note(busy)
+elif st.button("Time it again (5 repeats)", key="fwd_again_go", help="One run is one sample: five more give the median and the spread"):
+    if widgets.allowed("timing the forward pass"):
+        bar = st.progress(0.0, text="timing the forward pass")
+        got = lm.run(pipeline.timing.forward_repeats, lm, tr.input_ids, 5, progress=lambda p, m: bar.progress(p, text=m))
+        bar.empty()
+        widgets.remember("fwd_again", ((tuple(tr.input_ids), tr.model_label), got))
+        st.rerun()
 st.subheader("The model")
 facts = {
     "architecture": f.arch,

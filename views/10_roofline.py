@@ -31,7 +31,7 @@ C = c[1].select_slider(
     help=note,
 )
 if st.button("Measure", type="primary", key="roof_go"):
-    with widgets.heavy("the roofline measurement"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
+    with widgets.heavy("the roofline measurement", slot="roof"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
         widgets.remember("roof", (T, C, roofline(lm, T, C)))
 got = widgets.recall("roof")
 if got is None:
@@ -39,7 +39,13 @@ if got is None:
     st.stop()
 T_run, C_run, r = got
 m = st.columns(4)
-m[0].metric("Peak matmul (measured)", f"{r.peak_flops / 1e9:,.0f} GFLOP/s", help=f"{r.matmul_probe.n}³ {r.matmul_probe.dtype} matmul")
+mp = r.matmul_probe
+gf = [2 * mp.n**3 / t / 1e9 for t in mp.runs.values] if mp.runs else [r.peak_flops / 1e9]
+m[0].metric(
+    "Peak matmul (measured)",
+    f"{r.peak_flops / 1e9:,.0f} GFLOP/s",
+    help=f"{mp.n}³ {mp.dtype} matmul: the median of {len(gf)} repeats (range {min(gf):,.0f}–{max(gf):,.0f} GFLOP/s)",
+)
 m[1].metric("Copy bandwidth (measured)", f"{r.bandwidth / 1e9:,.1f} GB/s", help=f"{r.copy_probe.mb} MiB copy")
 m[2].metric("Ridge point", f"{r.ridge:.1f} FLOP/B", help="FLOPs per byte: peak FLOP/s ÷ bandwidth")
 m[3].metric(
@@ -56,6 +62,7 @@ if rec and len(rec.events) > 1:
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
 widgets.figure(roofline_figure(r), "roofline")
+widgets.busy_note("roof")
 st.caption(
     "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "

@@ -3,7 +3,7 @@ import streamlit as st
 
 from components.generation import kernels_figure
 from pipeline import checks
-from pipeline.kernels import available_kernels, kernel_sweep
+from pipeline.kernels import available_kernels, kernel_sweep, sweep_doubts
 from views import widgets
 
 st.title('11 · Attention kernels ("FlashAttention")')
@@ -21,19 +21,28 @@ lengths = widgets.sweep_lengths([512, 1024, 2048, 4096, 8192] if gpu else [128, 
 st.caption(
     f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
     + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)")
-    + ". Best of 2 runs after a warm-up."
+    + f". {widgets.cap('repeats', 3)} interleaved repeats after a warm-up (each repeat times every kernel at every length): the median, bars from the lowest to the highest repeat."
     + widgets.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the kernels", type="primary", key="kern_go"):
-    with widgets.heavy("the kernel sweep"):
+    with widgets.heavy("the kernel sweep", slot="kernels"):
         bar = st.progress(0.0, text="prefill with each kernel")
-        widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m)))
+        widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m), repeats=widgets.cap("repeats", 3)))
         bar.empty()
 rows = widgets.recall("kernels")
 if rows is None:
     st.info("Press **Run the kernels** (about a minute on a CPU).")
     st.stop()
 widgets.figure(kernels_figure(rows), "kernels")
+doubts = sweep_doubts(rows)
+if doubts:
+    st.warning(
+        "This machine was too noisy to compare these times: "
+        + "; ".join(doubts[:3])
+        + ". Other work shared the processor while they were measured; run the kernels again when it is quieter. The logits below are exact either way.",
+        icon=":material/help:",
+    )
+widgets.busy_note("kernels")
 agree = checks.check_kernels_agree(rows, lm.arch.tol)
 st.markdown(widgets.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
 errors = [r for r in rows if r.error]
@@ -46,7 +55,8 @@ widgets.table(
             {
                 "kernel": r.kernel,
                 "tokens": r.tokens,
-                "prefill ms": None if r.seconds is None else round(r.seconds * 1000, 1),
+                "prefill ms (median)": None if r.seconds is None else round(r.seconds * 1000, 1),
+                "prefill ms (range)": None if r.runs is None else f"{r.runs.lo * 1000:.1f}–{r.runs.hi * 1000:.1f}",
                 "peak MiB": None if r.peak_mb is None else round(r.peak_mb, 1),
                 "T×T scores per layer MiB": round(r.score_matrix_mb, 1),
                 "max |Δ logits| vs eager": r.max_diff_vs_eager,

@@ -68,7 +68,7 @@ if draft == "folder":
         if ldr is not None:
             draft = ldr
 if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None) and widgets.prompt_fits(lm, prompt, chat):
-    with widgets.heavy("the speculative comparison"):
+    with widgets.heavy("the speculative comparison", slot="spec"):
         bar = st.progress(0.0, text=f"plain and speculative decoding, {reps} interleaved repeats")
         try:
             widgets.remember(
@@ -113,12 +113,20 @@ m[3].metric(
 sp = got.speedups
 m[4].metric(
     "Speedup vs plain",
-    f"{speedup:.2f}×",
-    delta=("noisy: a tie" if sp.noisy else f"{speedup - 1:+.0%} tokens/s" + ("" if speedup >= 1 else ": slower")),
+    f"{speedup:.2f}× ({sp.spread[0]:.2f}–{sp.spread[1]:.2f})" if sp.values else f"{speedup:.2f}×",
+    delta=("too noisy to tell: a tie" if sp.noisy else f"{speedup - 1:+.0%} tokens/s" + ("" if speedup >= 1 else ": slower")),
     delta_color="off" if sp.noisy else "normal",
     help=f"{sp} over {len(sp.values)} interleaved repeats (the median of plain time ÷ speculative time within each repeat, "
     f"their range); plain {plain_s:.2f} s median, this machine, this run",
 )
+if sp.noisy and sp.values:
+    st.warning(
+        f"This machine was too noisy to say whether speculative decoding was faster here: over {len(sp.values)} interleaved repeats "
+        f"the speedup ranged from {sp.spread[0]:.2f}× to {sp.spread[1]:.2f}×, wider than its distance from 1×. The token counts "
+        "above are exact either way; run again when the server is quieter.",
+        icon=":material/help:",
+    )
+widgets.busy_note("spec")
 widgets.html_view(
     legend_html() + steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
 )

@@ -37,6 +37,7 @@ if rec:
     lines = sse_lines(ev)
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
+    widgets.busy_note(rec.busy)
     st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
     if st.button("Replay at the measured pace", key="sse_replay"):
         out, text, prev = st.empty(), "", 0.0

@@ -8,6 +8,7 @@ from components.generation import telemetry_figure
 from components.tokens import lit
 from pipeline import checks
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
+from pipeline.timing import Samples
 from views import widgets
 
 st.title("15 · Continuous batching: serving many users")
@@ -119,18 +120,31 @@ def _users() -> list[User] | None:
 if st.button("Run the three policies", type="primary", key="batch_go"):
     users = _users()
     if users:
-        with widgets.heavy("the batching scene"):
+        with widgets.heavy("the batching scene", slot="scene"):
             bar = st.progress(0.0, text="one after another")
-            runs = []
+            reps, pols = widgets.cap("repeats", 3), list(POLICIES)
+            last, tps, lat = {}, {}, {}
             try:
-                for k, policy in enumerate(POLICIES):
-                    runs.append(
-                        run_scene(lm, users, policy, chat=chat, stop_at_eos=eos, progress=lambda f, m, k=k: bar.progress((k + f) / len(POLICIES), text=m))
-                    )
+                for rep in range(reps):  # interleaved repeats: every policy once per repeat, in a rotated order
+                    for k, policy in enumerate(pols[rep % len(pols) :] + pols[: rep % len(pols)]):
+                        i = rep * len(pols) + k
+                        run = run_scene(
+                            lm,
+                            users,
+                            policy,
+                            chat=chat,
+                            stop_at_eos=eos,
+                            progress=lambda f, m, i=i, rep=rep: bar.progress((i + f) / (reps * len(pols)), text=f"repeat {rep + 1} of {reps}: {m}"),
+                        )
+                        last[run.policy] = run
+                        tps.setdefault(run.policy, []).append(run.tokens_per_s)
+                        lat.setdefault(run.policy, []).append(run.mean_latency_s)
+                runs = [last[p] for p in POLICIES]
                 if lib:
                     bar.progress(1.0, text="transformers' generate_batch")
                 library = run_transformers_batch(lm, users, chat=chat, stop_at_eos=eos) if lib else None
-                widgets.remember("scene", (users, chat, eos, runs, library))
+                spread = {p: (Samples(tuple(tps[p])), Samples(tuple(lat[p]))) for p in tps}
+                widgets.remember("scene", (users, chat, eos, runs, library, spread))
             except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
                 widgets.fail(e, "run the scene")
             bar.empty()
@@ -139,25 +153,30 @@ got = widgets.recall("scene")
 if got is None:
     st.info("Press **Run the three policies** (a few seconds per policy on a CPU).")
 else:
-    users, chat_run, eos_run, runs, library = got
+    users, chat_run, eos_run, runs, library, spread = got
     by = {r.policy: r for r in runs}
     seq, static, cont = by["one after another"], by["static"], by["continuous"]
+    tps = {p: s[0] for p, s in spread.items()}
+    lat = {p: s[1] for p, s in spread.items()}
+    n_reps = len(tps[cont.policy].values)
     m = st.columns(4)
     for col, run in zip(m, (cont, static)):
-        ratio = run.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else None
+        mine, base = tps[run.policy], tps[seq.policy]
         col.metric(
             f"Throughput, {run.policy}",
-            f"{run.tokens_per_s:.1f} tok/s",
-            f"{ratio:.2f}× one after another" if ratio else None,
+            mine.fmt(1, "tok/s", 1),
+            f"{mine.median / base.median:.2f}× one after another" if base.median else None,
             delta_color="off",
             delta_arrow="off",
+            help=f"The median of {n_reps} interleaved repeats, their range in brackets",
         )
     m[2].metric(
         "Mean time to the whole answer",
-        f"{cont.mean_latency_s:.2f} s",
-        f"static {static.mean_latency_s:.2f} s, one by one {seq.mean_latency_s:.2f} s",
+        lat[cont.policy].fmt(1, "s", 2),
+        f"static {lat[static.policy].median:.2f} s, one by one {lat[seq.policy].median:.2f} s",
         delta_color="off",
         delta_arrow="off",
+        help=f"Continuous batching; the median of {n_reps} interleaved repeats, their range in brackets",
     )
     m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
     widgets.figure(gantt_figure(runs), "gantt")
@@ -172,7 +191,8 @@ else:
             "policy": r.policy,
             "tokens": r.tokens,
             "wall s": round(r.wall_s, 2),
-            "tok/s": round(r.tokens_per_s, 1),
+            "tok/s (median)": round(tps[r.policy].median, 1),
+            "tok/s (range)": f"{tps[r.policy].lo:.1f}–{tps[r.policy].hi:.1f}",
             "mean TTFT s": round(r.mean_ttft_s, 2),
             "mean answer s": round(r.mean_latency_s, 2),
             "iterations": len(r.records),
@@ -187,19 +207,25 @@ else:
                 "policy": "transformers generate_batch (all at once)",
                 "tokens": library.tokens,
                 "wall s": round(library.wall_s, 2),
-                "tok/s": round(library.tokens_per_s, 1),
+                "tok/s (median)": round(library.tokens_per_s, 1),
             }
         )
         if library.error:
             st.warning(f"transformers' generate_batch did not run: {library.error}")
     widgets.table("summary", pd.DataFrame(rows), hide_index=True, width="stretch")
-    better = lambda a, b: "higher" if a > b else "lower"  # noqa: E731
+
+    def better(a: Samples, b: Samples, more: str = "higher", less: str = "lower") -> str:
+        """A comparison only where every repeat agrees; otherwise the page says the machine could not tell."""
+        return f"{more} than" if a.above(b) else f"{less} than" if b.above(a) else "within this machine's noise of (the repeats overlap)"
+
+    c_t, s_t, q_t = tps[cont.policy], tps[static.policy], tps[seq.policy]
+    c_l, s_l, q_l = lat[cont.policy], lat[static.policy], lat[seq.policy]
     st.markdown(
-        f"**The seed's promise, on this machine's numbers.** Throughput: continuous batching {cont.tokens_per_s:.1f} tok/s, "
-        f"{better(cont.tokens_per_s, seq.tokens_per_s)} than one after another ({seq.tokens_per_s:.1f}) and "
-        f"{better(cont.tokens_per_s, static.tokens_per_s)} than static batching ({static.tokens_per_s:.1f}). "
-        f"Average response time (arrival to whole answer): {cont.mean_latency_s:.2f} s, against {seq.mean_latency_s:.2f} s one "
-        f"after another and {static.mean_latency_s:.2f} s static. "
+        f"**The seed's promise, on this machine's numbers** (medians of {n_reps} interleaved repeats). Throughput: continuous batching "
+        f"{c_t.median:.1f} tok/s, {better(c_t, q_t)} one after another ({q_t.median:.1f}) and "
+        f"{better(c_t, s_t)} static batching ({s_t.median:.1f}). "
+        f"Average response time (arrival to whole answer): {c_l.median:.2f} s, {better(c_l, q_l, 'longer', 'shorter')} one after another "
+        f"({q_l.median:.2f} s) and {better(c_l, s_l, 'longer', 'shorter')} static ({s_l.median:.2f} s). "
         + (
             f"{util_col.split()[0]} utilisation: {cont.utilisation:.0f}% continuous vs {seq.utilisation:.0f}% one after another."
             if cont.utilisation is not None and seq.utilisation is not None
@@ -212,6 +238,13 @@ else:
         "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
         "where a small batch costs about the same as one request."
     )
+    if any("noise" in better(a, b) for a, b in ((c_t, q_t), (c_t, s_t), (c_l, q_l), (c_l, s_l))):
+        st.warning(
+            "Where the repeats overlap this machine was too noisy to tell the policies apart: other work shared the processor "
+            "(or the repeats were too few). Run the scene again when it is quieter.",
+            icon=":material/help:",
+        )
+    widgets.busy_note("scene")
     with st.expander("Utilisation over the continuous run"):
         widgets.figure(telemetry_figure(cont.timeline), "telemetry")
     with st.expander("The answers"):

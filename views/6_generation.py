@@ -51,6 +51,7 @@ c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in
 c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—", help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)
+widgets.busy_note(rec.busy)
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 pick = st.pills(
     "Generated tokens (click one; the small number is its position)",

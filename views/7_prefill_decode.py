@@ -4,7 +4,7 @@ import streamlit as st
 import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
 from pipeline import checks
-from pipeline.generation import metrics, prefill_decode_sweep
+from pipeline.generation import cache_off_sweep, cache_verdict, metrics, prefill_decode_sweep, sweep_verdict
 from views import widgets
 
 st.title("7 · Prefill vs decode")
@@ -40,6 +40,7 @@ else:
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
     c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
     widgets.figure(step_times_figure(ev), "step times")
+    widgets.busy_note(rec.busy)
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
@@ -47,10 +48,11 @@ lengths = widgets.sweep_lengths([16, 64, 256, 1024, 2048] if gpu else [16, 64, 2
 reps = widgets.cap("repeats", 3)
 st.caption(
     f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
-    f"pass, each decode time the mean of 8 steps after it; medians of {reps} runs after a warm-up." + widgets.cap_note("sweep_tokens", "prompt tokens")
+    f"pass, each decode time the mean of 8 steps after it; {reps} interleaved repeats after a warm-up (each repeat measures every length, "
+    "in a rotated order): the median, and bars from the lowest to the highest repeat." + widgets.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the sweep", key="sweep_go"):
-    with widgets.heavy("the prompt-length sweep"):
+    with widgets.heavy("the prompt-length sweep", slot="sweep"):
         bar = st.progress(0.0, text="prefill and decode at each length")
         widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, repeats=reps, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
         bar.empty()
@@ -63,59 +65,64 @@ if rows is not None:
             [
                 {
                     "prompt tokens": r.tokens,
-                    "prefill ms": round(r.prefill_s * 1000, 1),
+                    "prefill ms (median)": round(r.prefill_s * 1000, 1),
+                    "prefill ms (range)": f"{r.prefill.lo * 1000:.1f}–{r.prefill.hi * 1000:.1f}",
                     "prefill ms per token": round(r.prefill_per_token_s * 1000, 2),
-                    "decode step ms": round(r.decode_step_s * 1000, 1),
+                    "decode step ms (median)": round(r.decode_step_s * 1000, 1),
+                    "decode step ms (range)": f"{r.decode.lo * 1000:.1f}–{r.decode.hi * 1000:.1f}",
                 }
                 for r in rows
             ]
         ),
         hide_index=True,
     )
-    first, last = rows[0], rows[-1]
-    gp, gd = last.prefill_s / first.prefill_s, last.decode_step_s / first.decode_step_s
-    msg = (
-        f"From {first.tokens} to {last.tokens} tokens ({last.tokens // first.tokens}× longer) prefill took {gp:.1f}× as long, a decode step {gd:.2f}× as long."
-    )
-    if gp > 2 * gd:
-        st.caption(msg + " Prefill pays for every prompt token; a decode step mostly pays for reading the weights.")
+    verdict = sweep_verdict(rows)
+    if verdict.claim:
+        st.caption(verdict.claim)
     else:
-        st.warning(msg + " That is not the usual picture: the machine may have been busy. Run the sweep again.")
+        st.warning(verdict.doubt, icon=":material/help:")
+    widgets.busy_note("sweep")
 
 st.subheader("Without the KV cache")
 st.markdown(
-    "The same greedy generation twice: with the cache each step feeds one token; without it every step "
-    "feeds the whole context again, so step time grows with the length. Same tokens out."
+    "The same greedy generation twice at each context length: with the cache each step feeds one token; without "
+    "it every step feeds the whole context again, so its time grows with the length. Same tokens out."
 )
-n_off, ctx = (24, 256) if not gpu else (64, 1024)
-prompt = pipeline.generation.long_prompt(lm, ctx)
-ctx = len(pipeline.tokenize(lm.tokenizer, prompt).input_ids)  # what generate will see
-if st.button(f"Run {n_off} tokens after a {ctx}-token prompt, with and without the cache", key="cache_go"):
-    with widgets.heavy("the cache comparison"), st.spinner("Generating twice…"):
+ctx_lengths = [n for n in ([16, 128, 512, 1024] if gpu else [16, 128, 512]) if n <= widgets.cap("sweep_tokens", 10**9)]
+n_new = 3
+if st.button(f"Run {n_new} tokens after prompts of {', '.join(map(str, ctx_lengths))} tokens, with and without the cache", key="cache_go"):
+    with widgets.heavy("the cache comparison", slot="cache_cmp"):
+        bar = st.progress(0.0, text="generating with and without the cache")
         try:
-            on = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0))
-            off = list(pipeline.generation.generate(lm, prompt, n_off, temperature=0.0, use_cache=False))
-            widgets.remember("cache_cmp", (on, off))
+            widgets.remember("cache_cmp", cache_off_sweep(lm, ctx_lengths, n_new, repeats=reps, progress=lambda f, m: bar.progress(min(f, 1.0), text=m)))
         except pipeline.TraceError as e:
             st.warning(str(e))
+        bar.empty()
 cmp_ = widgets.recall("cache_cmp")
+if cmp_ is not None and not isinstance(cmp_, list):
+    cmp_ = None  # a result of an older layout kept by this session
 if cmp_ is not None:
-    on, off = cmp_
-    widgets.figure(cache_on_off_figure(on, off), "cache on off")
-    same = [e.token_id for e in on] == [e.token_id for e in off]
-    mo, mf = metrics(on), metrics(off)
+    widgets.figure(cache_on_off_figure(cmp_), "cache on off")
+    same = all(r.same_tokens for r in cmp_)
+    last = cmp_[-1]
     c = st.columns(3)
-    c[0].metric("Decode speed, cache on", f"{mo.tokens_per_s:.1f} tok/s" if mo.tokens_per_s else "—")
-    c[1].metric("Decode speed, cache off", f"{mf.tokens_per_s:.1f} tok/s" if mf.tokens_per_s else "—")
+    c[0].metric(f"Decode step at {last.tokens:,} tokens, cache on", last.on.fmt(digits=0))
+    c[1].metric(f"Decode step at {last.tokens:,} tokens, cache off", last.off.fmt(digits=0))
     c[2].metric("Same tokens", "yes" if same else "NO")
+    v = cache_verdict(cmp_)
+    if v.claim:
+        st.caption(v.claim)
+    else:
+        st.warning(v.doubt, icon=":material/help:")
+    widgets.busy_note("cache_cmp")
 
 found = []
 if cmp_ is not None:
     found.append(
-        checks.check_same_tokens(
+        checks.Check(
             "greedy tokens with the cache = without it (every step recomputes the whole context)",
-            {"on": [e.token_id for e in on]},
-            {"on": [e.token_id for e in off]},
+            all(r.same_tokens for r in cmp_),
+            f"{len(cmp_)} context lengths, {n_new} tokens each: " + ", ".join(f"{r.tokens:,}: {'same' if r.same_tokens else 'DIFFERENT'}" for r in cmp_),
         )
     )
 if rows is not None:
@@ -123,7 +130,7 @@ if rows is not None:
         checks.Check(
             "each prefill is one forward pass over the whole prompt, each decode step one token after it",
             all(r.prefill_s > 0 and r.decode_step_s > 0 for r in rows),
-            f"{len(rows)} lengths measured ({', '.join(f'{r.tokens:,}' for r in rows)} tokens), medians of {reps} runs after a warm-up, device-synchronised",
+            f"{len(rows)} lengths measured ({', '.join(f'{r.tokens:,}' for r in rows)} tokens), {len(rows[0].prefill.values)} interleaved repeats after a warm-up, device-synchronised",
         )
     )
 if rec is not None:

@@ -47,25 +47,45 @@ if timeline is not None:
             f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
             f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms."
         )
+        widgets.busy_note(rec.busy)
 
 st.subheader("Why a GPU: matrix multiplication")
 if st.button("Measure", key="hw_probe"):
-    with st.spinner("Timing a matmul and profiling one decode step…"):
+    with widgets.heavy("the matmul probe and the decode-step profile", slot="hw_probe"), st.spinner("Timing a matmul and profiling 5 decode steps…"):
         widgets.remember("hw_probe", (hardware.matmul_probe(lm.device, lm.dtype), hardware.decode_step_profile(lm)))
 pr = widgets.recall("hw_probe")
 if pr is not None:
     mm, prof = pr
     c = st.columns(3)
-    c[0].metric(f"Matmul {mm.n}³ ({mm.dtype})", f"{mm.tflops * 1000:,.0f} GFLOP/s", help=f"{mm.seconds * 1000:.1f} ms, best of 5")
-    c[1].metric("Matmul share of a decode step", f"{prof.matmul_share:.0%}", help=prof.device_time)
+    gf = [2 * mm.n**3 / t / 1e9 for t in mm.runs.values] if mm.runs else [mm.tflops * 1000]
+    c[0].metric(
+        f"Matmul {mm.n}³ ({mm.dtype})",
+        f"{mm.tflops * 1000:,.0f} GFLOP/s",
+        help=f"{mm.seconds * 1000:.1f} ms, the median of {len(gf)} (range {min(gf):,.0f}–{max(gf):,.0f} GFLOP/s)",
+    )
+    c[1].metric(
+        "Matmul share of a decode step",
+        f"{prof.matmul_share:.0%} ({prof.shares.lo:.0%}–{prof.shares.hi:.0%})",
+        help=f"{prof.device_time}; the median of {len(prof.shares.values)} profiled steps, their range in brackets",
+    )
     c[2].metric(
-        "One decode step", f"{prof.step_ms:.1f} ms", help="median of 5 steps without the profiler (the profiled step is slower: the profiler's own overhead)"
+        "One decode step",
+        prof.steps.fmt(digits=1),
+        help=f"median of {len(prof.steps.values)} steps without the profiler, range in brackets (the profiled step is slower: the profiler's own overhead)",
     )
     widgets.figure(ops_figure(prof.top), "ops")
-    st.caption(
-        "Measured with torch.profiler on this device. At batch 1 a decode step reads every weight once for "
-        "one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
-    )
+    if prof.noisy:
+        st.warning(
+            f"This machine was too noisy to read these shares as a finding: {prof.noisy}. Other work shared the processor "
+            "while the steps were profiled; press Measure again when it is quieter.",
+            icon=":material/help:",
+        )
+    else:
+        st.caption(
+            f"Measured with torch.profiler on this device, {len(prof.shares.values)} steps: bars are median shares. At batch 1 a decode step "
+            "reads every weight once for one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
+        )
+    widgets.busy_note("hw_probe")
 found = []
 if pr is not None:
     found += [checks.check_matmul_probe(mm), checks.check_profile(prof)]

@@ -22,6 +22,7 @@ from components import export
 from components.tokens import lit
 from pipeline.generation import GenerationRecord, prepare
 from pipeline.models import ModelLoadError, available_models, canonical_key
+from pipeline.timing import ACTIVITY
 from pipeline.tracing import TraceError, check_prompt
 
 PRESETS = {
@@ -145,9 +146,10 @@ def session_key() -> str:
 def client_address() -> str:
     """The connection's address ("local" for localhost, where Streamlit gives none)."""
     try:
-        return st.context.ip_address or "local"
-    except Exception:  # noqa: BLE001 - no client context (AppTest, a bare script run)
-        return "local"
+        ip = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no client context (a bare script run)
+        ip = None
+    return ip if isinstance(ip, str) and ip else "local"  # AppTest gives a mock
 
 
 def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
@@ -213,21 +215,25 @@ def address_slot():
 
 
 @contextmanager
-def heavy(what: str):
+def heavy(what: str, slot: str | None = None):
     """A heavy experiment (a sweep, the kernels, production mode, a speculative comparison): on a demo server it
     waits its turn in a fair line (one per visitor, `heavy_at_once` at a time), saying where it stands; a tab
-    closed while waiting leaves the line. Elsewhere it just runs."""
+    closed while waiting leaves the line. Elsewhere it just runs. With `slot`, what else ran on the server while
+    it ran is kept beside the page's result (busy_note(slot) says it)."""
     p = policy()
     if not p.enabled:
-        yield
+        with ACTIVITY.doing("experiment") as job:
+            yield
+        if slot:
+            remember(slot + "/busy", job.busy)
         return
     if not allowed(what):
         st.stop()
     note = st.empty()
     line = _heavy_line(p.caps.heavy_at_once)
     try:
-        slot = address_slot()
-        slot.__enter__()
+        slot_held = address_slot()
+        slot_held.__enter__()
     except demo.Busy as e:
         note.warning(str(e))
         st.stop()
@@ -242,11 +248,28 @@ def heavy(what: str):
             st.stop()
         note.empty()
         try:
-            yield
+            with ACTIVITY.doing("experiment") as job:
+                yield
+            if slot:
+                remember(slot + "/busy", job.busy)
         finally:
             ticket.__exit__(None, None, None)
     finally:
-        slot.__exit__(None, None, None)
+        slot_held.__exit__(None, None, None)
+
+
+def busy_note(busy, where=None) -> None:
+    """What else this server ran while a time shown was measured (a Busy, or the slot of a heavy experiment's
+    result): a warning that the time is inflated, or a one-line caption that nothing else ran."""
+    if isinstance(busy, str):
+        busy = recall(busy + "/busy")
+    if busy is None:
+        return
+    w = where or st
+    if busy:
+        w.warning(str(busy), icon=":material/groups:")
+    else:
+        w.caption(str(busy))
 
 
 @st.cache_resource(show_spinner=False)
@@ -372,7 +395,7 @@ def _browser_id() -> str | None:
         v = st.context.cookies.get(BROWSER_COOKIE)
     except Exception:  # noqa: BLE001 - no client context (AppTest)
         return None
-    return v if v and BROWSER_ID.fullmatch(v) else None
+    return v if isinstance(v, str) and BROWSER_ID.fullmatch(v) else None
 
 
 def _keep_runs() -> None:
@@ -856,19 +879,31 @@ def run_generation(
         return None
     if not allowed("generating"):
         return None
+    try:
+        with address_slot():
+            return _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache)
+    except demo.Busy as e:
+        st.warning(str(e))
+        return None
+
+
+def _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache) -> GenerationRecord | None:
     for note in req.notes:
         st.info(note)
     rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings), prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
     t_start = time.perf_counter()
     opts = {k: v for k, v in settings.items() if k != "max_new_tokens"}
-    if use_cache and cache == "engine":
+    engine = use_cache and cache == "engine"
+    own = None
+    if engine:
         try:
             events = pipeline.engine.engine_for(lm).submit(req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
         except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
             st.warning(str(e))
             return None
-    else:
+    else:  # this request's own loop: registered as one generation (the engine registers its steps itself)
         events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
+        own = ACTIVITY.start("generation")
     appstate.remember(st.session_state, slot, model_key(), rec)
     try:
         for ev in events:
@@ -876,7 +911,7 @@ def run_generation(
                 break  # request is cancelled as the stream closes)
             if isinstance(ev, pipeline.engine.Waiting):
                 if out is not None:
-                    out.info(f"The server is busy: {ev}. Your request starts as soon as a slot is free.")
+                    out.info(f"Server busy: {ev}. Your request starts as soon as a slot is free.")
                 continue
             rec.events.append(ev)
             if sampler is not None:
@@ -888,6 +923,9 @@ def run_generation(
     except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept
         st.warning(str(e))
         rec.stopped = True
+    finally:
+        # what else ran meanwhile: the engine's steps counted this request in their batch, its own loop did not
+        rec.busy = ACTIVITY.end(own) if own is not None else ACTIVITY.during(t_start, time.perf_counter()).less_one("generation")
     rec.done = not rec.stopped
     if out is not None:
         verbatim(rec.text(lm.tokenizer), out)

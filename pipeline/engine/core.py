@@ -36,6 +36,7 @@ import torch
 
 from ..decode import StepOutput, choose, token_texts
 from ..models import LoadedModel
+from ..timing import ACTIVITY
 from .scheduler import BlockPool, Request, Sampling, Scheduler
 
 DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
@@ -293,7 +294,7 @@ class Engine:
             try:
                 rows = [r for r in plan.decode if r.state == "decode"]
                 batch = len(rows) + len(plan.prefill)
-                with self.lm.lock, torch.inference_mode():
+                with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
                     first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
                     parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
                     outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []

@@ -246,7 +246,10 @@ class Scheduler:
             )
         with self.lock:
             if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"The server is busy: {len(self.waiting)} requests are already waiting. Try again in a moment.")
+                raise QueueFull(
+                    f"Server busy: {len(self.waiting)} requests are already waiting, the most this server queues. Nothing was started; "
+                    "try again in a few seconds."
+                )
             self.waiting.append(req)
             self.changed.notify_all()
 

@@ -28,8 +28,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(port: int, env: dict | None = None):
-    """A fresh `streamlit run app.py` on 127.0.0.1:port; returns (process, url) once it answers its health check."""
+def start_server(port: int, env: dict | None = None, cwd: Path | None = None):
+    """A fresh `streamlit run app.py` on 127.0.0.1:port; returns (process, url) once it answers its health check.
+    `cwd`: the folder it runs in (its .streamlit/secrets.toml is the operator's file; default the project)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -46,7 +47,7 @@ def start_server(port: int, env: dict | None = None):
             "--browser.gatherUsageStats",
             "false",
         ],
-        cwd=ROOT,
+        cwd=cwd or ROOT,
         env=dict(os.environ, **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

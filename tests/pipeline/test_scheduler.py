@@ -61,7 +61,7 @@ def test_queue_bound_gives_a_busy_message_at_once():
     s = Scheduler(BlockPool(1, 4), max_batch=1, max_queue=2)
     s.submit(req(1, 1))
     s.submit(req(1, 1))
-    with pytest.raises(QueueFull, match="busy.*Try again"):
+    with pytest.raises(QueueFull, match="^Server busy: .*try again"):
         s.submit(req(1, 1))
 
 

@@ -86,9 +86,9 @@ def test_the_rate_limit_says_when_to_try_again(demo_env, monkeypatch):
     at = page("views/6_generation.py")
     at.number_input(key="gen_n").set_value(2)
     next(b for b in at.button if b.key == "gen_go").click().run()
-    assert not at.exception and not [w for w in at.warning if "Too many runs" in w.value]
+    assert not at.exception and not [w for w in at.warning if "too many runs" in w.value]
     next(b for b in at.button if b.key == "gen_go").click().run()
-    assert any("Too many runs from this browser" in w.value and "1 a minute" in w.value for w in at.warning)
+    assert any("too many runs from this browser" in w.value and "1 a minute" in w.value and "again in" in w.value for w in at.warning)
 
 
 def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkeypatch):
@@ -103,13 +103,87 @@ def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkey
     assert "request id" in shown and "/home/teacher" not in shown and "FileNotFoundError" not in shown
 
 
-def test_the_operator_page_asks_for_the_password(demo_env):
+@pytest.fixture
+def guard(monkeypatch):
+    """A fresh server-wide password guard for this test (one per process otherwise), with short waits."""
+    import demo
+    from views import widgets
+
+    class Quick(demo.PasswordGuard):
+        def __init__(self):
+            super().__init__(max_failures=3, window_s=600, lockout_s=600, throttle_s=0.05)
+
+    monkeypatch.setattr(demo, "PasswordGuard", Quick)
+    widgets.password_guard.clear()
+    yield
+    widgets.password_guard.clear()
+
+
+def test_the_operator_page_asks_for_the_password(demo_env, guard):
+    import time
+
     at = page("views/operator.py")
     assert [t for t in at.text_input if t.key == "op_password"]
     assert not at.metric
     at.text_input(key="op_password").set_value("wrong").run()
     assert any("Wrong password" in e.value for e in at.error) and not at.metric
+    time.sleep(0.2)  # the throttle after a wrong password
     at.text_input(key="op_password").set_value("teacher-pw").run()
     assert not at.exception
     labels = [m.label for m in at.metric]
     assert "Browsers, last 5 min" in labels and "Server memory (RSS)" in labels
+
+
+def test_the_operator_page_locks_after_repeated_failures_from_any_session(demo_env, guard, caplog):
+    """Guesses spread over fresh sessions share one server-wide count; once locked, the right password is refused
+    too and the page says so; every failure is logged with its time, never the guess."""
+    import logging
+    import time
+
+    with caplog.at_level(logging.WARNING, logger="llm_explorer"):
+        for guess in ("guess-1", "guess-2", "guess-3"):
+            at = page("views/operator.py")  # a fresh session each time, as a script would
+            time.sleep(0.5)
+            at.text_input(key="op_password").set_value(guess).run()
+            assert any("Wrong password" in e.value for e in at.error)
+    at = page("views/operator.py")
+    assert any("Locked" in e.value for e in at.error) and not [t for t in at.text_input if t.key == "op_password"] and not at.metric
+    logged = [r.getMessage() for r in caplog.records if "wrong password" in r.getMessage()]
+    assert len(logged) == 3 and not any("guess" in m for m in logged)
+
+
+def test_a_full_engine_queue_says_server_busy(demo_env, monkeypatch):
+    at = page("views/6_generation.py")
+    from views import widgets
+
+    eng = pipeline.engine.engine_for(widgets._loader(pipeline.EMBEDDED).result)
+    monkeypatch.setattr(eng.scheduler, "max_queue", 0)  # nothing more may wait
+    at.number_input(key="gen_n").set_value(2)
+    next(b for b in at.button if b.key == "gen_go").click().run()
+    assert not at.exception
+    assert any(w.value.startswith("Server busy:") and "try again" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_page_one_caps_what_it_tokenizes_on_a_demo_server(demo_env):
+    at = page("views/1_tokens.py", prompt="word " * 6000)  # 30,000 characters, over the 20,000 cap
+    assert not at.exception
+    assert any("tokenizes at most 20,000" in w.value for w in at.warning) and not at.metric
+
+
+def test_traces_and_tokenizing_count_against_the_browser_limit(demo_env, monkeypatch):
+    import dataclasses
+
+    import demo
+
+    real = demo.load_policy
+
+    def two_a_minute(*a, **k):
+        p = real(*a, **k)
+        return dataclasses.replace(p, caps=dataclasses.replace(p.caps, requests_per_minute=2))
+
+    monkeypatch.setattr(demo, "load_policy", two_a_minute)
+    at = page("views/1_tokens.py", prompt="limit check one, a prompt no other test tokenizes")
+    for i in ("two", "three"):
+        at.session_state["prompt"] = f"limit check {i}, a prompt no other test tokenizes"
+        at.run()
+    assert any("too many runs from this browser" in w.value for w in at.warning), [w.value for w in at.warning]
