@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .capture import Capture, capturing
-from .models import LoadedModel, ModelFacts
+from .models import LoadedModel, ModelFacts, threads_for
 from .timing import ACTIVITY, Busy, syncer
 from .tokens import Segment, Token, Tokenized, tokenize
 
@@ -70,6 +70,20 @@ class Trace:
     device: str
     exact_tokens: bool = True
     busy: Busy = Busy()  # what else this server ran during the forward pass (its times are inflated if anything)
+    forward_cpu_s: float | None = None  # processor time of the forward when one thread ran it (CPU), else None
+
+    @property
+    def forward_s(self) -> float:
+        """The model's own time for the forward pass: the processor time of the one thread that ran it when that is
+        known (small prompts on a CPU, see models.threads_for), else the wall clock."""
+        return self.forward_cpu_s if self.forward_cpu_s is not None else self.timings["forward total"]
+
+    @property
+    def shared_s(self) -> float:
+        """Wall-clock time of the forward pass during which the processor ran something else (another program,
+        another visitor, the browser drawing the page): 0 when unknown."""
+        return max(0.0, self.timings["forward total"] - self.forward_cpu_s) if self.forward_cpu_s is not None else 0.0
+
     last_prompt_index: int | None = None  # position of the prompt's last token (before any chat-template suffix)
 
     @property
@@ -289,12 +303,13 @@ def trace(
     sync = syncer(lm.device)
     ids = torch.tensor([tk.input_ids], device=lm.device)
     with lm.lock:
-        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap), ACTIVITY.doing("trace") as job:
+        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap), threads_for(lm.device, T), ACTIVITY.doing("trace") as job:
             sync()
-            t_fwd = time.perf_counter()
+            threads = torch.get_num_threads()
+            t_fwd, c_fwd = time.perf_counter(), time.thread_time()
             out = lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
             sync()
-            t_end = time.perf_counter()
+            t_end, c_end = time.perf_counter(), time.thread_time()
         logits = out.logits[0, -1].float().cpu()
         # logit lens at the last position: final norm + LM head applied after every layer
         t_l = time.perf_counter()
@@ -307,6 +322,8 @@ def trace(
     timings = {"tokenize": t_tok, **_stage_timings(acts.marks, L, t_fwd, t_end), "logit lens": t_lens}
     tr = _assemble(lm, prompt, tk, cap, acts, hs, logits, top5_i, top5_p, timings)
     tr.busy = job.busy
+    if lm.device.type == "cpu" and threads == 1:  # one thread did all the work: its processor time is the model's own
+        tr.forward_cpu_s = c_end - c_fwd
     timings["total"] = time.perf_counter() - t0
     return tr
 

@@ -4,6 +4,7 @@ import pipeline
 from components.figures import timings_bar
 from views import widgets
 
+lm, tr = widgets.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
 st.title("What happens between Enter and the first token")
 st.markdown(
     "This explorer runs a **real language model** on your prompt with hooks on every stage and shows the "
@@ -35,19 +36,31 @@ with st.expander("The stages, in order: each opens on this model and prompt", ex
     cols = st.columns(2)
     for i, (path, label) in enumerate(STAGES):
         cols[i // 8].page_link(path, label=label)
-lm, tr = widgets.get_trace()
 f = tr.facts
 nxt = int(tr.next_logits.argmax())
 c = st.columns(4)
 c[0].metric("Tokens in", tr.T)
 c[1].metric("Most likely next token", repr(lm.tokenizer.decode([nxt])))
+wall = tr.timings["forward total"]
 c[2].metric(
     "Forward pass",
-    f"{tr.timings['forward total'] * 1000:.0f} ms",
-    help="This run's forward pass, with the hooks that record every stage. 'Time it again' below repeats it without them.",
+    f"{tr.forward_s * 1000:.0f} ms",
+    help=(
+        f"This run's forward pass, with the hooks that record every stage: the {tr.forward_s * 1000:.0f} ms the processor spent on it "
+        f"(one thread ran it); wall clock {wall * 1000:.0f} ms."
+        if tr.forward_cpu_s is not None
+        else "This run's forward pass, wall clock, with the hooks that record every stage."
+    )
+    + " 'Time it again' below repeats it without them.",
 )
 c[3].metric("Parameters", f"{f.n_params / 1e6:.0f} M")
 widgets.busy_note(tr.busy)
+if tr.shared_s > 0.15 * tr.forward_s:
+    st.caption(
+        f"Wall clock: {wall * 1000:,.0f} ms. For {tr.shared_s * 1000:,.0f} ms of it the processor ran something else (another program, "
+        f"another visitor, or the browser drawing this page on the same machine): the model's own time is the {tr.forward_s * 1000:,.0f} ms it ran. "
+        "The stage times below are wall clock, so they include that wait."
+    )
 again = widgets.recall("fwd_again")
 if again is not None and again[0] == (tuple(tr.input_ids), tr.model_label):
     samples, busy = again[1]
