@@ -61,6 +61,10 @@ if tr.shared_s > 0.15 * tr.forward_s:
         f"another visitor, or the browser drawing this page on the same machine): the model's own time is the {tr.forward_s * 1000:,.0f} ms it ran. "
         "The stage times below are wall clock, so they include that wait."
     )
+elif tr.forward_cpu_s is not None:
+    st.caption(
+        f"Forward pass: the processor time of the one thread that ran it. Its wall clock, {wall * 1000:,.0f} ms, is what the stage bars below add up to."
+    )
 again = widgets.recall("fwd_again")
 if again is not None and again[0] == (tuple(tr.input_ids), tr.model_label):
     samples, busy = again[1]

@@ -164,19 +164,19 @@ else:
         mine, base = tps[run.policy], tps[seq.policy]
         col.metric(
             f"Throughput, {run.policy}",
-            mine.fmt(1, "tok/s", 1),
+            f"{mine.median:.1f} tok/s",
             f"{mine.median / base.median:.2f}× one after another" if base.median else None,
             delta_color="off",
             delta_arrow="off",
-            help=f"The median of {n_reps} interleaved repeats, their range in brackets",
+            help=f"The median of {n_reps} interleaved repeats (range {mine.lo:.1f}–{mine.hi:.1f} tok/s)",
         )
     m[2].metric(
         "Mean time to the whole answer",
-        lat[cont.policy].fmt(1, "s", 2),
+        f"{lat[cont.policy].median:.2f} s",
         f"static {lat[static.policy].median:.2f} s, one by one {lat[seq.policy].median:.2f} s",
         delta_color="off",
         delta_arrow="off",
-        help=f"Continuous batching; the median of {n_reps} interleaved repeats, their range in brackets",
+        help=f"Continuous batching; the median of {n_reps} interleaved repeats (range {lat[cont.policy].lo:.2f}–{lat[cont.policy].hi:.2f} s)",
     )
     m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
     widgets.figure(gantt_figure(runs), "gantt")

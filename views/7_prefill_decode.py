@@ -106,8 +106,13 @@ if cmp_ is not None:
     same = all(r.same_tokens for r in cmp_)
     last = cmp_[-1]
     c = st.columns(3)
-    c[0].metric(f"Decode step at {last.tokens:,} tokens, cache on", last.on.fmt(digits=0))
-    c[1].metric(f"Decode step at {last.tokens:,} tokens, cache off", last.off.fmt(digits=0))
+    for col, what, s in ((c[0], "on", last.on), (c[1], "off", last.off)):
+        widgets.metric_of(
+            col,
+            f"Decode step at {last.tokens:,} tokens, cache {what}",
+            s,
+            help=f"The median of {len(s.values)} interleaved repeats, each the mean of the decode steps after the first token",
+        )
     c[2].metric("Same tokens", "yes" if same else "NO")
     v = cache_verdict(cmp_)
     if v.claim:

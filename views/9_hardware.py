@@ -63,15 +63,20 @@ if pr is not None:
         f"{mm.tflops * 1000:,.0f} GFLOP/s",
         help=f"{mm.seconds * 1000:.1f} ms, the median of {len(gf)} (range {min(gf):,.0f}–{max(gf):,.0f} GFLOP/s)",
     )
-    c[1].metric(
+    widgets.metric_of(
+        c[1],
         "Matmul share of a decode step",
-        f"{prof.matmul_share:.0%} ({prof.shares.lo:.0%}–{prof.shares.hi:.0%})",
-        help=f"{prof.device_time}; the median of {len(prof.shares.values)} profiled steps, their range in brackets",
+        prof.shares,
+        100,
+        "%",
+        help=f"{prof.device_time}; the median of {len(prof.shares.values)} profiled steps and their range",
     )
-    c[2].metric(
+    widgets.metric_of(
+        c[2],
         "One decode step",
-        prof.steps.fmt(digits=1),
-        help=f"median of {len(prof.steps.values)} steps without the profiler, range in brackets (the profiled step is slower: the profiler's own overhead)",
+        prof.steps,
+        digits=1,
+        help=f"The median of {len(prof.steps.values)} steps without the profiler and their range (the profiled step is slower: the profiler's own overhead)",
     )
     widgets.figure(ops_figure(prof.top), "ops")
     if prof.noisy:

@@ -258,6 +258,20 @@ def heavy(what: str, slot: str | None = None):
         slot_held.__exit__(None, None, None)
 
 
+def metric_of(col, label: str, samples, scale: float = 1000.0, unit: str = "ms", digits: int = 0, help: str | None = None) -> None:
+    """A metric for repeated measurements: the median as its value (short enough never to be cut), the range of
+    the repeats under it."""
+    f = lambda x: f"{x * scale:,.{digits}f}"  # noqa: E731
+    col.metric(
+        label,
+        f"{f(samples.median)} {unit}".strip(),
+        f"range {f(samples.lo)}–{f(samples.hi)} {unit}".strip() if len(samples.values) > 1 else None,
+        delta_color="off",
+        delta_arrow="off",
+        help=help,
+    )
+
+
 def busy_note(busy, where=None) -> None:
     """What else this server ran while a time shown was measured (a Busy, or the slot of a heavy experiment's
     result): a warning that the time is inflated, or a one-line caption that nothing else ran."""

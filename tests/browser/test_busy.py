@@ -70,7 +70,7 @@ def test_timed_pages_flag_other_work_and_claim_only_what_their_repeats_hold(serv
     no_exception(page)
     text = page.locator("body").inner_text()
     assert said_busy(text) or CALM in text
-    assert re.search(r"\d+% \(\d+%–\d+%\)", text)  # the share with its range
+    assert re.search(r"\d+ %\s+range \d+–\d+ %", text)  # the share with its range
     assert ("usually sets its speed" in text) != ("too noisy to read these shares" in text)
     page.close()
 
