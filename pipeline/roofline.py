@@ -16,7 +16,7 @@ import torch
 from .generation import kv_bytes_formula
 from .hardware import matmul_probe
 from .models import LoadedModel
-from .timing import best_of
+from .timing import Samples, best_of, interleaved
 
 
 @dataclass
@@ -36,7 +36,8 @@ class OpCost:
     intensity: float = 0.0  # FLOPs per byte
     bound_s: float = 0.0  # max(FLOPs / peak, bytes / bandwidth) (s)
     bound_by: str = ""  # "compute" | "memory"
-    measured_s: float = 0.0  # best of 5 on this device with the layer's real weights (s)
+    measured_s: float = 0.0  # the median of 5 interleaved repeats on this device with the layer's real weights (s)
+    measured: Samples | None = None  # every repeat (s)
 
 
 @dataclass
@@ -102,8 +103,9 @@ def layer_ops(lm: LoadedModel, tokens: int, context: int) -> list[OpCost]:
     ]
 
 
-def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0) -> dict[str, float]:
-    """Time each counted operation on this device with the layer's real weights (best of 5)."""
+def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0, repeats: int = 5) -> dict[str, Samples]:
+    """Time each counted operation on this device with the layer's real weights: `repeats` interleaved repeats
+    (each repeat times every operation once, in a rotated order) after a warm-up."""
     f = lm.facts
     dev, dt = lm.device, lm.dtype
     lyr = lm.arch.layers[layer]
@@ -118,22 +120,25 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0) -
     a = torch.randn(1, tokens, f.n_heads * f.head_dim, generator=g).to(dev, dt)
     last = x[:, -1:]
     head = lm.model.get_output_embeddings()
-    out = {}
+    norm2 = lm.arch.pre_ffn_norm(layer)
+    ops = {
+        "norm (attention)": lambda: lyr.input_layernorm(x),
+        "q projection": lambda: att.q_proj(x),
+        "k projection": lambda: att.k_proj(x),
+        "v projection": lambda: att.v_proj(x),
+        "scores Q·Kᵀ": lambda: torch.matmul(q, k.transpose(2, 3)),
+        "softmax": lambda: torch.softmax(s, -1),
+        "weights × V": lambda: torch.matmul(w.to(dt), k),
+        "o projection": lambda: att.o_proj(a),
+        "norm (feed-forward)": lambda: norm2(x),
+        "feed-forward gate + up": lambda: (mlp.gate_proj(x), mlp.up_proj(x)),
+        "feed-forward down": lambda: mlp.down_proj(h),
+        "LM head (1 token)": lambda: head(last),
+    }
     with torch.inference_mode():
-        out["norm (attention)"] = best_of(lambda: lyr.input_layernorm(x), dev)
-        out["q projection"] = best_of(lambda: att.q_proj(x), dev)
-        out["k projection"] = best_of(lambda: att.k_proj(x), dev)
-        out["v projection"] = best_of(lambda: att.v_proj(x), dev)
-        out["scores Q·Kᵀ"] = best_of(lambda: torch.matmul(q, k.transpose(2, 3)), dev)
-        out["softmax"] = best_of(lambda: torch.softmax(s, -1), dev)
-        out["weights × V"] = best_of(lambda: torch.matmul(w.to(dt), k), dev)
-        out["o projection"] = best_of(lambda: att.o_proj(a), dev)
-        norm2 = lm.arch.pre_ffn_norm(layer)
-        out["norm (feed-forward)"] = best_of(lambda: norm2(x), dev)
-        out["feed-forward gate + up"] = best_of(lambda: (mlp.gate_proj(x), mlp.up_proj(x)), dev)
-        out["feed-forward down"] = best_of(lambda: mlp.down_proj(h), dev)
-        out["LM head (1 token)"] = best_of(lambda: head(last), dev)
-    return out
+        for fn in ops.values():  # warm-up
+            fn()
+        return interleaved({name: (lambda fn=fn: best_of(fn, dev, 1, warmup=False)) for name, fn in ops.items()}, repeats)
 
 
 def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> Roofline:
@@ -150,7 +155,7 @@ def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> R
             o.intensity = o.flops / o.bytes
             o.bound_s = max(o.flops / peak, o.bytes / bandwidth)
             o.bound_by = "compute" if o.flops / peak > o.bytes / bandwidth else "memory"
-            o.measured_s = times[o.op]
+            o.measured, o.measured_s = times[o.op], times[o.op].median
         phases[phase] = RooflinePhase(T, C, ops)
     weight_bytes = lm.facts.n_params * lm.arch.bytes_per_value
     kv = kv_bytes_formula(lm, context)

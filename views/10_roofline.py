@@ -82,7 +82,8 @@ for phase in ("prefill", "decode"):
                     "FLOP/byte": round(o.intensity, 2),
                     "bound by": o.bound_by,
                     "bound µs": round(o.bound_s * 1e6, 1),
-                    "measured µs": round(o.measured_s * 1e6, 1),
+                    "measured µs (median)": round(o.measured_s * 1e6, 1),
+                    "measured µs (range)": f"{o.measured.lo * 1e6:,.1f}–{o.measured.hi * 1e6:,.1f}" if o.measured else None,
                     "measured / bound": round(o.measured_s / o.bound_s, 1),
                 }
                 for o in ph.ops
@@ -92,5 +93,22 @@ for phase in ("prefill", "decode"):
         width="stretch",
         height=36 * (len(ph.ops) + 1) + 3,
     )  # every row, no scrolling
-st.caption("Peaks and times are measured on a shared machine: they move between runs (tens of percent on a busy CPU), so compare operations within one run.")
+st.caption(
+    "Each operation's time is the median of 5 interleaved repeats (each repeat times every operation once), with its range; "
+    "the peaks are medians of 5 too. On a shared machine they move between runs: compare operations within one run."
+)
+wide = [
+    f"{ph_name} {o.op} ({o.measured.lo * 1e6:,.0f}–{o.measured.hi * 1e6:,.0f} µs)"
+    for ph_name, ph in r.phases.items()
+    for o in ph.ops
+    if o.measured and o.measured.hi > 2 * o.measured.lo
+]
+if wide:
+    st.warning(
+        f"This machine was too noisy to place {len(wide)} operation{'s' if len(wide) > 1 else ''} on the chart with confidence: "
+        + "; ".join(wide[:4])
+        + (" …" if len(wide) > 4 else "")
+        + ": the repeats differ by more than 2×. Read their points as rough; measure again when the server is quieter.",
+        icon=":material/help:",
+    )
 widgets.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])

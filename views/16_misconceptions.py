@@ -27,7 +27,7 @@ myth(
 )
 at = st.slider("Force the runner-up at step", 0, 8, 2, key="myth_at", bind="query-params")
 if st.button("Generate, then force one token", key="myth_force", type="primary") and widgets.allowed("this experiment"):
-    with st.spinner("Generating twice, 12 greedy tokens…"):
+    with st.spinner("Generating twice, 12 greedy tokens…"), widgets.timed("myth_force"):
         try:
             widgets.remember("myth_force", mc.force_token(lm, tr.prompt, n=12, at=at, chat=tr.chat))
         except Exception as e:  # noqa: BLE001 - a bad prompt: say so, keep serving
@@ -46,6 +46,7 @@ if forced is not None:
         ),
         "steps",
     )
+    widgets.busy_note("myth_force")
     widgets.show_checks(forced.checks)
 else:
     st.caption("Press the button: two short greedy generations (seconds on a CPU).")
@@ -91,13 +92,14 @@ myth(
 gpu = lm.device.type == "cuda"
 lengths = [64, 512, 2048] if gpu else [32, 128, 512]
 if st.button(f"Measure prefill and KV cache at {', '.join(map(str, lengths))} tokens", key="myth_ctx"):
-    with st.spinner("Prefill at each length, medians of 3…"):
+    with st.spinner("Prefill at each length, medians of 3…"), widgets.timed("myth_ctx"):
         widgets.remember("myth_ctx", mc.context_cost(lm, lengths))
 cost = widgets.recall("myth_ctx")
 if cost is not None:
     widgets.table(
         "context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch"
     )
+    widgets.busy_note("myth_ctx")
     widgets.show_checks(cost.checks)
 else:
     st.caption("Press the button (seconds on a CPU).")

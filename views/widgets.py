@@ -222,10 +222,8 @@ def heavy(what: str, slot: str | None = None):
     it ran is kept beside the page's result (busy_note(slot) says it)."""
     p = policy()
     if not p.enabled:
-        with ACTIVITY.doing("experiment") as job:
+        with timed(slot):
             yield
-        if slot:
-            remember(slot + "/busy", job.busy)
         return
     if not allowed(what):
         st.stop()
@@ -248,14 +246,22 @@ def heavy(what: str, slot: str | None = None):
             st.stop()
         note.empty()
         try:
-            with ACTIVITY.doing("experiment") as job:
+            with timed(slot):
                 yield
-            if slot:
-                remember(slot + "/busy", job.busy)
         finally:
             ticket.__exit__(None, None, None)
     finally:
         slot_held.__exit__(None, None, None)
+
+
+@contextmanager
+def timed(slot: str | None):
+    """A timed experiment: registered as one (so other times measured meanwhile say so), and what else ran while it
+    ran kept beside the page's result in `slot` (busy_note(slot) says it)."""
+    with ACTIVITY.doing("experiment") as job:
+        yield
+    if slot:
+        remember(slot + "/busy", job.busy)
 
 
 def metric_of(col, label: str, samples, scale: float = 1000.0, unit: str = "ms", digits: int = 0, help: str | None = None) -> None:
