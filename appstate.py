@@ -8,6 +8,7 @@ as a plain mapping), so everything here is unit-tested without a browser.
     loaders.forget(key)               # only this model (a failed load never evicts the others)
     traces = TraceCache(budget_bytes)
     tr = traces.get(key, make)        # shared by every session, least recently used out first
+    runs = RunStore(); runs.attach(state, browser_id, new_id)   # a browser's runs, restored after a refresh
     remember(state, "gen", model_key, record); recall(state, "gen", model_key)
 """
 
@@ -81,36 +82,52 @@ class Loaders:
             return list(self._items)
 
 
-class TraceCache:
-    """Traces shared by every session, least recently used first out, bounded by bytes (a 2,048-token trace
-    holds ~400 MB, a short one ~1 MB). The newest trace always stays, even alone over the budget."""
+class LRU:
+    """A thread-safe cache, least recently used out first, at most `max_items` values (`over()` says when it holds
+    too much; the newest value always stays). `key in cache` tells, before any work, whether `get` would make
+    the value anew (a caller counts that work against a visitor's limits)."""
 
-    def __init__(self, budget: int = 1200 << 20):
-        self.budget, self.items, self.lock = budget, OrderedDict(), threading.Lock()
+    def __init__(self, max_items: int = 16):
+        self.max_items, self.items, self.lock = max_items, OrderedDict(), threading.Lock()
 
     def __contains__(self, key) -> bool:
         with self.lock:
             return key in self.items
+
+    def over(self) -> bool:
+        return len(self.items) > self.max_items
 
     def get(self, key, make: Callable[[], Any]):
         with self.lock:
             if key in self.items:
                 self.items.move_to_end(key)
                 return self.items[key]
-        tr = make()
+        value = make()
         with self.lock:
-            self.items[key] = tr
+            self.items[key] = value
             self.items.move_to_end(key)
-            while len(self.items) > 1 and self.nbytes > self.budget:
+            while len(self.items) > 1 and self.over():
                 self.items.popitem(last=False)
-        return tr
+        return value
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class TraceCache(LRU):
+    """Traces shared by every session, least recently used first out, bounded by bytes (a 2,048-token trace
+    holds ~400 MB, a short one ~1 MB). The newest trace always stays, even alone over the budget."""
+
+    def __init__(self, budget: int = 1200 << 20):
+        super().__init__()
+        self.budget = budget
+
+    def over(self) -> bool:
+        return self.nbytes > self.budget
 
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.items.values())
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 class SharedTexts:
@@ -218,30 +235,6 @@ def _copy_runs(runs: dict) -> dict:
     import copy
 
     return {slot: (mk, copy.copy(v)) for slot, (mk, v) in runs.items()}
-
-
-class LRU:
-    """A small thread-safe cache of at most `max_items` values, least recently used out first; `get` says
-    whether the value was made anew (so a caller can count the work against a visitor's limit)."""
-
-    def __init__(self, max_items: int = 16):
-        self.max_items, self.items, self.lock = max_items, OrderedDict(), threading.Lock()
-
-    def __contains__(self, key) -> bool:
-        with self.lock:
-            return key in self.items
-
-    def get(self, key, make: Callable[[], Any]):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        value = make()
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.max_items:
-                self.items.popitem(last=False)
-        return value
 
 
 class CheckResults:

@@ -76,11 +76,7 @@ if rows is not None:
         ),
         hide_index=True,
     )
-    verdict = sweep_verdict(rows)
-    if verdict.claim:
-        st.caption(verdict.claim)
-    else:
-        st.warning(verdict.doubt, icon=":material/help:")
+    widgets.claim_or_doubt(sweep_verdict(rows))
     widgets.busy_note("sweep")
 
 st.subheader("Without the KV cache")
@@ -114,11 +110,7 @@ if cmp_ is not None:
             help=f"The median of {len(s.values)} interleaved repeats, each the mean of the decode steps after the first token",
         )
     c[2].metric("Same tokens", "yes" if same else "NO")
-    v = cache_verdict(cmp_)
-    if v.claim:
-        st.caption(v.claim)
-    else:
-        st.warning(v.doubt, icon=":material/help:")
+    widgets.claim_or_doubt(cache_verdict(cmp_))
     widgets.busy_note("cache_cmp")
 
 found = []

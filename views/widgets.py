@@ -278,6 +278,16 @@ def metric_of(col, label: str, samples, scale: float = 1000.0, unit: str = "ms",
     )
 
 
+def claim_or_doubt(verdict, where=None) -> None:
+    """A measured trend as the page may state it (pipeline.generation.Verdict): the claim when every repeat holds
+    it, else why this machine could not tell."""
+    w = where or st
+    if verdict.claim:
+        w.caption(verdict.claim)
+    else:
+        w.warning(verdict.doubt, icon=":material/help:")
+
+
 def busy_note(busy, where=None) -> None:
     """What else this server ran while a time shown was measured (a Busy, or the slot of a heavy experiment's
     result): a warning that the time is inflated, or a one-line caption that nothing else ran."""

@@ -194,3 +194,15 @@ def test_a_frozen_view_is_a_copy_both_ways():
     copy.stopped = True
     remember(visitor, "gen", "smol", "theirs")
     assert recall(owner, "gen", "smol") is done and not done.stopped
+
+
+def test_lru_says_before_the_work_whether_it_will_be_made():
+    from appstate import LRU
+
+    c, made = LRU(2), []
+    assert "a" not in c
+    for k in "aba":
+        c.get(k, lambda k=k: made.append(k) or k.upper())
+    assert made == ["a", "b"] and "a" in c
+    c.get("c", lambda: "C")  # b is the least recently used: out
+    assert "b" not in c and len(c) == 2

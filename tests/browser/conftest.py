@@ -1,5 +1,7 @@
 """Browser-tier fixtures: one fresh server per test module, one Chromium per session."""
 
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,23 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    """A server that records every request: a rendered <img>, a Markdown image or a followed link would call it."""
+    hits = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", hits
+    srv.shutdown()

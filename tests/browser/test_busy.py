@@ -8,7 +8,7 @@ import sys
 import urllib.parse
 
 import pytest
-from ui import click_button, free_port, no_exception, start_server, stop_server, wait_idle
+from ui import click_button, free_port, no_exception, start_server, stop_server, visit
 
 BURN = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
 
@@ -27,14 +27,6 @@ def noisy():
     proc = subprocess.Popen([sys.executable, "-c", BURN])
     yield
     proc.kill()
-
-
-def visit(browser, url):
-    page = browser.new_page(viewport={"width": 1400, "height": 2200})
-    page.goto(url, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
 
 
 def start_generation(browser, server):
@@ -62,7 +54,7 @@ def test_timed_pages_flag_other_work_and_claim_only_what_their_repeats_hold(demo
     assert said_busy(text) or CALM in text  # the overview's forward pass carries its flag
     page.close()
 
-    page = visit(browser, f"{server}/prefill-decode?sweep_max=64")
+    page = visit(browser, f"{server}/prefill-decode?sweep_max=64", 1400, 2200)
     g.get_by_role("button", name="Generate").first.click()  # another generation while the sweep runs
     click_button(page, "Run the sweep", 600_000, expect="text=Prefill and one decode step")
     no_exception(page)

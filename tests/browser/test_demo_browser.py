@@ -3,12 +3,10 @@ special tokens, Markdown and HTML that would fetch a URL. Every page answers wit
 never a traceback or a server path, nothing a visitor wrote is rendered as HTML (no request reaches the
 tracking server), and the app keeps serving."""
 
-import http.server
-import threading
 import urllib.parse
 
 import pytest
-from ui import free_port, no_exception, start_server, stop_server, wait_idle
+from ui import free_port, no_exception, start_server, stop_server, visit, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -16,34 +14,6 @@ def server():
     proc, url = start_server(free_port(), env={"LLM_EXPLORER_DEMO": "1"})
     yield url
     stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def tracker():
-    """A server that records every request: a rendered <img> or Markdown image would call it."""
-    hits = []
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", hits
-    srv.shutdown()
-
-
-def visit(browser, url):
-    page = browser.new_page(viewport={"width": 1300, "height": 1400})
-    page.goto(url, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
 
 
 def body(page) -> str:

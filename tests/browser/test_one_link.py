@@ -3,14 +3,12 @@ carries a view and never an identity, the demo limits follow the browser and not
 address (a ?p= id, a ?prompt=, any bound setting) is ever rendered as a link or an image or makes the browser
 fetch anything."""
 
-import http.server
 import re
-import threading
 import urllib.parse
 
 import pytest
 from playwright.sync_api import expect
-from ui import ROOT, click_button, free_port, no_exception, start_server, stop_server, wait_idle
+from ui import ROOT, click_button, free_port, no_exception, start_server, stop_server, visit, wait_idle
 
 PAGES = [
     "",
@@ -45,39 +43,6 @@ def demo_server(tmp_path_factory):
     proc, url = start_server(free_port(), cwd=cwd)
     yield url
     stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def tracker():
-    """A server that records every request: a rendered link followed, an <img> or a Markdown image would call it."""
-    hits = []
-
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", hits
-    srv.shutdown()
-
-
-def visit(browser, url, outside=None):
-    """A new browser (its own context: cookies of its own) on `url`, idle. `outside` collects every request the
-    page makes to anything but the app's own server."""
-    page = browser.new_page(viewport={"width": 1300, "height": 1400})
-    if outside is not None:
-        origin = url.split("/", 3)[:3]
-        page.on("request", lambda r: None if r.url.split("/", 3)[:3] == origin or r.url.startswith(("data:", "blob:")) else outside.append(r.url))
-    page.goto(url, wait_until="domcontentloaded")
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
 
 
 def reload(page):

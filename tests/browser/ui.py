@@ -135,3 +135,16 @@ def click_button(page, text, timeout=180_000, expect=None):
                 return
     alerts = page.locator("[data-testid='stAlert']").all_inner_texts()
     raise AssertionError(f"{text!r} drew no {expect!r} after three clicks; the page says: {alerts}")
+
+
+def visit(browser, url, width=1300, height=1400, outside=None):
+    """A new browser (a context of its own: its own cookies, as another visitor's) on `url`, idle. `outside`, a
+    list, collects every request the page makes to anything but the app's own server."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    if outside is not None:
+        origin = url.split("/", 3)[:3]
+        page.on("request", lambda r: None if r.url.split("/", 3)[:3] == origin or r.url.startswith(("data:", "blob:")) else outside.append(r.url))
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    return page

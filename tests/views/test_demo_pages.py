@@ -71,24 +71,29 @@ def test_a_long_prompt_is_refused_with_the_cap(demo_env):
     assert any("at most 512 tokens" in w.value for w in at.warning), [w.value for w in at.warning]
 
 
-def test_the_rate_limit_says_when_to_try_again(demo_env, monkeypatch):
+@pytest.fixture
+def caps(monkeypatch):
+    """caps(name=value, ...): the demo policy with these caps for the rest of the test."""
     import dataclasses
 
     import demo
 
     real = demo.load_policy
 
-    def one_a_minute(*a, **k):
-        p = real(*a, **k)
-        return dataclasses.replace(p, caps=dataclasses.replace(p.caps, requests_per_minute=1))
+    def set_caps(**kw):
+        monkeypatch.setattr(demo, "load_policy", lambda *a, **k: dataclasses.replace(p := real(*a, **k), caps=dataclasses.replace(p.caps, **kw)))
 
-    monkeypatch.setattr(demo, "load_policy", one_a_minute)
-    at = page("views/6_generation.py")
+    return set_caps
+
+
+def test_the_rate_limit_says_when_to_try_again(demo_env, caps):
+    caps(requests_per_minute=2)  # the overview's trace of a prompt no other test traced counts as one
+    at = page("views/6_generation.py", prompt="Rate limit check: a prompt of its own.")
     at.number_input(key="gen_n").set_value(2)
     next(b for b in at.button if b.key == "gen_go").click().run()
     assert not at.exception and not [w for w in at.warning if "too many runs" in w.value]
     next(b for b in at.button if b.key == "gen_go").click().run()
-    assert any("too many runs from this browser" in w.value and "1 a minute" in w.value and "again in" in w.value for w in at.warning)
+    assert any("too many runs from this browser" in w.value and "2 a minute" in w.value and "again in" in w.value for w in at.warning)
 
 
 def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkeypatch):
@@ -170,18 +175,8 @@ def test_page_one_caps_what_it_tokenizes_on_a_demo_server(demo_env):
     assert any("tokenizes at most 20,000" in w.value for w in at.warning) and not at.metric
 
 
-def test_traces_and_tokenizing_count_against_the_browser_limit(demo_env, monkeypatch):
-    import dataclasses
-
-    import demo
-
-    real = demo.load_policy
-
-    def two_a_minute(*a, **k):
-        p = real(*a, **k)
-        return dataclasses.replace(p, caps=dataclasses.replace(p.caps, requests_per_minute=2))
-
-    monkeypatch.setattr(demo, "load_policy", two_a_minute)
+def test_traces_and_tokenizing_count_against_the_browser_limit(demo_env, caps):
+    caps(requests_per_minute=2)
     at = page("views/1_tokens.py", prompt="limit check one, a prompt no other test tokenizes")
     for i in ("two", "three"):
         at.session_state["prompt"] = f"limit check {i}, a prompt no other test tokenizes"
