@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from .arch import Arch, decoder_of  # noqa: E402
-from .tokens import thread_safe  # noqa: E402
+from .tokens import thread_safe, tokenize  # noqa: E402
 
 log = logging.getLogger("llm_explorer")
 
@@ -562,22 +562,16 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     install_capture(model)
 
     lm = _loaded(key, label, model, tok, dev, dtype, folder, t0)
-    if progress:
-        progress(0.95, "warming up (two traced forward passes)")
-    lm.run(_warm_up, lm)
+    lm.run(_warm_up, lm)  # one-time allocations and kernel choices stay out of measurements
     if progress:
         progress(1.0, "ready")
     return lm
 
 
 def _warm_up(lm: LoadedModel, progress: ProgressFn | None = None) -> None:
-    """Two traced passes on the model's own thread, the pages' way (eager attention, hooks, chat template), so that
-    one-time allocations, kernel choices and the thread's OpenMP team are made here, not in a visitor's first
-    numbers (bench/bench_first_visit.py measures it)."""
-    from .tracing import trace
-
-    for prompt, chat in (("The capital of France is", False), ("Why is the sky blue?", True)):
-        trace(lm, prompt, chat=chat)
+    with torch.inference_mode():
+        tokenize(lm.tokenizer, "warm up", chat=True)
+        lm.model(input_ids=torch.tensor([lm.tokenizer("warm up")["input_ids"]], device=lm.device), use_cache=False)
 
 
 def _loaded(key, label, model, tok, dev, dtype, folder, t0) -> LoadedModel:

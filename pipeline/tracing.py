@@ -370,3 +370,15 @@ def _assemble(
         device=lm.device_label,
         exact_tokens=tk.exact,
     )
+
+
+def warm_up(lm: LoadedModel, progress=None) -> None:
+    """Two traced passes on the model's own thread, the pages' way (eager attention, hooks, a chat prompt), so that
+    one-time allocations, kernel choices and the thread's OpenMP team are made before a visitor's first numbers,
+    not in them (the app's loader calls it; bench/bench_first_visit.py measures the effect)."""
+
+    def passes(progress=None):
+        for prompt, chat in (("The capital of France is", False), ("Why is the sky blue?", True)):
+            trace(lm, prompt, chat=chat)
+
+    lm.run(passes, progress=progress)
