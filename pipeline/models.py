@@ -176,10 +176,11 @@ class LoadedModel:
         stays in the page's own thread).
 
         Why a thread of its own: torch's CPU operators run on an OpenMP pool, and OpenMP gives every native thread
-        that enters a parallel region its own team. Streamlit runs each page run on a new thread, so work called
-        straight from the pages brought a new team each time (cold, and several teams spinning against each other
-        on two cores): the overview's forward pass read 1.2-1.8 s on a fresh server, 0.23 s in a plain process.
-        One thread per model keeps one warm team (the engine's worker is the other)."""
+        that enters a parallel region its own team; Streamlit runs each page run on a new thread. One long-lived
+        thread per model keeps one warm team for every visitor's traces (the engine's worker is the other), and
+        the page's updates out of the timed work: the progress bar used to be redrawn from inside the forward
+        pass, once per layer. (Heavy experiments stay on the page's thread: they take the model's lock step by
+        step, so other visitors' traces run between their steps.)"""
         from concurrent.futures import ThreadPoolExecutor, TimeoutError
 
         if threading.current_thread().name.startswith(f"model-{self.key}"):
@@ -331,8 +332,8 @@ def cache_problem(folder: Path, names: tuple[str, ...] | None = None, progress: 
     """Why a converted cache cannot be trusted, or None when it can: its marker (written last) lists every file
     with its size and SHA-256, and each must still match. A tokenizer.json cut short, weights truncated or
     overwritten with bytes of the same size, a file deleted: each is a mismatch. `names` limits the check to
-    those files (the tokenizer alone). Hashing reads every byte once: about 0.3 s for SmolLM2's 540 MB
-    (bench: `python -m pipeline cache-check`)."""
+    those files (the tokenizer alone). Hashing reads every byte once: 1.0 s for SmolLM2's 516 MiB and 1.8 s for
+    Gemma's 1,054 MiB on the 2-core build machine while it ran a test suite (less when it is quiet)."""
     try:
         record = json.loads((folder / CACHE_DONE).read_text())
         files = record["files"]

@@ -540,16 +540,17 @@ def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progr
     costs nothing) and is made on the model's own thread (pipeline.models.LoadedModel.run)."""
     lm = _loader(model_key).result
     key = (model_key, prompt, chat, qkv_layer)
-    if key not in _traces():
-        if not allowed("running the model"):
-            st.stop()
-        try:
-            with address_slot():
-                return _traces().get(key, lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress))
-        except demo.Busy as e:
-            st.warning(str(e))
-            st.stop()
-    return _traces().get(key, lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress))
+    make = lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress)  # noqa: E731
+    if key in _traces():
+        return _traces().get(key, make)
+    if not allowed("running the model"):
+        st.stop()
+    try:
+        with address_slot():
+            return _traces().get(key, make)
+    except demo.Busy as e:
+        st.warning(str(e))
+        st.stop()
 
 
 def _make_trace(lm, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
