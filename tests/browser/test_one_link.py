@@ -124,7 +124,7 @@ def test_nothing_from_an_address_is_rendered_or_fetched_on_any_page(demo_server,
     query = {k: hostile for k in sorted(keys)} | {"p": hostile, "prompt": hostile, "view": hostile, "s": hostile}
     outside = []
     for path in PAGES:
-        page = visit(browser, f"{demo_server}/{path}?{urllib.parse.urlencode(query)}", outside)
+        page = visit(browser, f"{demo_server}/{path}?{urllib.parse.urlencode(query)}", outside=outside)
         no_exception(page)
         page.wait_for_timeout(300)
         planted = page.evaluate(
