@@ -1,0 +1,128 @@
+"""Who a visitor is, and what a link carries: the browser's own runs (a cookie, never the address), a frozen copy
+of them for a link (?view=), a long prompt kept on the server under an id (?p=), every id from an address checked.
+The state itself lives in appstate (RunStore, SharedTexts); this module only wires it to Streamlit. Design:
+docs/architecture.md, "Who a visitor is"."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import streamlit as st
+
+import appstate
+
+MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat apps cut: shared another way
+
+
+@st.cache_resource(show_spinner=False)
+def _shared_texts() -> appstate.SharedTexts:
+    return appstate.SharedTexts()
+
+
+ID12 = re.compile(r"[0-9a-f]{12}")  # a shared prompt's or a frozen view's id: 12 hex digits, nothing else
+BROWSER_COOKIE = "llm_explorer_browser"  # this browser's id: its runs and its rate limit, never in a link
+BROWSER_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def link_id(name: str) -> str | None:
+    """A ?p= / ?view= id from the address: returned when it is 12 hex digits; anything else is removed from the
+    address and said in the page as plain text (never echoed: a link's text is never rendered)."""
+    v = st.query_params.get(name)
+    if v is None:
+        return None
+    if ID12.fullmatch(v):
+        return v
+    del st.query_params[name]
+    st.sidebar.warning(f"This link's ?{name}= is not a valid id (12 hex digits), so it was ignored.")
+    return None
+
+
+def shared_prompt() -> bool:
+    """Links carry the prompt (?prompt=...) up to MAX_URL_PROMPT_CHARS; a longer one is kept on this server and
+    the link carries its id (?p=...). Opens a link's stored prompt once; returns whether the prompt is long."""
+    pid = link_id("p")
+    if pid and st.session_state.get("_shared_id") != pid:
+        st.session_state["_shared_id"] = pid
+        text = _shared_texts().get(pid)
+        if text is None:
+            st.sidebar.warning(
+                "This link's prompt is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
+            )
+        else:
+            st.session_state["prompt"] = text
+            st.rerun()  # the widgets are drawn from the restored prompt (drawn in this first run, the box could stay blank)
+    prompt = st.session_state.get("prompt") or ""
+    long = len(prompt) > MAX_URL_PROMPT_CHARS
+    if long:
+        st.session_state["_shared_id"] = key = _shared_texts().put(prompt)
+        if st.query_params.get("p") != key:  # written only when it changes: each write is a message to the browser
+            st.query_params["p"] = key
+    elif "p" in st.query_params:
+        del st.query_params["p"]
+    return long
+
+
+def _freeze_view() -> None:
+    st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6))
+
+
+def share_note(sb, long: bool) -> None:
+    with sb.popover("Share this view", icon=":material/link:", width="stretch"):
+        st.markdown(
+            "The address bar holds this view: model, prompt, chat mode and this page's settings. Copy it to open "
+            "the same view in another browser; a refresh keeps it. It never carries who you are: whoever opens it "
+            "starts with their own runs, and nothing they do reaches yours."
+        )
+        st.button("Add a copy of my results to the link", key="share_freeze", on_click=_freeze_view, icon=":material/content_copy:")
+        vid = st.session_state.get("_frozen")
+        if vid:
+            from urllib.parse import urlencode
+
+            query = {k: st.query_params.get(k) for k in st.query_params if k not in ("view", "s")} | {"view": vid}
+            st.code(f"{st.context.url or ''}?{urlencode(query)}", language=None, wrap_lines=True)
+            st.caption(
+                "This link carries a frozen copy of your finished runs as they are now: whoever opens it gets their own copy "
+                "of that copy. Your own address is unchanged; runs you make later are not in the copy."
+            )
+        if long:
+            n = len(st.session_state.get("prompt") or "")
+            st.markdown(
+                f"This prompt ({n:,} characters) is too long for a link, so it is kept on this server and the link "
+                f"carries its id (`p={st.session_state['_shared_id']}`). For another server, share the prompt itself:"
+            )
+            st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
+
+
+@st.cache_resource(show_spinner=False)
+def _run_store() -> appstate.RunStore:
+    return appstate.RunStore()
+
+
+def _browser_id() -> str | None:
+    try:
+        v = st.context.cookies.get(BROWSER_COOKIE)
+    except Exception:  # noqa: BLE001 - no client context (AppTest)
+        return None
+    return v if isinstance(v, str) and BROWSER_ID.fullmatch(v) else None
+
+
+def keep_runs() -> None:
+    """A page's runs belong to this browser and survive a refresh: they are kept under the browser's id, a cookie
+    set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once."""
+    cookie = _browser_id()
+    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8))
+    if cookie != sid:  # this browser's first visit (or cookies refused): the next visit sends it back
+        st.sidebar.html(
+            f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax'</script>",
+            unsafe_allow_javascript=True,  # sid is 16 hex digits of our own making, never text from a visitor
+            width="content",
+        )
+    if "s" in st.query_params:  # older links carried a session id: it is never honoured
+        del st.query_params["s"]
+    vid = link_id("view")
+    if vid and st.session_state.get("_thawed") != vid:
+        st.session_state["_thawed"] = vid
+        if not _run_store().thaw(st.session_state, vid):
+            st.sidebar.info("This link's copy of someone's results is not on this server any more: the view opens without them.")
+        del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
