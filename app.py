@@ -7,7 +7,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import widgets  # noqa: E402  (after set_page_config)
+from views import guard, loading, render, sidebar  # noqa: E402  (after set_page_config)
 
 PAGES = [
     st.Page("views/0_overview.py", title="Overview", icon=":material/explore:", default=True),
@@ -55,16 +55,16 @@ TAKEAWAYS = {
 ORDER = PAGES + AFTER + FASTER
 OPERATOR = st.Page("views/operator.py", title="Operator", icon=":material/admin_panel_settings:", url_path="operator", visibility="hidden")
 page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER, "": [OPERATOR]}, expanded=True)
-demo_mode = widgets.policy().enabled
+demo_mode = guard.policy().enabled
 if demo_mode:
-    widgets.warm()  # the operator's models load at the first visit, in the background
-widgets.sidebar()
+    loading.warm()  # the operator's models load at the first visit, in the background
+sidebar.sidebar()
 at = next((i for i, p in enumerate(ORDER) if p.title == page.title), 0)
-widgets.page_header(page.title, TAKEAWAYS.get(page.title, ""), ORDER[at - 1] if at > 0 else None, ORDER[at + 1] if at + 1 < len(ORDER) else None)
+render.page_header(page.title, TAKEAWAYS.get(page.title, ""), ORDER[at - 1] if at > 0 else None, ORDER[at + 1] if at + 1 < len(ORDER) else None)
 if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
     try:
         page.run()
     except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
-        widgets.fail(e, "draw this page", level="error")
+        guard.fail(e, "draw this page", level="error")
 else:
     page.run()

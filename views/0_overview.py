@@ -2,9 +2,9 @@ import streamlit as st
 
 import pipeline
 from components.figures import timings_bar
-from views import widgets
+from views import guard, loading, render, runs
 
-lm, tr = widgets.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
+lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
 st.title("What happens between Enter and the first token")
 st.markdown(
     "This explorer runs a **real language model** on your prompt with hooks on every stage and shows the "
@@ -54,7 +54,7 @@ c[2].metric(
     + " 'Time it again' below repeats it without them.",
 )
 c[3].metric("Parameters", f"{f.n_params / 1e6:.0f} M")
-widgets.busy_note(tr.busy)
+render.busy_note(tr.busy)
 if tr.shared_s > 0.15 * tr.forward_s:
     st.caption(
         f"Wall clock: {wall * 1000:,.0f} ms. For {tr.shared_s * 1000:,.0f} ms of it the processor ran something else (another program, "
@@ -65,17 +65,17 @@ elif tr.forward_cpu_s is not None:
     st.caption(
         f"Forward pass: the processor time of the one thread that ran it. Its wall clock, {wall * 1000:,.0f} ms, is what the stage bars below add up to."
     )
-again = widgets.recall("fwd_again")
+again = loading.recall("fwd_again")
 if again is not None and again[0] == (tuple(tr.input_ids), tr.model_label):
     samples, busy = again[1]
     st.caption(f"The same forward pass timed {len(samples.values)} more times (without the recording hooks): median {samples.fmt()} (range).")
-    widgets.busy_note(busy)
+    render.busy_note(busy)
 elif st.button("Time it again (5 repeats)", key="fwd_again_go", help="One run is one sample: five more give the median and the spread"):
-    if widgets.allowed("timing the forward pass"):
+    if guard.allowed("timing the forward pass"):
         bar = st.progress(0.0, text="timing the forward pass")
         got = lm.run(pipeline.timing.forward_repeats, lm, tr.input_ids, 5, progress=lambda p, m: bar.progress(p, text=m))
         bar.empty()
-        widgets.remember("fwd_again", ((tuple(tr.input_ids), tr.model_label), got))
+        loading.remember("fwd_again", ((tuple(tr.input_ids), tr.model_label), got))
         st.rerun()
 st.subheader("The model")
 facts = {
@@ -96,12 +96,12 @@ half = (len(facts) + 1) // 2
 cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):
     col.dataframe([{"": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
-where = "" if widgets.policy().enabled else f" from `{lm.source}`"  # a demo server never shows its paths
+where = "" if guard.policy().enabled else f" from `{lm.source}`"  # a demo server never shows its paths
 st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s.")
-widgets.figure(timings_bar(tr.timings), "timings bar")
+render.figure(timings_bar(tr.timings), "timings bar")
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
     "extra read-out this explorer adds; a plain model does not compute it."
 )
 
-widgets.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr), "overview", tr)
+render.how_do_we_know(lambda: pipeline.checks.all_checks(lm, tr), "overview", tr)

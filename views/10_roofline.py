@@ -5,7 +5,7 @@ from components.generation import roofline_figure
 from pipeline import checks
 from pipeline.generation import metrics
 from pipeline.roofline import roofline
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 st.title("10 · Roofline: compute-bound or memory-bound?")
 st.markdown(
@@ -16,9 +16,9 @@ st.markdown(
     "for one token (intensity about 1, far below the ridge): it is memory-bound. Counts come from the shapes; "
     "peaks and times are measured here."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 c = st.columns(2)
-top, note = widgets.cap("sweep_tokens", 10**9), widgets.cap_note("sweep_tokens", "tokens").strip() or None
+top, note = guard.cap("sweep_tokens", 10**9), guard.cap_note("sweep_tokens", "tokens").strip() or None
 T = c[0].select_slider(
     "Prefill prompt tokens", [n for n in (64, 128, 256, 512, 1024, 2048) if n <= top], value=512, key="roof_T", bind="query-params", help=note
 )
@@ -31,9 +31,9 @@ C = c[1].select_slider(
     help=note,
 )
 if st.button("Measure", type="primary", key="roof_go"):
-    with widgets.heavy("the roofline measurement", slot="roof"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
-        widgets.remember("roof", (T, C, roofline(lm, T, C)))
-got = widgets.recall("roof")
+    with runs.heavy("the roofline measurement", slot="roof"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
+        loading.remember("roof", (T, C, roofline(lm, T, C)))
+got = loading.recall("roof")
 if got is None:
     st.info("Press **Measure** (a few seconds).")
     st.stop()
@@ -54,15 +54,15 @@ m[3].metric(
     help=f"bandwidth / (weights {r.weight_bytes / 2**20:,.0f} MiB + KV cache {r.kv_bytes / 2**20:,.1f} "
     f"MiB at {C_run} tokens): every decode step reads all of them once",
 )
-rec = widgets.last_generation("gen", lm)
+rec = generating.last_generation("gen", lm)
 if rec and len(rec.events) > 1:
     mm = metrics(rec.events)
     st.caption(
         f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
-widgets.figure(roofline_figure(r), "roofline")
-widgets.busy_note("roof")
+render.figure(roofline_figure(r), "roofline")
+render.busy_note("roof")
 st.caption(
     "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
@@ -71,7 +71,7 @@ st.caption(
 for phase in ("prefill", "decode"):
     ph = r.phases[phase]
     st.markdown(f"**{phase.capitalize()}**: {ph.tokens} token(s) over a context of {ph.context}")
-    widgets.table(
+    render.table(
         f"ops {phase}",
         pd.DataFrame(
             [
@@ -111,4 +111,4 @@ if wide:
         + ": the repeats differ by more than 2×. Read their points as rough; measure again when the server is quieter.",
         icon=":material/help:",
     )
-widgets.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])
+render.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])

@@ -4,7 +4,7 @@ import streamlit as st
 from components.generation import kernels_figure
 from pipeline import checks
 from pipeline.kernels import available_kernels, kernel_sweep, sweep_doubts
-from views import widgets
+from views import guard, loading, render, runs
 
 st.title('11 · Attention kernels ("FlashAttention")')
 st.markdown(
@@ -14,26 +14,26 @@ st.markdown(
     "never stored and far less memory traffic is needed. Below, the whole model's prefill with each kernel "
     "this device offers (PyTorch SDPA backends), measured."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 gpu = lm.device.type == "cuda"
 kernels = available_kernels(lm)
-lengths = widgets.sweep_lengths([512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024], "kern_max")
+lengths = guard.sweep_lengths([512, 1024, 2048, 4096, 8192] if gpu else [128, 512, 1024], "kern_max")
 st.caption(
     f"Kernels available here: {', '.join(kernels)}. Prompt lengths {', '.join(f'{n:,}' for n in lengths)}"
     + ("" if gpu else " (CPU: shorter; up to 8,192 on a GPU)")
-    + f". {widgets.cap('repeats', 3)} interleaved repeats after a warm-up (each repeat times every kernel at every length): the median, bars from the lowest to the highest repeat."
-    + widgets.cap_note("sweep_tokens", "prompt tokens")
+    + f". {guard.cap('repeats', 3)} interleaved repeats after a warm-up (each repeat times every kernel at every length): the median, bars from the lowest to the highest repeat."
+    + guard.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the kernels", type="primary", key="kern_go"):
-    with widgets.heavy("the kernel sweep", slot="kernels"):
+    with runs.heavy("the kernel sweep", slot="kernels"):
         bar = st.progress(0.0, text="prefill with each kernel")
-        widgets.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m), repeats=widgets.cap("repeats", 3)))
+        loading.remember("kernels", kernel_sweep(lm, lengths, kernels, progress=lambda f, m: bar.progress(f, text=m), repeats=guard.cap("repeats", 3)))
         bar.empty()
-rows = widgets.recall("kernels")
+rows = loading.recall("kernels")
 if rows is None:
     st.info("Press **Run the kernels** (about a minute on a CPU).")
     st.stop()
-widgets.figure(kernels_figure(rows), "kernels")
+render.figure(kernels_figure(rows), "kernels")
 doubts = sweep_doubts(rows)
 if doubts:
     st.warning(
@@ -42,13 +42,13 @@ if doubts:
         + ". Other work shared the processor while they were measured; run the kernels again when it is quieter. The logits below are exact either way.",
         icon=":material/help:",
     )
-widgets.busy_note("kernels")
+render.busy_note("kernels")
 agree = checks.check_kernels_agree(rows, lm.arch.tol)
-st.markdown(widgets.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
+st.markdown(render.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
 errors = [r for r in rows if r.error]
 for r in errors:
     st.warning(f"{r.kernel} at {r.tokens} tokens did not run: {r.error}")
-widgets.table(
+render.table(
     "kernels",
     pd.DataFrame(
         [
@@ -68,4 +68,4 @@ widgets.table(
     width="stretch",
 )
 st.caption(f"Memory: {rows[0].memory_method}.")
-widgets.evidence([agree])
+render.evidence([agree])

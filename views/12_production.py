@@ -4,7 +4,7 @@ import streamlit as st
 from components.generation import MODE_LABELS, cache_modes_figure, launches_figure
 from pipeline import checks, fused
 from pipeline.generation import compare_cache_modes
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 st.title("12 · Production mode: static cache, fused step, CUDA graph")
 st.markdown(
@@ -19,12 +19,12 @@ st.markdown(
     "(optionally compiled by `torch.compile` first, which fuses small operators into fewer kernels).\n\n"
     "Below, the same greedy request in each mode, measured on this device."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 gpu = lm.device.type == "cuda"
 ok, why = fused.supported(lm)
 c1, c2 = st.columns([3, 1])
-reps = widgets.cap("repeats", 5)
-top = widgets.cap("new_tokens", 256)
+reps = guard.cap("repeats", 5)
+top = guard.cap("new_tokens", 256)
 n = c1.slider(
     "Tokens",
     16,
@@ -32,18 +32,18 @@ n = c1.slider(
     min(top, 32 if not gpu else 128),
     key="prod_n",
     bind="query-params",
-    help=f"Each mode runs {reps} times, interleaved." + widgets.cap_note("new_tokens"),
+    help=f"Each mode runs {reps} times, interleaved." + guard.cap_note("new_tokens"),
 )
-chat = widgets.chat_mode(lm, c2)
-widgets.generation_presets()
+chat = runs.chat_mode(lm, c2)
+generating.generation_presets()
 compile_step = (
     gpu
     and ok
     and st.checkbox(
         "torch.compile the fused step too (compiles once: about a minute)",
         key="prod_compile",
-        disabled=not widgets.policy().caps.compile,
-        help=None if widgets.policy().caps.compile else "Off on this demo server: compiling holds the whole server for a minute.",
+        disabled=not guard.policy().caps.compile,
+        help=None if guard.policy().caps.compile else "Off on this demo server: compiling holds the whole server for a minute.",
     )
 )
 modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
@@ -59,19 +59,19 @@ st.caption(
         "from memory, so expect little difference here; on a GPU the graph is the point."
     )
 )
-if st.button("Run all modes", type="primary", key="prod_go") and widgets.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
+if st.button("Run all modes", type="primary", key="prod_go") and guard.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
     prompt = st.session_state.get("prompt", "") or "Why is the sky blue?"
-    with widgets.heavy("production mode", slot="prod"):
+    with runs.heavy("production mode", slot="prod"):
         bar = st.progress(0.0, text="warm-up")
         try:
             res = compare_cache_modes(lm, prompt, n, chat=chat, reps=reps, modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
             bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
             counts = fused.launches_per_step(lm) if ok else None
-            widgets.remember("prod", (res, counts))
+            loading.remember("prod", (res, counts))
         except Exception as e:  # noqa: BLE001 - a model the fused step cannot run, out of memory: say so, keep serving
-            widgets.fail(e, "run the modes")
+            guard.fail(e, "run the modes")
         bar.empty()
-got = widgets.recall("prod")
+got = loading.recall("prod")
 if got is None:
     st.info("Press **Run all modes**.")
     st.stop()
@@ -101,14 +101,14 @@ if untold:
         + ". Their repeats disagree by more than the difference, so no mode is called faster here. Other work shared the processor; run again when it is quieter.",
         icon=":material/help:",
     )
-widgets.busy_note("prod")
+render.busy_note("prod")
 for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
-widgets.figure(cache_modes_figure(res.modes), "cache modes")
+render.figure(cache_modes_figure(res.modes), "cache modes")
 util_of = res.modes["dynamic"].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
-widgets.table(
+render.table(
     "cache modes",
     pd.DataFrame(
         [
@@ -141,7 +141,7 @@ st.caption(
 )
 if counts:
     st.subheader("Why a graph helps: what one step asks of the host")
-    widgets.figure(launches_figure(counts), "launches")
+    render.figure(launches_figure(counts), "launches")
     k = counts.kernels
     st.markdown(
         f"transformers' forward dispatches **{counts.ops['transformers']:,}** operators per token "
@@ -182,4 +182,4 @@ def _checks():
     return out
 
 
-widgets.how_do_we_know(_checks, "production", res)
+render.how_do_we_know(_checks, "production", res)

@@ -4,7 +4,7 @@ import pipeline
 from components.speculative import legend_html, steps_html
 from pipeline import checks
 from pipeline.speculative import compare_with_plain, expected_tokens_per_call
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
 
@@ -17,7 +17,7 @@ st.markdown(
     "sampling, rejection sampling keeps the target's distribution. It pays off only when the draft is cheap "
     "and often right, and a draft that is rarely right makes things slower: that is shown honestly here."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 c1, c2 = st.columns([3, 1])
 own = c2.toggle(
     "This page's own prompt",
@@ -29,19 +29,19 @@ own = c2.toggle(
 if own:
     prompt = c1.text_area("Prompt for this page only (overrides the sidebar's)", COPY_PROMPT, height=140, key="spec_prompt", bind="query-params")
 else:
-    prompt = widgets.generation_prompt()
+    prompt = generating.generation_prompt()
     if prompt is None:
         st.stop()
     c1.markdown("**Prompt** (from the sidebar; switch on *This page's own prompt* for a copy-style example):")
-    widgets.verbatim(prompt, c1, max_lines=6)
-chat = widgets.chat_mode(lm, c2)
+    render.verbatim(prompt, c1, max_lines=6)
+chat = runs.chat_mode(lm, c2)
 L = lm.facts.n_layers
 kinds = {
     "prompt lookup (n-gram copy)": "prompt_lookup",
     f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
     f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
 }
-if widgets.policy().caps.draft_folders:  # a typed folder is a server path: not on a demo server
+if guard.policy().caps.draft_folders:  # a typed folder is a server path: not on a demo server
     kinds["a local model folder…"] = "folder"
 c = st.columns([2, 1, 1, 1])
 kind = c[0].selectbox(
@@ -55,23 +55,23 @@ kind = c[0].selectbox(
 )
 gamma = c[1].slider("γ (proposals per call)", 1, 8, 4, key="spec_gamma", bind="query-params")
 n = c[2].number_input(
-    "Max new tokens", 1, widgets.cap("new_tokens", 512), 32, key="spec_n", bind="query-params", help=widgets.cap_note("new_tokens").strip() or None
+    "Max new tokens", 1, guard.cap("new_tokens", 512), 32, key="spec_n", bind="query-params", help=guard.cap_note("new_tokens").strip() or None
 )
-reps = widgets.cap("repeats", 5)
+reps = guard.cap("repeats", 5)
 temperature = c[3].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key="spec_t", bind="query-params", help="0 = greedy (exact equality check)")
 draft = kinds[kind]
 if draft == "folder":
     path = st.text_input("Draft model folder (Hugging Face, safetensors, same tokenizer as the target)", key="spec_folder")
     draft = None
     if path.strip():
-        ldr = widgets.load_other_model(path.strip())
+        ldr = loading.load_other_model(path.strip())
         if ldr is not None:
             draft = ldr
-if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None) and widgets.prompt_fits(lm, prompt, chat):
-    with widgets.heavy("the speculative comparison", slot="spec"):
+if st.button("Run plain and speculative", type="primary", key="spec_go", disabled=draft is None) and guard.prompt_fits(lm, prompt, chat):
+    with runs.heavy("the speculative comparison", slot="spec"):
         bar = st.progress(0.0, text=f"plain and speculative decoding, {reps} interleaved repeats")
         try:
-            widgets.remember(
+            loading.remember(
                 "spec",
                 compare_with_plain(
                     lm,
@@ -89,7 +89,7 @@ if st.button("Run plain and speculative", type="primary", key="spec_go", disable
         except (pipeline.TraceError, ValueError) as e:
             st.warning(str(e))
         bar.empty()
-got = widgets.recall("spec")
+got = loading.recall("spec")
 if got is None:
     st.info(f"Press **Run** to decode the prompt plainly and with the draft, {reps} times each, interleaved.")
     st.stop()
@@ -126,15 +126,15 @@ if sp.noisy and sp.values:
         "above are exact either way; run again when the server is quieter.",
         icon=":material/help:",
     )
-widgets.busy_note("spec")
-widgets.html_view(
+render.busy_note("spec")
+render.html_view(
     legend_html() + steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
 )
 st.markdown("**Output:**")
-widgets.verbatim(lm.tokenizer.decode(res.tokens, skip_special_tokens=True))
+render.verbatim(lm.tokenizer.decode(res.tokens, skip_special_tokens=True))
 if got.temperature == 0:
     st.markdown(
-        widgets.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
+        render.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
         f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}."
     )
 else:
@@ -153,4 +153,4 @@ if got.temperature == 0:
             "speculative greedy output = plain greedy decoding (the target's own argmax at every position)", {"s": res.tokens}, {"s": got.plain_tokens}
         ),
     )
-widgets.evidence(found)
+render.evidence(found)

@@ -6,7 +6,7 @@ import streamlit as st
 from pipeline import checks
 from pipeline.generation import metrics
 from pipeline.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
-from views import widgets
+from views import generating, loading, render, runs
 
 st.title("14 · Streaming & sharding")
 st.markdown(
@@ -14,16 +14,16 @@ st.markdown(
     "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
     "and a replay at its measured pace."
 )
-lm = widgets.get_model()
-rec = widgets.last_generation("gen", lm)
+lm = loading.get_model()
+rec = generating.last_generation("gen", lm)
 if rec is not None:
     st.caption("The stream of the last generation on page 6.")
 else:
-    rec = widgets.last_generation("sse", lm)
+    rec = generating.last_generation("sse", lm)
     if rec is None:
-        chat = widgets.chat_mode(lm)
+        chat = runs.chat_mode(lm)
         with st.spinner("Generating 24 tokens to stream…"):
-            rec = widgets.run_generation(
+            rec = generating.run_generation(
                 lm,
                 st.session_state.get("prompt", "") or "Why is the sky blue?",
                 chat,
@@ -37,15 +37,15 @@ if rec:
     lines = sse_lines(ev)
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
-    widgets.busy_note(rec.busy)
+    render.busy_note(rec.busy)
     st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
     if st.button("Replay at the measured pace", key="sse_replay"):
         out, text, prev = st.empty(), "", 0.0
         for e in ev:
             time.sleep(min(1.0, max(0.0, e.t_s - prev)))
             prev, text = e.t_s, text + e.text
-            widgets.verbatim(text, out, cursor=True)
-        widgets.verbatim(text, out)
+            render.verbatim(text, out, cursor=True)
+        render.verbatim(text, out)
 
 st.subheader("Sharding: a plan computed from the config")
 n_dev = devices_present()
@@ -74,7 +74,7 @@ st.markdown(
     "**Pipeline split**: contiguous layers per device, balanced by the bytes of weights each holds "
     '(the goal of accelerate\'s `device_map="balanced"`; its own placement may differ by a layer):'
 )
-widgets.table(
+render.table(
     "pipeline plan",
     pd.DataFrame(
         [{"device": r.device, "layers": r.layers, "number of layers": r.n_layers, "also holds": r.also, "weights": f"{r.weights_mb:,.1f} MiB"} for r in plan]
@@ -84,7 +84,7 @@ widgets.table(
 )
 tp = tensor_parallel_plan(lm, N)
 st.markdown("**Tensor-parallel split** of every layer (heads stay whole):")
-widgets.table("tensor parallel plan", pd.DataFrame(tp.rows), hide_index=True, width="stretch")
+render.table("tensor parallel plan", pd.DataFrame(tp.rows), hide_index=True, width="stretch")
 c = st.columns(3)
 c[0].metric("Weights per device", f"{tp.weights_mb_per_device:,.1f} MiB")
 c[1].metric("All-reduced per token", f"{tp.allreduce_bytes_per_token / 1024:,.1f} KiB", help="2 all-reduces per layer × d_model × bytes")
@@ -98,4 +98,4 @@ for issue in tp.issues:
 found = [checks.check_plan_params(lm, plan)]
 if rec:
     found.insert(0, checks.check_sse(ev, lines, "".join(e.text for e in ev)))
-widgets.evidence(found)
+render.evidence(found)

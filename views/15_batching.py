@@ -9,7 +9,7 @@ from components.tokens import lit
 from pipeline import checks
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
 from pipeline.timing import Samples
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 st.title("15 · Continuous batching: serving many users")
 st.markdown(
@@ -21,7 +21,7 @@ st.markdown(
     "serves everyone running at that moment and the weights are read once for all of them. Below, the three "
     "policies run on the loaded model, measured, each on an engine of its own."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 
 PRESETS = {
     "One long answer, three short ones": [
@@ -46,7 +46,7 @@ PRESETS = {
 COLUMNS = ["user", "arrives after (s)", "prompt", "max new tokens"]
 
 
-load_preset = widgets.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()}, ("batch_users",))
+load_preset = render.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()}, ("batch_users",))
 if "batch_users" not in st.session_state:
     st.session_state["batch_preset"] = next(iter(PRESETS))
     load_preset()
@@ -60,12 +60,12 @@ table = st.data_editor(
     column_config={
         "arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0, step=0.1),
         "max new tokens": st.column_config.NumberColumn(
-            min_value=1, max_value=widgets.cap("new_tokens", 128), step=1, help="At most 128." + widgets.cap_note("new_tokens")
+            min_value=1, max_value=guard.cap("new_tokens", 128), step=1, help="At most 128." + guard.cap_note("new_tokens")
         ),
     },
 )
 c1, c2, c3 = st.columns(3)
-chat = widgets.chat_mode(lm, c1)
+chat = runs.chat_mode(lm, c1)
 lib = c3.toggle(
     "Also transformers' engine",
     value=False,
@@ -99,17 +99,17 @@ def _users() -> list[User] | None:
                     name or f"user {len(users) + 1}",
                     float(row["arrives after (s)"] or 0.0),
                     prompt,
-                    max(1, min(widgets.cap("new_tokens", 128), int(row["max new tokens"] or 1))),
+                    max(1, min(guard.cap("new_tokens", 128), int(row["max new tokens"] or 1))),
                 )
             )
         except (TypeError, ValueError):
             st.warning(f"{lit(name)}: arrival and max new tokens must be numbers.")
             return None
-    top = widgets.cap("users", 8)
+    top = guard.cap("users", 8)
     if not 1 <= len(users) <= top:
         st.warning(f"The scene needs between one and {top} users.")
         return None
-    limit = widgets.cap("prompt_tokens", 10**9)
+    limit = guard.cap("prompt_tokens", 10**9)
     for u in users:
         if len(lm.tokenizer(u.prompt)["input_ids"]) > limit:
             st.warning(f"{lit(u.name)}'s prompt is longer than this demo server's {limit:,} tokens.")
@@ -120,9 +120,9 @@ def _users() -> list[User] | None:
 if st.button("Run the three policies", type="primary", key="batch_go"):
     users = _users()
     if users:
-        with widgets.heavy("the batching scene", slot="scene"):
+        with runs.heavy("the batching scene", slot="scene"):
             bar = st.progress(0.0, text="one after another")
-            reps, pols = widgets.cap("repeats", 3), list(POLICIES)
+            reps, pols = guard.cap("repeats", 3), list(POLICIES)
             last, tps, lat = {}, {}, {}
             try:
                 for rep in range(reps):  # interleaved repeats: every policy once per repeat, in a rotated order
@@ -144,12 +144,12 @@ if st.button("Run the three policies", type="primary", key="batch_go"):
                     bar.progress(1.0, text="transformers' generate_batch")
                 library = run_transformers_batch(lm, users, chat=chat, stop_at_eos=eos) if lib else None
                 spread = {p: (Samples(tuple(tps[p])), Samples(tuple(lat[p]))) for p in tps}
-                widgets.remember("scene", (users, chat, eos, runs, library, spread))
+                loading.remember("scene", (users, chat, eos, runs, library, spread))
             except Exception as e:  # noqa: BLE001 - out of memory, a prompt too long: say so, keep serving
-                widgets.fail(e, "run the scene")
+                guard.fail(e, "run the scene")
             bar.empty()
 
-got = widgets.recall("scene")
+got = loading.recall("scene")
 if got is None:
     st.info("Press **Run the three policies** (a few seconds per policy on a CPU).")
 else:
@@ -179,12 +179,12 @@ else:
         help=f"Continuous batching; the median of {n_reps} interleaved repeats (range {lat[cont.policy].lo:.2f}–{lat[cont.policy].hi:.2f} s)",
     )
     m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
-    widgets.figure(gantt_figure(runs), "gantt")
-    widgets.figure(occupancy_figure(runs), "occupancy")
+    render.figure(gantt_figure(runs), "gantt")
+    render.figure(occupancy_figure(runs), "occupancy")
     c1, c2 = st.columns(2)
-    widgets.figure(kv_figure(static), "kv memory, static", c1)
-    widgets.figure(kv_figure(cont), "kv memory, continuous", c2)
-    widgets.figure(latency_figure(runs), "latency")
+    render.figure(kv_figure(static), "kv memory, static", c1)
+    render.figure(kv_figure(cont), "kv memory, continuous", c2)
+    render.figure(latency_figure(runs), "latency")
     util_col = "GPU util %" if seq.utilisation_of.startswith("GPU") else "CPU %"
     rows = [
         {
@@ -212,7 +212,7 @@ else:
         )
         if library.error:
             st.warning(f"transformers' generate_batch did not run: {library.error}")
-    widgets.table("summary", pd.DataFrame(rows), hide_index=True, width="stretch")
+    render.table("summary", pd.DataFrame(rows), hide_index=True, width="stretch")
 
     def better(a: Samples, b: Samples, more: str = "higher", less: str = "lower") -> str:
         """A comparison only where every repeat agrees; otherwise the page says the machine could not tell."""
@@ -244,13 +244,13 @@ else:
             "(or the repeats were too few). Run the scene again when it is quieter.",
             icon=":material/help:",
         )
-    widgets.busy_note("scene")
+    render.busy_note("scene")
     with st.expander("Utilisation over the continuous run"):
-        widgets.figure(telemetry_figure(cont.timeline), "telemetry")
+        render.figure(telemetry_figure(cont.timeline), "telemetry")
     with st.expander("The answers"):
         for u in cont.users:
             st.markdown(f"**{lit(u.name)}** ({len(u.token_ids)} tokens)")
-            widgets.verbatim(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True))
+            render.verbatim(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True))
 
     def scene_checks():
         alone = {u.name: run_alone(lm, u, chat=chat_run, stop_at_eos=eos_run) for u in users}
@@ -262,7 +262,7 @@ else:
             out.append(checks.check_same_tokens("transformers generate_batch: every answer = the same request alone", library.token_ids, alone))
         return out
 
-    widgets.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
+    render.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
 
 
-widgets.engine_panel(lm)
+generating.engine_panel(lm)

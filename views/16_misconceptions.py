@@ -3,14 +3,14 @@ import streamlit as st
 
 from components.tokens import lit, visible
 from pipeline import misconceptions as mc
-from views import widgets
+from views import guard, loading, render, runs
 
 st.title("16 · Common misconceptions, tested")
 st.markdown(
     "The article ends by separating popular myths from what really happens. Each one below is put to the test "
     "on the loaded model and the sidebar's prompt: what the article claims, then what this run shows."
 )
-lm, tr = widgets.get_trace()
+lm, tr = runs.get_trace()
 tok = lm.tokenizer
 
 
@@ -26,47 +26,47 @@ myth(
     "step and the model goes on from there: if the answer existed in advance, the rest would not change.",
 )
 at = st.slider("Force the runner-up at step", 0, 8, 2, key="myth_at", bind="query-params")
-if st.button("Generate, then force one token", key="myth_force", type="primary") and widgets.allowed("this experiment"):
-    with st.spinner("Generating twice, 12 greedy tokens…"), widgets.timed("myth_force"):
+if st.button("Generate, then force one token", key="myth_force", type="primary") and guard.allowed("this experiment"):
+    with st.spinner("Generating twice, 12 greedy tokens…"), runs.timed("myth_force"):
         try:
-            widgets.remember("myth_force", mc.force_token(lm, tr.prompt, n=12, at=at, chat=tr.chat))
+            loading.remember("myth_force", mc.force_token(lm, tr.prompt, n=12, at=at, chat=tr.chat))
         except Exception as e:  # noqa: BLE001 - a bad prompt: say so, keep serving
-            widgets.fail(e, "run this experiment")
-forced = widgets.recall("myth_force")
+            guard.fail(e, "run this experiment")
+forced = loading.recall("myth_force")
 if forced is not None:
     dec = lambda ids: tok.decode(ids)  # noqa: E731
     k = forced.at
     st.markdown("**As generated** (greedy):")
-    widgets.verbatim(dec(forced.original[:k]) + "[" + dec(forced.original[k : k + 1]) + "]" + dec(forced.original[k + 1 :]))
+    render.verbatim(dec(forced.original[:k]) + "[" + dec(forced.original[k : k + 1]) + "]" + dec(forced.original[k + 1 :]))
     st.markdown(f"**With the runner-up {lit(repr(visible(dec([forced.forced]))))} forced at step {k}**, then greedy again:")
-    widgets.verbatim(dec(forced.original[:k]) + "[" + dec([forced.forced]) + "]" + dec(forced.after))
-    widgets.figure(
+    render.verbatim(dec(forced.original[:k]) + "[" + dec([forced.forced]) + "]" + dec(forced.after))
+    render.figure(
         go.Figure(go.Bar(x=list(range(len(forced.step_ms))), y=forced.step_ms, marker_color="#0072B2")).update_layout(
             title="Each token its own forward pass: time per step (ms)", xaxis_title="step", yaxis_title="ms", height=300
         ),
         "steps",
     )
-    widgets.busy_note("myth_force")
-    widgets.show_checks(forced.checks)
+    render.busy_note("myth_force")
+    render.show_checks(forced.checks)
 else:
     st.caption("Press the button: two short greedy generations (seconds on a CPU).")
 
 # 2 ------------------------------------------------------------------------------------------------------
 myth('"The model reads words."', "Models don't process words: they process tokens and vectors. The same word in another form is another token.")
 words = mc.word_pieces(tok)
-widgets.table(
+render.table(
     "word pieces",
     [{"text": repr(r["text"]), "pieces": " | ".join(visible(p) for p in r["pieces"]), "ids": ", ".join(map(str, r["ids"]))} for r in words.rows],
     hide_index=True,
     width="stretch",
 )
-widgets.show_checks(words.checks)
+render.show_checks(words.checks)
 
 # 3 ------------------------------------------------------------------------------------------------------
 myth('"A higher temperature makes the model smarter."', "Temperature changes randomness, not knowledge: a model at temperature 2.0 does not know more.")
 temps = mc.temperature_sweep(tr.next_logits)
 top = tok.decode([temps.rows[0].top_id])
-widgets.table(
+render.table(
     "temperature",
     [
         {
@@ -82,7 +82,7 @@ widgets.table(
     width="stretch",
 )
 st.caption(f"The next token after the sidebar's prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
-widgets.show_checks(temps.checks)
+render.show_checks(temps.checks)
 
 # 4 ------------------------------------------------------------------------------------------------------
 myth(
@@ -92,15 +92,13 @@ myth(
 gpu = lm.device.type == "cuda"
 lengths = [64, 512, 2048] if gpu else [32, 128, 512]
 if st.button(f"Measure prefill and KV cache at {', '.join(map(str, lengths))} tokens", key="myth_ctx"):
-    with st.spinner("Prefill at each length, medians of 3…"), widgets.timed("myth_ctx"):
-        widgets.remember("myth_ctx", mc.context_cost(lm, lengths))
-cost = widgets.recall("myth_ctx")
+    with st.spinner("Prefill at each length, medians of 3…"), runs.timed("myth_ctx"):
+        loading.remember("myth_ctx", mc.context_cost(lm, lengths))
+cost = loading.recall("myth_ctx")
 if cost is not None:
-    widgets.table(
-        "context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch"
-    )
-    widgets.busy_note("myth_ctx")
-    widgets.show_checks(cost.checks)
+    render.table("context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch")
+    render.busy_note("myth_ctx")
+    render.show_checks(cost.checks)
 else:
     st.caption("Press the button (seconds on a CPU).")
 
@@ -110,10 +108,10 @@ myth(
     "Nothing is learned while you chat: the weights are fixed. A conversation's memory is its earlier turns sent "
     "again in the prompt (and, within one request, the KV cache).",
 )
-mem = widgets.recall("myth_mem")
+mem = loading.recall("myth_mem")
 if mem is None or mem[0] != tr.text:  # three forward passes: once per prompt, not on every slider move
     mem = (tr.text, mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence."))
-    widgets.remember("myth_mem", mem)
+    loading.remember("myth_mem", mem)
 mem = mem[1]
 st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
-widgets.show_checks(mem.checks)
+render.show_checks(mem.checks)

@@ -2,7 +2,7 @@ import streamlit as st
 
 import pipeline
 from components.tokens import chips_html, template_html, token_rows
-from views import widgets
+from views import loading, render, runs
 
 st.title("1 · Prompt & tokens")
 st.markdown(
@@ -11,7 +11,7 @@ st.markdown(
     "and other scripts split into several, down to single bytes. In chat mode the **chat template** wraps your "
     "message in **special tokens** that mark who is speaking. Hover a chip for its id, piece and bytes."
 )
-lm, tr, too_long = widgets.get_tokens()
+lm, tr, too_long = runs.get_tokens()
 prompt = tr.prompt
 if too_long:
     st.warning(too_long + " The tokens are shown here; the later stages need a shorter prompt.")
@@ -22,7 +22,7 @@ c[1].metric("Tokens from your prompt", f"{n_prompt:,}")
 c[2].metric("Words", f"{len(prompt.split()):,}", help="Of your prompt, split at whitespace")
 c[3].metric("Characters", f"{len(prompt):,}", help=f"Of your prompt, Unicode code points; {len(prompt.encode('utf-8')):,} bytes in UTF-8")
 c[4].metric("Characters per token", f"{len(prompt) / max(1, n_prompt):.2f}", help="Of your prompt")
-widgets.html_view(chips_html(tr.tokens, tr.segments), "token chips")
+render.html_view(chips_html(tr.tokens, tr.segments), "token chips")
 st.caption(
     "· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character (say an emoji) that the tokenizer split into byte pieces."
 )
@@ -33,13 +33,13 @@ if tr.chat:
         f"Chat mode wrapped your {len(prompt)} characters into {len(tr.text)} characters with "
         f"**{n_special} special tokens** (dark chips). This is exactly the text the model reads:"
     )
-    widgets.html_view(template_html(tr.tokens), "chat template")
+    render.html_view(template_html(tr.tokens), "chat template")
 with st.expander("Every token as a table"):
     st.caption(
         "The piece is the vocabulary's own spelling: byte-level BPE vocabularies (SmolLM2, GPT-2) write a "
         "leading space as Ġ and a newline as Ċ; SentencePiece vocabularies (Gemma) write a space as ▁."
     )
-    widgets.table("tokens", token_rows(tr.tokens), hide_index=True, width="stretch")
+    render.table("tokens", token_rows(tr.tokens), hide_index=True, width="stretch")
 
 st.subheader("Different models use different vocabularies")
 rows = []
@@ -48,7 +48,7 @@ for m in pipeline.available_models():
         rows.append({"model": m.label, "tokens": None, "pieces": f"({m.why})"})
         continue
     try:
-        tok = widgets.tokenizer_for(m.key)
+        tok = loading.tokenizer_for(m.key)
         tk = pipeline.tokenize(tok, prompt)
         rows.append(
             {
@@ -60,14 +60,14 @@ for m in pipeline.available_models():
         )
     except Exception as e:
         rows.append({"model": m.label, "tokens": None, "pieces": f"could not tokenize: {e}"})
-widgets.table("tokenizers", rows, hide_index=True, width="stretch")
+render.table("tokenizers", rows, hide_index=True, width="stretch")
 for m in pipeline.available_models():
-    if m.available and m.key != widgets.model_key():
+    if m.available and m.key != loading.model_key():
         try:
-            tk = pipeline.tokenize(widgets.tokenizer_for(m.key), prompt)
+            tk = pipeline.tokenize(loading.tokenizer_for(m.key), prompt)
             st.markdown(f"**{m.label}**")
             st.html(chips_html(tk.tokens, tk.segments, max_segments=400))
         except Exception:
             pass
 
-widgets.how_do_we_know(lambda: pipeline.checks.token_checks(lm.tokenizer, tr), "tokens", tr)
+render.how_do_we_know(lambda: pipeline.checks.token_checks(lm.tokenizer, tr), "tokens", tr)

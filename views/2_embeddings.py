@@ -3,7 +3,7 @@ import streamlit as st
 from components.figures import drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap, token_texts, vector_strip
 from components.tokens import plot_text, visible
 from pipeline import analysis, checks
-from views import widgets
+from views import render, runs
 
 st.title("2 · Embeddings & positions")
 st.markdown(
@@ -14,7 +14,7 @@ st.markdown(
     "query and key by an angle proportional to its position (**RoPE**), so attention scores depend on how far "
     "apart two tokens are. Context then comes from the transformer layers."
 )
-lm, tr = widgets.get_trace()
+lm, tr = runs.get_trace()
 f = tr.facts
 E = analysis.embedding_matrix(lm)
 
@@ -24,7 +24,7 @@ i = st.selectbox(
     "Token",
     opts,
     index=tr.last_prompt_index if tr.last_prompt_index is not None else len(opts) - 1,
-    format_func=widgets.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]),
+    format_func=render.labeller([f"{i}: {visible(t.text)!s}  (id {t.id})" for i, t in enumerate(tr.tokens)]),
     key="emb_token",
     bind="query-params",
 )
@@ -33,7 +33,7 @@ c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
 c[1].metric("Row", f"{tok.id:,}")
 c[2].metric("Vector length (L2)", f"{analysis.embedding_norm(tr, i):.3f}")
-widgets.figure(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "vector strip")
+render.figure(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "vector strip")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
 st.markdown(
     "**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " + ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn)
@@ -45,8 +45,8 @@ emap = analysis.embedding_map(lm, tr, refs.split(","))
 if emap is not None:
     labels = [plot_text(s) for s in token_texts(tr.tokens) + emap.words]
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
-    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=widgets.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
-    widgets.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca")
+    dims = st.segmented_control("Projection", [2, 3], default=2, format_func=render.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
+    render.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 
@@ -58,7 +58,7 @@ PAIRS = {
 }
 
 
-use_pair = widgets.on_choice("drift_pair", PAIRS, ("drift_a", "drift_b", "drift_word"))
+use_pair = render.on_choice("drift_pair", PAIRS, ("drift_a", "drift_b", "drift_word"))
 if "drift_a" not in st.session_state:
     st.session_state["drift_pair"] = next(iter(PAIRS))
     use_pair()
@@ -67,8 +67,8 @@ c1, c2, c3 = st.columns([2, 2, 1])
 pa = c1.text_input("Sentence A", key="drift_a")
 pb = c2.text_input("Sentence B", key="drift_b")
 word = c3.text_input("Word", key="drift_word")
-_, ta = widgets.get_trace(pa, chat=False)
-_, tb = widgets.get_trace(pb, chat=False)
+_, ta = runs.get_trace(pa, chat=False)
+_, tb = runs.get_trace(pb, chat=False)
 ia, ib = analysis.find_token(ta, word), analysis.find_token(tb, word)
 curves = {}
 if ia is not None and ib is not None:
@@ -76,7 +76,7 @@ if ia is not None and ib is not None:
 else:
     st.warning(f"'{word}' does not start a token in both sentences; showing the last token only.")
 curves["last token (has read the whole sentence)"] = analysis.drift(ta, ta.T - 1, tb, tb.T - 1)
-widgets.figure(drift_figure(curves, "Same word, two contexts: cosine similarity layer by layer"), "drift")
+render.figure(drift_figure(curves, "Same word, two contexts: cosine similarity layer by layer"), "drift")
 if ia is not None and ib is not None:
     cw = next(iter(curves.values()))
     if ia == ib and ta.input_ids[: ia + 1] == tb.input_ids[: ib + 1]:
@@ -95,7 +95,7 @@ if ia is not None and ib is not None:
 
 st.subheader("Positions")
 if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
-    tq, layer = widgets.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
+    tq, layer = runs.layer_with_qkv(tr, "Layer", "rope_layer", default=0)
     rd = analysis.rope_demo(lm, tq, layer)
     kind = rd.kind
     st.markdown(
@@ -104,17 +104,17 @@ if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
         f"position × {rd.theta:,.0f}^(−2i/{f.head_dim}). Early pairs spin fast (fine position), late pairs "
         "slowly (coarse position)."
     )
-    widgets.figure(rope_heatmap(rd.angles), "rope heatmap")
-    widgets.figure(relative_figure(rd.scores_at_0, rd.scores_at_100), "relative")
+    render.figure(rope_heatmap(rd.angles), "rope heatmap")
+    render.figure(relative_figure(rd.scores_at_0, rd.scores_at_100), "relative")
     st.caption(
         f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
         "every distance. Moving both by 100 positions gives the same curve: only the distance matters."
     )
-    widgets.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
+    render.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
 else:
     pe = analysis.learned_positions(lm, max(64, tr.T))
     if pe is not None:
         st.markdown("This model learns one **position embedding** per position and adds it to the token embedding.")
-        widgets.figure(learned_positions_figure(pe), "learned positions")
+        render.figure(learned_positions_figure(pe), "learned positions")
     else:
         st.info("This model's positional scheme is not one this page can draw.")

@@ -5,7 +5,7 @@ from components import bertviz_offline
 from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image, token_texts, without_sink
 from pipeline import analysis, checks
 from pipeline.tracing import display_maps
-from views import widgets
+from views import render, runs
 
 st.title("3 · Attention")
 st.markdown(
@@ -15,12 +15,12 @@ st.markdown(
     "sum to 1 over the earlier tokens (the upper triangle is masked: a token cannot see the future). Each "
     "**head** does this with its own projections, so heads specialise: previous token, first token, same word…"
 )
-lm, tr = widgets.get_trace()
+lm, tr = runs.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
 L, H = f.n_layers, f.n_heads
 
-tr, layer = widgets.layer_with_qkv(tr, "Layer", "attn_layer")
+tr, layer = runs.layer_with_qkv(tr, "Layer", "attn_layer")
 maps, block = display_maps(tr, layer)
 sink = analysis.sink_share(tr)
 hide = st.toggle(
@@ -42,7 +42,7 @@ if block > 1:
         f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
         "still sum to 1), one picture per head instead of millions of cells."
     )
-widgets.figure(attention_heads(maps, labels, block=block, layer=layer), "attention heads")
+render.figure(attention_heads(maps, labels, block=block, layer=layer), "attention heads")
 
 st.subheader("Every layer and head at a glance")
 st.image(
@@ -61,15 +61,13 @@ T = tr.T
 show = slice(max(0, T - 48), T)
 masked = hs.masked
 c1, c2 = st.columns(2)
-widgets.figure(
-    matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show], f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), "", c1
-)
-widgets.figure(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show], f"K (shared KV head {kv}) after RoPE", zmid=0), "", c2)
-widgets.figure(matrix_heatmap(masked[show, show], labels[show], labels[show], f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), "", c1)
-widgets.figure(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show], f"V (shared KV head {kv})", zmid=0), "", c2)
+render.figure(matrix_heatmap(q[show], [f"d{i}" for i in range(q.shape[1])], labels[show], f"Q (head {head}) after RoPE: tokens × {f.head_dim}", zmid=0), "", c1)
+render.figure(matrix_heatmap(k[show], [f"d{i}" for i in range(k.shape[1])], labels[show], f"K (shared KV head {kv}) after RoPE", zmid=0), "", c2)
+render.figure(matrix_heatmap(masked[show, show], labels[show], labels[show], f"scores = Q·Kᵀ × {f.attn_scaling:.4f} (future masked)", zmid=0), "", c1)
+render.figure(matrix_heatmap(v[show], [f"d{i}" for i in range(v.shape[1])], labels[show], f"V (shared KV head {kv})", zmid=0), "", c2)
 if T > 48:
     st.caption("Showing the last 48 tokens.")
-widgets.figure(gqa_figure(H, f.n_kv_heads), "gqa")
+render.figure(gqa_figure(H, f.n_kv_heads), "gqa")
 
 st.subheader("bertviz: head view and model view")
 if T > 128:
@@ -91,4 +89,4 @@ else:
         st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")
 
 
-widgets.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs), f"attn{layer}-{head}", tr)
+render.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs), f"attn{layer}-{head}", tr)

@@ -5,7 +5,7 @@ from components.figures import labels_of, layer_labels, lens_figure, matrix_heat
 from components.tokens import plot_text, visible
 from pipeline import checks
 from pipeline.tracing import LENS_GRID_MAX, lens_grid
-from views import widgets
+from views import render, runs
 
 st.title("4 · Inside a layer")
 st.markdown(
@@ -15,27 +15,27 @@ st.markdown(
     "read at a steady size. The **logit lens** applies the model's final norm and output matrix after every "
     "layer: it shows what the model would predict if it stopped there, and how the answer forms."
 )
-lm, tr = widgets.get_trace()
+lm, tr = runs.get_trace()
 f = tr.facts
 labels = labels_of(tr.tokens)
 pos = st.selectbox(
     "Token position",
     list(range(tr.T)),
-    format_func=widgets.labeller(labels),
+    format_func=render.labeller(labels),
     index=tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1,
     key="layer_pos",
     bind="query-params",
     help="Starts at your prompt's last token (in chat mode the template adds a few after it); the "
     "logit lens below reads the very last position, whose prediction is the answer's first token",
 )
-widgets.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual")
+render.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual")
 c = st.columns(3)
 c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
 c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))
 c[2].metric("Layer where feed-forward adds most", int(tr.ffn_norm[:, pos].argmax()))
-widgets.figure(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), "norm effect")
+render.figure(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), "norm effect")
 show = slice(max(0, tr.T - 64), tr.T)
-widgets.figure(
+render.figure(
     matrix_heatmap(
         np.log10(tr.resid_norm[:, show].T + 1e-6),
         layer_labels(f.n_layers + 1),
@@ -54,7 +54,7 @@ for i, top in enumerate(tr.lens_last_top):
         {"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} ({p:.2f})" for r, (t, p) in enumerate(top)}}
     )
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
-widgets.table("layers", rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
+render.table("layers", rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
 auto = tr.T <= 32
 if auto or st.button(
     f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} positions",
@@ -63,7 +63,7 @@ if auto or st.button(
     with st.spinner("Reading the stored hidden states through the final norm and output matrix…"):
         positions, ids, probs = lens_grid(lm, tr)
     texts = [[plot_text(visible(lm.tokenizer.decode([int(t)]))[:8]) for t in row] for row in ids]
-    widgets.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
+    render.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
 
 
-widgets.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)
+render.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)

@@ -4,7 +4,7 @@ import streamlit as st
 from components.figures import sampling_figure
 from components.tokens import lit, plot_text, visible
 from pipeline import checks, sampling
-from views import widgets
+from views import loading, render, runs
 
 st.title("5 · Next token")
 st.markdown(
@@ -15,7 +15,7 @@ st.markdown(
     "probability. What survives is renormalised and one token is **sampled**. Moving a slider re-filters this "
     "run's cached logits; the model is not run again."
 )
-lm, tr = widgets.get_trace()
+lm, tr = runs.get_trace()
 c = st.columns(5)
 d = sampling.DEFAULTS  # the same defaults as the generation pages and the overview's check
 temperature = c[0].slider("Temperature", 0.0, 2.0, d.temperature, 0.05, key="temperature", bind="query-params")
@@ -28,7 +28,7 @@ steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [plot_text(f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})") for i in order]
-widgets.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
+render.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")
@@ -49,14 +49,14 @@ s1, s2 = st.columns([1, 3])
 seed = s1.number_input("Seed", 0, 2**31 - 1, d.seed, key="seed", bind="query-params")
 if s1.button("Sample", type="primary"):
     tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
-    widgets.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), int(seed)))
-sampled = widgets.recall("sampled")
+    loading.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), int(seed)))
+sampled = loading.recall("sampled")
 if sampled is not None and sampled[0] == tr.text:
     _, tid, p, p_raw, sd = sampled
     s2.markdown(f"Seed {sd} drew **{lit(repr(visible(lm.tokenizer.decode([tid]))))}** (id {tid}): p = {p:.3f} after the filters, {p_raw:.3f} before them:")
-    widgets.verbatim(tr.text + lm.tokenizer.decode([tid]), s2, max_lines=8)
+    render.verbatim(tr.text + lm.tokenizer.decode([tid]), s2, max_lines=8)
 
-widgets.how_do_we_know(
+render.how_do_we_know(
     lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), checks.check_logits(lm, tr)[0]],
     f"next{temperature}-{top_k}-{top_p}-{min_p}",
     tr,

@@ -4,7 +4,7 @@ from components.generation import distribution_figure, step_times_figure
 from components.tokens import lit, visible
 from pipeline import checks
 from pipeline.generation import metrics
-from views import widgets
+from views import generating, loading, render, runs
 
 st.title("6 · Generation: the autoregressive loop")
 st.markdown(
@@ -14,31 +14,31 @@ st.markdown(
     "This is our own loop (not `model.generate`), so every step's distribution and timing is visible. Click a "
     "generated token to see the distribution it was drawn from."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
 c1.markdown("**Prompt** (from the sidebar):")
-widgets.verbatim(prompt, c1, max_lines=6)
-chat = widgets.chat_mode(lm, c2)
-widgets.generation_presets()
-settings = widgets.sampling_controls("gen")
+render.verbatim(prompt, c1, max_lines=6)
+chat = runs.chat_mode(lm, c2)
+generating.generation_presets()
+settings = generating.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")
 if b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept"):
-    widgets.stop_generation("gen")
+    generating.stop_generation("gen")
 out = st.empty()
 if go:
     st.session_state.pop("gen_pick", None)  # a new run: show its last token, not the old selection
-    rec = widgets.run_generation(lm, prompt, chat, settings, "gen", out=out)
+    rec = generating.run_generation(lm, prompt, chat, settings, "gen", out=out)
     if rec is None:
         st.stop()
-rec = widgets.last_generation("gen", lm)
+rec = generating.last_generation("gen", lm)
 if rec is None:
     st.info("Press **Generate** to run the loop on the sidebar's prompt.")
     st.stop()
 ev = rec.events
 if not go:
-    widgets.verbatim(rec.text(lm.tokenizer), out)
+    render.verbatim(rec.text(lm.tokenizer), out)
 st.caption(f"Run: {rec.label}.")
 if not rec.done:
     st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
@@ -51,13 +51,13 @@ c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in
 c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—", help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)
-widgets.busy_note(rec.busy)
+render.busy_note(rec.busy)
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 pick = st.pills(
     "Generated tokens (click one; the small number is its position)",
     list(range(len(ev))),
     default=len(ev) - 1 if ev else None,
-    format_func=widgets.labeller([f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
+    format_func=render.labeller([f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
     key="gen_pick",
 )
 if pick is not None:
@@ -66,6 +66,6 @@ if pick is not None:
         f"Token {pick} (**{e.phase}**): {lit(repr(visible(e.text)))}, id {e.token_id}, p = {e.p:.3f} after the "
         f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
     )
-    widgets.figure(distribution_figure(e), "distribution")
-widgets.figure(step_times_figure(ev), "step times")
-widgets.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)
+    render.figure(distribution_figure(e), "distribution")
+render.figure(step_times_figure(ev), "step times")
+render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)

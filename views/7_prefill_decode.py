@@ -5,7 +5,7 @@ import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
 from pipeline import checks
 from pipeline.generation import cache_off_sweep, cache_verdict, metrics, prefill_decode_sweep, sweep_verdict
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 st.title("7 · Prefill vs decode")
 st.markdown(
@@ -16,10 +16,10 @@ st.markdown(
     "does little arithmetic but must read every weight of the model for a single token, so its time barely "
     "depends on the context length, until the context gets long."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 
 st.subheader("This run")
-rec = widgets.last_generation("gen", lm)
+rec = generating.last_generation("gen", lm)
 if rec is None:
     st.info("Generate something on page 6 to see its first token next to its decode steps; or run the sweep below.")
 else:
@@ -39,27 +39,27 @@ else:
         )
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
     c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
-    widgets.figure(step_times_figure(ev), "step times")
-    widgets.busy_note(rec.busy)
+    render.figure(step_times_figure(ev), "step times")
+    render.busy_note(rec.busy)
 
 st.subheader("Prompt length sweep")
 gpu = lm.device.type == "cuda"
-lengths = widgets.sweep_lengths([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024], "sweep_max")
-reps = widgets.cap("repeats", 3)
+lengths = guard.sweep_lengths([16, 64, 256, 1024, 2048] if gpu else [16, 64, 256, 1024], "sweep_max")
+reps = guard.cap("repeats", 3)
 st.caption(
     f"Prompt lengths {', '.join(f'{n:,}' for n in lengths)} ({'GPU' if gpu else 'CPU: fewer and shorter'}); each prefill is one forward "
     f"pass, each decode time the mean of 8 steps after it; {reps} interleaved repeats after a warm-up (each repeat measures every length, "
-    "in a rotated order): the median, and bars from the lowest to the highest repeat." + widgets.cap_note("sweep_tokens", "prompt tokens")
+    "in a rotated order): the median, and bars from the lowest to the highest repeat." + guard.cap_note("sweep_tokens", "prompt tokens")
 )
 if st.button("Run the sweep", key="sweep_go"):
-    with widgets.heavy("the prompt-length sweep", slot="sweep"):
+    with runs.heavy("the prompt-length sweep", slot="sweep"):
         bar = st.progress(0.0, text="prefill and decode at each length")
-        widgets.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, repeats=reps, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
+        loading.remember("sweep", prefill_decode_sweep(lm, lengths, decode_steps=8, repeats=reps, progress=lambda f, m: bar.progress(f, text=f"measured {m}")))
         bar.empty()
-rows = widgets.recall("sweep")
+rows = loading.recall("sweep")
 if rows is not None:
-    widgets.figure(sweep_figure(rows), "sweep")
-    widgets.table(
+    render.figure(sweep_figure(rows), "sweep")
+    render.table(
         "sweep",
         pd.DataFrame(
             [
@@ -76,42 +76,42 @@ if rows is not None:
         ),
         hide_index=True,
     )
-    widgets.claim_or_doubt(sweep_verdict(rows))
-    widgets.busy_note("sweep")
+    render.claim_or_doubt(sweep_verdict(rows))
+    render.busy_note("sweep")
 
 st.subheader("Without the KV cache")
 st.markdown(
     "The same greedy generation twice at each context length: with the cache each step feeds one token; without "
     "it every step feeds the whole context again, so its time grows with the length. Same tokens out."
 )
-ctx_lengths = [n for n in ([16, 128, 512, 1024] if gpu else [16, 128, 512]) if n <= widgets.cap("sweep_tokens", 10**9)]
+ctx_lengths = [n for n in ([16, 128, 512, 1024] if gpu else [16, 128, 512]) if n <= guard.cap("sweep_tokens", 10**9)]
 n_new = 3
 if st.button(f"Run {n_new} tokens after prompts of {', '.join(map(str, ctx_lengths))} tokens, with and without the cache", key="cache_go"):
-    with widgets.heavy("the cache comparison", slot="cache_cmp"):
+    with runs.heavy("the cache comparison", slot="cache_cmp"):
         bar = st.progress(0.0, text="generating with and without the cache")
         try:
-            widgets.remember("cache_cmp", cache_off_sweep(lm, ctx_lengths, n_new, repeats=reps, progress=lambda f, m: bar.progress(min(f, 1.0), text=m)))
+            loading.remember("cache_cmp", cache_off_sweep(lm, ctx_lengths, n_new, repeats=reps, progress=lambda f, m: bar.progress(min(f, 1.0), text=m)))
         except pipeline.TraceError as e:
             st.warning(str(e))
         bar.empty()
-cmp_ = widgets.recall("cache_cmp")
+cmp_ = loading.recall("cache_cmp")
 if cmp_ is not None and not isinstance(cmp_, list):
     cmp_ = None  # a result of an older layout kept by this session
 if cmp_ is not None:
-    widgets.figure(cache_on_off_figure(cmp_), "cache on off")
+    render.figure(cache_on_off_figure(cmp_), "cache on off")
     same = all(r.same_tokens for r in cmp_)
     last = cmp_[-1]
     c = st.columns(3)
     for col, what, s in ((c[0], "on", last.on), (c[1], "off", last.off)):
-        widgets.metric_of(
+        render.metric_of(
             col,
             f"Decode step at {last.tokens:,} tokens, cache {what}",
             s,
             help=f"The median of {len(s.values)} interleaved repeats, each the mean of the decode steps after the first token",
         )
     c[2].metric("Same tokens", "yes" if same else "NO")
-    widgets.claim_or_doubt(cache_verdict(cmp_))
-    widgets.busy_note("cache_cmp")
+    render.claim_or_doubt(cache_verdict(cmp_))
+    render.busy_note("cache_cmp")
 
 found = []
 if cmp_ is not None:
@@ -131,6 +131,6 @@ if rows is not None:
         )
     )
 if rec is not None:
-    widgets.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? Page 6's run, cross-checked")
+    render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? Page 6's run, cross-checked")
 if found:
-    widgets.evidence(found, "How do we know? The sweep and the cache experiment")
+    render.evidence(found, "How do we know? The sweep and the cache experiment")

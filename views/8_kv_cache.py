@@ -5,7 +5,7 @@ from components.generation import kv_growth_figure, kv_layers_figure
 from pipeline import checks
 from pipeline.checks import check_kv_bytes
 from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
-from views import widgets
+from views import generating, loading, render, runs
 
 st.title("8 · The KV cache")
 st.markdown(
@@ -15,19 +15,19 @@ st.markdown(
     "**grouped-query attention** (GQA) share each key/value head among several query heads, which divides this "
     "memory. Below, the formula next to the bytes actually held by this run's cache tensors."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 f = lm.facts
-chat = widgets.chat_mode(lm)
-prompt = widgets.generation_prompt()
+chat = runs.chat_mode(lm)
+prompt = generating.generation_prompt()
 if prompt is None:
     st.stop()
 # This page measures transformers' own cache tensors, so it runs its own request through transformers' loop
 # (page 6's requests go through the shared engine, whose paged KV memory the batching page shows).
-rec = widgets.last_generation("kv", lm)
+rec = generating.last_generation("kv", lm)
 source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:
     with st.spinner("Generating 16 tokens to measure the cache…"):
-        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "kv", cache="dynamic")
+        rec = generating.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "kv", cache="dynamic")
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
@@ -52,8 +52,8 @@ st.latex(
     rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
     rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}"
 )
-widgets.figure(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), "kv growth")
-widgets.figure(kv_layers_figure(last.kv_bytes_per_layer), "kv layers")
+render.figure(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), "kv growth")
+render.figure(kv_layers_figure(last.kv_bytes_per_layer), "kv layers")
 n_sliding, keep = kv_window(lm)
 if n_sliding:
     st.info(
@@ -72,13 +72,13 @@ rows = [
     }
     for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])
 ]
-widgets.table("kv costs", pd.DataFrame(rows), hide_index=True, width="stretch")
+render.table("kv costs", pd.DataFrame(rows), hide_index=True, width="stretch")
 st.caption(
     f"GQA: {f.n_heads} query heads share {f.n_kv_heads} KV heads, so the cache is {f.n_heads // f.n_kv_heads}× "
     "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
     "its own cache."
 )
-widgets.evidence([agree])
-widgets.how_do_we_know(
+render.evidence([agree])
+render.how_do_we_know(
     lambda: checks.generation_checks(lm, rec), "kv_gen", rec, ask=True, label="How do we know the tokens are right? This page's run vs transformers"
 )

@@ -4,7 +4,7 @@ from components.generation import ops_figure, telemetry_figure
 from pipeline import checks, hardware
 from pipeline.generation import metrics
 from pipeline.telemetry import Sampler
-from views import widgets
+from views import generating, guard, loading, render, runs
 
 st.title("9 · Hardware")
 st.markdown(
@@ -13,31 +13,25 @@ st.markdown(
     "weight matrices. GPUs exist to do exactly that in parallel. Below: this machine's measured matmul "
     "throughput and the measured share of a decode step spent in matrix multiplications."
 )
-lm = widgets.get_model()
+lm = loading.get_model()
 c1, c2 = st.columns([3, 1])
 n = c1.slider(
-    "Tokens to generate with telemetry",
-    8,
-    widgets.cap("new_tokens", 128),
-    32,
-    key="hw_n",
-    bind="query-params",
-    help=widgets.cap_note("new_tokens").strip() or None,
+    "Tokens to generate with telemetry", 8, guard.cap("new_tokens", 128), 32, key="hw_n", bind="query-params", help=guard.cap_note("new_tokens").strip() or None
 )
-chat = widgets.chat_mode(lm, c2)
-widgets.generation_presets()
-prompt = widgets.generation_prompt()
+chat = runs.chat_mode(lm, c2)
+generating.generation_presets()
+prompt = generating.generation_prompt()
 if st.button("Run with telemetry", type="primary", key="hw_go", disabled=prompt is None):
     with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
-        rec = widgets.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0, seed=0), "hw", sampler=sampler)
+        rec = generating.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0, seed=0), "hw", sampler=sampler)
     if rec:
-        widgets.remember("hw_timeline", sampler.timeline)
-timeline = widgets.recall("hw_timeline")
+        loading.remember("hw_timeline", sampler.timeline)
+timeline = loading.recall("hw_timeline")
 if timeline is not None:
     if not timeline.source == "nvml":
         st.caption(f"Source: {timeline.source}. On an NVIDIA GPU this shows NVML utilisation, memory, power and clock.")
-    widgets.figure(telemetry_figure(timeline), "telemetry")
-    rec = widgets.last_generation("hw", lm)
+    render.figure(telemetry_figure(timeline), "telemetry")
+    rec = generating.last_generation("hw", lm)
     if rec:
         m = metrics(rec.events)
         if rec.events[-1].finished == "eos" and m.n < n:
@@ -47,13 +41,13 @@ if timeline is not None:
             f"{m.n} tokens, TTFT {m.ttft_s * 1000:.0f} ms, {m.tokens_per_s or 0:.1f} tokens/s; "
             f"{len(timeline.samples)} samples every {timeline.interval_s * 1000:.0f} ms."
         )
-        widgets.busy_note(rec.busy)
+        render.busy_note(rec.busy)
 
 st.subheader("Why a GPU: matrix multiplication")
 if st.button("Measure", key="hw_probe"):
-    with widgets.heavy("the matmul probe and the decode-step profile", slot="hw_probe"), st.spinner("Timing a matmul and profiling 5 decode steps…"):
-        widgets.remember("hw_probe", (hardware.matmul_probe(lm.device, lm.dtype), hardware.decode_step_profile(lm)))
-pr = widgets.recall("hw_probe")
+    with runs.heavy("the matmul probe and the decode-step profile", slot="hw_probe"), st.spinner("Timing a matmul and profiling 5 decode steps…"):
+        loading.remember("hw_probe", (hardware.matmul_probe(lm.device, lm.dtype), hardware.decode_step_profile(lm)))
+pr = loading.recall("hw_probe")
 if pr is not None:
     mm, prof = pr
     c = st.columns(3)
@@ -63,7 +57,7 @@ if pr is not None:
         f"{mm.tflops * 1000:,.0f} GFLOP/s",
         help=f"{mm.seconds * 1000:.1f} ms, the median of {len(gf)} (range {min(gf):,.0f}–{max(gf):,.0f} GFLOP/s)",
     )
-    widgets.metric_of(
+    render.metric_of(
         c[1],
         "Matmul share of a decode step",
         prof.shares,
@@ -71,14 +65,14 @@ if pr is not None:
         "%",
         help=f"{prof.device_time}; the median of {len(prof.shares.values)} profiled steps and their range",
     )
-    widgets.metric_of(
+    render.metric_of(
         c[2],
         "One decode step",
         prof.steps,
         digits=1,
         help=f"The median of {len(prof.steps.values)} steps without the profiler and their range (the profiled step is slower: the profiler's own overhead)",
     )
-    widgets.figure(ops_figure(prof.top), "ops")
+    render.figure(ops_figure(prof.top), "ops")
     if prof.noisy:
         st.warning(
             f"This machine was too noisy to read these shares as a finding: {prof.noisy}. Other work shared the processor "
@@ -90,7 +84,7 @@ if pr is not None:
             f"Measured with torch.profiler on this device, {len(prof.shares.values)} steps: bars are median shares. At batch 1 a decode step "
             "reads every weight once for one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
         )
-    widgets.busy_note("hw_probe")
+    render.busy_note("hw_probe")
 found = []
 if pr is not None:
     found += [checks.check_matmul_probe(mm), checks.check_profile(prof)]
@@ -103,4 +97,4 @@ if timeline is not None:
         )
     )
 if found:
-    widgets.evidence(found)
+    render.evidence(found)

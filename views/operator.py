@@ -9,15 +9,15 @@ import pandas as pd
 import psutil
 import streamlit as st
 
-from views import widgets
+from views import guard, runs
 
 st.title("Operator")
-pol = widgets.policy()
+pol = guard.policy()
 if pol.operator_password is None and pol.enabled:
     st.info('No operator password is set. Put one in .streamlit/secrets.toml:\n\n```toml\n[demo]\noperator_password = "..."\n```')
     st.stop()
 if pol.operator_password is not None and not st.session_state.get("_operator"):
-    guard = widgets.password_guard()
+    guard = guard.password_guard()
     wait = guard.wait()
     if guard.locked():
         st.error(
@@ -43,7 +43,7 @@ if pol.operator_password is not None and not st.session_state.get("_operator"):
 
 @st.fragment(run_every="3s")
 def status():
-    s = widgets.server_status()
+    s = runs.server_status()
     c = st.columns(4) + st.columns(4)  # two rows: each note fits its column
     c[0].metric("Demo mode", "on" if pol.enabled else "off")
     c[1].metric("Browsers, last 5 min", s["sessions"])

@@ -126,3 +126,9 @@ def keep_runs() -> None:
         if not _run_store().thaw(st.session_state, vid):
             st.sidebar.info("This link's copy of someone's results is not on this server any more: the view opens without them.")
         del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
+
+
+def session_key() -> str:
+    """This browser's id (its cookie; a new one for a browser that has none yet): what its runs and its rate limit
+    are kept under. Never in the address, so a link hands it to nobody."""
+    return st.session_state.get("_sid") or "?"

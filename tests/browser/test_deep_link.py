@@ -21,7 +21,7 @@ def test_first_request_is_a_deep_link(server, browser):
     page = first_visit(browser, f"{server}/kv-cache")
     assert "KV cache" in page.locator("h1").first.inner_text()
     nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
-    assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "widgets") for t in nav)
+    assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "render", "runs", "guard") for t in nav)
     sidebar = page.locator("[data-testid='stSidebar']")
     assert sidebar.locator("textarea").count() == 1  # the prompt box is there
     assert "Model" in sidebar.inner_text()
@@ -34,10 +34,10 @@ def test_first_request_is_a_deep_link(server, browser):
 
 def test_internal_modules_are_not_pages(server, browser):
     page = browser.new_page(viewport={"width": 1200, "height": 800})
-    for path in ("common", "widgets"):
+    for path in ("common", "render", "runs"):
         page.goto(f"{server}/{path}", wait_until="domcontentloaded")
         page.wait_for_selector("[data-testid='stSidebar']", timeout=240_000)
         wait_idle(page, 300_000)
         no_exception(page)
         nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
-        assert not any(t.strip() in ("common", "widgets") for t in nav)
+        assert not any(t.strip() in ("common", "render", "runs") for t in nav)

@@ -45,7 +45,7 @@ def test_the_model_picker_offers_only_the_allowlist(demo_env):
 
 
 def test_a_typed_or_linked_path_is_never_used(demo_env):
-    from views.widgets import LOCAL
+    from views.loading import LOCAL
 
     at = page(model_choice=LOCAL, local_path="/etc/shadow")
     assert "shadow" not in texts(at) and "/etc" not in texts(at)
@@ -112,16 +112,16 @@ def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkey
 def guard(monkeypatch):
     """A fresh server-wide password guard for this test (one per process otherwise), with short waits."""
     import demo
-    from views import widgets
+    from views import guard as views_guard
 
     class Quick(demo.PasswordGuard):
         def __init__(self):
             super().__init__(max_failures=3, window_s=600, lockout_s=600, throttle_s=0.05)
 
     monkeypatch.setattr(demo, "PasswordGuard", Quick)
-    widgets.password_guard.clear()
+    views_guard.password_guard.clear()
     yield
-    widgets.password_guard.clear()
+    views_guard.password_guard.clear()
 
 
 def test_the_operator_page_asks_for_the_password(demo_env, guard):
@@ -159,9 +159,9 @@ def test_the_operator_page_locks_after_repeated_failures_from_any_session(demo_e
 
 def test_a_full_engine_queue_says_server_busy(demo_env, monkeypatch):
     at = page("views/6_generation.py")
-    from views import widgets
+    from views import loading
 
-    eng = pipeline.engine.engine_for(widgets._loader(pipeline.EMBEDDED).result)
+    eng = pipeline.engine.engine_for(loading._loader(pipeline.EMBEDDED).result)
     monkeypatch.setattr(eng.scheduler, "max_queue", 0)  # nothing more may wait
     at.number_input(key="gen_n").set_value(2)
     next(b for b in at.button if b.key == "gen_go").click().run()

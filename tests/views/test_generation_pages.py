@@ -25,7 +25,7 @@ def rec_tokenizer():
 
 
 def common_pass():
-    from views.widgets import PASS
+    from views.render import PASS
 
     return PASS
 

@@ -3,7 +3,7 @@
 Measured before the fix: one session, 12 prompts of ~1,300 tokens through pages 2 and 5 grew RSS 1.7 -> 4.1 GB
 and never levelled off; widgets whose format_func was a lambda in a page script kept that page's whole
 namespace (its trace, ~220 MB) in Streamlit's widget metadata, one entry per distinct prompt. Now every cache
-has a bound in bytes and widget callbacks hold plain data only (views/widgets.py)."""
+has a bound in bytes and widget callbacks hold plain data only (views/render.py)."""
 
 import ctypes
 import gc

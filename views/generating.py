@@ -1,0 +1,177 @@
+"""The generation pages' controls and their one generation controller: sampling settings bound to the link, a
+request streamed into the page (pipeline.serving.stream decides who serves it), every event kept in the session
+as it arrives so a Stop loses nothing, and the live panel of the shared engine."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+import appstate
+import demo
+import pipeline
+from pipeline.generation import GenerationRecord, prepare
+from pipeline.timing import ACTIVITY
+from pipeline.tracing import TraceError
+from views.guard import address_slot, allowed, cap, cap_note
+from views.loading import model_key
+from views.render import verbatim
+
+# prompts the embedded model answers well when generating (greedy, 48 tokens: no loop, a real answer); the
+# completion-style default ("The capital of France is") is made for pages 1-5's single next token
+GENERATION_PRESETS = {
+    "Why is the sky blue?": ("Why is the sky blue?", True),
+    "A haiku": ("Write a haiku about the sea.", True),
+    "Python code": ("Write a Python function that adds two numbers.", True),
+}
+
+
+def _use_preset(name: str) -> None:
+    st.session_state["prompt"], st.session_state["chat"] = GENERATION_PRESETS[name]
+    st.session_state["preset"] = "—"
+
+
+def generation_presets(where=None) -> None:
+    """One-click prompts that generate well on the embedded model (they set the sidebar's prompt and chat mode)."""
+    w = where or st
+    cols = w.columns(len(GENERATION_PRESETS) + 1)
+    cols[0].caption("Prompts that generate well:")
+    for c, name in zip(cols[1:], GENERATION_PRESETS):
+        c.button(name, key=f"genpreset_{name}", on_click=_use_preset, args=(name,), type="tertiary", icon=":material/edit_note:")
+
+
+def generation_prompt() -> str | None:
+    """The sidebar's prompt for a generation page; None (with a message in the page) when it is empty."""
+    prompt = st.session_state.get("prompt", "") or ""
+    if not prompt.strip():
+        st.info("The sidebar's prompt is empty: type one (or pick a preset) to generate.")
+        return None
+    return prompt
+
+
+def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
+    """Max new tokens / temperature / top-k / top-p / seed in one row, with the app's one set of defaults
+    (pipeline.sampling.DEFAULTS, the same as page 5's and the overview's), each bound to the URL."""
+    d = pipeline.sampling.DEFAULTS
+    c = st.columns(5)
+    q = dict(bind="query-params")
+    return dict(
+        max_new_tokens=c[0].number_input(
+            "Max new tokens",
+            0,
+            cap("new_tokens", 100_000),
+            min(48, cap("new_tokens", 48)),
+            key=f"{prefix}_n",
+            help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
+            **q,
+        ),
+        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
+        top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
+        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
+        seed=c[4].number_input("Seed", 0, 2**31 - 1, d.seed, key=f"{prefix}_seed", **q),
+    )
+
+
+def run_generation(
+    lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None, use_cache: bool = True, cache: str = "engine"
+) -> GenerationRecord | None:
+    """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
+    arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
+    cache "engine": the request joins the shared engine (every visitor's requests batched together); while it
+    waits in line the page says where it stands. Other caches: this request's own loop (pipeline.generate)."""
+    try:
+        req = prepare(lm, prompt, settings["max_new_tokens"], chat)
+    except TraceError as e:
+        st.warning(str(e))
+        return None
+    limit = cap("prompt_tokens", 10**9)
+    if len(req.prompt_ids) > limit:
+        st.warning(f"The prompt is {len(req.prompt_ids):,} tokens; this demo server generates from prompts of at most {limit:,} tokens. Shorten it.")
+        return None
+    if not allowed("generating"):
+        return None
+    try:
+        with address_slot():
+            return _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache)
+    except demo.Busy as e:
+        st.warning(str(e))
+        return None
+
+
+def _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache) -> GenerationRecord | None:
+    for note in req.notes:
+        st.info(note)
+    rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings), prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
+    t_start = time.perf_counter()
+    opts = {k: v for k, v in settings.items() if k != "max_new_tokens"}
+    engine = use_cache and cache == "engine"
+    own = None
+    if engine:
+        try:
+            events = pipeline.engine.engine_for(lm).submit(req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
+        except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
+            st.warning(str(e))
+            return None
+    else:  # this request's own loop: registered as one generation (the engine registers its steps itself)
+        events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
+        own = ACTIVITY.start("generation")
+    appstate.remember(st.session_state, slot, model_key(), rec)
+    try:
+        for ev in events:
+            if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
+                break  # request is cancelled as the stream closes)
+            if isinstance(ev, pipeline.engine.Waiting):
+                if out is not None:
+                    out.info(f"Server busy: {ev}. Your request starts as soon as a slot is free.")
+                continue
+            rec.events.append(ev)
+            if sampler is not None:
+                sampler.mark(
+                    "prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s
+                )
+            if out is not None:
+                verbatim(rec.text(lm.tokenizer), out, cursor=True)
+    except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept
+        st.warning(str(e))
+        rec.stopped = True
+    finally:
+        # what else ran meanwhile: the engine's steps counted this request in their batch, its own loop did not
+        rec.busy = ACTIVITY.end(own) if own is not None else ACTIVITY.during(t_start, time.perf_counter()).less_one("generation")
+    rec.done = not rec.stopped
+    if out is not None:
+        verbatim(rec.text(lm.tokenizer), out)
+    return rec
+
+
+def last_generation(slot: str, lm) -> GenerationRecord | None:
+    """This session's last generation in `slot` for the loaded model, if it produced anything."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    return rec if rec is not None and rec.model == lm.label and rec.events else None
+
+
+def stop_generation(slot: str) -> None:
+    """The Stop button: the running generation in `slot` stops after its current token, keeping what it made."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    if rec is not None and not rec.done:
+        rec.stopped = True
+
+
+@st.fragment(run_every="2s")
+def engine_panel(lm):
+    """What the shared engine is serving for this app right now (every visitor's generations), refreshed."""
+    s = pipeline.engine.engine_for(lm).stats()
+    st.subheader("Live: this server's engine")
+    c = st.columns(4)
+    c[0].metric("Requests running", s["running"])
+    c[1].metric("Waiting in line", s["waiting"])
+    c[2].metric("Tokens/s, last minute", f"{s['tokens_per_s_last_minute']:.1f}")
+    c[3].metric(
+        "KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB", help=f"{s['blocks_used']} of {s['blocks']} blocks"
+    )
+    hits = s.get("prefix_hit_requests", 0)
+    st.caption(
+        f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. {s['iterations']:,} iterations so far. "
+        f"Prefix cache: {hits:,} {'prompt' if hits == 1 else 'prompts'} started like an earlier one and reused "
+        f"{s.get('prefix_hit_tokens', 0):,} tokens of K/V instead of computing them ({s.get('blocks_cached', 0):,} blocks cached)."
+    )
