@@ -100,8 +100,9 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False):
 
 def api_visitor(lm, alone, k, deadline, stats, rng):
     """Questions through the engine API until the deadline: own prompt each time, one in four cancelled."""
-    from pipeline.engine import Sampling, engine_for
+    from pipeline.engine import engine_for
     from pipeline.generation import prepare
+    from pipeline.sampling import GREEDY
 
     eng = engine_for(lm)
     i = 0
@@ -112,7 +113,7 @@ def api_visitor(lm, alone, k, deadline, stats, rng):
         try:
             req = prepare(lm, prompt, 12, chat=True)
             t0 = time.perf_counter()
-            h = eng.submit(req.prompt_ids, 12, Sampling(temperature=0.0))
+            h = eng.submit(req.prompt_ids, 12, GREEDY)
             got, last = [], t0
             for ev in h:
                 now = time.perf_counter()
@@ -214,7 +215,7 @@ def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, h
         "api_token_s": {"p50": pct(stats["token_s"], 50), "p95": pct(stats["token_s"], 95)},
         "errors": stats["errors"],
         "crosstalk": [list(map(str, c)) for c in stats["crosstalk"]],
-        "cancelled_not_freed": {"running": left["running"], "waiting": left["waiting"], "blocks_used": left["blocks_used"]},
+        "cancelled_not_freed": {"running": left.running, "waiting": left.waiting, "blocks_used": left.blocks_used},
         "server_rss_mb": {
             "after_warm_up": round(warm_rss / 2**20),
             "end": round(end_rss / 2**20),

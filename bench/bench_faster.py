@@ -32,7 +32,7 @@ def main():
     L = lm.facts.n_layers
     spec = {}
     for pname, prompt in (("copy-style", COPY), ("open-ended", OPEN)):
-        generate_args = dict(temperature=0.0, chat=True)
+        generate_args = dict(chat=True)
         list(generate(lm, prompt, 4, **generate_args))
         for draft in ("prompt_lookup", f"early_exit:{L // 4}", f"early_exit:{L // 2}"):
             plain_t, spec_t, res = [], [], None

@@ -30,7 +30,7 @@ def main():
 
     def ours():
         t = time.perf_counter()
-        ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
+        ev = list(generate(lm, prompt, n, chat=True))
         return len(ev), time.perf_counter() - t, ev
 
     def hf():

@@ -129,8 +129,8 @@ def main():
     import torch
 
     import pipeline
-    from pipeline.engine import Engine, Sampling
-    from pipeline.generation import Request, generate
+    from pipeline.engine import Engine
+    from pipeline.generation import Prepared, generate
 
     lm = pipeline.load_model()
     methods = args.methods.split(",")
@@ -156,15 +156,15 @@ def main():
         the prefix cache is on) and nothing of this workload (no prompt of an earlier repeat is cached)."""
         with eng.scheduler.lock:
             eng.scheduler.pool.forget_cached()
-        list(eng.submit(prepare(lm, "Hello!", 1, chat=True).prompt_ids, 1, Sampling()))
+        list(eng.submit(prepare(lm, "Hello!", 1, chat=True).prompt_ids, 1))
 
     def threads_serve(ids, k, arrived):
-        for _ in generate(lm, "", k, cache="dynamic", request=Request(ids, k, []), stop_ids=set()):
+        for _ in generate(lm, "", k, cache="dynamic", request=Prepared(ids, k, []), stop_ids=set()):
             yield time.perf_counter()
 
     def engine_serve(eng):
         def serve(ids, k, arrived):
-            for _ in eng.submit(ids, k, Sampling(), stop_ids=frozenset(), arrived=arrived):
+            for _ in eng.submit(ids, k, stop_ids=frozenset(), arrived=arrived):
                 yield time.perf_counter()
 
         return serve
@@ -283,7 +283,7 @@ def main():
                 if (eng := next(iter(engines.values()), None))
                 else {}
             ),
-            "prefix_cache": {m: {k: e.stats()[k] for k in ("prefix_hit_requests", "prefix_hit_tokens", "blocks_cached")} for m, e in engines.items()},
+            "prefix_cache": {m: {k: getattr(e.stats(), k) for k in ("prefix_hit_requests", "prefix_hit_tokens", "blocks_cached")} for m, e in engines.items()},
             "results": results,
         },
     )

@@ -121,7 +121,7 @@ def main():
 
     def loop():
         def ours(use_cache=True, k=n):
-            ev = list(generate(lm, prompt, k, temperature=0.0, chat=True, use_cache=use_cache))
+            ev = list(generate(lm, prompt, k, chat=True, use_cache=use_cache))
             return ev
 
         def hf(use_cache=True, k=n):
@@ -164,7 +164,7 @@ def main():
         }
         with Sampler(interval_s=0.02) as sampler:
             t_start = time.perf_counter()
-            ev = list(generate(lm, prompt, n, temperature=0.0, chat=True))
+            ev = list(generate(lm, prompt, n, chat=True))
             for e in ev:
                 sampler.mark(e.phase, t_start + e.t_s - e.step_s, t_start + e.t_s)
         tl = sampler.timeline
@@ -190,7 +190,7 @@ def main():
 
         copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
         t = time.perf_counter()
-        plain = [e.token_id for e in generate(lm, copy, n, temperature=0.0, chat=True)]
+        plain = [e.token_id for e in generate(lm, copy, n, chat=True)]
         plain_s = time.perf_counter() - t
         sp = speculative_generate(lm, copy, "prompt_lookup", gamma=4, max_new_tokens=n, chat=True)
         res["speculative_prompt_lookup"] = {
@@ -201,7 +201,7 @@ def main():
         }
 
     def serving():
-        from pipeline.engine import Engine, Sampling
+        from pipeline.engine import Engine
 
         ids1 = ids[0].tolist()
         # the prefix cache off: every repeat prefills its N prompts, as transformers' static batch below does
@@ -211,7 +211,7 @@ def main():
             row = {}
             for _ in range(2):  # the first run warms kernels and RoPE tables
                 t = time.perf_counter()
-                hs = [eng.submit(ids1, n, Sampling(), stop_ids=frozenset()) for _ in range(N)]
+                hs = [eng.submit(ids1, n, stop_ids=frozenset()) for _ in range(N)]
                 toks = sum(len(list(h)) for h in hs)
                 wall = time.perf_counter() - t
                 row = {"requests": N, "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "iterations": eng.iterations}

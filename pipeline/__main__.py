@@ -129,7 +129,10 @@ def cmd_generate(args, out):
     lm = _load(args)
     eng = engine_for(lm)
     reqs = [prepare(lm, p, args.max_new_tokens, args.chat) for p in args.prompts]
-    handles = [eng.submit(r.prompt_ids, r.max_new_tokens, Sampling(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)) for r in reqs]
+    handles = [
+        eng.submit(r.prompt_ids, r.max_new_tokens, Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed))
+        for r in reqs
+    ]
     res = []
     for p, h in zip(args.prompts, handles):
         ev = list(h)

@@ -256,17 +256,16 @@ def generation_checks(lm: LoadedModel, rec) -> list[Check]:
     """Page 6's run (a GenerationRecord): greedy against transformers; a sampled run against a second run of our
     own loop with the same seed (pipeline.generate, the request alone, not through the shared engine); the
     headline metrics recomputed from the raw event times."""
-    from .generation import eos_ids, generate, metrics, prepare
+    from .events import eos_ids
+    from .generation import generate, metrics, prepare
 
     toks = [e.token_id for e in rec.events]
     req = prepare(lm, rec.prompt, len(toks), rec.chat)
-    s = rec.settings
     out = []
-    if not s.get("temperature"):
+    if rec.sampling.greedy:
         out.append(check_greedy_vs_transformers(lm, req.prompt_ids, toks, eos_ids(lm)))
     else:
-        opts = {k: v for k, v in s.items() if k != "max_new_tokens"}
-        again = [e.token_id for e in generate(lm, rec.prompt, len(toks), chat=rec.chat, request=req, cache="dynamic", **opts)]
+        again = [e.token_id for e in generate(lm, rec.prompt, len(toks), rec.sampling, chat=rec.chat, request=req, cache="dynamic")]
         out.append(
             Check(
                 "sampled tokens reproduce: same seed, our loop run alone (outside the shared engine)",

@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from .models import LoadedModel
-from .sampling import filter_probs
+from .sampling import GREEDY, Sampling, filter_probs
 from .timing import syncer
 
 
@@ -142,18 +142,10 @@ def token_texts(tokenizer):
     return lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
 
 
-def choose(
-    out: StepOutput,
-    dec,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    generator: torch.Generator | None = None,
-    n_top: int = 10,
-) -> Choice:
+def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:
     """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
-    n_top candidates before and after the filters. `dec(id)` gives a token's text."""
+    sampling.n_top candidates before and after the filters. `dec(id)` gives a token's text."""
+    n_top = sampling.n_top
     if out.summary is not None:  # greedy on the device: [argmax, logsumexp, top values, top ids]
         s = out.summary
         k = (s.numel() - 2) // 2
@@ -161,15 +153,14 @@ def choose(
         top_raw = [(a, dec(a), b) for a, b in zip(s[2 + k : 2 + k + n_top].long().tolist(), torch.exp(s[2 : 2 + n_top] - lse).tolist())]
         return Choice(tok, [(tok, dec(tok), 1.0)], top_raw, 1.0, float(torch.exp(s[2] - lse)))
     logits = out.logits
-    greedy = not (temperature and temperature > 0)
-    if greedy:  # the filters leave only the top token: skip building the vocabulary
+    if sampling.greedy:  # the filters leave only the top token: skip building the vocabulary
         tok = int(logits.argmax())  # first maximum, as filter_probs picks it
         lse = torch.logsumexp(logits, 0)
         rv, ri = logits.topk(min(n_top, logits.numel()))
         return Choice(
             tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
         )
-    probs = filter_probs(logits, temperature, top_k, top_p, min_p)
+    probs = filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
     tok = int(torch.multinomial(probs, 1, generator=generator)[0])
     n = min(n_top, probs.numel())
     p_top, i_top = probs.topk(n)

@@ -15,34 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .decode import choose, open_step, token_texts
+from .events import Finish, StepEvent, eos_ids
 from .models import LoadedModel
+from .sampling import GREEDY, Sampling
 from .timing import Busy, Ratios, Samples, ids_of_length, syncer
 from .tokens import tokenize
 from .tracing import TraceError, check_prompt
 
 MAX_NEW_TOKENS = 1024
-
-
-@dataclass
-class StepEvent:
-    index: int  # 0 = the first token (prefill), 1.. = decode steps
-    phase: str  # "prefill" | "decode"
-    token_id: int
-    text: str
-    top: list[tuple[int, str, float]]  # (id, text, probability after the filters), most likely first
-    top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
-    p: float  # probability of the chosen token after the filters
-    p_raw: float  # ... and before them
-    step_s: float  # this step's forward + sampling time
-    t_s: float  # time since the request arrived (tokenization included)
-    context_len: int  # tokens the step attended over
-    kv_bytes_per_layer: list[int] = field(default_factory=list)
-    kv_bytes: int = 0
-    finished: str | None = None  # "eos" | "length" on the last event ("cancelled" when stopped in the engine)
-    engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
-    batch: int = 1  # requests in the forward that produced this token (the engine batches)
-    request_id: int = 0  # the engine's id of the request
-    cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held
 
 
 @dataclass(eq=False)
@@ -54,7 +34,8 @@ class GenerationRecord:
     prompt: str
     chat: bool
     model: str  # label of the model that ran it
-    settings: dict  # max_new_tokens, temperature, top_k, top_p, seed (and min_p)
+    max_new_tokens: int
+    sampling: Sampling
     prompt_tokens: int  # tokens of the (templated) prompt
     use_cache: bool = True
     events: list = field(default_factory=list)  # [StepEvent], in order
@@ -68,20 +49,17 @@ class GenerationRecord:
 
     @property
     def label(self) -> str:
-        s = self.settings
-        how = (
-            "greedy"
-            if not s.get("temperature")
-            else (f"temperature {s['temperature']}, top-k {s.get('top_k', 0)}, top-p {s.get('top_p', 1.0)}, seed {s.get('seed')}")
-        )
-        return f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, up to {s['max_new_tokens']} new tokens" + (
+        s = self.sampling
+        how = "greedy" if s.greedy else f"temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {s.seed}"
+        return f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, up to {self.max_new_tokens} new tokens" + (
             "" if self.use_cache else ", KV cache off"
         )
 
 
 @dataclass
-class Request:
-    """What generate() was asked, after validation (the page shows `notes`)."""
+class Prepared:
+    """A prompt ready to generate from, after validation: its tokens, the new tokens it may have (the page shows
+    `notes` on what was capped)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -131,17 +109,7 @@ def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
     return ev.kv_bytes / ev.context_len if ev.context_len <= (keep or 10**9) else None
 
 
-def eos_ids(lm: LoadedModel) -> set[int]:
-    ids = set()
-    gc = getattr(lm.model, "generation_config", None)
-    e = getattr(gc, "eos_token_id", None)
-    ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
-    if lm.tokenizer.eos_token_id is not None:
-        ids.add(lm.tokenizer.eos_token_id)
-    return ids
-
-
-def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Request:
+def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Prepared:
     check_prompt(prompt)
     ids = tokenize(lm.tokenizer, prompt, chat=chat).input_ids
     notes = []
@@ -160,60 +128,47 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
     if len(ids) + n > limit:
         n = limit - len(ids)
         notes.append(f"Capped at {n:,} new tokens: the context window is {limit:,} tokens.")
-    return Request(ids, n, notes)
+    return Prepared(ids, n, notes)
 
 
 def generate(
     lm: LoadedModel,
     prompt: str,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
+    sampling: Sampling = GREEDY,
     use_cache: bool = True,
     chat: bool = False,
-    min_p: float = 0.0,
-    n_top: int = 10,
-    request: Request | None = None,
+    request: Prepared | None = None,
     cache: str = "dynamic",
     stop_ids: set[int] | None = None,
 ):
-    """Yield a StepEvent per generated token. temperature 0 = greedy. Raises TraceError on bad prompts.
+    """This request's own loop: yield a StepEvent per generated token (greedy unless `sampling` says otherwise).
+    Raises TraceError on bad prompts. (The shared engine is pipeline.serving.stream's other route.)
 
     cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
     place), "fused" (our own static-shape decode step, pipeline.fused: a CUDA graph replay per step on a GPU;
     greedy steps then bring only the top candidates back to the host, not the whole vocabulary) or
-    "fused+compile" (the same step compiled by torch.compile first), all of them this request's own loop (the
-    step itself is pipeline.decode's); or "engine": the request joins the model's shared serving engine
-    (pipeline.engine: continuous batching with every other request, paged KV memory). Stopping the iteration
-    cancels the request there. stop_ids: tokens that end the answer (default: the model's end-of-sequence
-    tokens; an empty set generates exactly max_new_tokens)."""
+    "fused+compile" (the same step compiled by torch.compile first); the step itself is pipeline.decode's.
+    stop_ids: tokens that end the answer (default: the model's end-of-sequence tokens; an empty set generates
+    exactly max_new_tokens)."""
     t0 = time.perf_counter()
     req = request or prepare(lm, prompt, max_new_tokens, chat)
-    if cache == "engine" and use_cache:
-        from .engine import Sampling, engine_for
-
-        yield from engine_for(lm).submit(
-            req.prompt_ids, req.max_new_tokens, Sampling(temperature, top_k, top_p, min_p, seed, n_top), stop_ids=stop_ids, arrived=t0
-        )
-        return
-    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+    s = sampling
+    gen = s.generator()
     stop = eos_ids(lm) if stop_ids is None else set(stop_ids)
     dec = token_texts(lm.tokenizer)
-    greedy = not (temperature and temperature > 0)
-    step = open_step(lm, cache, len(req.prompt_ids) + req.max_new_tokens, use_cache, greedy=greedy, n_top=n_top)
+    step = open_step(lm, cache, len(req.prompt_ids) + req.max_new_tokens, use_cache, greedy=s.greedy, n_top=s.n_top)
     n_ctx, tok = len(req.prompt_ids), None
     try:
         for i in range(req.max_new_tokens):
             t_step = time.perf_counter()
             with lm.lock, torch.inference_mode():
                 out = step.prefill(req.prompt_ids) if i == 0 else step.step(tok, n_ctx - 1)
-            c = choose(out, dec, temperature, top_k, top_p, min_p, gen, n_top)
+            c = choose(out, dec, s, gen)
             tok = c.token_id
             t_done = time.perf_counter()
             per_layer = step.kv_bytes_per_layer()
-            finished = "eos" if tok in stop else ("length" if i == req.max_new_tokens - 1 else None)
+            finished = Finish.EOS if tok in stop else (Finish.LENGTH if i == req.max_new_tokens - 1 else None)
             yield StepEvent(
                 index=i,
                 phase="prefill" if i == 0 else "decode",
@@ -377,7 +332,7 @@ def cache_off_sweep(lm: LoadedModel, lengths: list[int], new_tokens: int = 3, re
     prompts = {n: long_prompt(lm, n) for n in lengths}
 
     def steps(n: int, use_cache: bool) -> tuple[float, list[int], int]:
-        ev = list(generate(lm, prompts[n], new_tokens, temperature=0.0, use_cache=use_cache))
+        ev = list(generate(lm, prompts[n], new_tokens, use_cache=use_cache))
         dec = [e.step_s for e in ev[1:]] or [ev[0].step_s]
         return sum(dec) / len(dec), [e.token_id for e in ev], ev[0].context_len
 

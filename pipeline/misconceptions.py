@@ -38,14 +38,14 @@ def force_token(lm: LoadedModel, prompt: str, n: int = 12, at: int = 2, chat: bo
     from .generation import generate, prepare
 
     req = prepare(lm, prompt, n, chat)
-    events = list(generate(lm, prompt, n, chat=chat, request=req, temperature=0.0, cache="dynamic", stop_ids=set()))
+    events = list(generate(lm, prompt, n, chat=chat, request=req, cache="dynamic", stop_ids=set()))
     original = [e.token_id for e in events]
     at = max(0, min(at, len(original) - 2))
     runner_up = next(t for t, _, _ in events[at].top_raw if t != original[at])  # before the filters: greedy keeps one
     head = req.prompt_ids + original[:at] + [runner_up]
     rest = n - at - 1
     req2 = type(req)(head, rest, [])
-    after = [e.token_id for e in generate(lm, "", rest, request=req2, temperature=0.0, cache="dynamic", stop_ids=set())]
+    after = [e.token_id for e in generate(lm, "", rest, request=req2, cache="dynamic", stop_ids=set())]
     same_tail = after == original[at + 1 :]
     step_ms = [e.step_s * 1000 for e in events]
     return ForcedToken(

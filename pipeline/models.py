@@ -148,7 +148,7 @@ class FairLock:
         self.release()
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity: the engine registry keys on it weakly
 class LoadedModel:
     """A model ready to trace: `model` (eval mode), `tokenizer`, `facts`, where it came from."""
 

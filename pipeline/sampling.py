@@ -15,18 +15,29 @@ import torch
 
 
 @dataclass(frozen=True)
-class SamplingDefaults:
-    """The one set of sampling defaults every page starts from (page 5's sliders, the generation pages, the
-    overview's cross-check)."""
+class Sampling:
+    """How one request picks its tokens: the one spelling every path takes (pipeline.generate, the engine and Ray
+    Serve, speculative decoding, the pages' controls). The type's own defaults are greedy (temperature 0: all mass
+    on the argmax), what a caller gets when it asks for nothing; the app's controls start from DEFAULTS."""
 
-    temperature: float = 0.7
-    top_k: int = 50
-    top_p: float = 0.95
-    min_p: float = 0.0
-    seed: int = 0
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = 0  # each request has its own generator: reproducible whatever else runs
+    n_top: int = 10  # candidates reported per step
+
+    @property
+    def greedy(self) -> bool:
+        return not (self.temperature and self.temperature > 0)
+
+    def generator(self) -> torch.Generator | None:
+        """This request's own random generator (None without a seed)."""
+        return torch.Generator().manual_seed(int(self.seed)) if self.seed is not None else None
 
 
-DEFAULTS = SamplingDefaults()
+GREEDY = Sampling()
+DEFAULTS = Sampling(temperature=0.7, top_k=50, top_p=0.95)  # where page 5's sliders, the generation pages and the overview's check start
 
 
 @dataclass

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from .arch import decoder_of
-from .generation import eos_ids, prepare
+from .events import eos_ids
+from .generation import prepare
 from .models import LoadedModel
-from .sampling import filter_probs
+from .sampling import GREEDY, Sampling, filter_probs
 from .timing import Ratios
 
 
@@ -198,16 +199,7 @@ def accept_sampled(
 
 # --------------------------------------------------------------------------------- the loop
 def speculative_generate(
-    lm: LoadedModel,
-    prompt: str,
-    draft="prompt_lookup",
-    gamma: int = 4,
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = 0,
-    chat: bool = False,
+    lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64, sampling: Sampling = GREEDY, chat: bool = False
 ) -> SpecResult:
     """Generate with a draft; returns the tokens and one record per target call."""
     from transformers import DynamicCache
@@ -216,13 +208,12 @@ def speculative_generate(
     req = prepare(lm, prompt, max_new_tokens, chat)
     d = draft if hasattr(draft, "propose") else make_draft(lm, draft, gamma)
     d.reset(lm)
-    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-    greedy = not temperature or temperature <= 0
+    gen, greedy = sampling.generator(), sampling.greedy
     stop = eos_ids(lm)
     dev = lm.device
 
     def dist(logits):
-        return filter_probs(logits, temperature, top_k, top_p)
+        return filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
 
     def pick(logits):
         p = dist(logits)
@@ -279,7 +270,7 @@ class SpecComparison:
 
     draft: str  # what drafted
     gamma: int
-    temperature: float
+    sampling: Sampling
     plain_tokens: list[int]
     plain_runs_s: list[float]  # wall time of plain decoding, each repeat (s)
     spec_runs_s: list[float]  # wall time of speculative decoding, each repeat (s)
@@ -310,9 +301,8 @@ def compare_with_plain(
     draft="prompt_lookup",
     gamma: int = 4,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
+    sampling: Sampling = GREEDY,
     chat: bool = False,
-    seed: int = 0,
     reps: int = 5,
     progress=None,
 ) -> SpecComparison:
@@ -327,10 +317,10 @@ def compare_with_plain(
                 progress((2 * r + (which == "spec")) / (2 * reps), f"repeat {r + 1}/{reps}: {which}")
             t = time.perf_counter()
             if which == "plain":
-                plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, temperature=temperature, chat=chat, seed=seed)]
+                plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, sampling, chat=chat)]
                 plain_s.append(time.perf_counter() - t)
             else:
-                res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, chat=chat, seed=seed)
+                res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, chat=chat)
                 spec_s.append(res.seconds)
     name = draft if isinstance(draft, str) else getattr(draft, "label", "a model")
-    return SpecComparison(name, gamma, temperature, plain, plain_s, spec_s, res)
+    return SpecComparison(name, gamma, sampling, plain, plain_s, spec_s, res)

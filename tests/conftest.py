@@ -1,13 +1,18 @@
-"""Shared fixtures, and the test tiers: every test gets one marker from what it needs, so
-`pytest -m unit` (make test-fast) runs the no-model tier in seconds.
+"""Shared fixtures, and the test tiers. Every test module declares its tier (`pytestmark = pytest.mark.<tier>`); a
+test whose needs differ from its module's declares its own tier on the function, which then replaces the
+module's. Nothing is guessed from paths or fixture names: a test without a tier, or with two, is a collection
+error. How long each tier takes is measured in CONTRIBUTING.md.
 
-    unit     no model, no browser
-    model    loads the embedded SmolLM2 model (directly, or through a page)
-    gemma    needs Gemma-3 270M (make models)
+    unit     no model, no browser, no network: `make test-fast`, well under a minute. A unit test that loads a
+             model fails (the weights loader raises), so the tier stays fast by construction.
+    model    loads the embedded SmolLM2 model (directly, or through a page in AppTest)
     browser  the whole app in headless Chromium
-    gpu      needs a CUDA device
-    cluster  a local Ray cluster with engine replicas (Ray Serve)
-    load     the class load test, minutes long (make test-load; not in make test)
+    gpu      needs a CUDA device (skipped without one)
+    cluster  a local Ray cluster with engine replicas (Ray Serve), in a pytest process of its own
+    load     minutes long: memory over many prompts, a class of 32 (make test-load; CI runs a short form)
+
+`gemma` is not a tier but a need: it is added to every test run with the Gemma-3 parameter of the `lm` fixture
+(skipped when `make models` has not installed it).
 """
 
 import os
@@ -16,8 +21,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODEL_FIXTURES = {"smol", "lm"}
-TIERS = ("unit", "model", "gemma", "browser", "gpu", "cluster", "load")
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs small suites under this conftest
+
+TIERS = ("unit", "model", "browser", "gpu", "cluster", "load")
 
 
 def _models():
@@ -42,20 +48,48 @@ def lm(request):
     return pipeline.load_model(request.param)
 
 
+def _tiers(node) -> list[str]:
+    return [m.name for m in node.own_markers if m.name in TIERS]
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test marked explicitly keeps its tier; otherwise: tests/browser -> browser, tests/views (pages run the
-    model) or a model fixture -> model (+ gemma for Gemma's parameter), anything else -> unit."""
+    """Each item's tier: its function's own tier marker, else its module's (pytestmark). The module's marker is
+    then moved onto the items, so `-m unit` selects exactly the items whose tier is unit."""
+    chosen, problems = [], []
     for item in items:
-        own = {m.name for m in item.iter_markers()} & set(TIERS)
-        path = str(item.path)
-        if "gemma" in item.name.lower() or "gemma3" in getattr(getattr(item, "callspec", None), "id", ""):
+        own = _tiers(item) or (_tiers(item.parent) if isinstance(item.parent, pytest.Class) else [])
+        mod = _tiers(item.getparent(pytest.Module))
+        tiers = own or mod
+        if len(set(tiers)) != 1:
+            problems.append(f"{item.nodeid}: {'no tier' if not tiers else 'tiers ' + ', '.join(tiers)}")
+        chosen.append(tiers[0] if tiers else None)
+    if problems:
+        raise pytest.UsageError("every test needs exactly one tier (tests/conftest.py):\n  " + "\n  ".join(problems))
+    for item in items:  # strip tiers from modules and classes (after every item has read them) ...
+        for node in item.listchain()[:-1]:
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+    for item, tier in zip(items, chosen):  # ... and give each item its one tier
+        item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
+        item.add_marker(getattr(pytest.mark, tier))
+        if "gemma3" in getattr(getattr(item, "callspec", None), "id", ""):
             item.add_marker(pytest.mark.gemma)
-            own.add("gemma")
-        if own:
-            continue
-        if "/tests/browser/" in path:
-            item.add_marker(pytest.mark.browser)
-        elif "/tests/views/" in path or MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.model)
-        else:
-            item.add_marker(pytest.mark.unit)
+
+
+class UnitLoadedAModel(BaseException):
+    """Not an Exception: no `except Exception` on the way (load_model wraps loader errors) can swallow it."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_load_no_model(request, monkeypatch):
+    """A unit test that loads model weights fails at once, whatever path it takes to them."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import transformers
+
+    def refuse(*a, **k):
+        raise UnitLoadedAModel(f"{request.node.nodeid} is a unit test but loads a model: declare it `model` tier")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
+    yield

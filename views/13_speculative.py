@@ -3,6 +3,7 @@ import streamlit as st
 import pipeline
 from components.speculative import legend_html, steps_html
 from pipeline import checks
+from pipeline.sampling import Sampling
 from pipeline.speculative import compare_with_plain, expected_tokens_per_call
 from views import generating, guard, loading, render, runs
 
@@ -79,9 +80,8 @@ if st.button("Run plain and speculative", type="primary", key="spec_go", disable
                     draft,
                     gamma=gamma,
                     max_new_tokens=n,
-                    temperature=temperature,
+                    sampling=Sampling(temperature=temperature, seed=0),
                     chat=chat,
-                    seed=0,
                     reps=reps,
                     progress=lambda f, m: bar.progress(f, text=m),
                 ),
@@ -132,7 +132,7 @@ render.html_view(
 )
 st.markdown("**Output:**")
 render.verbatim(lm.tokenizer.decode(res.tokens, skip_special_tokens=True))
-if got.temperature == 0:
+if got.sampling.greedy:
     st.markdown(
         render.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
         f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}."
@@ -146,7 +146,7 @@ found = [
         f"{len(res.steps)} verify calls: {sum(s.accepted for s in res.steps)} of {sum(len(s.proposed) for s in res.steps)} proposals accepted",
     )
 ]
-if got.temperature == 0:
+if got.sampling.greedy:
     found.insert(
         0,
         checks.check_same_tokens(

@@ -5,6 +5,7 @@ import streamlit as st
 
 from pipeline import checks
 from pipeline.generation import metrics
+from pipeline.sampling import GREEDY
 from pipeline.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
 from views import generating, loading, render, runs
 
@@ -23,13 +24,7 @@ else:
     if rec is None:
         chat = runs.chat_mode(lm)
         with st.spinner("Generating 24 tokens to stream…"):
-            rec = generating.run_generation(
-                lm,
-                st.session_state.get("prompt", "") or "Why is the sky blue?",
-                chat,
-                dict(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0),
-                "sse",
-            )
+            rec = generating.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat, 24, GREEDY, "sse")
     if rec:
         st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: {rec.label}.")
 if rec:

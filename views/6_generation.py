@@ -21,7 +21,7 @@ c1.markdown("**Prompt** (from the sidebar):")
 render.verbatim(prompt, c1, max_lines=6)
 chat = runs.chat_mode(lm, c2)
 generating.generation_presets()
-settings = generating.sampling_controls("gen")
+n_new, sampling = generating.sampling_controls("gen")
 b1, b2 = st.columns([1, 5])
 go = b1.button("Generate", type="primary", key="gen_go")
 if b2.button("Stop", key="gen_stop", help="Stops after the current token; what was generated is kept"):
@@ -29,7 +29,7 @@ if b2.button("Stop", key="gen_stop", help="Stops after the current token; what w
 out = st.empty()
 if go:
     st.session_state.pop("gen_pick", None)  # a new run: show its last token, not the old selection
-    rec = generating.run_generation(lm, prompt, chat, settings, "gen", out=out)
+    rec = generating.run_generation(lm, prompt, chat, n_new, sampling, "gen", out=out)
     if rec is None:
         st.stop()
 rec = generating.last_generation("gen", lm)

@@ -5,6 +5,7 @@ from components.generation import kv_growth_figure, kv_layers_figure
 from pipeline import checks
 from pipeline.checks import check_kv_bytes
 from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
+from pipeline.sampling import GREEDY
 from views import generating, loading, render, runs
 
 st.title("8 · The KV cache")
@@ -27,11 +28,11 @@ rec = generating.last_generation("kv", lm)
 source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:
     with st.spinner("Generating 16 tokens to measure the cache…"):
-        rec = generating.run_generation(lm, prompt, chat, dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=0), "kv", cache="dynamic")
+        rec = generating.run_generation(lm, prompt, chat, 16, GREEDY, "kv", route="dynamic")
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
-if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.settings["max_new_tokens"]:
+if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.max_new_tokens:
     st.info(
         f"The model ended its answer after {len(rec.events)} token(s) (end-of-sequence), so the cache "
         f"stopped growing at {rec.events[-1].context_len} tokens."

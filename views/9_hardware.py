@@ -3,6 +3,7 @@ import streamlit as st
 from components.generation import ops_figure, telemetry_figure
 from pipeline import checks, hardware
 from pipeline.generation import metrics
+from pipeline.sampling import GREEDY
 from pipeline.telemetry import Sampler
 from views import generating, guard, loading, render, runs
 
@@ -23,7 +24,7 @@ generating.generation_presets()
 prompt = generating.generation_prompt()
 if st.button("Run with telemetry", type="primary", key="hw_go", disabled=prompt is None):
     with Sampler(interval_s=0.05 if lm.device.type == "cuda" else 0.1) as sampler:
-        rec = generating.run_generation(lm, prompt, chat, dict(max_new_tokens=n, temperature=0.0, top_k=0, top_p=1.0, seed=0), "hw", sampler=sampler)
+        rec = generating.run_generation(lm, prompt, chat, n, GREEDY, "hw", sampler=sampler)
     if rec:
         loading.remember("hw_timeline", sampler.timeline)
 timeline = loading.recall("hw_timeline")

@@ -4,15 +4,15 @@ as it arrives so a Stop loses nothing, and the live panel of the shared engine."
 
 from __future__ import annotations
 
-import time
-
 import streamlit as st
 
 import appstate
 import demo
 import pipeline
+from pipeline import serving
 from pipeline.generation import GenerationRecord, prepare
-from pipeline.timing import ACTIVITY
+from pipeline.sampling import Sampling
+from pipeline.serving import ENGINE
 from pipeline.tracing import TraceError
 from views.guard import address_slot, allowed, cap, cap_note
 from views.loading import model_key
@@ -50,22 +50,22 @@ def generation_prompt() -> str | None:
     return prompt
 
 
-def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
-    """Max new tokens / temperature / top-k / top-p / seed in one row, with the app's one set of defaults
-    (pipeline.sampling.DEFAULTS, the same as page 5's and the overview's), each bound to the URL."""
+def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, Sampling]:
+    """(max new tokens, Sampling): max new tokens / temperature / top-k / top-p / seed in one row, starting from the
+    app's one set of defaults (pipeline.sampling.DEFAULTS, as page 5 and the overview), each bound to the URL."""
     d = pipeline.sampling.DEFAULTS
     c = st.columns(5)
     q = dict(bind="query-params")
-    return dict(
-        max_new_tokens=c[0].number_input(
-            "Max new tokens",
-            0,
-            cap("new_tokens", 100_000),
-            min(48, cap("new_tokens", 48)),
-            key=f"{prefix}_n",
-            help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
-            **q,
-        ),
+    n = c[0].number_input(
+        "Max new tokens",
+        0,
+        cap("new_tokens", 100_000),
+        min(48, cap("new_tokens", 48)),
+        key=f"{prefix}_n",
+        help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
+        **q,
+    )
+    return n, Sampling(
         temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
         top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
         top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
@@ -74,54 +74,49 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> dict:
 
 
 def run_generation(
-    lm, prompt: str, chat: bool, settings: dict, slot: str, out=None, sampler=None, use_cache: bool = True, cache: str = "engine"
+    lm, prompt: str, chat: bool, max_new_tokens: int, sampling: Sampling, slot: str, out=None, sampler=None, use_cache: bool = True, route: str = ENGINE
 ) -> GenerationRecord | None:
     """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
     arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
-    cache "engine": the request joins the shared engine (every visitor's requests batched together); while it
-    waits in line the page says where it stands. Other caches: this request's own loop (pipeline.generate)."""
+    route "engine": the request joins the shared engine (every visitor's requests batched together); while it
+    waits in line the page says where it stands. Other routes: this request's own loop (pipeline.serving)."""
     try:
-        req = prepare(lm, prompt, settings["max_new_tokens"], chat)
+        req = prepare(lm, prompt, max_new_tokens, chat)
     except TraceError as e:
         st.warning(str(e))
         return None
-    limit = cap("prompt_tokens", 10**9)
-    if len(req.prompt_ids) > limit:
+    limit = cap("prompt_tokens")
+    if limit is not None and len(req.prompt_ids) > limit:
         st.warning(f"The prompt is {len(req.prompt_ids):,} tokens; this demo server generates from prompts of at most {limit:,} tokens. Shorten it.")
         return None
     if not allowed("generating"):
         return None
     try:
         with address_slot():
-            return _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache)
+            return _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route)
     except demo.Busy as e:
         st.warning(str(e))
         return None
 
 
-def _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cache) -> GenerationRecord | None:
+def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route) -> GenerationRecord | None:
     for note in req.notes:
         st.info(note)
-    rec = GenerationRecord(prompt=prompt, chat=chat, model=lm.label, settings=dict(settings), prompt_tokens=len(req.prompt_ids), use_cache=use_cache)
-    t_start = time.perf_counter()
-    opts = {k: v for k, v in settings.items() if k != "max_new_tokens"}
-    engine = use_cache and cache == "engine"
-    own = None
-    if engine:
-        try:
-            events = pipeline.engine.engine_for(lm).submit(req.prompt_ids, req.max_new_tokens, pipeline.engine.Sampling(**opts), arrived=t_start).stream()
-        except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
-            st.warning(str(e))
-            return None
-    else:  # this request's own loop: registered as one generation (the engine registers its steps itself)
-        events = pipeline.generate(lm, prompt, chat=chat, request=req, use_cache=use_cache, cache=cache, **opts)
-        own = ACTIVITY.start("generation")
+    rec = GenerationRecord(
+        prompt=prompt, chat=chat, model=lm.label, max_new_tokens=req.max_new_tokens, sampling=sampling, prompt_tokens=len(req.prompt_ids), use_cache=use_cache
+    )
+    try:
+        events = serving.stream(lm, req, sampling, route, use_cache)
+    except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
+        st.warning(str(e))
+        return None
+    t_start = events.t0
     appstate.remember(st.session_state, slot, model_key(), rec)
     try:
         for ev in events:
             if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
                 break  # request is cancelled as the stream closes)
-            if isinstance(ev, pipeline.engine.Waiting):
+            if isinstance(ev, serving.Waiting):
                 if out is not None:
                     out.info(f"Server busy: {ev}. Your request starts as soon as a slot is free.")
                 continue
@@ -136,8 +131,8 @@ def _stream(lm, prompt, chat, settings, slot, req, out, sampler, use_cache, cach
         st.warning(str(e))
         rec.stopped = True
     finally:
-        # what else ran meanwhile: the engine's steps counted this request in their batch, its own loop did not
-        rec.busy = ACTIVITY.end(own) if own is not None else ACTIVITY.during(t_start, time.perf_counter()).less_one("generation")
+        events.close()
+        rec.busy = events.busy  # what else ran meanwhile
     rec.done = not rec.stopped
     if out is not None:
         verbatim(rec.text(lm.tokenizer), out)
@@ -163,15 +158,13 @@ def engine_panel(lm):
     s = pipeline.engine.engine_for(lm).stats()
     st.subheader("Live: this server's engine")
     c = st.columns(4)
-    c[0].metric("Requests running", s["running"])
-    c[1].metric("Waiting in line", s["waiting"])
-    c[2].metric("Tokens/s, last minute", f"{s['tokens_per_s_last_minute']:.1f}")
-    c[3].metric(
-        "KV memory in use", f"{s['kv_bytes_in_use'] / 2**20:,.1f} of {s['kv_bytes_total'] / 2**20:,.0f} MiB", help=f"{s['blocks_used']} of {s['blocks']} blocks"
-    )
-    hits = s.get("prefix_hit_requests", 0)
+    c[0].metric("Requests running", s.running)
+    c[1].metric("Waiting in line", s.waiting)
+    c[2].metric("Tokens/s, last minute", f"{s.tokens_per_s_last_minute:.1f}")
+    c[3].metric("KV memory in use", f"{s.kv_bytes_in_use / 2**20:,.1f} of {s.kv_bytes_total / 2**20:,.0f} MiB", help=f"{s.blocks_used} of {s.blocks} blocks")
+    hits = s.prefix_hit_requests
     st.caption(
-        f"{s['engine']}: every generation on pages 6, 9 and 14 of every visitor goes through it. {s['iterations']:,} iterations so far. "
+        f"{s.engine}: every visitor's generations on the generation, hardware and streaming pages go through it. {s.iterations:,} iterations so far. "
         f"Prefix cache: {hits:,} {'prompt' if hits == 1 else 'prompts'} started like an earlier one and reused "
-        f"{s.get('prefix_hit_tokens', 0):,} tokens of K/V instead of computing them ({s.get('blocks_cached', 0):,} blocks cached)."
+        f"{s.prefix_hit_tokens:,} tokens of K/V instead of computing them ({s.blocks_cached:,} blocks cached)."
     )

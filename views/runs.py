@@ -221,12 +221,12 @@ def server_status() -> dict:
             engines.append(
                 {
                     "model": ldr.result.label,
-                    "running": s["running"],
-                    "waiting": s["waiting"],
-                    "tok/s, last minute": round(s["tokens_per_s_last_minute"], 1),
-                    "KV MiB in use": round(s["kv_bytes_in_use"] / 2**20, 1),
-                    "iterations": s["iterations"],
-                    "cancelled": s.get("ended", {}).get("cancelled", 0),
+                    "running": s.running,
+                    "waiting": s.waiting,
+                    "tok/s, last minute": round(s.tokens_per_s_last_minute, 1),
+                    "KV MiB in use": round(s.kv_bytes_in_use / 2**20, 1),
+                    "iterations": s.iterations,
+                    "cancelled": s.ended.get("cancelled", 0),
                 }
             )
     errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]

@@ -17,27 +17,32 @@ scheduler's prefix cache).
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 
-policy="static" is the comparison the batching page draws: nobody is admitted until the whole batch has
-arrived, and rows that finish keep being computed (padding) until the longest is done.
+policy=Policy.STATIC is the comparison the batching page draws (the scheduler owns both policies): nobody is
+admitted until the whole batch has arrived, and rows that finish keep being computed (padding) until the longest
+is done. Which engine serves a model (this one in-process, or Ray Serve's) is engine.registry's decision.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
+import logging
 import queue
 import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ..decode import StepOutput, choose, token_texts
+from ..events import Finish, StepEvent, eos_ids
 from ..models import LoadedModel
+from ..sampling import GREEDY, Sampling
 from ..timing import ACTIVITY
-from .scheduler import BlockPool, Request, Sampling, Scheduler
+from .scheduler import BlockPool, Chunk, Policy, QueueStats, Request, Scheduler, State
+
+log = logging.getLogger(__name__)
 
 DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
 BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
@@ -60,6 +65,20 @@ class IterationRecord:
     blocks: dict[int, int]  # request id -> KV blocks it holds
     finished: list[int]  # request ids retired this iteration
     padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
+
+
+@dataclass(frozen=True)
+class EngineStats(QueueStats):
+    """What an engine is serving at one moment (the operator page, the live panel, Ray Serve's replicas)."""
+
+    kv_bytes_in_use: int = 0
+    kv_bytes_total: int = 0
+    tokens_per_s_last_minute: float = 0.0
+    iterations: int = 0
+    engine: str = ""  # what it is (and, from Ray Serve, which replica answered)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 def ordinal(n: int) -> str:
@@ -92,10 +111,8 @@ class Handle:
                 try:
                     ev = self.events.get(timeout=1.0)
                 except queue.Empty:
-                    if self.request.state == "finished" and self.events.empty():
+                    if self.request.state == State.FINISHED and self.events.empty():
                         return
-                    if self.engine.background:
-                        self.engine._ensure_worker()  # a worker that died is replaced
                     continue
                 if ev is None:
                     if self.error:
@@ -144,7 +161,7 @@ class Engine:
         max_queue: int = 64,
         prefill_chunk: int | None = None,
         request_chunk: int | None = None,
-        policy: str = "continuous",
+        policy: Policy | str = Policy.CONTINUOUS,
         history: int = 4096,
         background: bool = True,
         static_batch_size: int | None = None,
@@ -155,14 +172,15 @@ class Engine:
         from ..fused import supported
         from .paged import PagedKV, PagedStep
 
-        self.lm, self.policy, self.background, self.static_batch_size = lm, policy, background, static_batch_size
+        policy = Policy(policy)
+        self.lm, self.background = lm, background
         self.park = park  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see _forward)
         budget = kv_bytes or default_kv_bytes(lm)
         n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
         self.kv = PagedKV(lm, n_blocks, block_size)
         ok, self.unsupported = supported(lm)
         self.step = PagedStep(lm, self.kv) if ok else None
-        self.name = "engine (continuous batching)" if policy == "continuous" else "engine (static batching)"
+        self.name = f"engine ({policy} batching)"
         if not ok:
             self.name += ", one request at a time: " + self.unsupported
         gpu = lm.device.type == "cuda"  # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
@@ -175,10 +193,12 @@ class Engine:
             request_chunk=request_chunk or (512 if gpu else 64),
             # prompts that start alike (every chat prompt starts with the template's system turn) share the
             # blocks already computed; only the paged step writes the pool, so only it can share them
-            prefix_cache=prefix_cache and ok and policy == "continuous",
+            prefix_cache=prefix_cache and ok and policy == Policy.CONTINUOUS,
             # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
             # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
-            max_decode_stall=max_decode_stall if policy == "continuous" else 0,
+            max_decode_stall=max_decode_stall if policy == Policy.CONTINUOUS else 0,
+            policy=policy,
+            static_batch_size=static_batch_size,
         )
         self.records: deque[IterationRecord] = deque(maxlen=history)
         self.t_start = time.perf_counter()
@@ -188,7 +208,6 @@ class Engine:
         self._gens: dict[int, torch.Generator | None] = {}
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
         self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
-        self._static_batch: list[Request] = []  # policy "static": the batch being run
         self._dec = token_texts(lm.tokenizer)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
@@ -197,23 +216,20 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ visitors
     def submit(
-        self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling | None = None, stop_ids=None, name: str = "", arrived: float | None = None
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling = GREEDY, stop_ids=None, name: str = "", arrived: float | None = None
     ) -> Handle:
         """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs."""
-        from ..generation import eos_ids
-
         if not prompt_ids:
             raise ValueError("empty prompt")
-        limit = self.lm.facts.max_positions or 10**9
-        if len(prompt_ids) + max_new_tokens > limit:
+        limit = self.lm.facts.max_positions
+        if limit is not None and len(prompt_ids) + max_new_tokens > limit:
             raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's context window of {limit:,}.")
-        req = Request(list(prompt_ids), int(max_new_tokens), sampling or Sampling(), frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
+        req = Request(list(prompt_ids), int(max_new_tokens), sampling, frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
         if arrived is not None:
             req.arrived = arrived  # time since the request arrived includes tokenizing it
         h = Handle(self, req)
         self._handles[req.id] = h
-        s = req.sampling
-        self._gens[req.id] = torch.Generator().manual_seed(int(s.seed)) if s.seed is not None else None
+        self._gens[req.id] = req.sampling.generator()
         try:
             self.scheduler.submit(req)
         except Exception:
@@ -229,16 +245,11 @@ class Engine:
         return self.kv.block_bytes_per_layer * self.lm.facts.n_layers
 
     def eta_s(self, req: Request) -> float | None:
-        pos = self.scheduler.position(req)
-        if pos == 0:
+        work = self.scheduler.work_ahead(req)
+        if work is None:
             return 0.0
         rate = self.tokens_per_s(30.0)
-        if not rate:
-            return None
-        with self.scheduler.lock:
-            ahead = [r for r in self.scheduler.waiting][: pos - 1]
-            busy = sum(r.max_new_tokens - len(r.generated) for r in self.scheduler.running)
-        return (busy + sum(r.max_new_tokens for r in ahead)) / rate
+        return work / rate if rate else None
 
     def tokens_per_s(self, window_s: float = 60.0) -> float:
         """Tokens generated per second over the last `window_s` seconds (all requests together)."""
@@ -249,16 +260,22 @@ class Engine:
         span = max(now - recent[0][0], 1e-3)
         return sum(n for _, n in recent) / span
 
-    def stats(self) -> dict:
-        s = self.scheduler.snapshot()
-        s.update(
-            kv_bytes_in_use=s["blocks_used"] * self.block_bytes,
+    def stats(self) -> EngineStats:
+        q = self.scheduler.snapshot()
+        return EngineStats(
+            **asdict(q),
+            kv_bytes_in_use=q.blocks_used * self.block_bytes,
             kv_bytes_total=self.kv.nbytes,
             tokens_per_s_last_minute=self.tokens_per_s(60.0),
             iterations=self.iterations,
             engine=self.name,
         )
-        return s
+
+    def healthy(self) -> bool:
+        """False when requests are running but no worker is left to run them (a background engine only)."""
+        with self._thread_lock:
+            alive = self._thread is not None and self._thread.is_alive()
+        return alive or not self.background or not self.scheduler.snapshot().running
 
     # ------------------------------------------------------------------------------------------ the loop
     def _wake(self):
@@ -279,20 +296,24 @@ class Engine:
                         continue
                     self._thread = None  # idle: the thread ends (a later submit starts another)
                     return
-            self.iterate()
+            try:
+                self.iterate()
+            except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
+                log.exception("engine iteration failed")
+                time.sleep(0.1)
 
     def iterate(self) -> IterationRecord | None:
         """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
         with self._iter_lock:
             t0 = time.perf_counter()
-            plan = self.scheduler.plan() if self.policy == "continuous" else self._static_plan()
+            plan = self.scheduler.plan()
             for r in plan.retired:
                 self._close(r)
             if plan.empty:
                 return None
             finished, decoded, padded, first = [], [], [], []
             try:
-                rows = [r for r in plan.decode if r.state == "decode"]
+                rows = [r for r in plan.decode if r.state == State.DECODE]
                 batch = len(rows) + len(plan.prefill)
                 with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
                     first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
@@ -310,26 +331,23 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                for r in {r.id: r for r in [p[0] for p in plan.prefill] + plan.decode}.values():
+                for r in {r.id: r for r in [c.request for c in plan.prefill] + plan.decode}.values():
                     if r.id in self._handles:
                         self._handles[r.id].error = msg
-                    self._retire(r, "error: " + msg)
+                    r.error = msg
+                    self._retire(r, Finish.ERROR)
                     finished.append(r.id)
-            if self.policy == "static" and self._static_batch and all(r.finish for r in self._static_batch):
-                for r in self._static_batch:
-                    self._retire(r, r.finish)
-                self._static_batch = []
+            for r in self.scheduler.release_static_batch():
+                self._forget(r)
             self.iterations += 1
             self.tokens_out.append((t_done, len(first) + len(decoded)))
-            with self.scheduler.lock:
-                blocks = {r.id: len(r.blocks) for r in self.scheduler.running}
-                waiting = [r.id for r in self.scheduler.waiting]
-            prefilled = [(r.id, r.prefilled - a) for r, a, _ in plan.prefill]  # 0 for a chunk parked (or failed)
+            blocks, waiting = self.scheduler.occupancy()
+            prefilled = [(c.request.id, c.request.prefilled - c.start) for c in plan.prefill]  # 0 for a chunk parked (or failed)
             rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, prefilled, waiting, blocks, finished, padded)
             self.records.append(rec)
             return rec
 
-    def _forward(self, chunks, rows: list[Request]):
+    def _forward(self, chunks: list[Chunk], rows: list[Request]):
         """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns
         ([(request whose prompt is now complete, its last logits)], the rows that decoded, their logits [n, vocab]).
         When a short request arrives during the pass (newcomer_waiting), the decode rows and the chunks of long
@@ -345,7 +363,7 @@ class Engine:
 
         seqs = [resumed(r, a) or Seq(r.prompt_ids[a:b], a, r.blocks, parkable=b < len(r.prompt_ids)) for r, a, b in chunks]
         seqs += [resumed(r, r.context_len - 1) or Seq([r.generated[-1]], r.context_len - 1, r.blocks, parkable=True) for r in rows]
-        interrupt = self.newcomer_waiting if self.policy == "continuous" and self.park else None
+        interrupt = self.newcomer_waiting if self.park else None
         logits = self.step.forward(seqs, interrupt=interrupt)
         first = []
         for j, (r, _, _) in enumerate(chunks):
@@ -356,7 +374,7 @@ class Engine:
             r.prefilled = s.end
             self.scheduler.cache_prompt(r)  # its full blocks, now written in every layer, can be shared
             if s.end == len(r.prompt_ids):
-                r.state = "decode"
+                r.state = State.DECODE
                 first.append((r, logits[j]))
         done = []
         for j, r in enumerate(rows, len(chunks)):
@@ -367,17 +385,11 @@ class Engine:
         return first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
 
     def newcomer_waiting(self) -> bool:
-        """A short request (its prompt one chunk) is waiting and could be admitted now: asked by the forward
-        between layers, so that it need not wait for the rest of the pass. Read without the scheduler's lock
-        (only this engine's thread removes waiting requests; a stale answer costs one early stop or one wait)."""
-        sch = self.scheduler
-        try:
-            r = sch.waiting[0]
-        except IndexError:
-            return False
-        return len(r.prompt_ids) <= sch.request_chunk and len(sch.running) < sch.max_batch and sch.pool.blocks_for(r.n_tokens) <= sch.pool.n_free
+        """Asked by the forward after every layer: should the parkable rows stop here for a short request that
+        just arrived (the scheduler's answer; see Scheduler.newcomer_fits)."""
+        return self.scheduler.newcomer_fits()
 
-    def _forward_one_by_one(self, chunks, rows: list[Request]):
+    def _forward_one_by_one(self, chunks: list[Chunk], rows: list[Request]):
         """Architectures the batched step does not implement: transformers' forward, one request at a time
         (whole prompts, no chunking)."""
         from ..decode import TransformersStep
@@ -388,7 +400,7 @@ class Engine:
                 r.prefilled = b
                 continue
             st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
-            r.prefilled, r.state = b, "decode"
+            r.prefilled, r.state = b, State.DECODE
             first.append((r, st.prefill(r.prompt_ids).logits))
         out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
         return first, rows, torch.stack(out) if out else None
@@ -398,7 +410,7 @@ class Engine:
         """What sampling needs of each row, brought to the host in one transfer where possible: greedy rows only a
         summary computed on the device for all of them at once ([argmax, logsumexp, top values, top ids]), sampled
         rows their whole distribution."""
-        greedy = [j for j, r in enumerate(reqs) if not (r.sampling.temperature and r.sampling.temperature > 0)]
+        greedy = [j for j, r in enumerate(reqs) if r.sampling.greedy]
         out: list[StepOutput | None] = [None] * len(reqs)
         if greedy:
             g = logits[torch.tensor(greedy, device=logits.device)]
@@ -413,18 +425,15 @@ class Engine:
         return out
 
     def _emit(self, r: Request, out: StepOutput, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
-        from ..generation import StepEvent
-
-        s = r.sampling
-        c = choose(out, self._dec, s.temperature, s.top_k, s.top_p, s.min_p, self._gens.get(r.id), s.n_top)
+        c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
         ctx = r.context_len
         r.generated.append(c.token_id)
         if r.first_token_at is None:
             r.first_token_at = t_done
         r.last_token_at = t_done
-        end = "eos" if c.token_id in r.stop_ids else ("length" if len(r.generated) >= r.max_new_tokens else None)
+        end = Finish.EOS if c.token_id in r.stop_ids else (Finish.LENGTH if len(r.generated) >= r.max_new_tokens else None)
         if r.cancelled:
-            end = end or "cancelled"
+            end = end or Finish.CANCELLED
         per_layer = [self.kv.block_bytes_per_layer * self.scheduler.pool.blocks_for(ctx + 1)] * self.lm.facts.n_layers
         ev = StepEvent(
             index=len(r.generated) - 1,
@@ -450,14 +459,14 @@ class Engine:
         if h is not None:
             h.events.put(ev)
         if end:
-            if self.policy == "static":
+            if self.scheduler.keeps_finished_rows():
                 r.finish = end  # keeps its slot (padding) until the whole batch is done
                 self._close(r, keep=True)
             else:
                 self._retire(r, end)
             finished.append(r.id)
 
-    def _retire(self, r: Request, reason: str) -> None:
+    def _retire(self, r: Request, reason: Finish) -> None:
         self.scheduler.finish(r, reason)
         self._close(r)
 
@@ -476,33 +485,6 @@ class Engine:
         if st is not None:
             st.close()
 
-    # ------------------------------------------------------------------------------------------ static
-    def _static_plan(self):
-        """Static batching: admit only a whole batch at once (everyone who is waiting, up to max_batch), run it
-        until its longest request is done; rows that finished early stay in the batch as padding."""
-        from .scheduler import Plan
-
-        sch = self.scheduler
-        with sch.lock:
-            retired = [r for r in list(sch.waiting) + sch.running if r.cancelled and r.state != "finished"]
-        for r in retired:
-            self._retire(r, "cancelled")
-        if not self._static_batch:
-            with sch.lock:
-                n = min(len(sch.waiting), sch.max_batch)
-                batch = [sch.waiting[i] for i in range(n)]
-                want = min(self.static_batch_size or 1, sch.max_batch)
-                if len(batch) >= want and sum(sch.pool.blocks_for(r.n_tokens) for r in batch) <= sch.pool.n_free:
-                    for r in batch:
-                        sch.waiting.popleft()
-                        r.blocks, r.state, r.admitted_at = (sch.pool.take(sch.pool.blocks_for(r.n_tokens)), "prefill", time.perf_counter())
-                        sch.running.append(r)
-                    self._static_batch = batch
-        batch = self._static_batch
-        prefill = [(r, 0, len(r.prompt_ids)) for r in batch if r.state == "prefill"]
-        decode = [r for r in batch if r.state == "decode"] if not prefill else []
-        return Plan(prefill, decode, retired)
-
 
 def default_kv_bytes(lm: LoadedModel) -> int:
     if lm.device.type == "cuda":
@@ -511,7 +493,6 @@ def default_kv_bytes(lm: LoadedModel) -> int:
     return DEFAULT_KV_BYTES
 
 
-_engines_lock = threading.Lock()
 _exiting = threading.Event()
 _all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -526,19 +507,3 @@ def _stop_workers() -> None:
         t = eng._thread
         if t is not None:
             t.join(timeout=10)
-
-
-def engine_for(lm: LoadedModel) -> Engine:
-    """The one shared engine of this loaded model (made on first use, lives as long as the model); with
-    LLM_EXPLORER_ENGINE set (ray://host:port, or auto), the model's engine on Ray Serve (engine.ray_serve),
-    which takes the same requests and streams the same events."""
-    if os.environ.get("LLM_EXPLORER_ENGINE"):
-        from .ray_serve import remote_engine
-
-        return remote_engine(lm.key)
-    with _engines_lock:
-        eng = getattr(lm, "_engine", None)
-        if eng is None:
-            eng = Engine(lm)
-            object.__setattr__(lm, "_engine", eng)
-        return eng

@@ -21,11 +21,11 @@ import threading
 import time
 from dataclasses import asdict
 
-from .core import EngineError, Waiting
-from .scheduler import QueueFull, Sampling, TooLarge
+from ..sampling import GREEDY, Sampling
+from .core import EngineError, EngineStats, Waiting
+from .scheduler import QueueFull, TooLarge
 
 APP = "llm-explorer"
-ENV = "LLM_EXPLORER_ENGINE"
 _lock = threading.Lock()
 _remotes: dict[str, RemoteEngine] = {}
 _connected: str | None = None
@@ -64,16 +64,14 @@ class EngineReplica:
             h.cancel()
 
     def stats(self) -> dict:
-        s = self.engine.stats()
-        s.update(pid=self.pid, up_s=round(time.time() - self.started, 1))
-        return s
+        return self.engine.stats().as_dict() | {"pid": self.pid, "up_s": round(time.time() - self.started, 1)}
 
     def pid_of(self) -> int:
         return self.pid
 
     def check_health(self) -> None:
         """Serve calls this periodically: a replica whose engine worker died is restarted."""
-        if self.engine._thread is not None and not self.engine._thread.is_alive() and self.engine.scheduler.snapshot()["running"]:
+        if not self.engine.healthy():
             raise RuntimeError("the engine worker stopped with requests running")
 
 
@@ -175,12 +173,12 @@ class RemoteEngine:
             deploy(model_key, replicas=int(os.environ.get("LLM_EXPLORER_REPLICAS", "2")), address=address)
             self._h = serve.get_deployment_handle("Engine", app_name(model_key))
 
-    def submit(self, prompt_ids, max_new_tokens, sampling: Sampling | None = None, stop_ids=None, name: str = "", arrived: float | None = None):
+    def submit(self, prompt_ids, max_new_tokens, sampling: Sampling = GREEDY, stop_ids=None, name: str = "", arrived: float | None = None):
         """Queue a request on a replica. As in-process: QueueFull / TooLarge / ValueError at once."""
         from ray.exceptions import RayError
 
         gen = self._h.options(stream=True).generate.remote(
-            list(prompt_ids), int(max_new_tokens), asdict(sampling or Sampling()), None if stop_ids is None else list(stop_ids), name
+            list(prompt_ids), int(max_new_tokens), asdict(sampling), None if stop_ids is None else list(stop_ids), name
         )
         try:
             first = next(iter(gen), None)  # the first event: the replica has admitted it (or said why not)
@@ -193,15 +191,14 @@ class RemoteEngine:
             raise EngineError(f"The serving cluster could not take the request: {type(e).__name__}") from e
         return RemoteHandle(gen, first)
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         s = self._h.stats.remote().result(timeout_s=10)
         s["engine"] = f"{self.name}: replica pid {s.pop('pid')}, up {s.pop('up_s')} s"
-        return s
+        return EngineStats(**s)
 
 
-def remote_engine(model_key: str, address: str | None = None) -> RemoteEngine:
+def remote_engine(model_key: str, address: str) -> RemoteEngine:
     """The process's client of `model_key`'s application (made once)."""
-    address = address or os.environ[ENV]
     with _lock:
         eng = _remotes.get(model_key)
         if eng is None:

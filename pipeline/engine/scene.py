@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from ..generation import prepare
 from ..models import LoadedModel
+from ..sampling import GREEDY
 from ..telemetry import Sampler
 from .core import Engine, IterationRecord
-from .scheduler import Sampling
 
 POLICIES = ("one after another", "static", "continuous")
 # eight visitors' questions (the serving benchmark and the browser load test send these)
@@ -142,7 +142,7 @@ def run_scene(
                 handles[i] = eng.submit(
                     reqs[i].prompt_ids,
                     reqs[i].max_new_tokens,
-                    Sampling(),
+                    GREEDY,
                     stop_ids=None if stop_at_eos else frozenset(),
                     name=users[i].name,
                     arrived=t0 + users[i].arrival_s,

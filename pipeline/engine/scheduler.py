@@ -17,6 +17,12 @@ Every engine iteration asks `plan()` what to run:
     first token sooner, for a pause of a pass or two in the answers already streaming).
 `finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
 
+Two policies, as vLLM's SchedulingPolicy: Policy.CONTINUOUS (the above) and Policy.STATIC, the comparison the
+batching page draws: nobody is admitted until the whole batch has arrived (static_batch_size), and rows that
+finish keep their slot (padding) until the longest is done (`release_static_batch()` then retires them all).
+The engine only asks: `plan()`, `finish()`, and questions answered under the lock (`work_ahead`,
+`occupancy`, `newcomer_fits`); it never edits the queues.
+
 Memory: a pool of fixed-size blocks (`block_size` tokens of K and V in every layer). A request reserves the
 blocks for prompt + max_new_tokens when admitted (vLLM allocates block by block and preempts when the pool runs
 out; reserving up front never has to preempt, at the price of holding blocks a request that stops early never
@@ -36,6 +42,11 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from ..events import Finish
+from ..sampling import GREEDY, Sampling
 
 
 class QueueFull(RuntimeError):
@@ -46,16 +57,18 @@ class TooLarge(ValueError):
     """A request that could never fit the KV memory, however long it waited."""
 
 
-@dataclass
-class Sampling:
-    """One request's own sampling settings (each row of a batch is sampled with its own)."""
+class State(StrEnum):
+    """Where a request is: waiting -> prefill -> decode -> finished."""
 
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = 0  # each request has its own generator: reproducible whatever else runs
-    n_top: int = 10  # candidates reported per step
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+class Policy(StrEnum):
+    CONTINUOUS = "continuous"  # admit at every iteration (Orca)
+    STATIC = "static"  # admit a whole batch, run it until its longest request is done
 
 
 _ids = itertools.count(1)
@@ -65,20 +78,21 @@ _ids = itertools.count(1)
 class Request:
     prompt_ids: list[int]
     max_new_tokens: int
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = GREEDY
     stop_ids: frozenset[int] = frozenset()
     name: str = ""  # who asked (a page, a user in the batching demo)
     id: int = field(default_factory=lambda: next(_ids))
     arrived: float = field(default_factory=time.perf_counter)
     # state, written by the scheduler and the engine
-    state: str = "waiting"  # waiting -> prefill -> decode -> finished
+    state: State = State.WAITING
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the cache so far
     cached: int = 0  # of them, tokens whose K/V came from the prefix cache (another prompt's blocks, shared)
     registered: int = 0  # full prompt blocks in the prefix cache (matched or registered by this request)
     prefix_serial: int = 0  # the prefix cache's serial of the last of them (BlockPool.register)
     generated: list[int] = field(default_factory=list)
-    finish: str | None = None  # "eos" | "length" | "cancelled" | "error: ..."
+    finish: Finish | None = None
+    error: str | None = None  # with Finish.ERROR: what went wrong
     cancelled: bool = False
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -199,11 +213,19 @@ class BlockPool:
         return serial
 
 
+class Chunk(NamedTuple):
+    """Prompt tokens [start, end) of one request to prefill this iteration."""
+
+    request: Request
+    start: int
+    end: int
+
+
 @dataclass
 class Plan:
     """One iteration's work."""
 
-    prefill: list[tuple[Request, int, int]]  # (request, first prompt token, end) chunks to prefill
+    prefill: list[Chunk]
     decode: list[Request]  # requests that decode one token this iteration
     retired: list[Request]  # cancelled since the last plan (blocks already freed)
 
@@ -224,6 +246,8 @@ class Scheduler:
         request_chunk: int | None = None,
         prefix_cache: bool = True,
         max_decode_stall: int = 0,
+        policy: Policy = Policy.CONTINUOUS,
+        static_batch_size: int | None = None,
     ):
         self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
         self.prefix_cache = prefix_cache  # admitted prompts share the cached blocks of the prompts they start with
@@ -234,6 +258,8 @@ class Scheduler:
         self.lock = threading.Lock()
         self.ended: Counter[str] = Counter()  # requests retired, by reason (eos, length, cancelled...)
         self.changed = threading.Condition(self.lock)
+        self.policy, self.static_batch_size = Policy(policy), static_batch_size
+        self.static_batch: list[Request] = []  # Policy.STATIC: the batch being run
 
     # -- visitors' side ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -269,48 +295,114 @@ class Scheduler:
 
     # -- the engine's side -------------------------------------------------------------------------------
     def plan(self) -> Plan:
+        """This iteration's work under the scheduler's policy."""
         with self.lock:
-            retired = [r for r in list(self.waiting) + self.running if r.cancelled and r.state != "finished"]
+            retired = [r for r in list(self.waiting) + self.running if r.cancelled and r.state != State.FINISHED]
             for r in retired:
-                self._retire(r, "cancelled")
-            now = time.perf_counter()
-            while self.waiting and len(self.running) < self.max_batch:
-                r = self.waiting[0]
-                shared, serial = self.pool.match(r.prompt_ids) if self.prefix_cache else ([], 0)
-                need = self.pool.blocks_for(r.n_tokens) - len(shared)
-                if not self.pool.fits(need, shared):
-                    break  # first come, first served: nobody overtakes a waiting request
-                self.waiting.popleft()
-                self.pool.share(shared)
-                r.blocks, r.state, r.admitted_at = shared + self.pool.take(need), "prefill", now
-                r.prefilled = r.cached = len(shared) * self.pool.block_size
-                r.registered, r.prefix_serial = len(shared), serial
-                if shared:
-                    self.pool.hit_tokens += r.cached
-                    self.pool.hit_requests += 1
-                self.running.append(r)
-            budget, prefill = self.prefill_chunk, []
-            # the shortest remaining prompt first: a short question that arrives while a long prompt is being
-            # prefilled chunk by chunk gets its first token next iteration, not after the whole long prompt
-            todo = sorted((r for r in self.running if r.state == "prefill"), key=lambda r: len(r.prompt_ids) - r.prefilled)
-            completing = [r for r in todo if len(r.prompt_ids) - r.prefilled <= self.request_chunk]
-            # prompts that finish this iteration go alone: a long prompt's next chunk waits one iteration rather
-            # than lengthen the one that gives the short ones their first token
-            for r in completing or todo:
-                if budget <= 0:
-                    break
-                n = min(budget, self.request_chunk, len(r.prompt_ids) - r.prefilled)
-                prefill.append((r, r.prefilled, r.prefilled + n))
-                budget -= n
-            decode = [r for r in self.running if r.state == "decode"]
-            # prefill first (vLLM's default before chunked prefill), bounded: a pass that gives waiting prompts
-            # their first token runs without the decode rows, at most max_decode_stall passes in a row, so a
-            # visitor who just pressed Enter waits for their own prompt, not for everyone's next token too
-            if decode and completing and self._stalled < self.max_decode_stall:
-                decode, self._stalled = [], self._stalled + 1
-            else:
-                self._stalled = 0
-            return Plan(prefill, decode, retired)
+                self._retire(r, Finish.CANCELLED)
+            return self._plan_static(retired) if self.policy == Policy.STATIC else self._plan_continuous(retired)
+
+    def _plan_continuous(self, retired: list[Request]) -> Plan:
+        now = time.perf_counter()
+        while self.waiting and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            shared, serial = self.pool.match(r.prompt_ids) if self.prefix_cache else ([], 0)
+            need = self.pool.blocks_for(r.n_tokens) - len(shared)
+            if not self.pool.fits(need, shared):
+                break  # first come, first served: nobody overtakes a waiting request
+            self.waiting.popleft()
+            self.pool.share(shared)
+            r.blocks, r.state, r.admitted_at = shared + self.pool.take(need), State.PREFILL, now
+            r.prefilled = r.cached = len(shared) * self.pool.block_size
+            r.registered, r.prefix_serial = len(shared), serial
+            if shared:
+                self.pool.hit_tokens += r.cached
+                self.pool.hit_requests += 1
+            self.running.append(r)
+        budget, prefill = self.prefill_chunk, []
+        # the shortest remaining prompt first: a short question that arrives while a long prompt is being
+        # prefilled chunk by chunk gets its first token next iteration, not after the whole long prompt
+        todo = sorted((r for r in self.running if r.state == State.PREFILL), key=lambda r: len(r.prompt_ids) - r.prefilled)
+        completing = [r for r in todo if len(r.prompt_ids) - r.prefilled <= self.request_chunk]
+        # prompts that finish this iteration go alone: a long prompt's next chunk waits one iteration rather
+        # than lengthen the one that gives the short ones their first token
+        for r in completing or todo:
+            if budget <= 0:
+                break
+            n = min(budget, self.request_chunk, len(r.prompt_ids) - r.prefilled)
+            prefill.append(Chunk(r, r.prefilled, r.prefilled + n))
+            budget -= n
+        decode = [r for r in self.running if r.state == State.DECODE]
+        # prefill first (vLLM's default before chunked prefill), bounded: a pass that gives waiting prompts
+        # their first token runs without the decode rows, at most max_decode_stall passes in a row, so a
+        # visitor who just pressed Enter waits for their own prompt, not for everyone's next token too
+        if decode and completing and self._stalled < self.max_decode_stall:
+            decode, self._stalled = [], self._stalled + 1
+        else:
+            self._stalled = 0
+        return Plan(prefill, decode, retired)
+
+    def _plan_static(self, retired: list[Request]) -> Plan:
+        """Static batching: admit only a whole batch at once (everyone waiting, up to max_batch, once at least
+        static_batch_size are), run it until its longest request is done; rows that finished early stay in the
+        batch as padding."""
+        if not self.static_batch:
+            batch = list(itertools.islice(self.waiting, min(len(self.waiting), self.max_batch)))
+            want = min(self.static_batch_size or 1, self.max_batch)
+            if len(batch) >= want and sum(self.pool.blocks_for(r.n_tokens) for r in batch) <= self.pool.n_free:
+                now = time.perf_counter()
+                for r in batch:
+                    self.waiting.popleft()
+                    r.blocks, r.state, r.admitted_at = self.pool.take(self.pool.blocks_for(r.n_tokens)), State.PREFILL, now
+                    self.running.append(r)
+                self.static_batch = batch
+        prefill = [Chunk(r, 0, len(r.prompt_ids)) for r in self.static_batch if r.state == State.PREFILL]
+        decode = [r for r in self.static_batch if r.state == State.DECODE] if not prefill else []
+        return Plan(prefill, decode, retired)
+
+    def release_static_batch(self) -> list[Request]:
+        """Policy.STATIC: once every row of the batch has ended, retire them all (their blocks back to the pool)
+        and return them; otherwise nothing."""
+        with self.lock:
+            batch = self.static_batch
+            if not batch or not all(r.finish for r in batch):
+                return []
+            for r in batch:
+                self._retire(r, r.finish)
+            self.static_batch = []
+            return batch
+
+    def keeps_finished_rows(self) -> bool:
+        """Whether a request that ended keeps its row until its batch is done (static batching's padding)."""
+        return self.policy == Policy.STATIC
+
+    # -- questions the engine asks (answered under the lock) ----------------------------------------------
+    def work_ahead(self, req: Request) -> int | None:
+        """Tokens still to generate before `req` is admitted (those running, and those waiting ahead of it);
+        None once it is admitted."""
+        with self.lock:
+            for i, r in enumerate(self.waiting):
+                if r is req:
+                    ahead = list(itertools.islice(self.waiting, i))
+                    return sum(r.max_new_tokens - len(r.generated) for r in self.running) + sum(r.max_new_tokens for r in ahead)
+            return None
+
+    def occupancy(self) -> tuple[dict[int, int], list[int]]:
+        """(blocks held per running request id, waiting request ids in order)."""
+        with self.lock:
+            return {r.id: len(r.blocks) for r in self.running}, [r.id for r in self.waiting]
+
+    def newcomer_fits(self) -> bool:
+        """A short request (its prompt one chunk) waits first in line and could be admitted now. Read without the
+        lock: only the engine's thread removes waiting requests, and a stale answer costs one early stop or one
+        wait."""
+        if self.policy != Policy.CONTINUOUS:
+            return False
+        try:
+            r = self.waiting[0]
+        except IndexError:
+            return False
+        return len(r.prompt_ids) <= self.request_chunk and len(self.running) < self.max_batch and self.pool.blocks_for(r.n_tokens) <= self.pool.n_free
 
     def cache_prompt(self, req: Request) -> None:
         """Register the request's full prompt blocks whose K/V are now written in every layer (those below
@@ -324,11 +416,11 @@ class Scheduler:
                 req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
                 req.registered += 1
 
-    def finish(self, req: Request, reason: str) -> None:
+    def finish(self, req: Request, reason: Finish) -> None:
         with self.lock:
             self._retire(req, reason)
 
-    def _retire(self, req: Request, reason: str) -> None:
+    def _retire(self, req: Request, reason: Finish) -> None:
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
@@ -336,9 +428,9 @@ class Scheduler:
         if req.blocks:
             self.pool.give_back(req.blocks)
             req.blocks = []
-        if req.state != "finished":
+        if req.state != State.FINISHED:
             self.ended[reason] += 1
-        req.state, req.finish, req.finished_at = "finished", reason, time.perf_counter()
+        req.state, req.finish, req.finished_at = State.FINISHED, reason, time.perf_counter()
         self.changed.notify_all()
 
     def wait_for_work(self, timeout: float) -> bool:
@@ -348,15 +440,29 @@ class Scheduler:
                 self.changed.wait(timeout)
             return bool(self.waiting or self.running)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> QueueStats:
         with self.lock:
-            return {
-                "running": len(self.running),
-                "waiting": len(self.waiting),
-                "blocks_used": self.pool.n_blocks - self.pool.n_free,
-                "blocks": self.pool.n_blocks,
-                "blocks_cached": self.pool.n_cached,
-                "prefix_hit_tokens": self.pool.hit_tokens,
-                "prefix_hit_requests": self.pool.hit_requests,
-                "ended": dict(self.ended),
-            }
+            return QueueStats(
+                running=len(self.running),
+                waiting=len(self.waiting),
+                blocks_used=self.pool.n_blocks - self.pool.n_free,
+                blocks=self.pool.n_blocks,
+                blocks_cached=self.pool.n_cached,
+                prefix_hit_tokens=self.pool.hit_tokens,
+                prefix_hit_requests=self.pool.hit_requests,
+                ended={str(k): v for k, v in self.ended.items()},
+            )
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """The scheduler's side of the engine's stats, at one moment."""
+
+    running: int
+    waiting: int
+    blocks_used: int
+    blocks: int
+    blocks_cached: int
+    prefix_hit_tokens: int
+    prefix_hit_requests: int
+    ended: dict[str, int]  # requests retired so far, by Finish value

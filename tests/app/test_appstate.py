@@ -8,6 +8,8 @@ import pytest
 import appstate
 from pipeline.models import ModelLoadError
 
+pytestmark = pytest.mark.unit
+
 
 class FakeModel:
     def __init__(self, key):
@@ -176,13 +178,14 @@ def test_a_frozen_view_is_a_copy_both_ways():
     pressed on the copy never reach the owner; a run still going is not frozen."""
     from appstate import RunStore, recall, remember
     from pipeline.generation import GenerationRecord
+    from pipeline.sampling import GREEDY
 
     store = RunStore()
     owner: dict = {}
     store.attach(owner, "0" * 16, lambda: "x")
-    done = GenerationRecord(prompt="p", chat=False, model="m", settings={"max_new_tokens": 4}, prompt_tokens=1)
+    done = GenerationRecord(prompt="p", chat=False, model="m", max_new_tokens=4, sampling=GREEDY, prompt_tokens=1)
     done.done = True
-    running = GenerationRecord(prompt="q", chat=False, model="m", settings={"max_new_tokens": 4}, prompt_tokens=1)
+    running = GenerationRecord(prompt="q", chat=False, model="m", max_new_tokens=4, sampling=GREEDY, prompt_tokens=1)
     remember(owner, "gen", "smol", done)
     remember(owner, "hw", "smol", running)
     vid = store.freeze(owner, lambda: "abcdefabcdef")

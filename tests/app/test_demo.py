@@ -12,6 +12,8 @@ import demo
 import pipeline
 from pipeline.models import FairLock, ModelLoadError, cache_ok, check_weights
 
+pytestmark = pytest.mark.unit
+
 
 def test_off_by_default_and_nothing_capped():
     p = demo.load_policy({}, {})

@@ -6,7 +6,10 @@ tokens, and saves screenshots (to docs/screenshots/, which the README shows, wit
 import os
 import re
 
+import pytest
 from ui import ROOT, click_button, no_exception, open_app, set_prompt, wait_idle
+
+pytestmark = pytest.mark.browser
 
 # `make screenshots` refreshes the README's pictures; a plain test run writes to artifacts/ (ignored by git)
 SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots"

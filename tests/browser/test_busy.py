@@ -10,6 +10,8 @@ import urllib.parse
 import pytest
 from ui import click_button, free_port, no_exception, start_server, stop_server, visit
 
+pytestmark = pytest.mark.browser
+
 BURN = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
 
 

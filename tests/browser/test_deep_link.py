@@ -4,7 +4,10 @@ Streamlit treats a folder named pages/ next to the entry script as its legacy pa
 there, a deep link as the first request after a start listed the raw files and lost the sidebar, and /common
 rendered a blank page. This module's server is fresh: its first request is the deep link."""
 
+import pytest
 from ui import no_exception, wait_idle
+
+pytestmark = pytest.mark.browser
 
 
 def first_visit(browser, url):

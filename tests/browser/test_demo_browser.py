@@ -8,6 +8,8 @@ import urllib.parse
 import pytest
 from ui import free_port, no_exception, start_server, stop_server, visit, wait_idle
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def server():

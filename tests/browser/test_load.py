@@ -11,6 +11,8 @@ from ui import no_exception, set_prompt, wait_idle
 
 from pipeline.engine.scene import VISITOR_PROMPTS
 
+pytestmark = pytest.mark.load
+
 PROMPTS = VISITOR_PROMPTS
 N_TOKENS = 10
 SUB = str.maketrans("", "", "₀₁₂₃₄₅₆₇₈₉")

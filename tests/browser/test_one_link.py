@@ -10,6 +10,8 @@ import pytest
 from playwright.sync_api import expect
 from ui import ROOT, click_button, free_port, no_exception, start_server, stop_server, visit, wait_idle
 
+pytestmark = pytest.mark.browser
+
 PAGES = [
     "",
     "tokens",

@@ -12,6 +12,8 @@ import pytest
 
 from components import export
 
+pytestmark = pytest.mark.unit
+
 
 def test_slug_is_a_safe_meaningful_file_name():
     assert export.slug("3 · Attention", "Why is the sky blue?") == "3-attention_why-is-the-sky-blue"

@@ -1,8 +1,11 @@
 import numpy as np
+import pytest
 import torch
 
 import pipeline
 from pipeline import analysis
+
+pytestmark = pytest.mark.model
 
 
 def test_rotate_matches_transformers_rope(lm):

@@ -7,7 +7,9 @@ import torch
 
 from pipeline.engine import Engine, QueueFull, Sampling
 from pipeline.engine.paged import PagedKV, PagedStep, Seq
-from pipeline.generation import Request, generate, long_prompt, prepare
+from pipeline.generation import Prepared, generate, long_prompt, prepare
+
+pytestmark = pytest.mark.model
 
 PROMPTS = ["The capital of France is", "Why is the sky blue? Explain it to a child.", "Dog bites man.", "Alice, Bob, Charlie and Diana each ordered"]
 
@@ -125,7 +127,7 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     chunks, the short one gets a token every iteration, and both equal their requests alone."""
     long_ids = ids(lm, long_prompt(lm, 600))
     short_ids = ids(lm, PROMPTS[0])
-    alone_long = [e.token_id for e in generate(lm, "", 4, cache="dynamic", request=Request(long_ids, 4, []))]
+    alone_long = [e.token_id for e in generate(lm, "", 4, cache="dynamic", request=Prepared(long_ids, 4, []))]
     eng = Engine(lm, kv_bytes=64 << 20, prefill_chunk=128, request_chunk=128, background=False)
     hs = eng.submit(short_ids, 12)
     eng.iterate()
@@ -247,7 +249,7 @@ def test_prompts_that_start_alike_reuse_the_cached_kv_and_answer_as_alone(lm):
     assert [evs[0].cached_tokens for evs in out[True]] == want_cached and want_cached[1] > 0
     assert all(evs[0].cached_tokens == 0 for evs in out[False])
     for p, with_cache, without in zip((first, again, opening), out[True], out[False]):
-        alone = [e.token_id for e in generate(lm, "", 6, cache="dynamic", request=Request(p, 6, []), stop_ids=set())]
+        alone = [e.token_id for e in generate(lm, "", 6, cache="dynamic", request=Prepared(p, 6, []), stop_ids=set())]
         assert [e.token_id for e in with_cache] == alone == [e.token_id for e in without]
         a, b = dict((i, q) for i, _, q in with_cache[0].top_raw), dict((i, q) for i, _, q in without[0].top_raw)
         assert a.keys() == b.keys() and max(abs(a[i] - b[i]) for i in a) < 1e-4
@@ -264,4 +266,4 @@ def test_every_chat_prompt_shares_the_templates_system_turn(smol):
     run_all(eng)
     bs = eng.kv.block_size
     assert list(ha)[0].cached_tokens == 0 and list(hb)[0].cached_tokens == common // bs * bs > 0
-    assert eng.stats()["prefix_hit_tokens"] == common // bs * bs
+    assert eng.stats().prefix_hit_tokens == common // bs * bs

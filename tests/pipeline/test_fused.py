@@ -9,6 +9,9 @@ import torch
 from pipeline.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, linear, supported
 from pipeline.generation import generate
 from pipeline.models import LoadedModel, facts_of
+from pipeline.sampling import Sampling
+
+pytestmark = pytest.mark.model
 
 
 def tiny(model_type: str, seed: int = 0, **extra) -> LoadedModel:
@@ -62,6 +65,7 @@ def test_fused_step_equals_a_plain_forward(arch):
     assert r.max_rel_err < 1e-4 and r.same_argmax, r
 
 
+@pytest.mark.unit
 def test_fused_weights_are_views_of_the_model_parameters():
     lm = tiny("llama")
     before = sum(p.numel() for p in lm.model.parameters())
@@ -73,6 +77,7 @@ def test_fused_weights_are_views_of_the_model_parameters():
     assert torch.equal(lm.model(torch.tensor([[1, 2, 3]])).logits, ref)  # the model computes the same
 
 
+@pytest.mark.unit
 def test_unsupported_architecture_says_why():
     lm = tiny("gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=300, n_positions=128)
     ok, why = supported(lm)
@@ -95,6 +100,7 @@ def test_torch_compile_of_the_step_traces_whole_and_agrees():
     assert comp.mode.startswith("torch.compile")
 
 
+@pytest.mark.unit
 def test_the_tall_weight_layout_is_as_accurate_as_f_linear():
     """fused.linear (W @ xT on a CPU, 9-15 rows padded to 16) against a float64 reference, at every row count the
     engine meets: its error is F.linear's order, each row its own (no row leaks into another), bias included."""
@@ -111,6 +117,7 @@ def test_the_tall_weight_layout_is_as_accurate_as_f_linear():
         assert torch.allclose(got, alone, atol=1e-5, rtol=0), rows
 
 
+@pytest.mark.unit
 def test_bucket_sizes():
     assert bucket(1) == 256 and bucket(257) == 512 and bucket(3000, 2048) == 2048
 
@@ -130,7 +137,7 @@ def test_fused_generation_gives_the_same_tokens(lm):
 
 
 def test_fused_sampling_matches_the_dynamic_loop(smol):
-    kw = dict(temperature=0.9, top_k=40, top_p=0.95, seed=3)
+    kw = dict(sampling=Sampling(temperature=0.9, top_k=40, top_p=0.95, seed=3))
     a = [e.token_id for e in generate(smol, "Once upon a time", 16, **kw)]
     b = [e.token_id for e in generate(smol, "Once upon a time", 16, cache="fused", **kw)]
     assert a == b
@@ -165,6 +172,7 @@ def test_launch_counts(smol):
     assert 30 * 4 < r.compute_ops["fused"] < r.compute_ops["transformers"]  # 4 matmuls per layer
 
 
+@pytest.mark.unit
 def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):
     lm = tiny("llama", num_hidden_layers=1)
 

@@ -6,12 +6,15 @@ import torch
 
 import pipeline
 from pipeline.generation import MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep, prepare
+from pipeline.sampling import Sampling
 from pipeline.tracing import TraceError
+
+pytestmark = pytest.mark.model
 
 
 def test_greedy_equals_transformers_generate(lm):
     prompt = "The capital of France is"
-    ev = list(generate(lm, prompt, 20, temperature=0.0))
+    ev = list(generate(lm, prompt, 20))
     ids = torch.tensor([pipeline.tokenize(lm.tokenizer, prompt).input_ids])
     with lm.lock, torch.inference_mode():
         ref = lm.model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1] :].tolist()
@@ -28,14 +31,14 @@ def test_cache_off_gives_the_same_tokens(smol):
 
 def test_seeded_sampling_is_reproducible(smol):
     kw = dict(temperature=1.0, top_k=50, top_p=0.95, seed=7)
-    a = [e.token_id for e in generate(smol, "Once upon a time", 15, **kw)]
-    b = [e.token_id for e in generate(smol, "Once upon a time", 15, **kw)]
-    c = [e.token_id for e in generate(smol, "Once upon a time", 15, **{**kw, "seed": 8})]
+    a = [e.token_id for e in generate(smol, "Once upon a time", 15, Sampling(**kw))]
+    b = [e.token_id for e in generate(smol, "Once upon a time", 15, Sampling(**kw))]
+    c = [e.token_id for e in generate(smol, "Once upon a time", 15, Sampling(**{**kw, "seed": 8}))]
     assert a == b and a != c
 
 
 def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
-    ev = list(generate(lm, "Dog bites man because", 10, temperature=0.7, top_k=20, seed=1))
+    ev = list(generate(lm, "Dog bites man because", 10, Sampling(temperature=0.7, top_k=5, seed=1)))
     assert ev[0].phase == "prefill" and all(e.phase == "decode" for e in ev[1:])
     assert [e.index for e in ev] == list(range(len(ev)))
     ts = [e.t_s for e in ev]
@@ -47,7 +50,9 @@ def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
         # after step i the cache holds the context the step attended over
         assert e.kv_bytes == kv_bytes_formula(lm, e.context_len), (e.index, e.kv_bytes)
         assert len(e.kv_bytes_per_layer) == lm.facts.n_layers
-        assert abs(sum(p for _, _, p in e.top) - 1) < 1e-4 or len(e.top) == 10
+        # top-k 5 leaves 5 candidates, all among the 10 reported: their probabilities after the filters sum to 1
+        assert len(e.top) == 10 and sum(p > 0 for _, _, p in e.top) <= 5 and abs(sum(p for _, _, p in e.top) - 1) < 1e-4
+        assert e.token_id in [i for i, _, p in e.top if p > 0] and e.p == pytest.approx(dict((i, p) for i, _, p in e.top)[e.token_id])
         assert e.top[0][2] >= e.top[-1][2]
     m = metrics(ev)
     assert m.ttft_s == ev[0].t_s and len(m.itl_s) == len(ev) - 1
@@ -68,8 +73,8 @@ def test_bad_generation_requests(smol):
         prepare(smol, "word " * 8300, 5)
     near = prepare(smol, "word " * 8180, 100)
     assert near.max_new_tokens == smol.facts.max_positions - len(near.prompt_ids)
-    one = list(generate(smol, "Hi", 5, temperature=1.0, top_p=0.0, seed=3))  # top-p 0 keeps only the top token
-    greedy = list(generate(smol, "Hi", 5, temperature=0.0))
+    one = list(generate(smol, "Hi", 5, Sampling(temperature=1.0, top_p=0.0, seed=3)))  # top-p 0 keeps only the top token
+    greedy = list(generate(smol, "Hi", 5))
     assert [e.token_id for e in one] == [e.token_id for e in greedy]
 
 
@@ -140,6 +145,7 @@ def test_static_cache_gives_the_same_greedy_tokens(lm):
     assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes  # preallocated
 
 
+@pytest.mark.unit
 def test_mode_ratios_pair_runs_of_the_same_repeat_and_flag_noise():
     from pipeline.generation import CacheModeComparison, ModeRun
 

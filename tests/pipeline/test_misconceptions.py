@@ -1,8 +1,11 @@
 """Page 16's experiments against independent references (transformers' generate, its tokenizer, plain math)."""
 
+import pytest
 import torch
 
 from pipeline import misconceptions as mc
+
+pytestmark = pytest.mark.model
 
 
 def test_forced_token_changes_the_rest_and_the_rest_is_greedy(smol):
@@ -27,6 +30,7 @@ def test_word_pieces_are_the_tokenizers(smol):
     assert all(c.ok for c in w.checks), [c.detail for c in w.checks]
 
 
+@pytest.mark.unit
 def test_temperature_keeps_the_ranking():
     logits = torch.tensor([3.0, 1.0, 2.5, -1.0, 0.0])
     t = mc.temperature_sweep(logits, [0.5, 1.0, 2.0])

@@ -8,6 +8,8 @@ import pytest
 import pipeline
 from pipeline.models import ModelLoadError, check_folder, load_model
 
+pytestmark = pytest.mark.model
+
 
 def test_embedded_model_facts(smol):
     f = smol.facts
@@ -33,6 +35,7 @@ def test_local_folder_loads_the_same_model(smol):
     assert np.allclose(a.next_logits, b.next_logits, atol=1e-4) and a.next_logits.argmax() == b.next_logits.argmax()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "make, match",
     [
@@ -49,6 +52,7 @@ def test_bad_folders_give_clear_errors(tmp_path, make, match):
         load_model(str(path))
 
 
+@pytest.mark.unit
 def test_broken_safetensors_folder_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "model.safetensors").write_bytes(b"not really")
@@ -103,6 +107,7 @@ def test_wrong_shapes_are_refused(tmp_path, smol):
         load_model(str(tmp_path))
 
 
+@pytest.mark.unit
 def test_one_folder_is_one_key_however_it_is_typed(tmp_path):
     from pipeline.models import canonical_key
 

@@ -79,10 +79,10 @@ def test_a_client_that_stops_listening_frees_its_slot(smol, remote):
     deadline = time.time() + 30
     while time.time() < deadline:
         s = [remote.stats() for _ in range(6)]  # both replicas, whichever answers
-        if all(x["running"] == 0 and x["waiting"] == 0 for x in s):
+        if all(x.running == 0 and x.waiting == 0 for x in s):
             break
         time.sleep(0.5)
-    assert all(x["running"] == 0 for x in s), s
+    assert all(x.running == 0 for x in s), s
 
 
 def test_bad_requests_fail_at_submit_as_in_process(smol, remote):
@@ -98,7 +98,7 @@ def test_a_killed_replica_ends_its_requests_clearly_and_serve_restarts_it(smol, 
     h = remote.submit(ids(smol, PROMPTS[2]), 400, Sampling(temperature=0.0), stop_ids=[])
     it = iter(h)
     next(it)
-    victim = remote.stats()["engine"]
+    victim = remote.stats().engine
     pids = {remote._h.pid_of.remote().result(timeout_s=30) for _ in range(8)}
     t0 = time.time()
     for pid in pids:  # kill every replica the requests can be on: this request's included

@@ -2,6 +2,8 @@ import pytest
 
 from pipeline.roofline import layer_ops, roofline
 
+pytestmark = pytest.mark.model
+
 
 def test_q_projection_counted_by_hand(smol):
     ops = {o.op: o for o in layer_ops(smol, tokens=10, context=10)}

@@ -7,6 +7,8 @@ import torch
 from pipeline import sampling
 from pipeline.checks import hf_processed_probs
 
+pytestmark = pytest.mark.unit
+
 COMBOS = list(itertools.product([0.0, 0.3, 0.7, 1.0, 1.6], [0, 1, 5, 50], [0.0, 0.5, 0.9, 1.0], [0.0, 0.1]))
 
 
@@ -24,6 +26,7 @@ def test_filter_probs_equals_transformers_processors_on_random_logits(seed):
         assert abs(float(mine.sum()) - 1) < 1e-5
 
 
+@pytest.mark.model
 def test_filter_probs_on_real_logits(smol):
     import pipeline
 

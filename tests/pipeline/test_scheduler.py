@@ -6,6 +6,8 @@ import pytest
 
 from pipeline.engine.scheduler import BlockPool, QueueFull, Request, Scheduler, TooLarge
 
+pytestmark = pytest.mark.unit
+
 
 def req(prompt=10, new=6, name=""):
     return Request(list(range(1, prompt + 1)), new, name=name)
@@ -207,7 +209,7 @@ def test_a_prompt_that_starts_like_a_cached_one_shares_its_blocks_and_skips_thei
         s.finish(r, "eos")
     assert s.pool.n_free == 20 and s.pool.n_cached == 2  # every block back; the shared ones still cached
     snap = s.snapshot()
-    assert (snap["prefix_hit_requests"], snap["prefix_hit_tokens"], snap["blocks_used"]) == (2, 12, 0)
+    assert (snap.prefix_hit_requests, snap.prefix_hit_tokens, snap.blocks_used) == (2, 12, 0)
 
 
 def test_cached_blocks_give_way_when_the_pool_needs_them():

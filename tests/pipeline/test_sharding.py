@@ -1,7 +1,11 @@
 import json
 
+import pytest
+
 from pipeline.generation import generate
 from pipeline.sharding import pipeline_plan, sse_lines, tensor_parallel_plan
+
+pytestmark = pytest.mark.model
 
 
 def test_pipeline_plan_covers_every_layer_and_weight(smol):
@@ -25,6 +29,7 @@ def test_pipeline_plan_covers_every_layer_and_weight(smol):
             assert max(r.weights_mb for r in plan) <= best + 0.1
 
 
+@pytest.mark.unit
 def test_balanced_split_by_hand():
     from pipeline.sharding import _balanced_split
 

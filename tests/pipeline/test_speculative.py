@@ -1,7 +1,10 @@
 import pytest
 
 from pipeline.generation import generate
+from pipeline.sampling import Sampling
 from pipeline.speculative import PromptLookup, expected_tokens_per_call, make_draft, speculative_generate
+
+pytestmark = pytest.mark.model
 
 COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n"
 
@@ -12,7 +15,7 @@ def test_greedy_speculative_equals_plain_greedy(lm, draft):
         draft = f"early_exit:{lm.facts.n_layers // 2}"
     n = 24 if draft == "prompt_lookup" else 12  # early-exit drafts are rarely right: every call rejects, 12 tokens show it
     for prompt in [COPY, "The capital of France is"]:
-        plain = [e.token_id for e in generate(lm, prompt, n, temperature=0.0)]
+        plain = [e.token_id for e in generate(lm, prompt, n)]
         res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=n)
         assert res.tokens == plain, (draft, prompt)
         assert res.target_calls == 1 + len(res.steps)
@@ -36,11 +39,12 @@ def test_early_exit_draft_shares_weights_and_leaves_the_target_whole(smol):
 
 
 def test_sampling_is_seeded_and_well_formed(smol):
-    a = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, temperature=0.8, seed=5)
-    b = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, temperature=0.8, seed=5)
+    a = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, sampling=Sampling(temperature=0.8, seed=5))
+    b = speculative_generate(smol, COPY, "prompt_lookup", gamma=3, max_new_tokens=20, sampling=Sampling(temperature=0.8, seed=5))
     assert a.tokens == b.tokens and 0 < len(a.tokens) <= 20
 
 
+@pytest.mark.unit
 def test_prompt_lookup_proposals_and_expected_length():
     pl = PromptLookup(max_ngram=2)
     assert pl.propose([1, 2, 3, 4, 9, 2, 3], 2)[0] == [4, 9]  # continues the earlier "2 3"

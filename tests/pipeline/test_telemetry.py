@@ -7,6 +7,8 @@ import torch
 from pipeline import hardware
 from pipeline.telemetry import Sampler
 
+pytestmark = pytest.mark.unit
+
 
 def test_cpu_fallback_records_samples_and_stops_cleanly():
     before = threading.active_count()
@@ -25,12 +27,16 @@ def test_cpu_fallback_records_samples_and_stops_cleanly():
     assert not s.alive and threading.active_count() == before
 
 
-def test_without_nvml_the_sampler_says_so():
+def test_without_nvml_the_sampler_says_so(monkeypatch):
+    """Whatever this machine has: with NVML unavailable (no driver), the sampler records the CPU and says why."""
+    from pipeline import telemetry
+
+    monkeypatch.setattr(telemetry, "_nvml", lambda: (None, "no NVIDIA driver on this machine"))
     s = Sampler()
-    if not torch.cuda.is_available():
-        assert s.timeline.source.startswith("psutil") and "NVML" in s.timeline.source
+    assert s.timeline.source == "psutil (NVML unavailable: no NVIDIA driver on this machine)"
 
 
+@pytest.mark.model
 def test_matmul_probe_and_decode_profile(smol):
     r = hardware.matmul_probe(torch.device("cpu"), torch.float32, n=256, reps=2)
     assert r.n == 256 and r.dtype == "float32" and r.tflops == pytest.approx(2 * 256**3 / r.seconds / 1e12)

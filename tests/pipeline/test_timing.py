@@ -10,6 +10,8 @@ from pipeline.hardware import DecodeProfile, OpShare
 from pipeline.kernels import KernelRun, sweep_doubts
 from pipeline.timing import Activity, Busy, Samples, interleaved
 
+pytestmark = pytest.mark.unit
+
 S = lambda *v: Samples(tuple(v))  # noqa: E731
 
 

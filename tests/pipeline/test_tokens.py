@@ -2,6 +2,8 @@ import pytest
 
 from pipeline.tokens import tokenize
 
+pytestmark = pytest.mark.model
+
 TEXTS = [
     "Hi 👋🏽 there",
     "👨‍👩‍👧 family emoji and ñ, é, ü",

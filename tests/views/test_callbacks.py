@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 VIEWS = sorted(p for p in (Path(__file__).resolve().parents[2] / "views").glob("*.py") if p.name[0].isdigit() or p.name == "operator.py")  # pages, not modules
 CALLBACK_ARGS = {"format_func", "on_change", "on_click", "on_select", "on_submit"}
 

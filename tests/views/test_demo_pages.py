@@ -8,6 +8,8 @@ from streamlit.testing.v1 import AppTest
 
 import pipeline
 
+pytestmark = pytest.mark.model
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
 

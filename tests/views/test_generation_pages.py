@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")

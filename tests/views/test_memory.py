@@ -16,6 +16,8 @@ import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
+pytestmark = pytest.mark.load
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     "views/0_overview.py",

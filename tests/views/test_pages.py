@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+pytestmark = pytest.mark.model
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
 PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py", "views/4_layer.py", "views/5_next_token.py"]

@@ -1,0 +1,124 @@
+"""docs/benchmarks.md from bench/results/*.json: every figure in the doc is read from a result file, none typed by
+hand. Each section says what the bench measures and the command that writes its file (the words live here; the
+numbers in the JSON). Run after any bench: `python bench/report.py` (`make bench` does)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OUT = ROOT / "docs" / "benchmarks.md"
+MAX_ROWS = 40  # per section; the rest stay in the JSON
+
+# what each result file measures and how to make it again (no figures here: they come from the files)
+ABOUT = {
+    "first_visit": (
+        "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
+        "bench/bench_first_visit.py --reps 5",
+    ),
+    "trace": ("A trace of every stage against a plain transformers forward of the same prompt, at several prompt lengths.", "bench/bench_trace.py"),
+    "memory": ("Peak extra memory while tracing a long prompt, and how fast the attention page answers a layer change.", "bench/bench_memory.py"),
+    "generate": ("Our decode loop against transformers' model.generate (greedy), and what the telemetry sampler costs.", "bench/bench_generate.py"),
+    "production": ("The same greedy request with the dynamic cache, the static cache and the fused step, interleaved repeats.", "bench/bench_production.py"),
+    "faster": ("Attention kernels (eager vs SDPA backends), and speculative decoding with each draft, in one run.", "bench/bench_faster.py --reps 1"),
+    "linear": ("The batch invariance of the W @ xT layout: one row's logits alone and inside a batch.", "bench/bench_linear.py"),
+    "serving": (
+        "Many visitors at once: our engine against one loop per visitor and transformers' static batch, by concurrency.",
+        "bench/bench_serving.py --workloads same,mixed --ns 1,4,8,16,32",
+    ),
+    "serving_latency": (
+        "Time to first token and per-token latency for staggered, steady and long-prompt arrivals.",
+        "bench/bench_serving.py --workloads staggered,steady,long-prompt --ns 1,8,16 --methods threads,engine --out serving_latency",
+    ),
+    "serving_parking": ("A short question arriving while a long prompt is prefilled, with and without parking.", "bench/bench_serving.py (parking A/B)"),
+    "serving_prefill_first": (
+        "A question arriving while others decode: prefill first (bounded) against mixed passes.",
+        "bench/bench_serving.py (prefill-first A/B)",
+    ),
+    "serving_prefix": ("The prefix cache: chat prompts sharing the template's system turn, with and without the cache.", "bench/bench_serving.py (prefix A/B)"),
+    "serving_prefix_staggered": ("The prefix cache with staggered arrivals.", "bench/bench_serving.py (prefix A/B, staggered)"),
+    "fairness": ("Other visitors' pages while a heavy experiment runs (the fair model lock).", "bench/bench_fairness.py"),
+    "fairness_before": ("The same, before the fair lock (kept for comparison).", "bench/bench_fairness.py (before)"),
+    "class_load": ("A class on the demo server: browsers and API visitors at once for minutes; answers checked, memory and leaks.", "bench/bench_class.py"),
+}
+
+
+def fmt(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if v is not None else "—"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, list):
+        nums = [x for x in v if isinstance(x, int | float) and not isinstance(x, bool)]
+        if nums and len(nums) == len(v):
+            if len(v) <= 8:
+                return "[" + ", ".join(fmt(x) for x in v) + "]"
+            return f"{len(v)} values, median {fmt(statistics.median(v))} (range {fmt(min(v))}–{fmt(max(v))})"
+        if all(isinstance(x, str) for x in v):
+            return "; ".join(v) if v else "none"
+        return f"{len(v)} entries (see the JSON)"
+    return str(v).replace("\n", " ")
+
+
+def leaves(d, prefix=""):
+    """(dotted key, value) for every leaf, lists of records summarised rather than expanded."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from leaves(v, f"{prefix}{k}." if isinstance(v, dict) else f"{prefix}{k}")
+            if isinstance(v, dict) and not v:
+                yield f"{prefix}{k}", "{}"
+    else:
+        yield prefix.rstrip("."), d
+
+
+def section(name: str, data: dict) -> list[str]:
+    what, cmd = ABOUT.get(name, ("(no description yet: add one to bench/report.py)", f"bench/{name}.py"))
+    env = data.pop("env", {}) if isinstance(data, dict) else {}
+    out = [f"## {name}", "", what, "", f"`python {cmd}` → `bench/results/{name}.json`"]
+    if env:
+        out += ["", f"Measured {env.get('when', '?')}: {env.get('cpus', '?')} CPUs, torch {env.get('torch', '?')}, CUDA {env.get('cuda') or 'none'}."]
+    out += ["", "| figure | value |", "|---|---|"]
+    rows = list(leaves(data))
+    for k, v in rows[:MAX_ROWS]:
+        out.append(f"| {k} | {fmt(v).replace('|', '/')} |")
+    if len(rows) > MAX_ROWS:
+        out.append(f"| … | {len(rows) - MAX_ROWS} more figures in the JSON |")
+    return out + [""]
+
+
+def render() -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python bench/report.py` from `bench/results/*.json`: nothing here is typed by hand. The build",
+        "machine is shared and noisy, so the benches take ratios within one run, interleave their repeats and report",
+        "medians with their spread; compare figures within a section, not across days. What the figures mean for the",
+        "design is in docs/architecture.md.",
+        "",
+    ]
+    files = sorted(RESULTS.glob("*.json"), key=lambda p: (list(ABOUT).index(p.stem) if p.stem in ABOUT else len(ABOUT), p.stem))
+    for p in files:
+        lines += section(p.stem, json.loads(p.read_text()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    text = render()
+    if argv and "--check" in argv:  # CI: the doc is what the results say
+        if OUT.read_text() != text:
+            print("docs/benchmarks.md is stale: run python bench/report.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
