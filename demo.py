@@ -41,30 +41,30 @@ log = logging.getLogger("llm_explorer")
 class Caps:
     """What one visitor may ask of a demo server (each shown next to its control)."""
 
-    prompt_tokens: int = 512  # tokens in a traced or generated prompt
-    new_tokens: int = 128  # tokens one generation may produce (pages 6, 9, 12, 13, 15)
-    sweep_tokens: int = 1024  # the longest prompt of a sweep (pages 7, 10, 11)
-    repeats: int = 3  # timed repeats of a sweep point
-    users: int = 8  # users in page 15's scene
+    prompt_tokens: int | None = 512  # tokens in a traced or generated prompt
+    new_tokens: int | None = 128  # tokens one generation may produce (the generation, hardware, production, speculative and batching pages)
+    sweep_tokens: int | None = 1024  # the longest prompt of a sweep (the prefill/decode, roofline and attention-kernels pages)
+    repeats: int | None = 3  # timed repeats of a sweep point
+    users: int | None = 8  # users in the batching page's scene
     requests_per_minute: int = 20  # runs one browser may start per minute (generations, sweeps, traces, tokenizing)
     address_at_once: int = 40  # runs one client address may have queued or running at once (a class behind one NAT fits)
     address_per_minute: int = 400  # runs one client address may start per minute, whatever its sessions or cookies
-    tokenize_chars: int = 20_000  # characters page 1 tokenizes (outside demo mode: the prompt box's 200,000)
+    tokenize_chars: int | None = 20_000  # characters the tokens page tokenizes (outside demo mode: the prompt box's 200,000)
     heavy_at_once: int = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
     compile: bool = False  # production mode's torch.compile (a minute of the whole server's CPU)
     draft_folders: bool = False  # speculative decoding with a draft model from a typed folder
 
 
-UNCAPPED = Caps(
-    prompt_tokens=10**9,
-    new_tokens=10**9,
-    sweep_tokens=10**9,
-    repeats=10**9,
-    users=10**9,
+UNCAPPED = Caps(  # outside demo mode: None = no limit; 0 = the limiter is off
+    prompt_tokens=None,
+    new_tokens=None,
+    sweep_tokens=None,
+    repeats=None,
+    users=None,
     requests_per_minute=0,
     address_at_once=0,
     address_per_minute=0,
-    tokenize_chars=10**9,
+    tokenize_chars=None,
     heavy_at_once=0,
     compile=True,
     draft_folders=True,

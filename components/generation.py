@@ -82,7 +82,7 @@ def sweep_figure(rows) -> go.Figure:
 
 
 def cache_on_off_figure(rows) -> go.Figure:
-    """Page 7's cache experiment: the mean decode step with and without the KV cache at each context length."""
+    """The prefill/decode page's cache experiment: the mean decode step with and without the KV cache at each context length."""
     fig = go.Figure()
     T = [r.tokens for r in rows]
     for attr, name, color in (("on", "KV cache on: each step feeds 1 token", BLUE), ("off", "cache off: each step re-reads the whole context", RED)):

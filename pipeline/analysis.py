@@ -183,7 +183,7 @@ class RopeDemo:
 
 
 def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dmax: int = 256) -> RopeDemo | None:
-    """Everything page 2 draws about RoPE for `layer` (whose Q/K the trace kept); None without RoPE."""
+    """Everything the embeddings page draws about RoPE for `layer` (whose Q/K the trace kept); None without RoPE."""
     inv = rope_inv_freq(lm, layer)
     if inv is None or layer not in tr.qkv:
         return None

@@ -230,6 +230,15 @@ def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch
     return x + (ly.norm_out(m) if ly.norm_out is not None else m)
 
 
+def window_masks(q_pos: torch.Tensor, k_pos: torch.Tensor, windows) -> dict:
+    """The attention masks of one pass, by layer window: {None: causal, w: causal within the last w tokens}, each
+    [..., n_q, n_k] bool. A query at q_pos sees a key at k_pos <= q_pos (and > q_pos - w on a sliding-window
+    layer). The one definition the fused step and the engine's batched step share."""
+    q, k = q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)
+    allowed = k <= q
+    return {None: allowed} | {w: allowed & (k > q - w) for w in windows}
+
+
 def rope_tables(lm: LoadedModel, layers: list[_Layer], n_positions: int) -> tuple[dict, dict]:
     """The model's own RoPE cos / sin for positions 0..n_positions-1, one table [n_positions, D] per layer type
     (Gemma 3 rotates local and global layers differently), from its rotary_emb module."""
@@ -326,10 +335,7 @@ class FusedDecoder:
         core = self.lm.arch.decoder
         pos = self.pos
         x = core.embed_tokens(self.tok.view(1, 1))
-        allowed = self.ar <= pos
-        masks = {None: allowed.view(1, 1, 1, -1)}
-        for w in self.windows:
-            masks[w] = (allowed & (self.ar > pos - w)).view(1, 1, 1, -1)
+        masks = {w: m.view(1, 1, 1, -1) for w, m in window_masks(pos.view(1), self.ar, self.windows).items()}
         rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
         H, KV, D, G = self.H, self.KV, self.D, self.G
         for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):

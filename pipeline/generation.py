@@ -77,9 +77,8 @@ def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None =
     """2 (K and V) x KV heads x head dim x bytes per value x tokens, summed over layers; a sliding-window
     layer holds at most its window (Gemma's local layers)."""
     f = lm.facts
-    b = bytes_per_value or lm.arch.bytes_per_value
     n_sliding, keep = kv_window(lm)
-    per_layer_token = 2 * f.n_kv_heads * f.head_dim * b
+    per_layer_token = lm.kv_token_bytes * (bytes_per_value or lm.arch.bytes_per_value) // lm.arch.bytes_per_value
     full = (f.n_layers - n_sliding) * per_layer_token * tokens
     return full + (n_sliding * per_layer_token * min(tokens, keep) if n_sliding else 0)
 
@@ -106,15 +105,15 @@ def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
     """Bytes of the cache tensors per token they hold after a step; None once a sliding window is full (the local
     layers stop growing, so the ratio is no longer per token)."""
     keep = kv_window(lm)[1]
-    return ev.kv_bytes / ev.context_len if ev.context_len <= (keep or 10**9) else None
+    return ev.kv_bytes / ev.context_len if keep is None or ev.context_len <= keep else None
 
 
 def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Prepared:
     check_prompt(prompt)
     ids = tokenize(lm.tokenizer, prompt, chat=chat).input_ids
     notes = []
-    limit = lm.facts.max_positions or 10**9
-    if len(ids) >= limit:
+    limit = lm.facts.max_positions
+    if limit is not None and len(ids) >= limit:
         raise TraceError(
             f"The prompt is {len(ids):,} tokens and fills this model's context window of {limit:,} tokens: there is no room to generate. Shorten it."
         )
@@ -125,7 +124,7 @@ def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = Fals
     if n > MAX_NEW_TOKENS:
         notes.append(f"max_new_tokens {max_new_tokens:,} was capped at {MAX_NEW_TOKENS:,}.")
         n = MAX_NEW_TOKENS
-    if len(ids) + n > limit:
+    if limit is not None and len(ids) + n > limit:
         n = limit - len(ids)
         notes.append(f"Capped at {n:,} new tokens: the context window is {limit:,} tokens.")
     return Prepared(ids, n, notes)
@@ -292,7 +291,7 @@ class Verdict:
 
 
 def sweep_verdict(rows: list[SweepRow]) -> Verdict:
-    """Page 7's sentence. "Prefill pays for every prompt token; a decode step mostly for reading the weights"
+    """The prefill/decode page's sentence. "Prefill pays for every prompt token; a decode step mostly for reading the weights"
     needs, in every repeat, a decode step that grew less than 2x while the prompt grew, and a prefill that grew
     more than twice as much as the decode step did. A decode step that grew 2x or more in every repeat is a
     finding of its own (attention over a long cache); repeats on both sides of 2x are noise."""
@@ -354,7 +353,7 @@ def cache_off_sweep(lm: LoadedModel, lengths: list[int], new_tokens: int = 3, re
 
 
 def cache_verdict(rows: list[CacheRow]) -> Verdict:
-    """Page 7's sentence on the cache: "without the cache a step grows with the context" only when, in every
+    """The prefill/decode page's sentence on the cache: "without the cache a step grows with the context" only when, in every
     repeat, the longest context's step took more than twice the shortest's without the cache."""
     first, last = rows[0], rows[-1]
     g_off, g_on = growth(first.off, last.off), growth(first.on, last.on)

@@ -1,4 +1,4 @@
-"""The seed's common misconceptions, each tested on the loaded model (page 16).
+"""The seed's common misconceptions, each tested on the loaded model (views/16_misconceptions.py).
 
     forced = force_token(lm, "The capital of France is", n=12, at=2)   # "it writes the whole answer first"
     words = word_pieces(lm.tokenizer)                                    # "it reads words"

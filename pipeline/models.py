@@ -66,7 +66,7 @@ class ModelFacts:
     d_model: int
     d_ff: int
     vocab: int
-    max_positions: int
+    max_positions: int | None  # the context window (None: the config does not say)
     positional: str  # "rope" or "learned"
     rope_theta: float | None
     norm: str  # "RMSNorm" / "LayerNorm"
@@ -169,6 +169,13 @@ class LoadedModel:
     def __post_init__(self):
         if self.arch is None:
             self.arch = Arch.of(self.model, self.dtype)
+
+    @property
+    def kv_token_bytes(self) -> int:
+        """Bytes of K and V for one token in one layer: 2 x KV heads x head dim x bytes per value (the one place the
+        KV cache's size is defined: the formula on the KV-cache page, the engine's blocks, the costs table)."""
+        f = self.facts
+        return 2 * f.n_kv_heads * f.head_dim * self.arch.bytes_per_value
 
     def run(self, fn: Callable, *args, progress: ProgressFn | None = None, **kw):
         """`fn(*args, progress=..., **kw)` on this model's own long-lived thread, waited for here; `progress` is
@@ -519,7 +526,7 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
         d_model=cfg.hidden_size,
         d_ff=getattr(cfg, "intermediate_size", 0),
         vocab=cfg.vocab_size,
-        max_positions=getattr(cfg, "max_position_embeddings", 0),
+        max_positions=getattr(cfg, "max_position_embeddings", None) or None,
         positional="learned" if has_learned else "rope",
         rope_theta=float(theta) if theta else None,
         norm="RMSNorm" if "RMS" in norm_cls else norm_cls,

@@ -49,7 +49,7 @@ class RooflinePhase:
 
 @dataclass(eq=False)
 class Roofline:
-    """Everything page 10 draws: measured device peaks, and one layer's operations for prefill and decode."""
+    """Everything the roofline page draws: measured device peaks, and one layer's operations for prefill and decode."""
 
     peak_flops: float  # FLOP/s, measured by a matmul probe
     bandwidth: float  # bytes/s, measured by a large copy
@@ -142,7 +142,7 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0, r
 
 
 def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> Roofline:
-    """Everything page 10 draws: device peaks (measured), per-op counts, bounds and measured times for prefill
+    """Everything the roofline page draws: device peaks (measured), per-op counts, bounds and measured times for prefill
     (prompt_tokens) and decode (1 token over `context`), and the batch-1 decode ceiling."""
     mm = matmul_probe(lm.device, lm.dtype)
     bw = copy_bandwidth(lm.device)

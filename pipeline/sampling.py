@@ -37,7 +37,7 @@ class Sampling:
 
 
 GREEDY = Sampling()
-DEFAULTS = Sampling(temperature=0.7, top_k=50, top_p=0.95)  # where page 5's sliders, the generation pages and the overview's check start
+DEFAULTS = Sampling(temperature=0.7, top_k=50, top_p=0.95)  # where the next-token page's sliders, the generation pages and the overview's check start
 
 
 @dataclass

@@ -134,7 +134,7 @@ def _as_np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
 
-def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int = 0, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
     if prompt is None or not str(prompt).strip():
         raise TraceError("The prompt is empty. Type some text (or pick a preset) to see the pipeline run.")
     if n_tokens is not None:

@@ -87,7 +87,7 @@ facts = {
     "d_model": f.d_model,
     "feed-forward": f.d_ff,
     "vocabulary": f"{f.vocab:,}",
-    "context": f"{f.max_positions:,}",
+    "context": f"{f.max_positions:,}" if f.max_positions else "not stated",
     "positions": {"rope": "RoPE"}.get(f.positional, f.positional) + (f" θ={f.rope_theta:,.0f}" if f.rope_theta else ""),
     "norm": f.norm,
     "tied embeddings": "yes" if f.tied_embeddings else "no",

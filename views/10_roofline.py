@@ -18,13 +18,13 @@ st.markdown(
 )
 lm = loading.get_model()
 c = st.columns(2)
-top, note = guard.cap("sweep_tokens", 10**9), guard.cap_note("sweep_tokens", "tokens").strip() or None
+top, note = guard.cap("sweep_tokens"), guard.cap_note("sweep_tokens", "tokens").strip() or None
 T = c[0].select_slider(
-    "Prefill prompt tokens", [n for n in (64, 128, 256, 512, 1024, 2048) if n <= top], value=512, key="roof_T", bind="query-params", help=note
+    "Prefill prompt tokens", [n for n in (64, 128, 256, 512, 1024, 2048) if top is None or n <= top], value=512, key="roof_T", bind="query-params", help=note
 )
 C = c[1].select_slider(
     "Decode context (tokens in the KV cache)",
-    [n for n in (64, 256, 512, 1024, 2048, 4096) if n <= top],
+    [n for n in (64, 256, 512, 1024, 2048, 4096) if top is None or n <= top],
     value=512,
     key="roof_C",
     bind="query-params",

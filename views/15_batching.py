@@ -109,10 +109,8 @@ def _users() -> list[User] | None:
     if not 1 <= len(users) <= top:
         st.warning(f"The scene needs between one and {top} users.")
         return None
-    limit = guard.cap("prompt_tokens", 10**9)
     for u in users:
-        if len(lm.tokenizer(u.prompt)["input_ids"]) > limit:
-            st.warning(f"{lit(u.name)}'s prompt is longer than this demo server's {limit:,} tokens.")
+        if not guard.tokens_fit(len(lm.tokenizer(u.prompt)["input_ids"]), f"{lit(u.name)}'s prompt"):
             return None
     return users
 

@@ -84,7 +84,7 @@ st.markdown(
     "The same greedy generation twice at each context length: with the cache each step feeds one token; without "
     "it every step feeds the whole context again, so its time grows with the length. Same tokens out."
 )
-ctx_lengths = [n for n in ([16, 128, 512, 1024] if gpu else [16, 128, 512]) if n <= guard.cap("sweep_tokens", 10**9)]
+ctx_lengths = [n for n in ([16, 128, 512, 1024] if gpu else [16, 128, 512]) if n <= (guard.cap("sweep_tokens") or n)]
 n_new = 3
 if st.button(f"Run {n_new} tokens after prompts of {', '.join(map(str, ctx_lengths))} tokens, with and without the cache", key="cache_go"):
     with runs.heavy("the cache comparison", slot="cache_cmp"):

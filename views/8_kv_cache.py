@@ -71,7 +71,7 @@ rows = [
         f"if every query head had its own KV head ({f.n_heads})": f"{k.bytes_one_kv_per_head / 2**20:,.0f} MiB",
         "weights, for scale": f"{k.weight_bytes / 2**20:,.0f} MiB",
     }
-    for k in kv_costs(lm, [1024, 8192, f.max_positions, 32768, 131072])
+    for k in kv_costs(lm, [1024, 8192, *([f.max_positions] if f.max_positions else []), 32768, 131072])
 ]
 render.table("kv costs", pd.DataFrame(rows), hide_index=True, width="stretch")
 st.caption(

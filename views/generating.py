@@ -14,7 +14,7 @@ from pipeline.generation import GenerationRecord, prepare
 from pipeline.sampling import Sampling
 from pipeline.serving import ENGINE
 from pipeline.tracing import TraceError
-from views.guard import address_slot, allowed, cap, cap_note
+from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
 from views.loading import model_key
 from views.render import verbatim
 
@@ -85,11 +85,7 @@ def run_generation(
     except TraceError as e:
         st.warning(str(e))
         return None
-    limit = cap("prompt_tokens")
-    if limit is not None and len(req.prompt_ids) > limit:
-        st.warning(f"The prompt is {len(req.prompt_ids):,} tokens; this demo server generates from prompts of at most {limit:,} tokens. Shorten it.")
-        return None
-    if not allowed("generating"):
+    if not tokens_fit(len(req.prompt_ids)) or not allowed("generating"):
         return None
     try:
         with address_slot():

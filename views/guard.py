@@ -22,9 +22,10 @@ def policy() -> demo.Policy:
     return demo.load_policy(secrets)
 
 
-def cap(name: str, page_max: int) -> int:
-    """A control's maximum: the page's own, or the demo server's cap when lower."""
-    return min(page_max, getattr(policy().caps, name))
+def cap(name: str, page_max: int | None = None) -> int | None:
+    """A control's maximum: the page's own, or the demo server's cap when lower (None: no limit at all)."""
+    limits = [x for x in (page_max, getattr(policy().caps, name)) if x is not None]
+    return min(limits) if limits else None
 
 
 def cap_note(name: str, unit: str = "") -> str:
@@ -122,19 +123,24 @@ def address_slot():
 def sweep_lengths(offered: list[int], key: str) -> list[int]:
     """A sweep's prompt lengths: those within a demo server's cap, up to the visitor's "Longest prompt" (bound to
     the link, so a shared link reruns the same sweep)."""
-    offered = [n for n in offered if n <= cap("sweep_tokens", 10**9)]
+    top = cap("sweep_tokens")
+    offered = [n for n in offered if top is None or n <= top]
     longest = st.select_slider(
         "Longest prompt", offered, value=offered[-1], key=key, bind="query-params", help="Shorter sweeps finish sooner." + cap_note("sweep_tokens")
     )
     return [n for n in offered if n <= longest]
 
 
+def tokens_fit(n_tokens: int, whose: str = "The prompt") -> bool:
+    """A demo server's prompt-token cap (the one check every page makes before running a prompt it does not trace;
+    traces pass it to pipeline.trace as max_tokens); says so in the page when over."""
+    limit = cap("prompt_tokens")
+    if limit is not None and n_tokens > limit:
+        st.warning(f"{whose} is {n_tokens:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it.")
+        return False
+    return True
+
+
 def prompt_fits(lm, prompt: str, chat: bool) -> bool:
-    """A demo server's prompt-token cap, for pages that run a prompt without tracing it; says so when over."""
-    limit = cap("prompt_tokens", 10**9)
-    if limit >= 10**9:
-        return True
-    n = len(pipeline.tokenize(lm.tokenizer, prompt, chat=chat).input_ids)
-    if n > limit:
-        st.warning(f"The prompt is {n:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it.")
-    return n <= limit
+    """tokens_fit for a prompt as it will be run (templated in chat mode)."""
+    return cap("prompt_tokens") is None or tokens_fit(len(pipeline.tokenize(lm.tokenizer, prompt, chat=chat).input_ids))

@@ -97,8 +97,8 @@ def get_tokens():
     except TraceError as e:
         st.warning(str(e))
         st.stop()
-    limit = cap("tokenize_chars", 10**9)
-    if len(prompt) > limit:
+    limit = cap("tokenize_chars")
+    if limit is not None and len(prompt) > limit:
         st.warning(f"The prompt is {len(prompt):,} characters; this demo server tokenizes at most {limit:,}. Shorten it.")
         st.stop()
     key = (model_key(), prompt, chat)

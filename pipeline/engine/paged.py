@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables
+from ..fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
 from ..models import LoadedModel
 
 
@@ -58,13 +58,12 @@ class PagedKV:
         self.K = torch.zeros(shape, device=lm.device, dtype=lm.dtype)
         self.V = torch.zeros(shape, device=lm.device, dtype=lm.dtype)
         self.n_blocks, self.block_size = n_blocks, block_size
-        self.block_bytes_per_layer = 2 * f.n_kv_heads * block_size * f.head_dim * lm.arch.bytes_per_value
+        self.block_bytes_per_layer = lm.kv_token_bytes * block_size
 
     @staticmethod
     def block_bytes(lm: LoadedModel, block_size: int) -> int:
         """Bytes of one block in every layer (K and V)."""
-        f = lm.facts
-        return 2 * f.n_layers * f.n_kv_heads * block_size * f.head_dim * lm.arch.bytes_per_value
+        return lm.facts.n_layers * lm.kv_token_bytes * block_size
 
     @property
     def nbytes(self) -> int:
@@ -116,12 +115,8 @@ class PagedStep:
         return len(lens) > 1 and max(lens) * len(lens) <= 2 * sum(lens)
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict:
-        """{window: [n_q, n_k] bool} a query at q_pos sees a key at k_pos <= q_pos (and > q_pos - window)."""
-        allowed = k_pos[None, :] <= q_pos[:, None]
-        out = {None: allowed}
-        for w in self.windows:
-            out[w] = allowed & (k_pos[None, :] > q_pos[:, None] - w)
-        return out
+        """{window: [n_q, n_k] bool} (fused.window_masks)."""
+        return window_masks(q_pos, k_pos, self.windows)
 
     def forward(self, seqs: list[Seq], logits: bool = True, interrupt=None) -> torch.Tensor | None:
         """Every token of every seq through the model; K/V written into the seqs' blocks. Returns the logits of
@@ -217,10 +212,7 @@ class PagedStep:
             idx = torch.tensor([s.table[:nb] + [s.table[0]] * (nb - len(s.table[:nb])) for _, s in singles], device=dev)
             q_pos = torch.tensor([s.start for _, s in singles], device=dev)
             ar = torch.arange(nb * bs, device=dev)
-            allowed = ar[None] <= q_pos[:, None]
-            masks = {None: allowed[:, None, None, :]}
-            for w in self.windows:
-                masks[w] = (allowed & (ar[None] > q_pos[:, None] - w))[:, None, None, :]
+            masks = {w: m[:, None, None, :] for w, m in window_masks(q_pos, ar, self.windows).items()}
             plan["gather"] = (torch.tensor([r for r, _ in singles], device=dev), idx, masks)
         else:
             plan["rows"] = [(r, torch.tensor(s.table, device=dev), s.end) for r, s in singles]
