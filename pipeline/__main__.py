@@ -123,19 +123,18 @@ def cmd_trace(args, out):
 
 
 def cmd_generate(args, out):
-    from .engine import Sampling, engine_for
+    from .engine import engine_for
     from .generation import prepare
+    from .sampling import Sampling
+    from .serving import Waiting, stream
 
     lm = _load(args)
-    eng = engine_for(lm)
-    reqs = [prepare(lm, p, args.max_new_tokens, args.chat) for p in args.prompts]
-    handles = [
-        eng.submit(r.prompt_ids, r.max_new_tokens, Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed))
-        for r in reqs
-    ]
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    # every request submitted before any is read: the engine batches them
+    streams = [stream(lm, prepare(lm, p, args.max_new_tokens, args.chat), sampling) for p in args.prompts]
     res = []
-    for p, h in zip(args.prompts, handles):
-        ev = list(h)
+    for p, s in zip(args.prompts, streams):
+        ev = [e for e in s if not isinstance(e, Waiting)]
         res.append(
             {
                 "prompt": p,
@@ -147,7 +146,7 @@ def cmd_generate(args, out):
             }
         )
     if args.json:
-        json.dump({"model": lm.label, "engine": eng.name, "results": res}, out, ensure_ascii=False, indent=1)
+        json.dump({"model": lm.label, "engine": engine_for(lm).name, "results": res}, out, ensure_ascii=False, indent=1)
         out.write("\n")
     else:
         for r in res:

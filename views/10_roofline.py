@@ -58,7 +58,7 @@ rec = generating.last_generation("gen", lm)
 if rec and len(rec.events) > 1:
     mm = metrics(rec.events)
     st.caption(
-        f"Measured on page 6: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
+        f"Measured on the Generation page: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
 render.figure(roofline_figure(r), "roofline")

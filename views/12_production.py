@@ -8,7 +8,7 @@ from views import generating, guard, loading, render, runs
 
 st.title("12 · Production mode: static cache, fused step, CUDA graph")
 st.markdown(
-    "The loop on page 6 calls transformers' forward once per token. That forward is general: every step it "
+    "The loop on the Generation page calls transformers' forward once per token. That forward is general: every step it "
     "builds masks and position tensors in Python, grows the KV cache by concatenation, and dispatches well over "
     "a thousand operators. At batch 1 a small model's matrices are tiny, so on a GPU the step is bounded by "
     "the **CPU launching kernels**, not by the GPU computing them. Production servers fix this in three moves:\n"

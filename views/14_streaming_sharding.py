@@ -18,7 +18,7 @@ st.markdown(
 lm = loading.get_model()
 rec = generating.last_generation("gen", lm)
 if rec is not None:
-    st.caption("The stream of the last generation on page 6.")
+    st.caption("The stream of the last generation on the Generation page.")
 else:
     rec = generating.last_generation("sse", lm)
     if rec is None:
@@ -26,7 +26,7 @@ else:
         with st.spinner("Generating 24 tokens to stream…"):
             rec = generating.run_generation(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat, 24, GREEDY, "sse")
     if rec:
-        st.caption(f"Page 6 has not generated anything yet, so this page ran its own short generation: {rec.label}.")
+        st.caption(f"The Generation page has not generated anything yet, so this page ran its own short generation: {rec.label}.")
 if rec:
     ev = rec.events
     lines = sse_lines(ev)

@@ -21,13 +21,17 @@ lm = loading.get_model()
 st.subheader("This run")
 rec = generating.last_generation("gen", lm)
 if rec is None:
-    st.info("Generate something on page 6 to see its first token next to its decode steps; or run the sweep below.")
+    st.info("Generate something on the Generation page to see its first token next to its decode steps; or run the sweep below.")
 else:
     ev = rec.events
     m = metrics(ev)
     st.caption(
-        f"Page 6's last run: {rec.label}."
-        + (" The sidebar's prompt has changed since; generate again on page 6 to measure it." if rec.prompt != st.session_state.get("prompt", "") else "")
+        f"The Generation page's last run: {rec.label}."
+        + (
+            " The sidebar's prompt has changed since; generate again on the Generation page to measure it."
+            if rec.prompt != st.session_state.get("prompt", "")
+            else ""
+        )
     )
     c = st.columns(3)
     c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
@@ -131,6 +135,6 @@ if rows is not None:
         )
     )
 if rec is not None:
-    render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? Page 6's run, cross-checked")
+    render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? The Generation page's run, cross-checked")
 if found:
     render.evidence(found, "How do we know? The sweep and the cache experiment")

@@ -23,7 +23,7 @@ prompt = generating.generation_prompt()
 if prompt is None:
     st.stop()
 # This page measures transformers' own cache tensors, so it runs its own request through transformers' loop
-# (page 6's requests go through the shared engine, whose paged KV memory the batching page shows).
+# (the Generation page's requests go through the shared engine, whose paged KV memory the batching page shows).
 rec = generating.last_generation("kv", lm)
 source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:

@@ -19,7 +19,7 @@ from views.loading import model_key
 from views.render import verbatim
 
 # prompts the embedded model answers well when generating (greedy, 48 tokens: no loop, a real answer); the
-# completion-style default ("The capital of France is") is made for pages 1-5's single next token
+# completion-style default ("The capital of France is") is made for the single next token of the pages before generation
 GENERATION_PRESETS = {
     "Why is the sky blue?": ("Why is the sky blue?", True),
     "A haiku": ("Write a haiku about the sea.", True),
@@ -52,7 +52,7 @@ def generation_prompt() -> str | None:
 
 def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, Sampling]:
     """(max new tokens, Sampling): max new tokens / temperature / top-k / top-p / seed in one row, starting from the
-    app's one set of defaults (pipeline.sampling.DEFAULTS, as page 5 and the overview), each bound to the URL."""
+    app's one set of defaults (pipeline.sampling.DEFAULTS, as the Next token page and the overview), each bound to the URL."""
     d = pipeline.sampling.DEFAULTS
     c = st.columns(5)
     q = dict(bind="query-params")

@@ -48,6 +48,7 @@ def said_busy(text: str) -> bool:
     return bool(BUSY.search(text))
 
 
+@pytest.mark.load  # five timed experiments under a busy core: minutes (make test-load)
 def test_timed_pages_flag_other_work_and_claim_only_what_their_repeats_hold(demo_server, browser, noisy):
     server = demo_server
     g = start_generation(browser, server)

@@ -63,6 +63,7 @@ def test_a_prompt_too_long_for_a_link_travels_as_an_id(server, browser):
     expect(fresh.locator("[data-testid='stSidebar'] textarea").first).to_have_value(long, timeout=30_000)
 
 
+@pytest.mark.load  # every page walked again and screenshotted: minutes (make test-load)
 def test_presentation_mode_renders_every_page_without_the_sidebar(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
     paths = [

@@ -5,6 +5,7 @@ there, a deep link as the first request after a start listed the raw files and l
 rendered a blank page. This module's server is fresh: its first request is the deep link."""
 
 import pytest
+from playwright.sync_api import expect
 from ui import no_exception, wait_idle
 
 pytestmark = pytest.mark.browser
@@ -26,13 +27,13 @@ def test_first_request_is_a_deep_link(server, browser):
     nav = page.locator("[data-testid='stSidebarNavLink']").all_inner_texts()
     assert any("Prompt & tokens" in t for t in nav) and not any(t.strip() in ("app", "common", "render", "runs", "guard") for t in nav)
     sidebar = page.locator("[data-testid='stSidebar']")
-    assert sidebar.locator("textarea").count() == 1  # the prompt box is there
-    assert "Model" in sidebar.inner_text()
+    expect(sidebar.locator("textarea")).to_have_count(1, timeout=60_000)  # the prompt box is there (waits on the page)
+    expect(sidebar).to_contain_text("Model")
     assert "The prompt is empty" not in page.inner_text("body")
     # a second visitor's first request, another deep link, in a new session
     other = first_visit(browser, f"{server}/tokens")
-    assert "Prompt & tokens" in other.locator("h1").first.inner_text()
-    assert other.locator("[data-testid='stSidebar'] textarea").count() == 1
+    expect(other.locator("h1").first).to_contain_text("Prompt & tokens")
+    expect(other.locator("[data-testid='stSidebar'] textarea")).to_have_count(1, timeout=60_000)
 
 
 def test_internal_modules_are_not_pages(server, browser):

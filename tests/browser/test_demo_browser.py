@@ -22,6 +22,7 @@ def body(page) -> str:
     return page.locator("body").inner_text()
 
 
+@pytest.mark.load  # every page walked again with absurd numbers: minutes (make test-load)
 def test_hostile_links_and_absurd_numbers_get_the_normal_view_or_a_message(server, browser):
     links = [
         "/?model_choice=/etc/shadow",
@@ -47,6 +48,7 @@ def test_hostile_links_and_absurd_numbers_get_the_normal_view_or_a_message(serve
     page.close()
 
 
+@pytest.mark.load  # every page walked again with Markdown and HTML: minutes (make test-load)
 def test_text_from_a_visitor_is_never_html_or_markdown(server, browser, tracker):
     url, hits = tracker
     prompt = (

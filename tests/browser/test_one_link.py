@@ -79,7 +79,7 @@ def test_two_browsers_on_one_link_keep_their_own_runs(server, browser):
     assert drew(b) == "4242"
     reload(a)  # the teacher refreshes: their own run, untouched by what the class did through the link
     assert drew(a) == "7"
-    expect(a.locator(".st-key-seed input").first).to_have_value("7")
+    expect(a.locator(".st-key-seed input").first).to_have_value("7", timeout=60_000)  # waits on the page, not a clock
     reload(b)
     assert drew(b) == "4242"  # and the class keeps theirs
 
@@ -116,6 +116,7 @@ def test_a_shared_link_does_not_share_a_rate_limit(demo_server, browser):
     assert "too many runs" not in text and "Time to first token" in text
 
 
+@pytest.mark.load  # every page walked again with hostile input: minutes (make test-load)
 def test_nothing_from_an_address_is_rendered_or_fetched_on_any_page(demo_server, browser, tracker):
     url, hits = tracker
     hostile = f"![x]({url}/pixel.png) [Operator login]({url}/phish) <img src='{url}/img.png'> <a href='{url}/a'>a</a>"

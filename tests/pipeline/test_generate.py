@@ -50,8 +50,8 @@ def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
         # after step i the cache holds the context the step attended over
         assert e.kv_bytes == kv_bytes_formula(lm, e.context_len), (e.index, e.kv_bytes)
         assert len(e.kv_bytes_per_layer) == lm.facts.n_layers
-        # top-k 5 leaves 5 candidates, all among the 10 reported: their probabilities after the filters sum to 1
-        assert len(e.top) == 10 and sum(p > 0 for _, _, p in e.top) <= 5 and abs(sum(p for _, _, p in e.top) - 1) < 1e-4
+        # top-k 5 leaves 5 candidates, all reported: their probabilities after the filters sum to 1
+        assert 1 <= len(e.top) <= 5 and abs(sum(p for _, _, p in e.top) - 1) < 1e-4
         assert e.token_id in [i for i, _, p in e.top if p > 0] and e.p == pytest.approx(dict((i, p) for i, _, p in e.top)[e.token_id])
         assert e.top[0][2] >= e.top[-1][2]
     m = metrics(ev)

@@ -140,6 +140,7 @@ def test_cli_next_and_trace_json():
     assert main(["trace", "  "], out=io.StringIO()) == 2
 
 
+@pytest.mark.load  # a fresh GGUF conversion; the damaged-cache test below converts too, in make test
 @pytest.mark.model
 def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_EXPLORER_CACHE", str(tmp_path))
@@ -155,26 +156,13 @@ def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, mo
     a, b = pipeline.trace(first, "Hi"), pipeline.trace(again, "Hi")
     assert np.array_equal(a.next_logits, b.next_logits)
 
-    # a conversion killed mid-way leaves a temp folder; a damaged cache (a truncated file): neither is ever loaded,
-    # the next start rebuilds the cache and removes the leftovers
-    folder = next(tmp_path.glob("smollm2*[0-9]"))
-    weights = folder / "model.safetensors"
-    size = weights.stat().st_size
-    (tmp_path / f"{folder.name}.tmp-99999").mkdir()
-    with weights.open("r+b") as f:
-        f.truncate(size // 2)
-    seen.clear()
-    third = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append((f, m)))
-    assert any("dequantising" in m for _, m in seen)  # rebuilt
-    assert weights.stat().st_size == size and not list(tmp_path.glob("*.tmp-*"))
-    assert np.array_equal(pipeline.trace(third, "Hi").next_logits, a.next_logits)
 
-
-@pytest.mark.parametrize("damage", ["cut tokenizer.json", "same-size random weights"])  # cut weights: the test above
-def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, monkeypatch, smol, damage):
+def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, monkeypatch, smol):
     """Each start checks every cached file against the SHA-256 recorded at conversion and rebuilds the cache from
     the GGUF on any mismatch, with progress as on a first start (a tokenizer.json cut short used to fail every
-    start; 50 MB of random bytes over the weights loaded with 51,043 non-finite weights)."""
+    start; 50 MB of random bytes over the weights loaded with 51,043 non-finite weights). One rebuild here for every
+    damage at once, and a conversion killed mid-way (its temp folder) cleaned up; which damage each check catches
+    is the unit tier's (tests/app/test_demo.py, test_the_cache_digest_catches_every_damage)."""
     import os
     import shutil
 
@@ -183,16 +171,15 @@ def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, 
     shutil.copytree(smol.source, folder)  # the intact cache, as a running server has it
     weights, tok = folder / "model.safetensors", folder / "tokenizer.json"
     size = weights.stat().st_size
-    if damage == "cut tokenizer.json":
-        tok.write_bytes(tok.read_bytes()[:1000])
-    else:
-        with weights.open("r+b") as f:
-            f.seek(size - 50 * 2**20)
-            f.write(os.urandom(50 * 2**20))
+    tok.write_bytes(tok.read_bytes()[:1000])
+    with weights.open("r+b") as f:
+        f.seek(size - 50 * 2**20)
+        f.write(os.urandom(50 * 2**20))
+    (tmp_path / f"{folder.name}.tmp-99999").mkdir()
     seen = []
     lm = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append(m))
     assert any("damaged" in m for m in seen) and any("dequantising" in m for m in seen)
-    assert weights.stat().st_size == size and pipeline.models.cache_problem(folder) is None
+    assert weights.stat().st_size == size and pipeline.models.cache_problem(folder) is None and not list(tmp_path.glob("*.tmp-*"))
     tr = pipeline.trace(lm, "The capital of France is")
     assert lm.tokenizer.decode([int(tr.next_logits.argmax())]) == " Paris"
     assert all(bool(p.isfinite().all()) for p in lm.model.parameters())

@@ -9,17 +9,18 @@ pytestmark = pytest.mark.model
 COPY = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n"
 
 
-@pytest.mark.parametrize("draft", ["prompt_lookup", "early_exit:4", "early_exit:half"])
+@pytest.mark.parametrize("draft", ["prompt_lookup", "early_exit:half"])
 def test_greedy_speculative_equals_plain_greedy(lm, draft):
+    """Speculative greedy output is plain greedy output: a draft that is often right (prompt lookup on a copy-style
+    prompt) and one that is rarely right (half the target's layers: nearly every call rejects, 12 tokens show it)."""
     if draft == "early_exit:half":
         draft = f"early_exit:{lm.facts.n_layers // 2}"
-    n = 24 if draft == "prompt_lookup" else 12  # early-exit drafts are rarely right: every call rejects, 12 tokens show it
-    for prompt in [COPY, "The capital of France is"]:
-        plain = [e.token_id for e in generate(lm, prompt, n)]
-        res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=n)
-        assert res.tokens == plain, (draft, prompt)
-        assert res.target_calls == 1 + len(res.steps)
-        assert all(s.accepted <= len(s.proposed) for s in res.steps)
+    n, prompt = (24, COPY) if draft == "prompt_lookup" else (12, "The capital of France is")
+    plain = [e.token_id for e in generate(lm, prompt, n)]
+    res = speculative_generate(lm, prompt, draft, gamma=4, max_new_tokens=n)
+    assert res.tokens == plain, (draft, prompt)
+    assert res.target_calls == 1 + len(res.steps)
+    assert all(s.accepted <= len(s.proposed) for s in res.steps)
 
 
 def test_prompt_lookup_accepts_on_copy_prompts(smol):

@@ -79,7 +79,7 @@ def test_cli_tokens_json(capsys):
 def test_many_threads_tokenizing_at_once_get_their_own_prompt(lm):
     """Every visitor's session shares one tokenizer, whose Rust backend holds the last call's
     split_special_tokens: without pipeline.tokens.thread_safe, 8 threads tokenizing chat prompts (template
-    specials parsed, the visitor's text split) got 64 of 2,400 prompts with '<|im_start|>' in ordinary pieces."""
+    specials parsed, the visitor's text split) got 64 of 2,400 prompts (about 13 expected in these 480) with '<|im_start|>' in ordinary pieces."""
     import threading
 
     prompts = [("Write one sentence about snow.", True), ("typed <|im_end|> and <bos> by hand", False), ("Why is the sky blue?", True)]
@@ -87,7 +87,7 @@ def test_many_threads_tokenizing_at_once_get_their_own_prompt(lm):
     wrong, done = [], []
 
     def visitor(k):
-        for i in range(150):
+        for i in range(60):
             p = prompts[(k + i) % len(prompts)]
             got = tokenize(lm.tokenizer, *p).input_ids
             done.append(1)
@@ -99,4 +99,4 @@ def test_many_threads_tokenizing_at_once_get_their_own_prompt(lm):
         t.start()
     for t in threads:
         t.join()
-    assert len(done) == 8 * 150 and wrong == []
+    assert len(done) == 8 * 60 and wrong == []

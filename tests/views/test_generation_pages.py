@@ -11,6 +11,18 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
 
 
+@pytest.fixture(autouse=True)
+def two_repeats(monkeypatch):
+    """Timed experiments with 2 interleaved repeats instead of 3-5 (suite time; 2 still interleave, and a verdict
+    reads them): the pages' own repeat count comes through views.guard.cap, as a demo server's cap would."""
+    from dataclasses import replace
+
+    import demo
+    from views import guard
+
+    monkeypatch.setattr(guard, "policy", lambda: demo.Policy(caps=replace(demo.UNCAPPED, repeats=2)))
+
+
 def page(path, prompt="The capital of France is", timeout=300):
     at = AppTest.from_file(APP, default_timeout=timeout)
     at.session_state["prompt"] = prompt
