@@ -141,7 +141,6 @@ def test_cli_next_and_trace_json():
 
 
 @pytest.mark.load  # a fresh GGUF conversion; the damaged-cache test below converts too, in make test
-@pytest.mark.model
 def test_first_load_converts_once_with_progress_then_uses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_EXPLORER_CACHE", str(tmp_path))
     seen = []
