@@ -63,10 +63,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/python bench/report.py --check
 
-# every tier but `load` (see CONTRIBUTING.md for what each holds and how long it takes); the cluster tier last, in a
-# pytest process of its own (Serve's handles refuse a thread)
+# every tier but `load` (see CONTRIBUTING.md for what each holds and how long it takes), in 2 worker processes (a
+# test file stays on one worker: its servers and fixtures are shared within it); the cluster tier last, in a pytest
+# process of its own (Serve's handles refuse a thread)
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -m "unit or model or browser or gpu" tests
+	$(BIN)/python -m pytest -q -m "unit or model or browser or gpu" -n $(TEST_WORKERS) --dist loadfile tests
 	$(BIN)/python -m pytest -q -m cluster tests
 
 # the engine on a local Ray Serve alone

@@ -79,6 +79,7 @@ def test_bad_input_keeps_serving(server, browser):
     no_exception(page)
 
 
+@pytest.mark.load  # runs every experiment of these pages in Chromium (minutes): make test-load; AppTest runs them in make test
 def test_generation_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = open_app(server, browser)
@@ -106,6 +107,7 @@ def test_generation_pages(server, browser):
         page.screenshot(path=str(SHOTS / f"{path}.png"))
 
 
+@pytest.mark.load  # runs every experiment of these pages in Chromium (minutes): make test-load; AppTest runs them in make test
 def test_faster_inference_pages(server, browser):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = open_app(server, browser)

@@ -34,6 +34,7 @@ def slider_value(page, key):
     return page.locator(f".st-key-{key} [data-testid='stSliderThumbValue']").first.inner_text()
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_a_link_reproduces_the_view_and_a_refresh_keeps_it(server, browser):
     page = visit(browser, f"{server}/attention?{q(prompt='Dog bites man.', attn_head=3, attn_layer=5)}")
     assert "3 · Attention" in page.locator("h1").first.inner_text()
@@ -50,6 +51,7 @@ def test_a_link_reproduces_the_view_and_a_refresh_keeps_it(server, browser):
     assert "temperature=1.3" in other.url and "top_k=5" in other.url  # the address keeps them for the next student
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_a_prompt_too_long_for_a_link_travels_as_an_id(server, browser):
     long = "The quick brown fox jumps over the lazy dog. " * 60  # 2,700 characters
     page = visit(browser, server)
@@ -89,6 +91,7 @@ def test_presentation_mode_renders_every_page_without_the_sidebar(server, browse
     assert urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["prompt"] == ["Dog bites man."]
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_generated_code_keeps_its_newlines_and_indentation(server, browser):
     import pipeline
     from pipeline.generation import generate
@@ -106,6 +109,7 @@ def test_generated_code_keeps_its_newlines_and_indentation(server, browser):
     assert page.locator("h1, h2, h3").filter(has_text="Test").count() == 0  # a generated "# ..." line is no heading
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_figures_export_as_svg_and_3x_png(server, browser):
     page = visit(browser, f"{server}/next-token?{q(prompt='The capital of France is')}")
     with page.expect_download(timeout=120_000) as d:
@@ -123,6 +127,7 @@ def test_figures_export_as_svg_and_3x_png(server, browser):
     assert d.value.suggested_filename.endswith(".zip")
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_misconceptions_page_runs_its_experiments(server, browser):
     page = visit(browser, f"{server}/misconceptions?{q(prompt='The capital of France is')}", height=3000)
     click_button(page, "Generate, then force one token", 300_000)
@@ -144,6 +149,7 @@ def test_a_run_survives_a_refresh(server, browser):
     assert "drew" in page.locator("body").inner_text()  # a new Streamlit session, the same browser's runs
 
 
+@pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
 def test_a_tab_closed_mid_generation_frees_its_request(server, browser):
     """Closing the tab stops its script (Streamlit asks it to stop on disconnect), the stream closes and the engine
     cancels the request: the operator page (open on one's own machine) sees it running, then cancelled."""

@@ -84,6 +84,7 @@ def test_two_browsers_on_one_link_keep_their_own_runs(server, browser):
     assert drew(b) == "4242"  # and the class keeps theirs
 
 
+@pytest.mark.load  # a one-link scenario in Chromium (a minute each): make test-load
 def test_a_frozen_copy_of_results_travels_only_when_asked(server, browser):
     a = visit(browser, f"{server}/next-token?prompt=The+capital+of+France+is&seed=11")
     click_button(a, "Sample", expect="text=drew")
@@ -102,6 +103,7 @@ def test_a_frozen_copy_of_results_travels_only_when_asked(server, browser):
     assert drew(a) == "11"
 
 
+@pytest.mark.load  # a one-link scenario in Chromium (a minute each): make test-load
 def test_a_shared_link_does_not_share_a_rate_limit(demo_server, browser):
     a = visit(browser, f"{demo_server}/generation?prompt=Dog+bites+man.&gen_n=2&gen_t=0.0")
     for _ in range(3):

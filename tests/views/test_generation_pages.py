@@ -161,6 +161,7 @@ def test_streaming_and_sharding_page_labels_the_plan():
     assert any("query heads" in w.value for w in at.warning)
 
 
+@pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_attention_kernels_page():
     at = page("views/11_attention_kernels.py")
     assert any("Run the kernels" in i.value for i in at.info)
@@ -182,6 +183,7 @@ def test_roofline_page():
     known(at, "each operation's bound", "ridge = peak", "matmul FLOP/s")
 
 
+@pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_production_page():
     at = page("views/12_production.py")
     at.slider(key="prod_n").set_value(16)
@@ -210,6 +212,7 @@ def test_speculative_with_a_local_model_folder_as_draft():
     assert metric(at, "Acceptance rate α") == "100%"  # the same model drafts perfectly
 
 
+@pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_batching_page_runs_the_three_policies_and_checks_every_answer():
     at = page("views/15_batching.py")
     assert any("Run the three policies" in i.value for i in at.info)
