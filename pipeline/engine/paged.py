@@ -25,7 +25,8 @@ question waited for all of it, then for its own pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,43 @@ class PagedKV:
         v = self.V[layer].index_select(0, ids).transpose(0, 1).reshape(KV, -1, D)
         a = lo - b0 * bs
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
+
+
+class ChunkAttention(NamedTuple):
+    """One prompt chunk's attention call: its rows [row, row + n) attend causally over positions [lo, hi)."""
+
+    row: int
+    n: int
+    table: torch.Tensor  # the request's KV blocks
+    lo: int
+    hi: int
+    masks: dict  # layer window -> [n, hi - lo] bool
+
+
+class GatheredDecode(NamedTuple):
+    """Every decode token in one masked call over their gathered blocks."""
+
+    rows: torch.Tensor  # the tokens' rows in the pass
+    blocks: torch.Tensor  # [tokens, blocks] each token's blocks, padded with its first
+    masks: dict  # layer window -> [tokens, 1, 1, positions] bool
+
+
+class RowDecode(NamedTuple):
+    """One decode token on its own, over exactly its n positions."""
+
+    row: int
+    table: torch.Tensor
+    n: int
+
+
+@dataclass
+class AttentionPlan:
+    """How attention runs in one pass, built once for every layer: a call per prompt chunk, and the decode tokens
+    either gathered into one call or one by one (PagedStep.gather decides)."""
+
+    chunks: list[ChunkAttention] = field(default_factory=list)
+    gather: GatheredDecode | None = None
+    rows: list[RowDecode] = field(default_factory=list)
 
 
 class PagedStep:
@@ -188,7 +226,7 @@ class PagedStep:
         full[keep] = out
         return full
 
-    def _attention_plan(self, seqs: list[Seq], dev) -> dict:
+    def _attention_plan(self, seqs: list[Seq], dev) -> AttentionPlan:
         """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal
         call per prompt chunk. Row offsets, block tensors and masks are built once for all layers."""
         bs = self.kv.block_size
@@ -198,14 +236,14 @@ class PagedStep:
             r += len(s.tokens)
         singles = [(r, s) for r, s in rows if len(s.tokens) == 1]
         chunks = [(r, s) for r, s in rows if len(s.tokens) > 1]
-        plan = {"chunks": [], "rows": [], "gather": None}
+        plan = AttentionPlan()
         for r, s in chunks:
             # keys from position 0, or (every layer sliding, as in Mistral) from the window's start
             slides = self.windows and all(ly.window for ly in self.layers)
             lo = max(0, s.start - max(self.windows)) if slides else 0
             k_pos = torch.arange(lo, s.end, device=dev)
             q_pos = torch.arange(s.start, s.end, device=dev)
-            plan["chunks"].append((r, len(s.tokens), torch.tensor(s.table, device=dev), lo, s.end, self._masks(q_pos, k_pos)))
+            plan.chunks.append(ChunkAttention(r, len(s.tokens), torch.tensor(s.table, device=dev), lo, s.end, self._masks(q_pos, k_pos)))
         lens = [s.end for _, s in singles]
         if self.gather(lens):
             nb = -(-max(lens) // bs)
@@ -213,27 +251,27 @@ class PagedStep:
             q_pos = torch.tensor([s.start for _, s in singles], device=dev)
             ar = torch.arange(nb * bs, device=dev)
             masks = {w: m[:, None, None, :] for w, m in window_masks(q_pos, ar, self.windows).items()}
-            plan["gather"] = (torch.tensor([r for r, _ in singles], device=dev), idx, masks)
+            plan.gather = GatheredDecode(torch.tensor([r for r, _ in singles], device=dev), idx, masks)
         else:
-            plan["rows"] = [(r, torch.tensor(s.table, device=dev), s.end) for r, s in singles]
+            plan.rows = [RowDecode(r, torch.tensor(s.table, device=dev), s.end) for r, s in singles]
         return plan
 
-    def _attend(self, i: int, layer, ly, q: torch.Tensor, att: torch.Tensor, plan: dict) -> None:
+    def _attend(self, i: int, layer, ly, q: torch.Tensor, att: torch.Tensor, plan: AttentionPlan) -> None:
         """Fill att [R, H, D] for layer i from q [R, H, D] and the KV pool."""
         kv, KV, D, G, scale = self.kv, self.KV, self.D, self.G, layer.self_attn.scaling
-        for r, n, table, lo, hi, masks in plan["chunks"]:  # a prompt chunk: causal over its request
+        for r, n, table, lo, hi, masks in plan.chunks:  # a prompt chunk: causal over its request
             kk, vv = kv.read(i, table, lo, hi)
             qq = q[r : r + n].transpose(0, 1)[None]  # [1, H, n, D]
             o = F.scaled_dot_product_attention(qq, kk[None], vv[None], attn_mask=masks[ly.window], scale=scale, enable_gqa=G > 1)
             att[r : r + n] = o[0].transpose(0, 1)
-        if plan["gather"] is not None:  # decode tokens: one masked call
-            rows, idx, masks = plan["gather"]
+        if plan.gather is not None:  # decode tokens: one masked call
+            rows, idx, masks = plan.gather
             B = len(rows)
             kk = kv.K[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
             vv = kv.V[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
             o = F.scaled_dot_product_attention(q[rows].view(B, KV, G, D), kk, vv, attn_mask=masks[ly.window], scale=scale)
             att[rows] = o.reshape(B, -1, D)
-        for r, table, n in plan["rows"]:  # decode tokens one by one, exact lengths
+        for r, table, n in plan.rows:  # decode tokens one by one, exact lengths
             lo = max(0, n - ly.window) if ly.window else 0
             kk, vv = kv.read(i, table, lo, n)
             att[r] = F.scaled_dot_product_attention(q[r].view(1, KV, G, D), kk[None], vv[None], scale=scale).reshape(-1, D)
