@@ -7,7 +7,7 @@ import os
 import re
 
 import pytest
-from ui import ROOT, click_button, no_exception, open_app, set_prompt, wait_idle
+from ui import ROOT, click_button, no_exception, open_app, set_prompt, settled, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +31,7 @@ def test_every_page_and_the_temperature_slider(server, browser):
         assert page.locator("[data-testid='stSidebar'] textarea").first.input_value() == "Why is the sky blue?"
         no_exception(page)
         assert page.locator(".js-plotly-plot, [data-testid='stHtml'], [data-testid='stImage']").count() > 0, name
-        page.wait_for_timeout(1500)
+        settled(page)
         page.screenshot(path=str(SHOTS / f"{name}.png"))
 
     # bertviz inside its iframe draws SVG offline

@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 from playwright.sync_api import expect
-from ui import ROOT, click_button, no_exception, wait_idle
+from ui import ROOT, click_button, no_exception, settled, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -80,7 +80,7 @@ def test_presentation_mode_renders_every_page_without_the_sidebar(server, browse
         no_exception(page)
         assert not page.locator("[data-testid='stSidebar']").first.is_visible(), path
         assert page.locator("[data-testid='stAlertContentInfo']").count() >= 1  # the takeaway
-        page.wait_for_timeout(1000)
+        settled(page)
         page.screenshot(path=str(SHOTS / f"{path or 'overview'}.png"), full_page=True)
     # the guided path: the next stage keeps the prompt
     page.goto(f"{server}/tokens?{q(present='true', prompt='Dog bites man.')}", wait_until="domcontentloaded")

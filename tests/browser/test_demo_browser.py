@@ -6,7 +6,7 @@ tracking server), and the app keeps serving."""
 import urllib.parse
 
 import pytest
-from ui import free_port, no_exception, start_server, stop_server, visit, wait_idle
+from ui import free_port, no_exception, settled, start_server, stop_server, visit, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -63,7 +63,7 @@ def test_text_from_a_visitor_is_never_html_or_markdown(server, browser, tracker)
             page.get_by_role("button", name="Generate").first.click()
             wait_idle(page, 300_000)
             no_exception(page)
-        page.wait_for_timeout(300)
+        settled(page)
         planted = page.evaluate(
             "u => [...document.querySelectorAll('img')].filter(i => i.src.startsWith(u)).length"
             " + [...document.querySelectorAll('script')].filter(s => s.textContent.includes(u)).length",

@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 from playwright.sync_api import expect
-from ui import ROOT, click_button, free_port, no_exception, start_server, stop_server, visit, wait_idle
+from ui import ROOT, click_button, free_port, no_exception, settled, start_server, stop_server, visit, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -131,7 +131,7 @@ def test_nothing_from_an_address_is_rendered_or_fetched_on_any_page(demo_server,
     for path in PAGES:
         page = visit(browser, f"{demo_server}/{path}?{urllib.parse.urlencode(query)}", outside=outside)
         no_exception(page)
-        page.wait_for_timeout(300)
+        settled(page)
         planted = page.evaluate(
             "u => [...document.querySelectorAll('a[href], img[src], iframe[src], link[href]')].filter(e => (e.href || e.src || '').startsWith(u)).length", url
         )

@@ -88,6 +88,16 @@ def wait_idle(page, timeout=180_000):
         page.wait_for_function(js, timeout=timeout)
 
 
+def settled(page, timeout=60_000):
+    """Wait until the page has drawn what it shows: web fonts loaded and every Plotly figure rendered to SVG (a
+    screenshot or a scan of the page's elements reads the drawn page, never a clock)."""
+    page.wait_for_function(
+        "() => document.fonts.status === 'loaded'"
+        " && [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg') && p._fullLayout)",
+        timeout=timeout,
+    )
+
+
 def no_exception(page):
     assert page.locator("[data-testid='stException']").count() == 0, page.locator("[data-testid='stException']").first.inner_text()
 
