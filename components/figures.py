@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .fmt import prob
 from .tokens import plot_text, visible
 
 SEQ = "Viridis"  # perceptually uniform, colour-blind safe
@@ -386,6 +387,4 @@ def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> g
 
 
 def _pfmt(v: float) -> str:
-    if v <= 0:
-        return "✗"
-    return f"{v:.3f}" if v >= 0.001 else f"{v:.0e}"
+    return "✗" if v <= 0 else prob(v)

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks
-from .tokens import plot_text, visible
+from .tokens import lit, plot_text, visible
 
 
 def step_times_figure(events, title="Time per generated token (this run)") -> go.Figure:
@@ -26,6 +26,15 @@ def step_times_figure(events, title="Time per generated token (this run)") -> go
     fig.update_xaxes(title="generated token (0 = first token: prefill, orange)")
     fig.update_yaxes(title="milliseconds")
     return _layout(fig, title, height=340)
+
+
+SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+
+
+def token_labels(events) -> list[str]:
+    """A button label per generated token (Markdown-safe): its text with whitespace made visible (a byte piece
+    as <0xE6>, see pipeline.tokens.text_of), and its position as a subscript."""
+    return [f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(events)]
 
 
 def distribution_figure(ev) -> go.Figure:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 import unicodedata
 
+from pipeline.tokens import display_text
+
 # light tints of the Okabe-Ito colour-blind-safe palette
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
 SPECIAL = "#3a3a3a"
@@ -97,14 +99,30 @@ def token_rows(tokens) -> list[dict]:
 
 def template_html(tokens) -> str:
     """The exact text the model reads, special tokens set apart as dark chips (so a '<|im_end|>' the user
-    typed, which is plain text, looks different from the real special token)."""
+    typed, which is plain text, looks different from the real special token). The bytes between two special
+    tokens are decoded as one sequence (pipeline.tokens.display_text): a character split over byte pieces
+    shows whole, a lone byte as <0xE6>."""
     out = ['<pre style="white-space:pre-wrap;font-size:13px;line-height:1.9;background:#f6f6f6;padding:8px;border-radius:6px">']
+    run = bytearray()
     for t in tokens:
         if t.special:
+            out.append(html.escape(display_text(bytes(run))))
+            run.clear()
             out.append(
                 f'<span style="background:{SPECIAL};color:#fff;border-radius:3px;padding:0 3px" title="special token, id {t.id}">{html.escape(t.piece)}</span>'
             )
         else:
-            out.append(html.escape(t.bytes.decode("utf-8", errors="replace")))
+            run.extend(t.bytes)
+    out.append(html.escape(display_text(bytes(run))))
     out.append("</pre>")
     return "".join(out)
+
+
+def marked_html(before: str, marked: str, after: str, title: str) -> str:
+    """A text with one token set apart by a box drawn around it (never by characters inside the text, which a
+    reader would take for the model's): before + [marked] + after, verbatim, `title` on hover."""
+    box = f'<span style="outline:2px solid #D55E00;outline-offset:1px;border-radius:2px" title="{html.escape(title)}">{html.escape(marked)}</span>'
+    return (
+        '<pre style="white-space:pre-wrap;font-size:15px;line-height:1.9;background:#f6f6f6;padding:8px;border-radius:6px;margin:0">'
+        f"{html.escape(before)}{box}{html.escape(after)}</pre>"
+    )

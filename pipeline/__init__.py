@@ -19,7 +19,7 @@ from .generation import GenerationRecord, generate, metrics
 from .models import EMBEDDED, GEMMA, LoadedModel, ModelLoadError, available_models, load_model
 from .sampling import DEFAULTS, GREEDY, Sampling
 from .speculative import speculative_generate
-from .tokens import Segment, Token, tokenize
+from .tokens import Segment, Token, text_of, tokenize
 from .tracing import Trace, TraceError, trace
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "ModelLoadError",
     "EMBEDDED",
     "GEMMA",
+    "text_of",
     "tokenize",
     "Token",
     "Segment",

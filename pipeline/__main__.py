@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from .tokens import text_of
+
 
 def _load(args):
     from .models import load_model
@@ -55,7 +57,7 @@ def cmd_next(args, out):
     tr = trace(lm, args.prompt, chat=args.chat)
     p = filter_probs(tr.next_logits, args.temperature, args.top_k, args.top_p, args.min_p).numpy()
     order = np.argsort(-p)[: args.n]
-    cands = [{"id": int(i), "text": lm.tokenizer.decode([int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
+    cands = [{"id": int(i), "text": text_of(lm.tokenizer, [int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
     res = {
         "model": lm.label,
         "prompt": args.prompt,
@@ -108,8 +110,8 @@ def cmd_trace(args, out):
             "next_logits": list(tr.next_logits.shape),
         },
         "residual_norm_last_token": [round(float(x), 3) for x in tr.resid_norm[:, -1]],
-        "logit_lens_last_token": [{"layer": i, "top": lm.tokenizer.decode([top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
-        "next_token": {"id": nxt, "text": lm.tokenizer.decode([nxt])},
+        "logit_lens_last_token": [{"layer": i, "top": text_of(lm.tokenizer, [top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
+        "next_token": {"id": nxt, "text": text_of(lm.tokenizer, [nxt])},
         "timings_ms": {k: round(v * 1000, 2) for k, v in tr.timings.items()},
     }
     if args.json:
@@ -139,7 +141,7 @@ def cmd_generate(args, out):
             {
                 "prompt": p,
                 "tokens": [e.token_id for e in ev],
-                "text": lm.tokenizer.decode([e.token_id for e in ev], skip_special_tokens=True),
+                "text": text_of(lm.tokenizer, [e.token_id for e in ev], specials=False),
                 "finished": ev[-1].finished if ev else None,
                 "ttft_ms": round(ev[0].t_s * 1000, 1) if ev else None,
                 "max_batch": max((e.batch for e in ev), default=0),

@@ -12,6 +12,7 @@ import torch
 
 from .memo import per_object
 from .models import LoadedModel
+from .tokens import text_of
 from .tracing import Trace
 
 
@@ -97,7 +98,7 @@ def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[in
     out = []
     for s, i in zip(vals.tolist(), idx.tolist()):
         if i != token_id:
-            out.append((i, lm.tokenizer.decode([i]), s))
+            out.append((i, text_of(lm.tokenizer, [i]), s))
     return out[:k]
 
 

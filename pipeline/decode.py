@@ -26,6 +26,7 @@ import torch
 from .models import LoadedModel
 from .sampling import GREEDY, Sampling, filter_probs
 from .timing import syncer
+from .tokens import text_of
 
 
 @dataclass
@@ -138,8 +139,9 @@ def open_step(lm: LoadedModel, cache: str = "dynamic", n_positions: int = 0, use
 
 
 def token_texts(tokenizer):
-    """Single-id decode with a cache (candidates repeat from step to step)."""
-    return lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
+    """One token's text (tokens.text_of: a byte piece as `<0xE6>`, never U+FFFD), cached (candidates repeat from
+    step to step)."""
+    return lru_cache(maxsize=65536)(lambda i: text_of(tokenizer, [i]))
 
 
 def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:

@@ -19,7 +19,7 @@ from .events import Finish, StepEvent, eos_ids
 from .models import LoadedModel
 from .sampling import GREEDY, Sampling
 from .timing import Busy, Ratios, Samples, ids_of_length, syncer
-from .tokens import tokenize
+from .tokens import text_of, tokenize
 from .tracing import TraceError, check_prompt
 
 MAX_NEW_TOKENS = 1024
@@ -45,7 +45,7 @@ class GenerationRecord:
 
     def text(self, tokenizer) -> str:
         """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
-        return tokenizer.decode([e.token_id for e in self.events], skip_special_tokens=True)
+        return text_of(tokenizer, [e.token_id for e in self.events], specials=False)
 
     @property
     def label(self) -> str:

@@ -18,6 +18,7 @@ import torch
 from .checks import Check
 from .models import LoadedModel
 from .sampling import entropy_bits, filter_probs
+from .tokens import text_of
 
 
 # ---------------------------------------------------------------- 1. "it writes the whole answer, then streams it"
@@ -87,7 +88,7 @@ def word_pieces(tokenizer, forms: list[str] | None = None) -> WordPieces:
     rows = []
     for w in forms:
         ids = tokenizer(w, add_special_tokens=False)["input_ids"]
-        rows.append({"text": w, "pieces": [tokenizer.decode([i]) for i in ids], "ids": ids})
+        rows.append({"text": w, "pieces": [text_of(tokenizer, [i]) for i in ids], "ids": ids})
     apple = {r["text"]: tuple(r["ids"]) for r in rows if r["text"].strip().lower() == "apple"}
     multi = [r["text"] for r in rows if len(r["ids"]) > 1]
     back = all(tokenizer.decode(r["ids"]) == r["text"] for r in rows)

@@ -13,8 +13,10 @@ BOS/EOS additions.
 
 from __future__ import annotations
 
+import codecs
 import json
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -133,9 +135,56 @@ def piece_bytes(tok, piece: str, tid: int, scheme: str) -> bytes:
     return tok.decode([tid]).encode("utf-8")
 
 
+def _bytes_as_pieces(err: UnicodeDecodeError):
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start : err.end]), err.end
+
+
+codecs.register_error("llm_explorer.bytes", _bytes_as_pieces)
+
+
 def display_text(b: bytes) -> str:
-    """Decoded bytes; bytes that are only part of a character are shown as \\xNN escapes."""
-    return b.decode("utf-8", errors="backslashreplace")
+    """Decoded bytes; bytes that are only part of a character are shown as byte pieces, `<0xE6>` (the way
+    SentencePiece vocabularies spell them), never as the replacement glyph U+FFFD."""
+    return b.decode("utf-8", errors="llm_explorer.bytes")
+
+
+@per_object
+def _id_bytes(tok):
+    """id -> (exact bytes, special) for one tokenizer, cached (a page asks for the same ids again and again)."""
+    scheme = _scheme(tok)
+    special_ids = set(getattr(tok, "all_special_ids", []) or [])
+    ref = weakref.ref(tok)  # the memo's value must not hold its key alive
+
+    @lru_cache(maxsize=65536)
+    def of(tid: int) -> tuple[bytes, bool]:
+        tok = ref()
+        piece = tok.convert_ids_to_tokens(int(tid))
+        if piece is None:
+            return b"", False
+        if tid in special_ids:
+            return piece.encode("utf-8"), True
+        return piece_bytes(tok, piece, int(tid), scheme), False
+
+    return of
+
+
+def text_of(tok, ids, specials: bool = True) -> str:
+    """THE way token ids become text on a page, a slide or an export: the ids' exact bytes joined and decoded as
+    one sequence (so a character split over several byte pieces shows whole, as the model has it), a byte that
+    is only part of a character as `<0xE6>`, and special tokens as their piece (`<|im_end|>`), or left out with
+    `specials=False` (an answer as a reader sees it). One id gives that token's own text."""
+    of, out, run = _id_bytes(tok), [], bytearray()
+    for tid in ids:
+        b, special = of(int(tid))
+        if special:
+            out.append(display_text(bytes(run)))
+            run.clear()
+            if specials:
+                out.append(b.decode("utf-8"))
+        else:
+            run.extend(b)
+    out.append(display_text(bytes(run)))
+    return "".join(out)
 
 
 def chat_parts(tok, prompt: str) -> list[tuple[str, bool]] | None:

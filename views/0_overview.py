@@ -2,6 +2,7 @@ import streamlit as st
 
 import pipeline
 from components.figures import timings_bar
+from pipeline.tokens import text_of
 from views import guard, loading, render, runs
 
 lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
@@ -40,7 +41,7 @@ f = tr.facts
 nxt = int(tr.next_logits.argmax())
 c = st.columns(4)
 c[0].metric("Tokens in", tr.T)
-c[1].metric("Most likely next token", repr(lm.tokenizer.decode([nxt])))
+c[1].metric("Most likely next token", repr(text_of(lm.tokenizer, [nxt])))
 wall = tr.timings["forward total"]
 c[2].metric(
     "Forward pass",

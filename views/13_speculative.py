@@ -5,6 +5,7 @@ from components.speculative import legend_html, steps_html
 from pipeline import checks
 from pipeline.sampling import Sampling
 from pipeline.speculative import compare_with_plain, expected_tokens_per_call
+from pipeline.tokens import text_of
 from views import generating, guard, loading, render, runs
 
 COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
@@ -128,10 +129,10 @@ if sp.noisy and sp.values:
     )
 render.busy_note("spec")
 render.html_view(
-    legend_html() + steps_html(res.steps, lambda t: lm.tokenizer.decode([t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
+    legend_html() + steps_html(res.steps, lambda t: text_of(lm.tokenizer, [t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
 )
 st.markdown("**Output:**")
-render.verbatim(lm.tokenizer.decode(res.tokens, skip_special_tokens=True))
+render.verbatim(text_of(lm.tokenizer, res.tokens, specials=False))
 if got.sampling.greedy:
     st.markdown(
         render.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "

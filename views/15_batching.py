@@ -9,6 +9,7 @@ from components.tokens import lit
 from pipeline import checks
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
 from pipeline.timing import Samples
+from pipeline.tokens import text_of
 from views import generating, guard, loading, render, runs
 
 st.title("15 · Continuous batching: serving many users")
@@ -248,7 +249,7 @@ else:
     with st.expander("The answers"):
         for u in cont.users:
             st.markdown(f"**{lit(u.name)}** ({len(u.token_ids)} tokens)")
-            render.verbatim(lm.tokenizer.decode(u.token_ids, skip_special_tokens=True))
+            render.verbatim(text_of(lm.tokenizer, u.token_ids, specials=False))
 
     def scene_checks():
         alone = {u.name: run_alone(lm, u, chat=chat_run, stop_at_eos=eos_run) for u in users}

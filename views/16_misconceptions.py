@@ -1,8 +1,9 @@
 import plotly.graph_objects as go
 import streamlit as st
 
-from components.tokens import lit, visible
+from components.tokens import lit, marked_html, visible
 from pipeline import misconceptions as mc
+from pipeline.tokens import text_of
 from views import guard, loading, render, runs
 
 st.title("16 · Common misconceptions, tested")
@@ -34,12 +35,18 @@ if st.button("Generate, then force one token", key="myth_force", type="primary")
             guard.fail(e, "run this experiment")
 forced = loading.recall("myth_force")
 if forced is not None:
-    dec = lambda ids: tok.decode(ids)  # noqa: E731
-    k = forced.at
+    k, orig = forced.at, forced.original
+    st.markdown("**The prompt** (from the sidebar):")
+    render.verbatim(tr.prompt, max_lines=4)
     st.markdown("**As generated** (greedy):")
-    render.verbatim(dec(forced.original[:k]) + "[" + dec(forced.original[k : k + 1]) + "]" + dec(forced.original[k + 1 :]))
-    st.markdown(f"**With the runner-up {lit(repr(visible(dec([forced.forced]))))} forced at step {k}**, then greedy again:")
-    render.verbatim(dec(forced.original[:k]) + "[" + dec([forced.forced]) + "]" + dec(forced.after))
+    render.html_view(
+        marked_html(text_of(tok, orig[:k]), text_of(tok, orig[k : k + 1]), text_of(tok, orig[k + 1 :]), f"step {k}: the model's own choice"), "as generated"
+    )
+    st.markdown(f"**With the runner-up {lit(repr(visible(text_of(tok, [forced.forced]))))} forced at step {k}**, then greedy again:")
+    render.html_view(
+        marked_html(text_of(tok, orig[:k]), text_of(tok, [forced.forced]), text_of(tok, forced.after), f"step {k}: the runner-up, forced"), "forced"
+    )
+    st.caption(f"The box marks step {k} (drawn by this page, not part of either text): the model's own choice above, the forced runner-up below.")
     render.figure(
         go.Figure(go.Bar(x=list(range(len(forced.step_ms))), y=forced.step_ms, marker_color="#0072B2")).update_layout(
             title="Each token its own forward pass: time per step (ms)", xaxis_title="step", yaxis_title="ms", height=300
@@ -65,13 +72,13 @@ render.show_checks(words.checks)
 # 3 ------------------------------------------------------------------------------------------------------
 myth('"A higher temperature makes the model smarter."', "Temperature changes randomness, not knowledge: a model at temperature 2.0 does not know more.")
 temps = mc.temperature_sweep(tr.next_logits)
-top = tok.decode([temps.rows[0].top_id])
+top = text_of(tok, [temps.rows[0].top_id])
 render.table(
     "temperature",
     [
         {
             "temperature": r.temperature,
-            "most likely token": repr(tok.decode([r.top_id])),
+            "most likely token": repr(text_of(tok, [r.top_id])),
             "its probability": round(r.top_p, 3),
             "entropy (bits)": round(r.entropy_bits, 2),
             "candidates for 90%": r.n_for_90,

@@ -4,6 +4,7 @@ import streamlit as st
 from components.figures import labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
 from components.tokens import plot_text, visible
 from pipeline import checks
+from pipeline.tokens import text_of
 from pipeline.tracing import LENS_GRID_MAX, lens_grid
 from views import render, runs
 
@@ -51,7 +52,7 @@ st.subheader("Logit lens")
 rows = []
 for i, top in enumerate(tr.lens_last_top):
     rows.append(
-        {"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(lm.tokenizer.decode([t]))} ({p:.2f})" for r, (t, p) in enumerate(top)}}
+        {"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(text_of(lm.tokenizer, [t]))} ({p:.2f})" for r, (t, p) in enumerate(top)}}
     )
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
 render.table("layers", rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
@@ -62,7 +63,7 @@ if auto or st.button(
 ):
     with st.spinner("Reading the stored hidden states through the final norm and output matrix…"):
         positions, ids, probs = lens_grid(lm, tr)
-    texts = [[plot_text(visible(lm.tokenizer.decode([int(t)]))[:8]) for t in row] for row in ids]
+    texts = [[plot_text(visible(text_of(lm.tokenizer, [int(t)]))[:8]) for t in row] for row in ids]
     render.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
 
 

@@ -2,8 +2,10 @@ import numpy as np
 import streamlit as st
 
 from components.figures import sampling_figure
+from components.fmt import prob
 from components.tokens import lit, plot_text, visible
 from pipeline import checks, sampling
+from pipeline.tokens import text_of
 from views import loading, render, runs
 
 st.title("5 · Next token")
@@ -27,7 +29,7 @@ n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show", bind="query-pa
 steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
-cands = [plot_text(f"{visible(lm.tokenizer.decode([int(i)]))!r} ({int(i)})") for i in order]
+cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r} ({int(i)})") for i in order]
 render.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
@@ -53,8 +55,10 @@ if s1.button("Sample", type="primary"):
 sampled = loading.recall("sampled")
 if sampled is not None and sampled[0] == tr.text:
     _, tid, p, p_raw, sd = sampled
-    s2.markdown(f"Seed {sd} drew **{lit(repr(visible(lm.tokenizer.decode([tid]))))}** (id {tid}): p = {p:.3f} after the filters, {p_raw:.3f} before them:")
-    render.verbatim(tr.text + lm.tokenizer.decode([tid]), s2, max_lines=8)
+    s2.markdown(
+        f"Seed {sd} drew **{lit(repr(visible(text_of(lm.tokenizer, [tid]))))}** (id {tid}): p = {prob(p)} after the filters, {prob(p_raw)} before them:"
+    )
+    render.verbatim(text_of(lm.tokenizer, [*tr.input_ids, tid]), s2, max_lines=8)
 
 render.how_do_we_know(
     lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), checks.check_logits(lm, tr)[0]],

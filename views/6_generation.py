@@ -1,6 +1,7 @@
 import streamlit as st
 
-from components.generation import distribution_figure, step_times_figure
+from components.fmt import prob
+from components.generation import distribution_figure, step_times_figure, token_labels
 from components.tokens import lit, visible
 from pipeline import checks
 from pipeline.generation import metrics
@@ -41,7 +42,7 @@ if not go:
     render.verbatim(rec.text(lm.tokenizer), out)
 st.caption(f"Run: {rec.label}.")
 if not rec.done:
-    st.warning(f"Stopped after {len(ev)} tokens; they are kept below.")
+    st.warning(f"Stopped after {len(ev)} tokens; what was generated is shown above.")
 elif ev[-1].finished == "eos":
     st.caption("Stopped at the end-of-sequence token.")
 m = metrics(ev)
@@ -52,19 +53,18 @@ c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s els
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)
 render.busy_note(rec.busy)
-SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 pick = st.pills(
     "Generated tokens (click one; the small number is its position)",
     list(range(len(ev))),
     default=len(ev) - 1 if ev else None,
-    format_func=render.labeller([f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(ev)]),
+    format_func=render.labeller(token_labels(ev)),
     key="gen_pick",
 )
 if pick is not None:
     e = ev[pick]
     st.markdown(
-        f"Token {pick} (**{e.phase}**): {lit(repr(visible(e.text)))}, id {e.token_id}, p = {e.p:.3f} after the "
-        f"filters ({e.p_raw:.3f} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
+        f"Token {pick} (**{e.phase}**): {lit(repr(visible(e.text)))}, id {e.token_id}, p = {prob(e.p)} after the "
+        f"filters ({prob(e.p_raw)} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
     )
     render.figure(distribution_figure(e), "distribution")
 render.figure(step_times_figure(ev), "step times")

@@ -13,6 +13,7 @@ import demo
 import pipeline
 from components.tokens import lit
 from pipeline.timing import ACTIVITY
+from pipeline.tokens import text_of
 from pipeline.tracing import TraceError, check_prompt
 from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap, policy
 from views.loading import _loader, _loaders, get_model, model_key, remember
@@ -77,7 +78,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if own:
         nxt, p = pipeline.sampling.top_token(tr.next_logits)
         where = st.session_state.get("_run_caption") or st.sidebar
-        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lit(repr(lm.tokenizer.decode([nxt])))}** (p = {p:.2f})")
+        where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lit(repr(text_of(lm.tokenizer, [nxt])))}** (p = {p:.2f})")
     return lm, tr
 
 

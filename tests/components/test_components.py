@@ -16,8 +16,8 @@ def _toks():
         Token(1, "<s>", b"", "<s>", 0, 0, True, 0),
         Token(72, "Hi", b"Hi", "Hi", 0, 2, False, 1),
         Token(5, "\u0120<", b" <", " <", 2, 4, False, 2),
-        Token(9, "x", b"\xf0\x9f", "\\xf0\\x9f", 4, 5, False, 3),
-        Token(10, "y", b"\x91\x8b", "\\x91\\x8b", 4, 5, False, 3),
+        Token(9, "x", b"\xf0\x9f", "<0xF0><0x9F>", 4, 5, False, 3),
+        Token(10, "y", b"\x91\x8b", "<0x91><0x8B>", 4, 5, False, 3),
     )
     segs = (Segment("", 0, 0, (0,)), Segment("Hi", 0, 2, (1,)), Segment(" <", 2, 4, (2,)), Segment("👋", 4, 5, (3, 4)))
     return toks, segs
