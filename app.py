@@ -54,13 +54,21 @@ TAKEAWAYS = {
 }
 ORDER = PAGES + AFTER + FASTER
 OPERATOR = st.Page("views/operator.py", title="Operator", icon=":material/admin_panel_settings:", url_path="operator", visibility="hidden")
-page = st.navigation({"Before the first token": PAGES, "After it": AFTER, "Faster inference": FASTER, "": [OPERATOR]}, expanded=True)
+# One flat list (the stage numbers carry the order): with section headers Streamlit draws headers and items as
+# children of a <div> inside its <ul>, which screen readers cannot read as a list (axe-core: list, listitem).
+page = st.navigation([*ORDER, OPERATOR], expanded=True)
 demo_mode = guard.policy().enabled
 if demo_mode:
     loading.warm()  # the operator's models load at the first visit, in the background
 sidebar.sidebar()
 at = next((i for i, p in enumerate(ORDER) if p.title == page.title), 0)
-render.page_header(page.title, TAKEAWAYS.get(page.title, ""), ORDER[at - 1] if at > 0 else None, ORDER[at + 1] if at + 1 < len(ORDER) else None)
+render.page_header(
+    page.title,
+    TAKEAWAYS.get(page.title, ""),
+    ORDER[at - 1] if at > 0 else None,
+    ORDER[at + 1] if at + 1 < len(ORDER) else None,
+    stages=[(p.title, TAKEAWAYS[p.title]) for p in ORDER[1:]],
+)
 if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
     try:
         page.run()

@@ -74,19 +74,62 @@ def timings_bar(timings: dict[str, float]) -> go.Figure:
 
 
 # ---------------------------------------------------------------------------- embeddings
+SPOTS = {  # textposition -> where its label box sits relative to the point, in label widths / heights
+    "top center": (-0.5, 0.3),
+    "bottom center": (-0.5, -1.3),
+    "middle right": (0.1, -0.5),
+    "middle left": (-1.1, -0.5),
+    "top right": (0.05, 0.2),
+    "top left": (-1.05, 0.2),
+    "bottom right": (0.05, -1.2),
+    "bottom left": (-1.05, -1.2),
+}
+
+
+def place_labels(x, y, labels, width: float = 900, height: float = 420, font: float = 12, log_x: bool = False, log_y: bool = False) -> list[str]:
+    """A textposition per point so that labels avoid each other and the points: greedy, each label takes the spot
+    around its point whose box (estimated at 0.6 em a character) overlaps least with the labels placed before it
+    and with every point. The plot area is taken as `width` x `height` px."""
+    px = np.log10(np.maximum(np.asarray(x, float), 1e-30)) if log_x else np.asarray(x, float)
+    py = np.log10(np.maximum(np.asarray(y, float), 1e-30)) if log_y else np.asarray(y, float)
+    if len(px) == 0:
+        return []
+    span = lambda v: (v.max() - v.min()) or 1.0  # noqa: E731
+    X, Y = (px - px.min()) / span(px) * width, (py - py.min()) / span(py) * height
+    boxes, out = [], []
+    dots = [(X[i] - 4, Y[i] - 4, X[i] + 4, Y[i] + 4) for i in range(len(X))]
+
+    def overlap(a, b):
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    def box(i, spot, w, h):
+        dx, dy = SPOTS[spot]
+        return (X[i] + dx * w, Y[i] + dy * h, X[i] + (dx + 1) * w, Y[i] + (dy + 1) * h)
+
+    def cost(i, spot, w, h):
+        b = box(i, spot, w, h)
+        outside = (b[0] < 0 or b[2] > width) * w * h  # a label off the plot's side is as bad as one covered
+        return sum(overlap(o, b) for o in boxes + dots) + outside
+
+    for i in np.argsort(X):
+        w, h = 0.6 * font * max(1, len(str(labels[i]))), font * 1.2
+        best = min(SPOTS, key=lambda s: cost(i, s, w, h))
+        boxes.append(box(i, best, w, h))
+        out.append((i, best))
+    return [s for _, s in sorted(out)]
+
+
 def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2, var: np.ndarray | None = None) -> go.Figure:
     colors = {"prompt": BLUE, "reference": ORANGE}
     fig = go.Figure()
+    spots = place_labels(coords[:, 0], coords[:, 1], labels) if dims == 2 else []  # labels that avoid each other
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
-        # labels of points neighbouring along x alternate above / below / right / left: fewer overlaps
-        spots = ["top center", "bottom center", "middle right", "middle left"]
-        rank = np.argsort(np.argsort(coords[idx, 0]))
         kw = dict(
             mode="markers+text",
             name=g,
             text=[labels[i] for i in idx],
-            textposition=[spots[r % 4] for r in rank] if dims == 2 else "top center",
+            textposition=[spots[i] for i in idx] if dims == 2 else "top center",
             marker=dict(size=8, color=colors.get(g, GREEN)),
         )
         if dims == 3:
@@ -168,8 +211,16 @@ def learned_positions_figure(pos_emb: np.ndarray) -> go.Figure:
 
 
 # ------------------------------------------------------------------------------ attention
-def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0) -> go.Figure:
-    """One layer's heads as a grid of heatmaps [H, T', T'], causal upper triangle masked (blank)."""
+ATTENTION_SCALES = {
+    "linear": "colour = the weight, 0 to 1",
+    "log": "colour = log₁₀ of the weight, 0.0001 to 1: small weights stay visible next to the first-token sink",
+    "row": "colour = the weight ÷ its row's largest: each query's own pattern, whatever the sink takes",
+}
+
+
+def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0, scale: str = "linear") -> go.Figure:
+    """One layer's heads as a grid of heatmaps [H, T', T'], causal upper triangle masked (blank). `scale`: one of
+    ATTENTION_SCALES (on long prompts the first token soaks up most weight and a linear scale shows little else)."""
     H, n, _ = maps.shape
     cols = min(max_cols, H)
     rows = -(-H // cols)
@@ -189,25 +240,35 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
         ticks = [f"{i * block}–{min(len(labels), (i + 1) * block) - 1}" for i in range(n)]
     mask = np.triu(np.ones((n, n), bool), k=1)
     for h in range(H):
-        z = maps[h].astype(np.float32).copy()
-        z[mask] = np.nan
+        w = maps[h].astype(np.float32).copy()
+        w[mask] = np.nan
+        if scale == "log":
+            z, lo, hi = np.log10(np.maximum(w, 1e-4)), -4, 0
+            bar = dict(tickvals=[-4, -3, -2, -1, 0], ticktext=["0.0001", "0.001", "0.01", "0.1", "1"], title="weight")
+        elif scale == "row":
+            z, lo, hi = w / np.maximum(np.nanmax(w, axis=1, keepdims=True), 1e-9), 0, 1
+            bar = dict(title="÷ row max")
+        else:
+            z, lo, hi, bar = w, 0, 1, dict(title="weight")
         fig.add_trace(
             go.Heatmap(
                 z=np.round(z, 3),
+                customdata=np.round(w, 4),
                 x=ticks,
                 y=ticks,
                 colorscale=SEQ,
-                zmin=0,
-                zmax=1,
+                zmin=lo,
+                zmax=hi,
                 showscale=(h == 0),
-                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+                colorbar=bar,
+                hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
             ),
             row=h // cols + 1,
             col=h % cols + 1,
         )
-    size = 9 if n <= 16 else (7 if n <= 48 else 5)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, tickfont=dict(size=size), type="category", dtick=1)
-    fig.update_xaxes(showticklabels=False, tickfont=dict(size=size), tickangle=-60, type="category", dtick=1)
+    step = 1 if n <= 20 else -(-n // 20)  # at most 20 labels an axis: 12-px text that never overlaps
+    fig.update_yaxes(autorange="reversed", showticklabels=False, type="category", dtick=step)
+    fig.update_xaxes(showticklabels=False, tickangle=-60, type="category", dtick=step)
     if labelled:  # token names once: left column, and under each column's last map
         fig.update_yaxes(showticklabels=True, col=1)
         for h in range(max(0, H - cols), H):

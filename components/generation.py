@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks
+from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
 from .tokens import lit, plot_text, visible
 
 
@@ -236,13 +236,22 @@ def roofline_figure(r) -> go.Figure:
     lo, hi = min(xs + [r.ridge]) / 3, max(xs + [r.ridge]) * 3
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)", line=dict(color=GREY, width=3)))
+    every = [(phase, o) for phase in ("prefill", "decode") for o in r.phases[phase].ops]
+    spots = dict(
+        zip(
+            [id(o) for _, o in every],
+            place_labels([o.intensity for _, o in every], [o.flops / o.measured_s for _, o in every], [o.op for _, o in every], log_x=True, log_y=True),
+        )
+    )
     for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
         ph = r.phases[phase].ops
         fig.add_trace(
             go.Scatter(
                 x=[o.intensity for o in ph],
                 y=[o.flops / o.measured_s / 1e9 for o in ph],
-                mode="markers",
+                mode="markers+text",  # every point named on the figure: no hover needed
+                textposition=[spots[id(o)] for o in ph],
+                textfont=dict(color=color),
                 name=phase,
                 marker=dict(color=color, size=10),
                 text=[o.op for o in ph],
@@ -254,6 +263,20 @@ def roofline_figure(r) -> go.Figure:
     fig.add_annotation(
         x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte", showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED)
     )
+    roof_at = [bw * o.intensity for _, o in every]
+    above = [o for (ph, o), roof in zip(every, roof_at) if o.flops / o.measured_s > roof * 1.05 and o.intensity < r.ridge]
+    if above:  # said on the figure, not only in the page's caption
+        fig.add_annotation(
+            x=0.01,
+            y=0.99,
+            xref="paper",
+            yref="paper",
+            xanchor="left",
+            yanchor="top",
+            showarrow=False,
+            align="left",
+            text=f"{len(above)} point{'s' if len(above) > 1 else ''} above the memory roof: their operands came<br>from the CPU's caches, faster than the main-memory copy that sets the roof",
+        )
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
     fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g")
     return _layout(fig, "Roofline of one layer and the LM head on this device", height=460, legend=dict(orientation="h", y=-0.2))

@@ -7,7 +7,7 @@ from views import guard, loading, render, runs
 
 lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
 st.title("What happens between Enter and the first token")
-st.markdown(
+render.intro(
     "This explorer runs a **real language model** on your prompt with hooks on every stage and shows the "
     "numbers measured from that very run. Follow the stages in the order a prompt meets them: "
     "**tokenize** → **embeddings** → **positions** (RoPE) → **transformer layers** (norm, query/key/value, "
@@ -96,10 +96,10 @@ facts = {
 half = (len(facts) + 1) // 2
 cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):
-    col.dataframe([{"": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
+    col.table([{"fact": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
 where = "" if guard.policy().enabled else f" from `{lm.source}`"  # a demo server never shows its paths
 st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s.")
-render.figure(timings_bar(tr.timings), "timings bar")
+render.figure(timings_bar(tr.timings), "timings bar", main=True)
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
     "extra read-out this explorer adds; a plain model does not compute it."

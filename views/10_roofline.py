@@ -8,7 +8,7 @@ from pipeline.roofline import roofline
 from views import generating, guard, loading, render, runs
 
 st.title("10 · Roofline: compute-bound or memory-bound?")
-st.markdown(
+render.intro(
     "Every operation does some arithmetic (FLOPs) and moves some bytes. Its **arithmetic intensity** is FLOPs "
     "per byte. A device has a peak FLOP/s and a memory bandwidth; their ratio, the **ridge point**, says how "
     "much work per byte an operation needs before compute, not memory, limits it. **Prefill** pushes many "
@@ -61,7 +61,7 @@ if rec and len(rec.events) > 1:
         f"Measured on the Generation page: {mm.tokens_per_s:.1f} tokens/s, {mm.tokens_per_s / r.decode_ceiling_tokens_per_s:.0%} "
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
-render.figure(roofline_figure(r), "roofline")
+render.figure(roofline_figure(r), "roofline", main=True)
 render.busy_note("roof")
 st.caption(
     "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "

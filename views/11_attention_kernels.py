@@ -7,7 +7,7 @@ from pipeline.kernels import available_kernels, kernel_sweep, sweep_doubts
 from views import guard, loading, render, runs
 
 st.title('11 · Attention kernels ("FlashAttention")')
-st.markdown(
+render.intro(
     "Plain (**eager**) attention computes the full T × T matrix of query·key scores in every layer, applies the "
     "softmax, then multiplies by the values: memory that grows with the square of the prompt. **Fused kernels** "
     "such as FlashAttention compute the same result in tiles, keeping a running softmax, so the T × T matrix is "
@@ -33,7 +33,7 @@ rows = loading.recall("kernels")
 if rows is None:
     st.info("Press **Run the kernels** (about a minute on a CPU).")
     st.stop()
-render.figure(kernels_figure(rows), "kernels")
+render.figure(kernels_figure(rows), "kernels", main=True)
 doubts = sweep_doubts(rows)
 if doubts:
     st.warning(

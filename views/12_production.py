@@ -7,7 +7,7 @@ from pipeline.generation import compare_cache_modes
 from views import generating, guard, loading, render, runs
 
 st.title("12 · Production mode: static cache, fused step, CUDA graph")
-st.markdown(
+render.intro(
     "The loop on the Generation page calls transformers' forward once per token. That forward is general: every step it "
     "builds masks and position tensors in Python, grows the KV cache by concatenation, and dispatches well over "
     "a thousand operators. At batch 1 a small model's matrices are tiny, so on a GPU the step is bounded by "
@@ -105,7 +105,7 @@ render.busy_note("prod")
 for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
-render.figure(cache_modes_figure(res.modes), "cache modes")
+render.figure(cache_modes_figure(res.modes), "cache modes", main=True)
 util_of = res.modes["dynamic"].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
 render.table(

@@ -11,7 +11,7 @@ from views import generating, guard, loading, render, runs
 COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
 
 st.title("13 · Speculative decoding")
-st.markdown(
+render.intro(
     "A decode step of a big model costs about the same for one token as for a handful, because it is bound by "
     "reading the weights. **Speculative decoding** exploits this: a cheap **draft** guesses γ tokens, the "
     "**target** model checks all of them in ONE forward pass, keeps the longest agreeing prefix and adds one "
@@ -129,7 +129,9 @@ if sp.noisy and sp.values:
     )
 render.busy_note("spec")
 render.html_view(
-    legend_html() + steps_html(res.steps, lambda t: text_of(lm.tokenizer, [t]), first_token=res.tokens[0] if res.tokens else None), "speculative calls"
+    legend_html() + steps_html(res.steps, lambda t: text_of(lm.tokenizer, [t]), first_token=res.tokens[0] if res.tokens else None),
+    "speculative calls",
+    main=True,
 )
 st.markdown("**Output:**")
 render.verbatim(text_of(lm.tokenizer, res.tokens, specials=False))

@@ -7,10 +7,11 @@ from pipeline import checks
 from pipeline.generation import metrics
 from pipeline.sampling import GREEDY
 from pipeline.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
+from pipeline.tokens import text_of
 from views import generating, loading, render, runs
 
 st.title("14 · Streaming & sharding")
-st.markdown(
+render.intro(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
     "as one message of a server-sent event stream. Below: a generation's events as the server would send them, "
     "and a replay at its measured pace."
@@ -33,14 +34,14 @@ if rec:
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
     render.busy_note(rec.busy)
-    st.code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
+    st.container(key="main_figure").code("".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text")
     if st.button("Replay at the measured pace", key="sse_replay"):
-        out, text, prev = st.empty(), "", 0.0
-        for e in ev:
+        out, prev = st.empty(), 0.0
+        for n, e in enumerate(ev, 1):
             time.sleep(min(1.0, max(0.0, e.t_s - prev)))
-            prev, text = e.t_s, text + e.text
-            render.verbatim(text, out, cursor=True)
-        render.verbatim(text, out)
+            prev = e.t_s
+            render.verbatim(text_of(lm.tokenizer, [x.token_id for x in ev[:n]], specials=False), out, cursor=True)
+        render.verbatim(rec.text(lm.tokenizer), out)
 
 st.subheader("Sharding: a plan computed from the config")
 n_dev = devices_present()

@@ -13,7 +13,7 @@ from pipeline.tokens import text_of
 from views import generating, guard, loading, render, runs
 
 st.title("15 · Continuous batching: serving many users")
-st.markdown(
+render.intro(
     "Alice, Bob, Charlie and Diana send requests to the same model. Served **one after another**, each waits "
     "for everyone before them. **Static batching** waits until the batch is complete, runs it together, and "
     "keeps every slot busy until the longest answer is done: short answers sit in the batch as padding. "
@@ -178,7 +178,7 @@ else:
         help=f"Continuous batching; the median of {n_reps} interleaved repeats (range {lat[cont.policy].lo:.2f}–{lat[cont.policy].hi:.2f} s)",
     )
     m[3].metric("Padding rows computed (static)", f"{static.padded_rows:,}", help="Decode rows static batching ran for answers that were already finished")
-    render.figure(gantt_figure(runs), "gantt")
+    render.figure(gantt_figure(runs), "gantt", main=True)
     render.figure(occupancy_figure(runs), "occupancy")
     c1, c2 = st.columns(2)
     render.figure(kv_figure(static), "kv memory, static", c1)

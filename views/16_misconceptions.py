@@ -7,7 +7,7 @@ from pipeline.tokens import text_of
 from views import guard, loading, render, runs
 
 st.title("16 · Common misconceptions, tested")
-st.markdown(
+render.intro(
     "The article ends by separating popular myths from what really happens. Each one below is put to the test "
     "on the loaded model and the sidebar's prompt: what the article claims, then what this run shows."
 )
@@ -52,6 +52,7 @@ if forced is not None:
             title="Each token its own forward pass: time per step (ms)", xaxis_title="step", yaxis_title="ms", height=300
         ),
         "steps",
+        main=True,
     )
     render.busy_note("myth_force")
     render.show_checks(forced.checks)

@@ -5,7 +5,7 @@ from components.tokens import chips_html, template_html, token_rows
 from views import loading, render, runs
 
 st.title("1 · Prompt & tokens")
-st.markdown(
+render.intro(
     "A model never sees characters. The **tokenizer** cuts your text into subword **pieces** from a fixed "
     "vocabulary and replaces each by its **token id**. Common words are one piece; rare words, names, emoji "
     "and other scripts split into several, down to single bytes. In chat mode the **chat template** wraps your "
@@ -22,7 +22,7 @@ c[1].metric("Tokens from your prompt", f"{n_prompt:,}")
 c[2].metric("Words", f"{len(prompt.split()):,}", help="Of your prompt, split at whitespace")
 c[3].metric("Characters", f"{len(prompt):,}", help=f"Of your prompt, Unicode code points; {len(prompt.encode('utf-8')):,} bytes in UTF-8")
 c[4].metric("Characters per token", f"{len(prompt) / max(1, n_prompt):.2f}", help="Of your prompt")
-render.html_view(chips_html(tr.tokens, tr.segments), "token chips")
+render.html_view(chips_html(tr.tokens, tr.segments), "token chips", main=True)
 st.caption(
     "· is a space, ↵ a newline, → a tab, ␀ a NUL. A chip with several ids under it is one character (say an emoji) that the tokenizer split into byte pieces."
 )

@@ -6,7 +6,7 @@ from pipeline import analysis, checks
 from views import render, runs
 
 st.title("2 · Embeddings & positions")
-st.markdown(
+render.intro(
     "Each token id selects one **row of the embedding matrix**: a vector of numbers that is the token's "
     "starting meaning. Tokens used alike end up near each other. An embedding knows nothing about context "
     "or order: *Apple* gets the same vector in both sentences below, and *Dog bites man* holds the same "
@@ -46,7 +46,7 @@ if emap is not None:
     labels = [plot_text(s) for s in token_texts(tr.tokens) + emap.words]
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
     dims = st.segmented_control("Projection", [2, 3], default=2, format_func=render.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
-    render.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca")
+    render.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca", main=True)
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 

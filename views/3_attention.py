@@ -2,13 +2,13 @@ import numpy as np
 import streamlit as st
 
 from components import bertviz_offline
-from components.figures import attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image, token_texts, without_sink
+from components.figures import ATTENTION_SCALES, attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image, token_texts, without_sink
 from pipeline import analysis, checks
 from pipeline.tracing import display_maps
 from views import render, runs
 
 st.title("3 · Attention")
-st.markdown(
+render.intro(
     "In every layer each token asks which earlier tokens matter to it. It makes a **query** (what am I "
     "looking for?); every token makes a **key** (what do I contain?) and a **value** (what do I pass on?). "
     "Query·key scores, scaled by 1/√(head dim) and passed through a **softmax**, give attention weights that "
@@ -42,15 +42,28 @@ if block > 1:
         f"{tr.T} tokens: each cell shows a block of {block} tokens (rows averaged, columns summed, so rows "
         "still sum to 1), one picture per head instead of millions of cells."
     )
-render.figure(attention_heads(maps, labels, block=block, layer=layer), "attention heads")
+scale = (
+    st.segmented_control(
+        "Colour scale",
+        list(ATTENTION_SCALES),
+        default="log" if tr.T > 64 else "linear",
+        format_func=render.labeller({"linear": "linear", "log": "log", "row": "per row"}),
+        key="attn_scale",
+        bind="query-params",
+        help="On a long prompt the first token takes most of the weight, and a linear scale shows little else",
+    )
+    or "linear"
+)
+render.figure(attention_heads(maps, labels, block=block, layer=layer, scale=scale), "attention heads", main=True, settings={"colour scale": scale})
+st.caption(f"Colour scale: {ATTENTION_SCALES[scale]}." + ("" if hide else " The first column is the attention sink; the toggle above hides it."))
 
 st.subheader("Every layer and head at a glance")
-st.image(
+render.image(
     mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
-    caption=f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
+    "all layers and heads",
+    f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
     "query down, key across (brighter = more weight: square root of the weight over the tile's largest, "
     "so weaker links show next to the first-token sink).",
-    width="stretch",
 )
 
 st.subheader("Query, key, value for one head")

@@ -9,7 +9,7 @@ from pipeline.tracing import LENS_GRID_MAX, lens_grid
 from views import render, runs
 
 st.title("4 · Inside a layer")
-st.markdown(
+render.intro(
     "Each transformer layer reads the **residual stream** (one vector per token), adds what **attention** "
     "found and then what the **feed-forward network** computed, and passes the sum on. Before each of the two "
     "sub-layers a **norm** (RMSNorm here) rescales the vector, so a stream that grows layer after layer is "
@@ -29,7 +29,7 @@ pos = st.selectbox(
     help="Starts at your prompt's last token (in chat mode the template adds a few after it); the "
     "logit lens below reads the very last position, whose prediction is the answer's first token",
 )
-render.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual")
+render.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual", main=True)
 c = st.columns(3)
 c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
 c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))

@@ -9,7 +9,7 @@ from pipeline.tokens import text_of
 from views import loading, render, runs
 
 st.title("5 · Next token")
-st.markdown(
+render.intro(
     "The last layer's vector is multiplied by the output matrix: one score, a **logit**, for every token in the "
     "vocabulary. **Softmax** turns logits into probabilities. **Temperature** divides the logits first "
     "(below 1 sharpens, above 1 flattens; 0 means always take the top). **Top-k** keeps the k most likely, "
@@ -30,7 +30,7 @@ steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r} ({int(i)})") for i in order]
-render.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars")
+render.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars", main=True)
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")

@@ -8,7 +8,7 @@ from pipeline.generation import metrics
 from views import generating, loading, render, runs
 
 st.title("6 · Generation: the autoregressive loop")
-st.markdown(
+render.intro(
     "After the first token the loop begins: the chosen token is appended to the input and the model runs "
     "again, one token at a time, until it emits an end-of-sequence token or reaches the limit. Thanks to the "
     "**KV cache** each step feeds only the newest token; the keys and values of everything before are reused. "
@@ -67,5 +67,5 @@ if pick is not None:
         f"filters ({prob(e.p_raw)} before); context {e.context_len} tokens; step {e.step_s * 1000:.1f} ms"
     )
     render.figure(distribution_figure(e), "distribution")
-render.figure(step_times_figure(ev), "step times")
+render.figure(step_times_figure(ev), "step times", main=True)
 render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)

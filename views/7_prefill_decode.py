@@ -8,7 +8,7 @@ from pipeline.generation import cache_off_sweep, cache_verdict, metrics, prefill
 from views import generating, guard, loading, render, runs
 
 st.title("7 · Prefill vs decode")
-st.markdown(
+render.intro(
     "Generation has two phases. **Prefill** runs the whole prompt through the model in one forward pass: "
     "every prompt token is processed in parallel and its keys and values go into the KV cache. Its end is the "
     "**time to first token** (TTFT). **Decode** then produces one token per forward pass, reading the cache "
@@ -43,7 +43,7 @@ else:
         )
     c[1].metric("Mean decode step", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—")
     c[2].metric("TTFT ÷ decode step", f"{m.ttft_s / m.tpot_s:.1f}×" if m.tpot_s else "—")
-    render.figure(step_times_figure(ev), "step times")
+    render.figure(step_times_figure(ev), "step times", main=True)
     render.busy_note(rec.busy)
 
 st.subheader("Prompt length sweep")

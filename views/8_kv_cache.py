@@ -9,7 +9,7 @@ from pipeline.sampling import GREEDY
 from views import generating, loading, render, runs
 
 st.title("8 · The KV cache")
-st.markdown(
+render.intro(
     "Every layer keeps the **keys** and **values** of every token seen so far, so a decode step only computes "
     "them for the newest token. The price is memory that grows with every token: "
     "**2 (K and V) × layers × KV heads × head dim × bytes per value** per token. Models with "
@@ -53,7 +53,7 @@ st.latex(
     rf"2 \times {f.n_layers} \times {f.n_kv_heads} \times {f.head_dim} \times {bpv}\,\mathrm{{B}} = "
     rf"{per_token:,}\ \mathrm{{bytes\ per\ token}}"
 )
-render.figure(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), "kv growth")
+render.figure(kv_growth_figure(ev, lambda n: kv_bytes_formula(lm, n)), "kv growth", main=True)
 render.figure(kv_layers_figure(last.kv_bytes_per_layer), "kv layers")
 n_sliding, keep = kv_window(lm)
 if n_sliding:

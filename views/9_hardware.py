@@ -8,7 +8,7 @@ from pipeline.telemetry import Sampler
 from views import generating, guard, loading, render, runs
 
 st.title("9 · Hardware")
-st.markdown(
+render.intro(
     "What the processor is doing while the model generates, sampled in the background during a real run. A "
     "language model is mostly **matrix multiplication**: every layer multiplies each token's vector by large "
     "weight matrices. GPUs exist to do exactly that in parallel. Below: this machine's measured matmul "
@@ -31,7 +31,7 @@ timeline = loading.recall("hw_timeline")
 if timeline is not None:
     if not timeline.source == "nvml":
         st.caption(f"Source: {timeline.source}. On an NVIDIA GPU this shows NVML utilisation, memory, power and clock.")
-    render.figure(telemetry_figure(timeline), "telemetry")
+    render.figure(telemetry_figure(timeline), "telemetry", main=True)
     rec = generating.last_generation("hw", lm)
     if rec:
         m = metrics(rec.events)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 import appstate
+import pipeline
 from components import export
+from views import guard
 from views.guard import fail
-from views.loading import recall
+from views.loading import model_key, recall
 
 
 # Widget callbacks: never a function or lambda defined in a page script. Streamlit keeps each widget's
@@ -43,16 +45,39 @@ def verbatim(text: str, where=None, cursor: bool = False, max_lines: int = 0):
 
 
 class PageExports:
-    """What the page drew in this run, for "Export this page": figures, tables and non-Plotly views."""
+    """What the page drew in this run, for "Export this page": figures (with the note that goes inside their
+    image), tables, images and non-Plotly views."""
 
     def __init__(self, title: str):
-        self.title, self.figures, self.tables, self.html = title, [], {}, {}
+        self.title, self.figures, self.tables, self.html, self.images = title, [], {}, {}, {}
 
     def stem(self) -> str:
         return export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
 
     def zip(self) -> bytes:
-        return export.page_zip(self.stem(), self.figures, self.tables, self.html)
+        return export.page_zip(self.stem(), self.figures, self.tables, self.html, images=self.images)
+
+
+# query parameters that are not a view's settings: the prompt and model are named on their own, the rest is plumbing
+NOT_SETTINGS = ("prompt", "model_choice", "present", "p", "view", "s", "chat")
+_LABELS: dict[str, str] = {}  # model key -> its label (a folder's label never changes)
+
+
+def context_note(settings: dict | None = None) -> str:
+    """What shaped this page's figures, for the line inside every exported image: the model, the prompt
+    (shortened), chat mode and the view's settings (its widgets bound to the link, and the page's own)."""
+    key = model_key()
+    if key not in _LABELS:
+        _LABELS.update({m.key: m.label for m in pipeline.available_models()})
+    model = _LABELS.get(key, key)
+    prompt = " ".join((st.session_state.get("prompt") or "").split())
+    prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
+    parts = [model, f"prompt “{prompt}”" + (" (chat template)" if st.session_state.get("chat") else "")]
+    view = {k: st.query_params.get(k) for k in st.query_params if k not in NOT_SETTINGS}
+    view |= {k: v for k, v in (settings or {}).items() if v is not None}
+    if view:
+        parts.append(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in view.items()))
+    return " · ".join(parts)
 
 
 def _exports() -> PageExports:
@@ -63,61 +88,152 @@ def presenting() -> bool:
     return bool(st.session_state.get("present"))
 
 
-def figure(fig, name: str = "", where=None, key: str | None = None) -> None:
+PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
+
+
+def figure(fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None) -> None:
     """A Plotly figure, ready for slides: its camera button saves a 3x PNG under a meaningful name, SVG and PNG
-    buttons under it (drawn on click, every label inside the canvas), and it joins the page's ZIP export. In
-    presentation mode the numbers are drawn on the figure (no hover needed)."""
+    buttons under it (drawn on click, with the page, the model, the prompt and the settings inside the image),
+    and it joins the page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
+    numbers are drawn on the figure: no hover needed). Its text alternative is its title and the numbers behind
+    it. `main`: the page's main figure, which presentation mode shows first, sized for the first screen.
+    `settings`: what shaped it beyond the view's linked widgets (named in the exported image)."""
     reg = _exports()
     title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
-    if presenting():
-        fig = export.labelled(fig)
+    present = presenting()
+    fig = export.labelled(fig) if present else type(fig)(fig)
+    export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
+    if present and main:
+        fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
     stem = export.slug(reg.title, title, (st.session_state.get("prompt") or "")[:40])
     w = where or st
+    if main:
+        w = w.container(key="main_figure")
     config = {"toImageButtonOptions": {"format": "png", "scale": export.SCALE, "filename": stem}, "displaylogo": False}
-    w.plotly_chart(fig, width="stretch", key=key, config=config)
-    reg.figures.append((title, fig))
+    # theme=None: the figure's own template, as exported (Streamlit's theme would redraw its text at 12 px)
+    w.plotly_chart(fig, width="stretch", key=key, config=config, alt=export.alt_text(fig, title), theme=None)
+    note = context_note(settings)
+    reg.figures.append((title, fig, note))
     n = len(reg.figures)
     row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
     row.download_button(
-        "SVG", _image_of(fig, "svg"), f"{stem}.svg", "image/svg+xml", key=f"svg_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
+        "SVG",
+        _image_of(fig, "svg", note, title),
+        f"{stem}.svg",
+        "image/svg+xml",
+        key=f"svg_{n}_{key or ''}",
+        icon=":material/download:",
+        type="tertiary",
+        on_click="ignore",
+        help=f"{title} as a vector image, for a slide",
     )
     row.download_button(
-        "PNG ×3", _image_of(fig, "png"), f"{stem}.png", "image/png", key=f"png_{n}_{key or ''}", icon=":material/download:", type="tertiary", on_click="ignore"
+        "PNG ×3",
+        _image_of(fig, "png", note, title),
+        f"{stem}.png",
+        "image/png",
+        key=f"png_{n}_{key or ''}",
+        icon=":material/download:",
+        type="tertiary",
+        on_click="ignore",
+        help=f"{title} as a 3x PNG, for a slide",
     )
 
 
-def _image_of(fig, fmt: str):
-    """Deferred: the image is drawn only when its button is clicked (a closure over the figure alone)."""
-    return lambda: export.image(fig, fmt)
+def _image_of(fig, fmt: str, note: str, title: str):
+    """Deferred: the image is drawn only when its button is clicked (a closure over the figure and its note)."""
+    return lambda: export.image(fig, fmt, note=note, title=title)
+
+
+def image(img, name: str, caption: str, where=None) -> None:
+    """A picture the page computed (an RGB array), shown with its caption as its text alternative, and saved as
+    PNG in the page's ZIP export."""
+    _exports().images[name] = img
+    (where or st).image(img, caption=caption, width="stretch", alt=f"{name}: {caption}")
+
+
+def intro(text: str) -> None:
+    """A page's opening explanation: read on the page; in presentation mode folded away (the teacher tells it),
+    so the first screen holds the takeaway and the main figure."""
+    if presenting():
+        with st.expander("What this page explains"):
+            st.markdown(text)
+    else:
+        st.markdown(text)
+
+
+TABLE_ROWS = 40  # up to this many rows a table is plain HTML (read by screen readers, copied, projected as is)
 
 
 def table(name: str, df, where=None, **kw) -> None:
-    """A table (a DataFrame or a list of row dicts) shown as usual, and saved as CSV in the page's ZIP export."""
+    """A table (a DataFrame or a list of row dicts), saved as CSV in the page's ZIP export. Short tables are an HTML
+    table (accessible: real cells, headers, one id each); long ones a scrolling data grid."""
     import pandas as pd
 
     df = df if isinstance(df, pd.DataFrame) else pd.DataFrame(df)
     _exports().tables[name] = df
-    (where or st).dataframe(df, **kw)
+    w = where or st
+    if len(df) <= TABLE_ROWS and not set(kw) - {"hide_index", "width"}:
+        w.table(df, alt=f"Table: {name}, {len(df)} rows", **kw)
+    else:
+        w.dataframe(df, **kw)
 
 
-def html_view(body: str, name: str, where=None) -> None:
-    """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export."""
+def html_view(body: str, name: str, where=None, main: bool = False) -> None:
+    """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export.
+    `main`: the page's main view, which presentation mode shows first."""
     _exports().html[name] = body
-    (where or st).html(body)
+    w = where or st
+    if main:
+        w = w.container(key="main_figure")
+    w.html(body)
 
 
-def page_header(title: str, takeaway: str, prev_page, next_page) -> None:
-    """The run's export registry; presentation mode's layout (no sidebar, larger type), the page's takeaway
-    and previous / next stage links; the toggle itself."""
+# Always: metric labels and values wrap instead of being cut ("Tokens the…" at 1024 px), and the sidebar's page
+# icons reach the WCAG AA contrast (Streamlit draws them at 60% opacity: 3.8:1 on its grey).
+BASE_CSS = (
+    "[data-testid='stMetricLabel'] *,[data-testid='stMetricValue'] *{white-space:normal!important;overflow:visible!important;"
+    "text-overflow:clip!important;overflow-wrap:anywhere}"
+    "[data-testid='stMetricValue']{white-space:normal!important;overflow:visible!important}"
+    "[data-testid='stSidebarNav'] span[color]{color:rgba(47,45,43,0.9)!important}"
+    "[data-testid='stCaptionContainer'],[data-testid='stCaptionContainer'] *{color:#5c5b5a!important;opacity:1!important}"  # captions: 6.5:1, not 3.9:1
+)
+# Presentation mode, for a projector (1280x720 and up): no sidebar and no toolbar; the page's row of links and
+# switches, its title, its takeaway and its main figure first (CSS order: the page's own order stays the
+# reading order of everything else); body text larger; every metric's value larger than its label.
+PRESENT_CSS = (
+    "section[data-testid='stSidebar'],[data-testid='stSidebarCollapsedControl'],[data-testid='stExpandSidebarButton'],"
+    "header[data-testid='stHeader']{display:none}"
+    ".stMainBlockContainer{max-width:100%;padding:1rem 3rem 3rem 3rem}"
+    ".stMainBlockContainer [data-testid='stMarkdownContainer'] p,.stMainBlockContainer li{font-size:1.3rem}"
+    ".stMainBlockContainer h1{font-size:2.1rem;padding:0.25rem 0}"
+    "[data-testid='stMetricLabel'] p{font-size:1.1rem!important}"
+    "[data-testid='stMetricValue']{font-size:2.6rem!important}"
+    "[data-testid='stMetricValue'] *{font-size:2.6rem!important}"
+    + "".join(
+        f".st-key-{k},[data-testid='stLayoutWrapper']:has(> .st-key-{k}){{order:{n}}}" for k, n in (("page_bar", -4), ("takeaway", -2), ("main_figure", -1))
+    )
+    + "[data-testid='stElementContainer']:has(h1){order:-3}"
+)
+
+
+def page_header(title: str, takeaway: str, prev_page, next_page, stages: list[tuple[str, str]] = ()) -> None:
+    """The run's export registry; one row of switches and downloads (presentation mode, the page's ZIP, the lesson
+    handout) and, in presentation mode, the previous / next stage as real links that carry the prompt and the
+    view's settings; presentation mode's layout and the page's takeaway."""
     st.session_state["_exports"] = reg = PageExports(title)
-    c = st.columns([6, 2, 2])
-    c[1].toggle(
+    if title not in _handout_computed():  # the minute-long experiments' figures, kept for the handout
+        st.session_state.setdefault("_drawn", {})[title] = (_drawn_key(), reg)
+    bar = st.container(horizontal=True, horizontal_alignment="right", vertical_alignment="center", key="page_bar", gap="medium")
+    links = bar.container(horizontal=True, vertical_alignment="center", gap="medium")  # filled once the switch is read
+    bar.toggle(
         "Presentation mode",
         key="present",
         bind="query-params",
-        help="For a projector or slides: no sidebar, larger type, numbers drawn on the figures. The link keeps it (?present=true).",
+        width="content",
+        help="For a projector or slides: no sidebar, larger type, the takeaway and the main figure first, numbers drawn on the figures. The link keeps it (?present=true).",
     )
-    c[2].download_button(
+    bar.download_button(
         "Export this page",
         reg.zip,
         f"{reg.stem()}.zip",
@@ -125,20 +241,67 @@ def page_header(title: str, takeaway: str, prev_page, next_page) -> None:
         key="export_page",
         on_click="ignore",
         icon=":material/folder_zip:",
-        help="Every figure of this page as SVG and 3x PNG, the numbers behind them as JSON, its tables as CSV, in one ZIP",
+        width="content",
+        help="Every figure of this page as SVG and 3x PNG (the model, prompt and settings inside each), the numbers behind them as JSON, its tables as CSV, in one ZIP",
     )
+    make = bar.button(
+        "Lesson handout",
+        key="handout_go",
+        icon=":material/school:",
+        width="content",
+        help="One HTML file for the whole path, opening offline: every stage's main figure and numbers for this prompt, in the article's order, with the cross-checks (about 10 seconds to make)",
+    )
+    st.html(f"<style>{BASE_CSS}{PRESENT_CSS if presenting() else ''}</style>")
     if presenting():
-        st.html(
-            "<style>section[data-testid='stSidebar'],[data-testid='stSidebarCollapsedControl'],[data-testid='stExpandSidebarButton']{display:none}"
-            ".stMainBlockContainer{max-width:100%;padding-left:3rem;padding-right:3rem}"
-            ".stMainBlockContainer p,.stMainBlockContainer li{font-size:1.3rem}</style>"
-        )
-        st.info(takeaway, icon=":material/lightbulb:")
-        n = st.columns([3, 3, 2])
+        carry = {k: st.query_params.get(k) for k in st.query_params}
+        short = lambda p: p.title.split(" · ")[0]  # noqa: E731 - "14": the row stays one line at 1280 px
         if prev_page is not None:
-            n[0].page_link(prev_page, label=f"← {prev_page.title}")
+            links.page_link(prev_page, label=f"← {short(prev_page)}", query_params=carry, help=f"Previous: {prev_page.title}")
         if next_page is not None:
-            n[1].page_link(next_page, label=f"{next_page.title} →")
+            links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry, help=f"Next: {next_page.title}")
+    _handout(stages, make)
+    if presenting():
+        st.container(key="takeaway").info(takeaway, icon=":material/lightbulb:")
+
+
+def _handout_computed() -> set:
+    from views.handout import COMPUTED
+
+    return set(COMPUTED) | {"Overview", "Operator"}
+
+
+def _drawn_key() -> tuple:
+    return (model_key(), st.session_state.get("prompt") or "", bool(st.session_state.get("chat")))
+
+
+def _handout(stages: list[tuple[str, str]], make: bool) -> None:
+    """Make the lesson handout on a click (with progress), then offer it for download for as long as the prompt,
+    chat mode and model stay the same. The minute-long experiments join it as this session last drew them."""
+    from views import handout, runs
+
+    key, kept = _drawn_key(), st.session_state.get("_handout")
+    if make and guard.allowed("the lesson handout"):
+        lm, tr = runs.get_trace()
+        drawn = {t: [(name, fig) for name, fig, _ in reg.figures] for t, (k, reg) in st.session_state.get("_drawn", {}).items() if k == key}
+        bar = st.progress(0.0, text="Making the handout…")
+        try:
+            body = lm.run(handout.build, lm, tr, stages, drawn, progress=lambda f, m: bar.progress(min(1.0, f), text=m))
+        except Exception as e:  # noqa: BLE001 - a failed handout is said, the page keeps serving
+            bar.empty()
+            fail(e, "make the handout")
+            return
+        bar.empty()
+        kept = st.session_state["_handout"] = (key, body.encode())
+    if kept is not None and kept[0] == key:
+        st.download_button(
+            f"Download the lesson handout ({len(kept[1]) / 1e6:.1f} MB, one HTML file)",
+            kept[1],
+            f"{export.slug('handout', key[1][:40])}.html",
+            "text/html",
+            key="handout_file",
+            on_click="ignore",
+            icon=":material/download:",
+        )
 
 
 PASS, FAIL, SKIP = (":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]")

@@ -71,10 +71,13 @@ def test_lit_makes_markdown_show_text_verbatim():
     assert lit("a\nb") == "a↵b"
 
 
-def test_figures_name_every_token_without_hover():
+def test_figures_name_tokens_without_hover_at_a_readable_size():
     labels = [f"{i}:t{i}" for i in range(80)]
     fig = attention_heads(np.full((4, 80, 80), 1 / 80), labels)
-    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis.dtick == 1 and list(fig.data[0].y) == labels  # all 80, not thinned
+    assert list(fig.data[0].y) == labels  # every token in the data (and its hover)
+    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis.dtick == 4  # every 4th named: 20 labels of 12 px, never overlapping
+    short = attention_heads(np.full((4, 12, 12), 1 / 12), labels[:12])
+    assert short.layout.yaxis.dtick == 1  # a short prompt: every token named
     lens = lens_figure(np.zeros((3, 64), int), np.ones((3, 64)) * 0.5, [["a"] * 64] * 3, [f"p{i}" for i in range(64)])
     assert lens.layout.xaxis.dtick == 1 and lens.layout.xaxis.type == "category"
 

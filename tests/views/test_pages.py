@@ -109,3 +109,38 @@ def test_bad_model_folder_gives_a_message(tmp_path, path, expect):
     at.run()
     assert not at.exception
     assert any(expect in e.value for e in at.error), [e.value for e in at.error]
+
+
+def _font_sizes(node, inside_font=False):
+    """Every font size in a Plotly figure's JSON (layout and traces): the values of "size" inside any *font dict."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "size" and inside_font and isinstance(v, (int, float)):
+                yield v
+            else:
+                yield from _font_sizes(v, k.endswith("font"))
+    elif isinstance(node, list):
+        for v in node:
+            yield from _font_sizes(v, inside_font)
+
+
+@pytest.mark.parametrize("present, floor", [(False, 12), (True, 18)])
+def test_no_figure_text_under_the_floor(present, floor):
+    """12 px on a page, 18 px in presentation mode: every figure of the pages before the first token, by its layout."""
+    import json
+
+    seen = 0
+    for page in PAGES:
+        at = AppTest.from_file(APP, default_timeout=240)
+        at.session_state["present"] = present
+        at.run()
+        at.switch_page(page)
+        at.run()
+        assert not at.exception, (page, at.exception)
+        for chart in at.get("plotly_chart"):
+            spec = json.loads(chart.proto.spec)
+            sizes = list(_font_sizes(spec))
+            base = spec["layout"].get("font", {}).get("size", 12)
+            assert base >= floor and all(s >= floor for s in sizes), (page, base, sorted(sizes)[:5])
+            seen += 1
+    assert seen >= 6
