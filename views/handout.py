@@ -69,12 +69,12 @@ def _safe(fn, *a, **k):
 
 
 def _stage_tokens(lm, tr):
-    n_prompt = len(tr.prompt_tokens)
-    out = [_table({"tokens the model reads": len(tr.tokens), "tokens from the prompt": n_prompt, "characters": len(tr.prompt)})]
-    out.append(chips_html(tr.tokens, tr.segments, max_segments=600))
-    if tr.chat:
-        out.append("<p>The chat template: exactly the text the model reads (dark: special tokens).</p>" + template_html(tr.tokens))
-    return "".join(out) + _checks(checks.token_checks(lm.tokenizer, tr))
+    tk = pipeline.tokenize(lm.tokenizer, tr.prompt, chat=tr.chat)
+    out = [_table({"tokens the model reads": len(tk.tokens), "tokens from the prompt": len(tk.prompt_tokens), "characters": len(tk.prompt)})]
+    out.append(chips_html(tk.tokens, tk.segments, max_segments=600))
+    if tk.chat:
+        out.append("<p>The chat template: exactly the text the model reads (dark: special tokens).</p>" + template_html(tk.tokens))
+    return "".join(out) + _checks(checks.token_checks(lm.tokenizer, tk))
 
 
 def _stage_embeddings(lm, tr):
@@ -101,7 +101,7 @@ def _stage_embeddings(lm, tr):
 def _stage_attention(lm, tr):
     layer = lm.facts.n_layers // 2
     maps, block = display_maps(tr, layer)
-    fig = attention_heads(maps, labels_of(tr.tokens), block=block, layer=layer)
+    fig = attention_heads(maps, labels_of(tr.tokens), block=block, layer=layer, scale="log" if tr.T > 64 else "linear")
     return (
         f"<p>Layer {layer}: {analysis.sink_share(tr):.0%} of all attention goes to the first token (the attention sink).</p>"
         + _figure(fig, f"attention heads, layer {layer}")

@@ -1,9 +1,8 @@
 """A teacher's features in real Chromium: a link reproduces a view, a refresh keeps it, presentation mode,
 generated code shown verbatim, figures exported as SVG and 3x PNG, page 16 with its checks.
 
-Screenshots of every page in presentation mode go to docs/screenshots/present/ with `make screenshots`."""
+Screenshots of this walk go to artifacts/; the documented ones are taken by test_presentation.py."""
 
-import os
 import struct
 import time
 import urllib.parse
@@ -14,7 +13,7 @@ from ui import ROOT, click_button, no_exception, settled, wait_idle
 
 pytestmark = pytest.mark.browser
 
-SHOTS = ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots" / "present"
+SHOTS = ROOT / "artifacts" / "screenshots" / "present-walk"  # the docs' presentation screenshots: test_presentation.py
 
 
 def visit(browser, url, height=1400):

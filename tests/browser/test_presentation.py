@@ -5,20 +5,19 @@ no serious or critical accessibility violation on any page in either mode."""
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from ui import no_exception, settled, visit, wait_idle
+from ui import ROOT, no_exception, settled, visit, wait_idle
 
 pytestmark = pytest.mark.browser
 
 SLUGS = ["", "tokens", "embeddings", "attention", "layer", "next-token", "generation", "prefill-decode", "kv-cache", "hardware", "roofline",
          "attention-kernels", "production", "speculative", "streaming-sharding", "batching", "misconceptions"]  # fmt: skip
 PROMPT = "Why is the sky blue?"
-# PRESENT_SHOTS=docs/screenshots/present regenerates the committed screenshots; otherwise they go to a temporary folder
-SHOTS = Path(os.environ.get("PRESENT_SHOTS") or Path(tempfile.gettempdir()) / "llm-explorer-present")
+# `make screenshots` (SAVE_DOCS_SCREENSHOTS=1) regenerates the committed ones; PRESENT_SHOTS names another folder
+SHOTS = Path(os.environ.get("PRESENT_SHOTS") or (ROOT / ("docs" if os.environ.get("SAVE_DOCS_SCREENSHOTS") else "artifacts") / "screenshots" / "present"))
 QUICK = {"generation": "Generate", "misconceptions": "Generate, then force one token"}  # main figures a click away, seconds each
 
 
@@ -64,7 +63,7 @@ MEASURE = """() => {
 def test_presentation_mode_on_a_projector(server, browser):
     """The whole path in one session at 1280x720, moving with the page's own "next" link."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page = visit(browser, f"{server}/?present=true&prompt={PROMPT.replace(' ', '+').replace('?', '%3F')}", width=1280, height=720)
+    page = visit(browser, f"{server}/?present=true&chat=true&prompt={PROMPT.replace(' ', '+').replace('?', '%3F')}", width=1280, height=720)
     problems = []
     for i, slug in enumerate(SLUGS):
         wait_idle(page)
@@ -130,9 +129,7 @@ def test_keyboard_reaches_and_works_the_controls(server, browser):
                 "() => { const e = document.activeElement; return (e.getAttribute('aria-label') || e.innerText || e.getAttribute('role') || e.tagName).slice(0, 40); }"
             )
         )
-        if page.evaluate(
-            "() => document.activeElement.matches('input[type=checkbox]') && document.activeElement.closest('.st-key-page_bar') !== null"
-        ):
+        if page.evaluate("() => document.activeElement.matches('input[type=checkbox]') && document.activeElement.closest('.st-key-page_bar') !== null"):
             break
     else:
         raise AssertionError(f"Tab never reached the presentation switch; it reached {sorted(reached)[:30]}")

@@ -48,4 +48,41 @@ def test_page_zip_has_svg_png_csv_html_and_numbers():
     w, h = struct.unpack(">II", png[16:24])  # the IHDR chunk
     assert (w, h) == (export.WIDTH * export.SCALE, 400 * export.SCALE)
     numbers = json.loads(z.read(stem + "numbers.json"))
-    assert numbers["next-token"][0]["y"] == [0.9, 0.1]
+    assert numbers["schema"].startswith("llm-explorer numbers v1")
+    assert numbers["figures"]["next-token"]["series"][0]["y"] == [0.9, 0.1] and numbers["tables"]["rows"] == [{"a": 1}, {"a": 2}]
+
+
+@pytest.mark.browser
+def test_an_exported_figure_says_what_it_shows_and_heatmaps_stay_sharp():
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("apt-get install -y chromium")
+    import base64
+    import re
+
+    from PIL import Image
+
+    bar = go.Figure(go.Bar(x=["&lt;|im_end|&gt;", "Paris"], y=[0.9, 0.1]))
+    note = "SmolLM2-135M-Instruct · prompt “The capital of France is” · temperature 0.7, top k 50"
+    svg = export.image(bar, "svg", note=note, title="Next token").decode()
+    assert "Next token" in svg and "SmolLM2-135M-Instruct" in svg and "temperature 0.7" in svg  # inside the image
+    heat = go.Figure(go.Heatmap(z=[[i * j for j in range(14)] for i in range(14)]))
+    svg = export.image(heat, "svg", title="attention").decode()
+    bitmaps = re.findall(r'href="data:image/png;base64,([A-Za-z0-9+/=]+)"', svg)
+    assert bitmaps and all(Image.open(io.BytesIO(base64.b64decode(b))).width >= export.MIN_RASTER for b in bitmaps)
+
+
+def test_numbers_and_tables_are_tidy():
+    fig = go.Figure(go.Bar(x=["&lt;|im_end|&gt;", "Paris"], y=[0.9, float("nan")]))
+    series = export.figure_numbers(fig)[0]
+    assert series["x"] == ["<|im_end|>", "Paris"] and series["y"] == [0.9, None]  # decoded labels, NaN as null
+    import numpy as np
+
+    heat = export.figure_numbers(go.Figure(go.Heatmap(z=np.arange(6, dtype=np.float32).reshape(2, 3))))[0]
+    assert heat["z"] == [[0, 1, 2], [3, 4, 5]]  # plain lists, never Plotly's base64 arrays
+    df = pd.DataFrame({"mode": ["a", "b", "c"], "memory": ["45 MiB", "512 KiB", "1.5 GiB"], "time": ["3.2 ms", "1 s", "250 µs"], "x": ["1 MiB", "n/a", "2"]})
+    tidy = export.tidy_table(df)
+    assert list(tidy.columns) == ["mode", "memory (GiB)", "time (ms)", "x"]
+    assert tidy["memory (GiB)"].tolist() == pytest.approx([45 / 1024, 0.5 / 1024, 1.5]) and tidy["time (ms)"].tolist() == pytest.approx([3.2, 1000, 0.25])
+    assert tidy["x"].tolist() == ["1 MiB", "n/a", "2"]  # not all numbers with a unit: left as written
+    alt = export.alt_text(go.Figure(go.Bar(x=["Paris", "Lyon"], y=[0.9, 0.1])), "Next token")
+    assert alt.startswith("Figure: Next token.") and "Paris: 0.9" in alt

@@ -144,3 +144,11 @@ def test_no_figure_text_under_the_floor(present, floor):
             assert base >= floor and all(s >= floor for s in sizes), (page, base, sorted(sizes)[:5])
             seen += 1
     assert seen >= 6
+
+
+def test_lesson_handout_from_the_page_header():
+    at = run("views/1_tokens.py", prompt="Why is the sky blue?", chat=True)
+    at.button(key="handout_go").click().run()
+    assert not at.exception and not at.error, at.exception or [e.value for e in at.error]
+    offered = [b for b in at.get("download_button") if "lesson handout" in b.proto.label.lower()]
+    assert offered and "MB" in offered[0].proto.label

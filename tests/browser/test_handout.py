@@ -1,0 +1,47 @@
+"""The lesson handout: one HTML file for "Why is the sky blue?" with every stage in the article's order, under 15
+MB, that opens in Chromium with the network cut off and draws every figure."""
+
+import re
+
+import pytest
+from ui import CHROMIUM, FLAGS
+
+import pipeline
+from views import handout
+
+pytestmark = pytest.mark.browser
+
+STAGES = [
+    ("1 · Prompt & tokens", "t1"), ("2 · Embeddings & positions", "t2"), ("3 · Attention", "t3"), ("4 · Inside a layer", "t4"),
+    ("5 · Next token", "t5"), ("6 · Generation", "t6"), ("7 · Prefill vs decode", "t7"), ("8 · KV cache", "t8"), ("9 · Hardware", "t9"),
+    ("10 · Roofline", "t10"), ("11 · Attention kernels", "t11"), ("12 · Production mode", "t12"), ("13 · Speculative decoding", "t13"),
+    ("14 · Streaming & sharding", "t14"), ("15 · Continuous batching", "t15"), ("16 · Misconceptions, tested", "t16"),
+]  # fmt: skip
+
+
+def test_handout_opens_offline_with_every_stage(tmp_path, smol):
+    from playwright.sync_api import sync_playwright
+
+    tr = pipeline.trace(smol, "Why is the sky blue?", chat=True)
+    body = handout.build(smol, tr, STAGES)
+    size = len(body.encode())
+    assert size < 15e6, f"{size / 1e6:.1f} MB"
+    text = re.sub(r"<script>.*?</script>", "", body, flags=re.S)  # plotly.js itself holds a U+FFFD
+    assert "\ufffd" not in text and "Why is the sky blue?" in text
+    titles = re.findall(r"<h2>(.*?)</h2>", body)
+    assert [t.replace("&amp;", "&") for t in titles] == [s for s, _ in STAGES]  # every stage, in the article's order
+    assert "Could not be drawn" not in body
+    assert body.count("class='pass'") >= 5 and "class='fail'" not in body  # the cross-checks, run and passed
+    path = tmp_path / "handout.html"
+    path.write_text(body, encoding="utf-8")
+    outside = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = b.new_page(viewport={"width": 1200, "height": 900})
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:")) else (outside.append(r.request.url), r.abort()))
+        page.goto(path.as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 7", timeout=60_000)
+        sections = page.locator("section").count()
+        drawn = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))")
+        b.close()
+    assert sections == len(STAGES) and drawn and not outside, (sections, drawn, outside)
