@@ -86,10 +86,13 @@ SPOTS = {  # textposition -> where its label box sits relative to the point, in 
 }
 
 
-def place_labels(x, y, labels, width: float = 900, height: float = 420, font: float = 12, log_x: bool = False, log_y: bool = False) -> list[str]:
+def place_labels(
+    x, y, labels, width: float = 900, height: float = 420, font: float = 15, log_x: bool = False, log_y: bool = False, drop: bool = False
+) -> list[str | None]:
     """A textposition per point so that labels avoid each other and the points: greedy, each label takes the spot
     around its point whose box (estimated at 0.6 em a character) overlaps least with the labels placed before it
-    and with every point. The plot area is taken as `width` x `height` px."""
+    and with every point. The plot area is taken as `width` x `height` px. With `drop`, a label that finds no free
+    spot, or repeats the same label at the same place, gets None: no text (its hover still names it)."""
     px = np.log10(np.maximum(np.asarray(x, float), 1e-30)) if log_x else np.asarray(x, float)
     py = np.log10(np.maximum(np.asarray(y, float), 1e-30)) if log_y else np.asarray(y, float)
     if len(px) == 0:
@@ -111,9 +114,15 @@ def place_labels(x, y, labels, width: float = 900, height: float = 420, font: fl
         outside = (b[0] < 0 or b[2] > width) * w * h  # a label off the plot's side is as bad as one covered
         return sum(overlap(o, b) for o in boxes + dots) + outside
 
+    seen = set()
     for i in np.argsort(X):
         w, h = 0.6 * font * max(1, len(str(labels[i]))), font * 1.2
         best = min(SPOTS, key=lambda s: cost(i, s, w, h))
+        same = (str(labels[i]), round(X[i]), round(Y[i]))
+        if drop and (same in seen or cost(i, best, w, h) > 0.05 * w * h):
+            out.append((i, None))
+            continue
+        seen.add(same)
         boxes.append(box(i, best, w, h))
         out.append((i, best))
     return [s for _, s in sorted(out)]
@@ -122,14 +131,16 @@ def place_labels(x, y, labels, width: float = 900, height: float = 420, font: fl
 def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2, var: np.ndarray | None = None) -> go.Figure:
     colors = {"prompt": BLUE, "reference": ORANGE}
     fig = go.Figure()
-    spots = place_labels(coords[:, 0], coords[:, 1], labels) if dims == 2 else []  # labels that avoid each other
+    spots = place_labels(coords[:, 0], coords[:, 1], labels, drop=True) if dims == 2 else []  # labels that avoid each other
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
         kw = dict(
             mode="markers+text",
             name=g,
-            text=[labels[i] for i in idx],
-            textposition=[spots[i] for i in idx] if dims == 2 else "top center",
+            text=[labels[i] if dims == 3 or spots[i] else "" for i in idx],
+            hovertext=[labels[i] for i in idx],
+            hoverinfo="text",
+            textposition=[spots[i] or "top center" for i in idx] if dims == 2 else "top center",
             marker=dict(size=8, color=colors.get(g, GREEN)),
         )
         if dims == 3:

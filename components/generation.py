@@ -225,6 +225,10 @@ def kernels_figure(rows) -> go.Figure:
     return fig
 
 
+def _rows(items: list, n: int) -> list[list]:
+    return [items[i : i + n] for i in range(0, len(items), n)]
+
+
 def roofline_figure(r) -> go.Figure:
     """Log-log roofline: attainable FLOP/s = min(peak, bandwidth x intensity); each op at its intensity and
     its measured FLOP/s (prefill orange, decode blue)."""
@@ -237,10 +241,13 @@ def roofline_figure(r) -> go.Figure:
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)", line=dict(color=GREY, width=3)))
     every = [(phase, o) for phase in ("prefill", "decode") for o in r.phases[phase].ops]
+    number = {op: n for n, op in enumerate(dict.fromkeys(o.op for _, o in every), 1)}  # one number per operation, both phases
     spots = dict(
         zip(
             [id(o) for _, o in every],
-            place_labels([o.intensity for _, o in every], [o.flops / o.measured_s for _, o in every], [o.op for _, o in every], log_x=True, log_y=True),
+            place_labels(
+                [o.intensity for _, o in every], [o.flops / o.measured_s for _, o in every], [str(number[o.op]) for _, o in every], log_x=True, log_y=True
+            ),
         )
     )
     for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
@@ -249,13 +256,14 @@ def roofline_figure(r) -> go.Figure:
             go.Scatter(
                 x=[o.intensity for o in ph],
                 y=[o.flops / o.measured_s / 1e9 for o in ph],
-                mode="markers+text",  # every point named on the figure: no hover needed
+                mode="markers+text",  # every point numbered on the figure, the numbers' key under it: no hover needed
                 textposition=[spots[id(o)] for o in ph],
                 textfont=dict(color=color),
                 name=phase,
                 marker=dict(color=color, size=10),
-                text=[o.op for o in ph],
-                hovertemplate="%{text}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured<extra>" + phase + "</extra>",
+                text=[str(number[o.op]) for o in ph],
+                customdata=[o.op for o in ph],
+                hovertemplate="%{customdata}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured<extra>" + phase + "</extra>",
             )
         )
     fig.add_vline(x=r.ridge, line_dash="dot", line_color=RED)
@@ -264,22 +272,25 @@ def roofline_figure(r) -> go.Figure:
         x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte", showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED)
     )
     roof_at = [bw * o.intensity for _, o in every]
-    above = [o for (ph, o), roof in zip(every, roof_at) if o.flops / o.measured_s > roof * 1.05 and o.intensity < r.ridge]
+    above = [o for (_, o), roof in zip(every, roof_at) if o.flops / o.measured_s > roof * 1.05 and o.intensity < r.ridge]
+    note = dict(xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False, align="left")  # text boxes on the plot
     if above:  # said on the figure, not only in the page's caption
         fig.add_annotation(
             x=0.01,
             y=0.99,
-            xref="paper",
-            yref="paper",
-            xanchor="left",
-            yanchor="top",
-            showarrow=False,
-            align="left",
             text=f"{len(above)} point{'s' if len(above) > 1 else ''} above the memory roof: their operands came<br>from the CPU's caches, faster than the main-memory copy that sets the roof",
+            **note,
         )
+    # the numbers' key, in pixels under the plot: past the tick labels and the axis title, whatever the figure's height
+    key = "<br>".join("   ".join(f"<b>{n}</b> {op}" for op, n in row) for row in _rows(list(number.items()), 6))
+    fig.add_annotation(x=0, y=0, yshift=-78, text=key, **note)
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
     fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g")
-    return _layout(fig, "Roofline of one layer and the LM head on this device", height=460, legend=dict(orientation="h", y=-0.2))
+    fig = _layout(
+        fig, "Roofline of one layer and the LM head on this device", height=540, legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")
+    )
+    fig.update_layout(margin=dict(t=60, b=130))  # the legend above the plot, the numbers' key under it
+    return fig
 
 
 MODE_LABELS = {

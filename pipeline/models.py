@@ -291,8 +291,42 @@ def _gemma_gguf(progress: ProgressFn | None) -> Path:
     return target
 
 
+@contextmanager
+def _conversion_lock(out_dir: Path):
+    """One conversion of a cache folder at a time across processes (a server and its test workers, two servers on
+    one cache): an exclusive lock on a file beside it, released when the process ends however it ends."""
+    import fcntl
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) -> Path:
-    """Dequantise a GGUF with transformers and save it as a safetensors folder (atomic)."""
+    """Dequantise a GGUF with transformers and save it as a safetensors folder (atomic). A second process asking
+    for the same folder waits for the first and uses its result (measured: two test workers converting at once
+    each deleted the other's half-written folder)."""
+    with _conversion_lock(out_dir):
+        if cache_ok(out_dir):  # another process finished it while this one waited
+            return out_dir
+        return _convert(gguf, out_dir, progress)
+
+
+def _convert(gguf: Path, out_dir: Path, progress: ProgressFn | None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if progress:
@@ -308,7 +342,9 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: ProgressFn | None = None) 
     # written under a name of this process's own, verified, then renamed: a server killed mid-way leaves only a
     # temp folder (removed by the next conversion), never a half-written cache under the real name
     for old in out_dir.parent.glob(out_dir.name + ".tmp-*"):
-        shutil.rmtree(old, ignore_errors=True)
+        pid = old.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and _alive(int(pid))):  # a killed conversion's leftovers, never a live one's
+            shutil.rmtree(old, ignore_errors=True)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)

@@ -91,8 +91,7 @@ for phase in ("prefill", "decode"):
         ),
         hide_index=True,
         width="stretch",
-        height=36 * (len(ph.ops) + 1) + 3,
-    )  # every row, no scrolling
+    )  # an HTML table: every row, no scrolling
 st.caption(
     "Each operation's time is the median of 5 interleaved repeats (each repeat times every operation once), with its range; "
     "the peaks are medians of 5 too. On a shared machine they move between runs: compare operations within one run."

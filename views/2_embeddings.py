@@ -47,6 +47,8 @@ if emap is not None:
     groups = ["prompt"] * emap.n_prompt + ["reference"] * len(emap.words)
     dims = st.segmented_control("Projection", [2, 3], default=2, format_func=render.labeller({2: "2D", 3: "3D"}), key="emb_dims", bind="query-params") or 2
     render.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca", main=True)
+    if dims == 2:
+        st.caption("A label that would cover another is left off, as is a repeated token at the same point; hover a point for its token.")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 

@@ -55,7 +55,7 @@ for i, top in enumerate(tr.lens_last_top):
         {"after layer": str(i - 1) if i else "embeddings", **{f"#{r + 1}": f"{visible(text_of(lm.tokenizer, [t]))} ({p:.2f})" for r, (t, p) in enumerate(top)}}
     )
 st.markdown(f"At the last position ({labels[-1]}), the top 5 guesses after every layer:")
-render.table("layers", rows, hide_index=True, width="stretch", height=36 * len(rows) + 40)  # every layer, no scrolling
+render.table("layers", rows, hide_index=True, width="stretch")  # every layer, no scrolling (an HTML table up to 40 rows)
 auto = tr.T <= 32
 if auto or st.button(
     f"Compute the lens at the last {min(tr.T, LENS_GRID_MAX)} positions",

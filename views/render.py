@@ -92,8 +92,7 @@ PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 128
 
 
 def figure(fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None) -> None:
-    """A Plotly figure, ready for slides: its camera button saves a 3x PNG under a meaningful name, SVG and PNG
-    buttons under it (drawn on click, with the page, the model, the prompt and the settings inside the image),
+    """A Plotly figure, ready for slides: SVG and 3x PNG buttons under it, named after the page, figure and prompt (drawn on click, with the page, the model, the prompt and the settings inside the image),
     and it joins the page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
     numbers are drawn on the figure: no hover needed). Its text alternative is its title and the numbers behind
     it. `main`: the page's main figure, which presentation mode shows first, sized for the first screen.
@@ -109,35 +108,26 @@ def figure(fig, name: str = "", where=None, key: str | None = None, main: bool =
     w = where or st
     if main:
         w = w.container(key="main_figure")
-    config = {"toImageButtonOptions": {"format": "png", "scale": export.SCALE, "filename": stem}, "displaylogo": False}
+    # no camera button: it would save the figure without the note that says what it shows (the buttons below do)
+    config = {"modeBarButtonsToRemove": ["toImage"], "displaylogo": False}
     # theme=None: the figure's own template, as exported (Streamlit's theme would redraw its text at 12 px)
     w.plotly_chart(fig, width="stretch", key=key, config=config, alt=export.alt_text(fig, title), theme=None)
     note = context_note(settings)
     reg.figures.append((title, fig, note))
     n = len(reg.figures)
     row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
-    row.download_button(
-        "SVG",
-        _image_of(fig, "svg", note, title),
-        f"{stem}.svg",
-        "image/svg+xml",
-        key=f"svg_{n}_{key or ''}",
-        icon=":material/download:",
-        type="tertiary",
-        on_click="ignore",
-        help=f"{title} as a vector image, for a slide",
-    )
-    row.download_button(
-        "PNG ×3",
-        _image_of(fig, "png", note, title),
-        f"{stem}.png",
-        "image/png",
-        key=f"png_{n}_{key or ''}",
-        icon=":material/download:",
-        type="tertiary",
-        on_click="ignore",
-        help=f"{title} as a 3x PNG, for a slide",
-    )
+    for fmt, label, mime, what in (("svg", "SVG", "image/svg+xml", "a vector image"), ("png", "PNG ×3", "image/png", "a 3x PNG")):
+        row.download_button(
+            label,
+            _image_of(fig, fmt, note, title),
+            f"{stem}.{fmt}",
+            mime,
+            key=f"{fmt}_{n}_{key or ''}",
+            icon=":material/download:",
+            type="tertiary",
+            on_click="ignore",
+            help=f"{title} as {what} for a slide, the model, prompt and settings inside",
+        )
 
 
 def _image_of(fig, fmt: str, note: str, title: str):
@@ -184,8 +174,8 @@ def html_view(body: str, name: str, where=None, main: bool = False) -> None:
     `main`: the page's main view, which presentation mode shows first."""
     _exports().html[name] = body
     w = where or st
-    if main:
-        w = w.container(key="main_figure")
+    if main:  # in presentation mode a tall view scrolls inside the first screen
+        w = w.container(key="main_figure", height=PRESENT_MAIN_HEIGHT if presenting() else "content")
     w.html(body)
 
 

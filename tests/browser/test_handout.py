@@ -4,7 +4,6 @@ MB, that opens in Chromium with the network cut off and draws every figure."""
 import re
 
 import pytest
-from ui import CHROMIUM, FLAGS
 
 import pipeline
 from views import handout
@@ -19,9 +18,7 @@ STAGES = [
 ]  # fmt: skip
 
 
-def test_handout_opens_offline_with_every_stage(tmp_path, smol):
-    from playwright.sync_api import sync_playwright
-
+def test_handout_opens_offline_with_every_stage(tmp_path, smol, browser):
     tr = pipeline.trace(smol, "Why is the sky blue?", chat=True)
     body = handout.build(smol, tr, STAGES)
     size = len(body.encode())
@@ -35,13 +32,12 @@ def test_handout_opens_offline_with_every_stage(tmp_path, smol):
     path = tmp_path / "handout.html"
     path.write_text(body, encoding="utf-8")
     outside = []
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = b.new_page(viewport={"width": 1200, "height": 900})
-        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:")) else (outside.append(r.request.url), r.abort()))
-        page.goto(path.as_uri())
-        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 7", timeout=60_000)
-        sections = page.locator("section").count()
-        drawn = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))")
-        b.close()
+    context = browser.new_context(viewport={"width": 1200, "height": 900})  # the session's Chromium
+    page = context.new_page()
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:")) else (outside.append(r.request.url), r.abort()))
+    page.goto(path.as_uri())
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 7", timeout=60_000)
+    sections = page.locator("section").count()
+    drawn = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].every(p => p.querySelector('.main-svg'))")
+    context.close()
     assert sections == len(STAGES) and drawn and not outside, (sections, drawn, outside)

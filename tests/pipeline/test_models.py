@@ -194,3 +194,32 @@ def test_random_weight_model_has_the_same_shape(smol):
     a, b = rnd.facts, smol.facts
     assert (a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, a.n_params) == (b.n_layers, b.n_heads, b.n_kv_heads, b.head_dim, b.vocab, b.n_params)
     assert rnd.tokenizer("Hi")["input_ids"] == smol.tokenizer("Hi")["input_ids"]
+
+
+@pytest.mark.unit
+def test_one_conversion_at_a_time_across_processes(tmp_path):
+    """Two processes converting the same cache folder: the second waits for the first's lock (test workers that
+    converted at once used to delete each other's half-written folder)."""
+    import multiprocessing as mp
+    import os
+    import time
+
+    from pipeline.models import _alive, _conversion_lock
+
+    ctx = mp.get_context("fork")
+    out = tmp_path / "model"
+    started, released = ctx.Event(), ctx.Event()
+
+    def hold():
+        with _conversion_lock(out):
+            started.set()
+            time.sleep(1.0)
+            released.set()
+
+    p = ctx.Process(target=hold)
+    p.start()
+    assert started.wait(30)
+    with _conversion_lock(out):
+        assert released.is_set()  # this process got the lock only once the other let it go
+    p.join()
+    assert _alive(os.getpid()) and not _alive(p.pid)  # a finished process's temp folder is a leftover

@@ -93,7 +93,7 @@ def test_prefill_decode_sweep_and_cache_experiment():
     at.select_slider(key="sweep_max").set_value(256)  # suite time
     button(at, "sweep_go").click().run()
     assert not at.exception, at.exception
-    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 3
+    assert len(frames(at)) == 1 and len(frames(at)[0]) == 3
     button(at, "cache_go").click().run()
     assert not at.exception, at.exception
     assert metric(at, "Same tokens") == "yes"
@@ -169,7 +169,7 @@ def test_attention_kernels_page():
     button(at, "kern_go").click().run()
     assert not at.exception, at.exception
     assert any(m.value.startswith(common_pass()) and "same logits" in m.value for m in at.markdown)
-    assert len(at.dataframe[0].value) == 2 * 3  # 2 lengths x (eager, math, flash) on CPU
+    assert len(frames(at)[0]) == 2 * 3  # 2 lengths x (eager, math, flash) on CPU
     known(at, "every kernel gives the same logits")
 
 
@@ -179,7 +179,7 @@ def test_roofline_page():
     at.select_slider(key="roof_C").set_value(64)
     button(at, "roof_go").click().run()
     assert not at.exception, at.exception
-    assert "GFLOP/s" in metric(at, "Peak matmul (measured)") and len(at.dataframe) == 2
+    assert "GFLOP/s" in metric(at, "Peak matmul (measured)") and len(frames(at)) == 2
     known(at, "each operation's bound", "ridge = peak", "matmul FLOP/s")
 
 
@@ -189,7 +189,7 @@ def test_production_page():
     at.slider(key="prod_n").set_value(16)
     button(at, "prod_go").click().run()
     assert not at.exception, at.exception
-    table = at.dataframe[0].value
+    table = frames(at)[0]
     assert list(table["mode"]) == ["dynamic cache (transformers)", "static cache (transformers)", "fused step"]
     assert table["same tokens"].all() and (table["tok/s"] > 0).all() and "CPU %" in table.columns
     assert "tok/s" in metric(at, "fused step")
@@ -223,7 +223,7 @@ def test_batching_page_runs_the_three_policies_and_checks_every_answer():
     labels = [m.label for m in at.metric]
     assert "Throughput, continuous" in labels and "Padding rows computed (static)" in labels
     assert len(at.get("plotly_chart")) >= 5  # gantt, occupancy, 2 x KV, latency
-    table = next(d.value for d in at.dataframe if "policy" in d.value.columns)
+    table = next(d for d in frames(at) if "policy" in d.columns)
     assert list(table["policy"]) == ["one after another", "static", "continuous"]
     assert (table["tokens"] == 4 * 24).all()  # every answer exactly 24 tokens
     button(at, "chk_scene").click().run()
@@ -239,4 +239,10 @@ def test_misconceptions_page_tests_each_myth():
     button(at, "myth_force").click().run()
     assert not at.exception, at.exception
     assert any("changing one token changes what follows" in m.value for m in at.markdown)
-    assert len(at.code) >= 2  # the answer as generated, and with the forced token
+    shown = [h.proto.body for h in at.get("html")]
+    assert sum("outline:2px solid" in b for b in shown) == 2  # the answer as generated and with the forced token, the step boxed
+
+
+def frames(at) -> list:
+    """Every table the page drew, as DataFrames: short ones are HTML tables (st.table), long ones data grids."""
+    return [t.value for t in at.table] + [d.value for d in at.dataframe]
