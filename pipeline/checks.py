@@ -13,6 +13,7 @@ import torch
 
 from .models import LoadedModel
 from .sampling import DEFAULTS, filter_probs, prob_of, top_token
+from .tokens import text_of
 from .tracing import Trace
 
 EAGER_CHECK_MAX_T = 512
@@ -195,7 +196,7 @@ def check_lens(lm: LoadedModel, tr: Trace) -> Check:
     tid, p = tr.lens_last_top[-1][0]
     best, p_final = top_token(tr.next_logits)
     p_lens_tok = prob_of(tr.next_logits, tid)
-    dec = lm.tokenizer.decode
+    dec = lambda ids: text_of(lm.tokenizer, ids)  # noqa: E731
     return Check(
         "logit lens after the last layer = the model's own next-token distribution",
         tid == best and abs(p - p_lens_tok) < 1e-3,

@@ -37,11 +37,21 @@ def test_page_zip_has_svg_png_csv_html_and_numbers():
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("apt-get install -y chromium")
     fig = go.Figure(go.Bar(x=["Paris", "Lyon"], y=[0.9, 0.1])).update_layout(title="Next token", height=400)
-    data = export.page_zip("5-next-token_the-capital", [("next token", fig), ("next token", fig)], {"rows": pd.DataFrame({"a": [1, 2]})}, {"chips": "<b>x</b>"})
+    import numpy as np
+
+    mosaic = np.zeros((12, 20, 3), np.uint8)  # a picture the page computed (the attention mosaic)
+    data = export.page_zip(
+        "5-next-token_the-capital",
+        [("next token", fig), ("next token", fig)],
+        {"rows": pd.DataFrame({"a": [1, 2]})},
+        {"chips": "<b>x</b>"},
+        images={"mosaic": mosaic},
+    )
     z = zipfile.ZipFile(io.BytesIO(data))
     names = sorted(z.namelist())
     stem = "5-next-token_the-capital/"
     assert stem + "next-token.svg" in names and stem + "next-token-2.png" in names and stem + "rows.csv" in names and stem + "chips.html" in names
+    assert stem + "mosaic.png" in names
     svg = z.read(stem + "next-token.svg").decode()
     assert svg.startswith("<svg") and "Paris" in svg and "Next token" in svg
     png = z.read(stem + "next-token.png")

@@ -152,3 +152,20 @@ def test_lesson_handout_from_the_page_header():
     assert not at.exception and not at.error, at.exception or [e.value for e in at.error]
     offered = [b for b in at.get("download_button") if "lesson handout" in b.proto.label.lower()]
     assert offered and "MB" in offered[0].proto.label
+
+
+def test_tokens_page_shows_a_non_ascii_prompt_whole():
+    """Accents, Japanese, an emoji, a combining mark and Hebrew in chat mode: the chat template view holds the
+    prompt whole and nothing on the page is U+FFFD (byte pieces show as <0xE6>)."""
+    prompt = "Ünïcödé naïve 日本語のテキスト 😀👍🏽 e\u0301 שלום"
+    at = run("views/1_tokens.py", prompt=prompt, chat=True)
+    assert not at.exception
+    bodies = [h.proto.body for h in at.get("html")]
+    import html as _html
+    import re
+
+    template = next(b for b in bodies if "<pre" in b)
+    assert prompt in _html.unescape(re.sub(r"<[^>]+>", "", template))
+    texts = bodies + [m.value for m in at.markdown] + [c.value for c in at.caption] + [str(m.value) for m in at.metric]
+    texts += [t.value.to_csv() for t in at.table] + [d.value.to_csv() for d in at.dataframe]
+    assert not any("\ufffd" in t for t in texts)
