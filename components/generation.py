@@ -242,14 +242,22 @@ def roofline_figure(r) -> go.Figure:
     fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)", line=dict(color=GREY, width=3)))
     every = [(phase, o) for phase in ("prefill", "decode") for o in r.phases[phase].ops]
     number = {op: n for n, op in enumerate(dict.fromkeys(o.op for _, o in every), 1)}  # one number per operation, both phases
-    spots = dict(
-        zip(
-            [id(o) for _, o in every],
-            place_labels(
-                [o.intensity for _, o in every], [o.flops / o.measured_s for _, o in every], [str(number[o.op]) for _, o in every], log_x=True, log_y=True
-            ),
-        )
+    # points of one phase closer than a tenth of a decade share one label ("2,3,4"): numbers a few pixels apart
+    # cannot all be read, however they are placed
+    text, lead = {}, []
+    for _, o in every:
+        at = (np.log10(o.intensity), np.log10(o.flops / o.measured_s))
+        near = next((m for m in lead if m[0] is not o and m[2] == _ and abs(m[1][0] - at[0]) < 0.1 and abs(m[1][1] - at[1]) < 0.1), None)
+        if near is None:
+            lead.append((o, at, _))
+            text[id(o)] = str(number[o.op])
+        else:
+            text[id(near[0])] += f",{number[o.op]}"
+            text[id(o)] = ""
+    placed = place_labels(
+        [10 ** m[1][0] for m in lead], [10 ** m[1][1] for m in lead], [text[id(m[0])] for m in lead], log_x=True, log_y=True, height=260, font=18
     )
+    spots = {id(m[0]): s for m, s in zip(lead, placed)}
     for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
         ph = r.phases[phase].ops
         fig.add_trace(
@@ -257,11 +265,12 @@ def roofline_figure(r) -> go.Figure:
                 x=[o.intensity for o in ph],
                 y=[o.flops / o.measured_s / 1e9 for o in ph],
                 mode="markers+text",  # every point numbered on the figure, the numbers' key under it: no hover needed
-                textposition=[spots[id(o)] for o in ph],
+                textposition=[spots.get(id(o), "top center") for o in ph],
                 textfont=dict(color=color),
                 name=phase,
                 marker=dict(color=color, size=10),
-                text=[str(number[o.op]) for o in ph],
+                text=[text[id(o)] for o in ph],
+                cliponaxis=False,  # a number by a point at the plot's edge stays whole
                 customdata=[o.op for o in ph],
                 hovertemplate="%{customdata}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured<extra>" + phase + "</extra>",
             )
