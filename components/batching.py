@@ -57,10 +57,13 @@ def gantt_figure(runs) -> go.Figure:
                     col=1,
                 )
                 shown.add(state)
-        fig.update_yaxes(autorange="reversed", row=k + 1, col=1)
+        fig.update_yaxes(autorange="reversed", dtick=1, row=k + 1, col=1)  # every user named, none skipped
     fig.update_xaxes(title="seconds since the first arrival", row=len(runs), col=1)
     fig.update_layout(barmode="overlay")
-    return _layout(fig, "Who was served when", height=170 * len(runs) + 120, legend=dict(orientation="h", y=-0.12))
+    # the legend at the figure's foot (container coordinates): under the axis title at any font size
+    fig = _layout(fig, "Who was served when", height=170 * len(runs) + 120, legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom"))
+    fig.update_layout(margin=dict(b=110))
+    return fig
 
 
 def occupancy_figure(runs) -> go.Figure:

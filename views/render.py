@@ -204,6 +204,7 @@ PRESENT_CSS = (
         f".st-key-{k},[data-testid='stLayoutWrapper']:has(> .st-key-{k}){{order:{n}}}" for k, n in (("page_bar", -4), ("takeaway", -2), ("main_figure", -1))
     )
     + "[data-testid='stElementContainer']:has(h1){order:-3}"
+    + ".st-key-main_figure .stHtml{zoom:1.4}"  # an HTML main view (token chips, speculative calls): 13 px text -> 18
 )
 
 

@@ -109,9 +109,11 @@ def walk(server, browser, clicks: dict, shots: Path):
             problems.append(f"{name}: main figure (or the button that draws it) not inside the first screen: {first}")
         for v in serious_violations(page):
             problems.append(f"{name} (presentation): {v}")
+        page.mouse.move(1278, 718)  # no tooltip of the last click in the picture
         page.screenshot(path=str(shots / f"{i:02d}_{name}_1280x720.png"))
         page.set_viewport_size({"width": 1920, "height": 1080})
         settled(page)
+        page.mouse.move(1918, 1078)
         page.screenshot(path=str(shots / f"{i:02d}_{name}_1920x1080.png"))
         page.set_viewport_size({"width": 1280, "height": 720})
         if i + 1 < len(SLUGS):
