@@ -34,9 +34,9 @@ if rec:
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
     render.busy_note(rec.busy)
-    st.container(key="main_figure").code(
-        "".join(lines[:12]) + ("…\n" if len(lines) > 12 else ""), language="text", height=380 if render.presenting() else "content"
-    )
+    st.container(key="main_figure").code("".join(lines[:12]), language="text", height=380 if render.presenting() else "content")
+    if len(lines) > 12:  # said outside the stream's text, which stays exactly what was sent
+        st.caption(f"The first 12 of {len(lines)} events.")
     if st.button("Replay at the measured pace", key="sse_replay"):
         out, prev = st.empty(), 0.0
         for n, e in enumerate(ev, 1):
