@@ -19,6 +19,8 @@ import zipfile
 
 import plotly.graph_objects as go
 
+from .tokens import plot_text
+
 SCALE = 3  # PNG pixels per layout pixel: a 1,200-px-wide figure becomes 3,600 px
 MIN_FONT, PRESENT_FONT = 12, 18  # the smallest text a figure may draw (px): on a page, on a projector
 WIDTH = 1200  # layout pixels of an exported figure (the page's own width varies with the browser)
@@ -92,17 +94,13 @@ def for_export(fig: go.Figure, note: str = "", title: str = "") -> go.Figure:
     f.update_xaxes(automargin=True)
     f.update_yaxes(automargin=True)
     if title and not f.layout.title.text:
-        f.update_layout(title_text=_plot_text(title))
+        f.update_layout(title_text=plot_text(title))
     if note:
-        f.update_layout(title_subtitle_text=_plot_text(note), title_subtitle_font_size=MIN_FONT + 1, title_yref="container", title_y=0.985, title_yanchor="top")
+        f.update_layout(title_subtitle_text=plot_text(note), title_subtitle_font_size=MIN_FONT + 1, title_yref="container", title_y=0.985, title_yanchor="top")
     m = f.layout.margin
     top = max(m.t or 0, 70 if f.layout.title.text else 30) + (30 if note else 0)
     f.update_layout(margin=dict(l=max(m.l or 0, 60), r=max(m.r or 0, 40), t=top, b=max(m.b or 0, 60)), height=f.layout.height + (30 if note else 0))
     return f
-
-
-def _plot_text(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def image(fig: go.Figure, fmt: str = "png", scale: int = SCALE, note: str = "", title: str = "") -> bytes:
@@ -216,10 +214,9 @@ def tidy_table(df):
         if not all(parsed):
             continue
         units = {m.group(2) for m in parsed}
-        nums = lambda v: float(_UNIT.match(v).group(1).replace(",", "")) if isinstance(v, str) else None  # noqa: E731
         if len(units) == 1:
-            unit, conv = units.pop(), 1.0
-            factor = {u: 1.0 for u in [unit]}
+            unit = next(iter(units))
+            factor = {unit: 1.0}
         elif units <= set(_BYTES):
             unit = max(units, key=_BYTES.get)
             factor = {u: _BYTES[u] / _BYTES[unit] for u in units}
@@ -227,7 +224,10 @@ def tidy_table(df):
             unit, factor = "ms", {u: _TIMES[u] for u in units}
         else:
             continue
-        conv = [None if not isinstance(v, str) else nums(v) * factor[_UNIT.match(v).group(2)] for v in df[col].tolist()]
+        conv = []
+        for v in df[col].tolist():
+            m = _UNIT.match(v) if isinstance(v, str) else None
+            conv.append(float(m.group(1).replace(",", "")) * factor[m.group(2)] if m else None)
         out = out.drop(columns=[col])
         out.insert(list(df.columns).index(col), f"{col} ({unit})", pd.to_numeric(pd.Series(conv, index=df.index)))
     return out
@@ -289,7 +289,7 @@ def page_zip(
         for name, body in (html or {}).items():
             z.writestr(
                 f"{stem}/{unique(name)}.html",
-                f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{_plot_text(name)}</title><body style="font-family:sans-serif">{body}</body></html>',
+                f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{plot_text(name)}</title><body style="font-family:sans-serif">{body}</body></html>',
             )
         z.writestr(f"{stem}/numbers.json", json.dumps(data, indent=1, default=_jsonable, ensure_ascii=False))
     return buf.getvalue()

@@ -10,7 +10,6 @@ import appstate
 import pipeline
 from components import export
 from views import guard
-from views.guard import fail
 from views.loading import model_key, recall
 
 
@@ -92,8 +91,9 @@ PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 128
 
 
 def figure(fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None) -> None:
-    """A Plotly figure, ready for slides: SVG and 3x PNG buttons under it, named after the page, figure and prompt (drawn on click, with the page, the model, the prompt and the settings inside the image),
-    and it joins the page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
+    """A Plotly figure, ready for slides: SVG and 3x PNG buttons under it, named after the page, figure and prompt
+    (drawn on click, with the title, the model, the prompt and the settings inside the image), and it joins the
+    page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
     numbers are drawn on the figure: no hover needed). Its text alternative is its title and the numbers behind
     it. `main`: the page's main figure, which presentation mode shows first, sized for the first screen.
     `settings`: what shaped it beyond the view's linked widgets (named in the exported image)."""
@@ -279,7 +279,7 @@ def _handout(stages: list[tuple[str, str]], make: bool) -> None:
             body = lm.run(handout.build, lm, tr, stages, drawn, progress=lambda f, m: bar.progress(min(1.0, f), text=m))
         except Exception as e:  # noqa: BLE001 - a failed handout is said, the page keeps serving
             bar.empty()
-            fail(e, "make the handout")
+            guard.fail(e, "make the handout")
             return
         bar.empty()
         kept = st.session_state["_handout"] = (key, body.encode())
@@ -326,7 +326,7 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
             try:
                 results = checks_fn()
             except Exception as e:  # noqa: BLE001 - a failed check is shown, the page keeps serving
-                fail(e, "run a check", level="error")
+                guard.fail(e, "run a check", level="error")
                 return
             store.put(key, tr, results)
         show_checks(results)
