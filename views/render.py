@@ -174,8 +174,8 @@ def html_view(body: str, name: str, where=None, main: bool = False) -> None:
     `main`: the page's main view, which presentation mode shows first."""
     _exports().html[name] = body
     w = where or st
-    if main:  # in presentation mode a tall view scrolls inside the first screen
-        w = w.container(key="main_figure", height=PRESENT_MAIN_HEIGHT if presenting() else "content")
+    if main:  # in presentation mode a tall view scrolls inside the first screen (PRESENT_CSS: max-height)
+        w = w.container(key="main_figure")
     w.html(body)
 
 
@@ -205,6 +205,7 @@ PRESENT_CSS = (
     )
     + "[data-testid='stElementContainer']:has(h1){order:-3}"
     + ".st-key-main_figure .stHtml{zoom:1.4}"  # an HTML main view (token chips, speculative calls): 13 px text -> 18
+    + f".st-key-main_figure:has(.stHtml){{max-height:{PRESENT_MAIN_HEIGHT}px;overflow-y:auto}}"
 )
 
 
