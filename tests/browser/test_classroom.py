@@ -87,7 +87,9 @@ def test_presentation_mode_renders_every_page_without_the_sidebar(server, browse
     page.get_by_role("link", name="2 →").click()  # the next stage, by number (the full title is its tooltip)
     wait_idle(page)
     assert "2 · Embeddings" in page.locator("h1").first.inner_text()
-    assert urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["prompt"] == ["Dog bites man."]
+    # the link carries the prompt, and the sidebar's bound prompt box writes it again after the click: the same value
+    # may appear twice in the address bar (Streamlit keeps both); a copied link's href has it once (test_presentation)
+    assert set(urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["prompt"]) == {"Dog bites man."}
 
 
 @pytest.mark.load  # a classroom scenario in Chromium (a minute each): make test-load
