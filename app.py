@@ -7,7 +7,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, loading, render, sidebar  # noqa: E402  (after set_page_config)
+from views import guard, header, loading, sidebar  # noqa: E402  (after set_page_config)
 
 PAGES = [
     st.Page("views/0_overview.py", title="Overview", icon=":material/explore:", default=True),
@@ -62,7 +62,7 @@ if demo_mode:
     loading.warm()  # the operator's models load at the first visit, in the background
 sidebar.sidebar()
 at = next((i for i, p in enumerate(ORDER) if p.title == page.title), 0)
-render.page_header(
+header.page_header(
     page.title,
     TAKEAWAYS.get(page.title, ""),
     ORDER[at - 1] if at > 0 else None,
