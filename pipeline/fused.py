@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .cpu_matmul import linear
 from .models import LoadedModel
 from .timing import ids_of_length, sync, syncer
 
@@ -173,31 +174,6 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
     return out
 
 
-TALL_WEIGHT_KERNEL = True  # bench/bench_linear.py turns it off to measure what it gives
-TALL_WEIGHT_MAX_ROWS = 128  # above: F.linear (252 prompt rows at once: W @ xT ran 0.89x as fast)
-TALL_WEIGHT_PAD_TO = 16  # 9-15 rows are computed as 16 (the 30 layers' projections: 16 rows 77 ms, 13-15 rows 108-126 ms)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b) for x [..., in]. On a CPU with several rows (the engine's batch, a prompt chunk) it
-    computes w @ xᵀ instead of x @ wᵀ: the same products, summed in another order, but MKL's kernel for a tall
-    weight and a thin xᵀ is faster at a few rows: on this project's 2-core build machine the engine's batched
-    step took 1.54x less time for 8 decode rows, 1.35x for 12, 1.21x for a 36-token prompt chunk, and 252 prompt
-    tokens were faster with F.linear (bench/bench_linear.py). Measured against float64, its error is F.linear's (at most
-    about 4e-5 absolute on SmolLM2's projections, 1 to 300 rows); from 12 rows on it is even the same kernel and gives
-    F.linear's numbers bit for bit. One row, more than TALL_WEIGHT_MAX_ROWS, or a GPU: F.linear."""
-    rows = x.numel() // x.shape[-1]
-    if not 2 <= rows <= TALL_WEIGHT_MAX_ROWS or x.device.type != "cpu" or not TALL_WEIGHT_KERNEL:
-        return F.linear(x, w, b)
-    x2 = x.reshape(rows, -1)
-    if 8 < rows < TALL_WEIGHT_PAD_TO:  # 9-15 rows cost more than 16 (up to 1.6x at 15): computed as 16, zeros below
-        x2 = torch.cat([x2, x2.new_zeros(TALL_WEIGHT_PAD_TO - rows, x2.shape[1])])
-    out = torch.mm(w, x2.t())[:, :rows].t().contiguous()
-    if b is not None:
-        out = out + b
-    return out.reshape(*x.shape[:-1], w.shape[0])
-
-
 def _project(mod, x: torch.Tensor) -> torch.Tensor:
     """A model's own projection (o_proj, down_proj) through `linear` when it is a plain nn.Linear."""
     return linear(x, mod.weight, mod.bias) if type(mod) is torch.nn.Linear else mod(x)
@@ -307,7 +283,12 @@ class FusedDecoder:
             except Exception as e:  # noqa: BLE001 - a driver or capture error: run the same step without a graph
                 self.graph = None
                 self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); the step runs without a graph")
-        self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else "eager")
+        from .row_step import BufferKV, row_step
+
+        # on a CPU in fp32 (and not compiled) each step is pipeline.row_step's: the same maths over numpy views
+        self.row = None if (self.compiled or self.graph is not None) else row_step(lm)
+        self._row_kv = BufferKV(self.K, self.V) if self.row is not None else None
+        self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else ("CPU row step" if self.row else "eager"))
         self._busy = threading.Lock()
 
     def _compile(self):
@@ -346,7 +327,7 @@ class FusedDecoder:
                 q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=layer.self_attn.scaling
             )
             x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
-        logits = self.lm.arch.apply_softcap(self.lm.model.lm_head(self.final_norm(x)).float().view(-1))
+        logits = self.lm.arch.apply_softcap(_project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
     def _summary(self, logits):
@@ -376,6 +357,9 @@ class FusedDecoder:
         with a graph they are the graph's static outputs, overwritten by the next step."""
         if not 0 <= position < self.max_len:
             raise ValueError(f"position {position} outside the buffer of {self.max_len}")
+        if self.row is not None:
+            logits = self.row.logits(token_id, position, self._row_kv)
+            return logits, self._summary(logits)
         with torch.inference_mode():
             self.tok.fill_(int(token_id))
             self.pos.fill_(int(position))
@@ -532,7 +516,13 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
 
 def mode_label(lm: LoadedModel, compile: bool = False) -> str:
     """How the fused step runs on this model's device."""
-    return ("torch.compile + " if compile else "") + ("CUDA graph" if lm.device.type == "cuda" else "eager: no CUDA device, so no graph")
+    from .row_step import usable
+
+    if lm.device.type == "cuda":
+        return ("torch.compile + " if compile else "") + "CUDA graph"
+    if usable(lm) and not compile:
+        return "CPU row step (pipeline.row_step: numpy views of the weights, one sgemv per matrix; no CUDA device, so no graph)"
+    return ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph"
 
 
 def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:

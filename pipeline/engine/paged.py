@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from ..fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
 from ..models import LoadedModel
+from ..row_step import PagedKV as RowKV
+from ..row_step import row_step
 
 
 @dataclass
@@ -132,6 +134,7 @@ class PagedStep:
         self.cos, self.sin, self._rope_len = {}, {}, 0
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
+        self.row = row_step(lm)  # a lone decode token on a CPU (None elsewhere)
 
     def _rope(self, n: int) -> None:
         """RoPE tables for positions 0..n-1 at least (grown by doubling, up to the model's limit)."""
@@ -163,6 +166,10 @@ class PagedStep:
         `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
         True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
+        if self.row is not None and logits and len(seqs) == 1 and len(seqs[0].tokens) == 1 and not seqs[0].layer:
+            s = seqs[0]  # a lone decode token: the row step (pipeline.row_step), ~45 ms, so never parked
+            s.parked = False
+            return self.row.logits(s.tokens[0], s.start, RowKV(kv.K, kv.V, s.table))[None]
         dev, bs = lm.device, kv.block_size
         H, KV, D = self.H, self.KV, self.D
         positions = [p for s in seqs for p in range(s.start, s.end)]

@@ -131,7 +131,7 @@ def test_fused_generation_gives_the_same_tokens(lm):
         assert [t for t, _, _ in x.top_raw] == [t for t, _, _ in y.top_raw]
         assert abs(x.p_raw - y.p_raw) < 1e-4 and y.p == 1.0
     assert b[0].kv_bytes == b[-1].kv_bytes > 0  # preallocated
-    assert a[0].engine == "transformers" and b[0].engine == "fused step, eager"
+    assert a[0].engine == "transformers" and b[0].engine == "fused step, CPU row step"
     r = check_against_forward(lm, lm.tokenizer("Why is the sky blue? Because")["input_ids"])
     assert r.max_rel_err < 1e-4 and r.same_argmax
 
@@ -181,7 +181,7 @@ def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     dec = FusedDecoder(lm, 256, graph=False, compile=True)
-    assert dec.mode == "eager" and "torch.compile failed" in dec.problems[0] and "no C++ compiler" in dec.problems[0]
+    assert dec.mode == "CPU row step" and "torch.compile failed" in dec.problems[0] and "no C++ compiler" in dec.problems[0]
     ref = FusedDecoder(lm, 256, graph=False)
     ids = torch.tensor([[3, 4, 5]])
     dec.prefill(ids), ref.prefill(ids)
