@@ -1,0 +1,323 @@
+"""Our CPU inference held against the hardware and a dedicated engine, in one run.
+
+    .venv/bin/python bench/bench_cpu_anchor.py [--reps 3] [--tokens 32]      -> bench/results/cpu_anchor.json
+
+What it measures, each configuration in its own fresh process, the configurations in a rotated order every
+repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
+
+  * probe        the machine's read bandwidth: torch summing every weight tensor of the model (2 threads), the
+                 bytes a decode step must read; the limit is bandwidth / weight bytes = tokens/s one request
+                 cannot beat in fp32;
+  * ours-dynamic / ours-static / ours-fused
+                 our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
+                 token to last, prefill excluded) over the 8 prompts one after another;
+  * engine-1 / engine-8 / engine-32
+                 the shared engine (pipeline.engine) with 1 request at a time, 8 and 32 at once: generated
+                 tokens / wall time from the first submit to the last token (prefill included, as for
+                 CTranslate2's batch below); engine-1 also reports decode tokens/s like ours-*;
+  * ct2-float32-1/8/32, ct2-int8-1/8
+                 CTranslate2 (a bench-only dependency: `pip install ctranslate2`; skipped when absent) on the
+                 same weights converted from our cached safetensors: alone (decode tokens/s, by its token
+                 stream) and static batches (generated tokens / wall time);
+  * *-loaded     engine-1 and ct2-float32-1 again while a second process keeps both cores busy (two threads of
+                 matrix products): what a busy server leaves of one visitor's decode speed;
+  * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
+
+The prompts: 8 chat prompts "Name N colours and one thing of each colour." (N = 2..9; 32 more, N = 2..33, for the
+batch of 32), 32 greedy tokens each, end-of-sequence off. Greedy agreement: how many of the answers equal
+transformers' generate token for token (and equal our dynamic loop's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+PROMPT = "Name {n} colours and one thing of each colour."
+TIMED = ("probe", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32")
+CT2 = ("ct2-float32-1", "ct2-float32-8", "ct2-float32-32", "ct2-int8-1", "ct2-int8-8")
+LOADED = ("engine-1-loaded", "ct2-float32-1-loaded")
+
+
+def prompts(lm, n: int, tokens: int) -> list[list[int]]:
+    from pipeline import generation
+
+    return [generation.prepare(lm, PROMPT.format(n=k), tokens, chat=True).prompt_ids for k in range(2, 2 + n)]
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def probe(lm) -> dict:
+    """Read bandwidth: sum every weight tensor the decode step reads (each once), best-effort steady state."""
+    import torch
+
+    ws = [p.detach() for p in lm.model.parameters()]
+    nbytes = sum(w.numel() * w.element_size() for w in ws)
+    for w in ws:  # warm
+        w.sum()
+    ts = []
+    for _ in range(7):
+        t = time.perf_counter()
+        for w in ws:
+            w.sum()
+        ts.append(time.perf_counter() - t)
+    s = statistics.median(ts)
+    return {"weight_bytes": nbytes, "gb_per_s": nbytes / s / 1e9, "limit_tokens_per_s": 1 / s, "threads": torch.get_num_threads()}
+
+
+def ours(lm, mode: str, ps, tokens: int) -> dict:
+    """One request at a time: our own loop in a cache mode, or (mode "engine") the shared engine."""
+    from pipeline import generation
+    from pipeline.engine import Engine
+    from pipeline.events import StepEvent
+
+    eng = Engine(lm) if mode == "engine" else None
+    answers, decode_s, decode_n, wall_s = [], 0.0, 0, 0.0
+    for i, ids in enumerate([ps[0]] + ps):  # the first one again as a warm-up, not counted
+        t0 = time.perf_counter()
+        if eng is not None:
+            events = eng.submit(ids, tokens, stop_ids=set())
+        else:
+            events = generation.generate(lm, "", request=generation.Prepared(ids, tokens, []), cache=mode, stop_ids=set())
+        toks, ts = [], []
+        for ev in events:
+            if isinstance(ev, StepEvent):
+                toks.append(ev.token_id)
+                ts.append(time.perf_counter())
+        if i:
+            answers.append(toks)
+            decode_s += ts[-1] - ts[0]
+            decode_n += len(ts) - 1
+            wall_s += ts[-1] - t0
+    return {"decode_tokens_per_s": decode_n / decode_s, "tokens_per_s": sum(map(len, answers)) / wall_s, "answers": answers}
+
+
+def engine_batch(lm, ps, tokens: int) -> dict:
+    from pipeline.engine import Engine
+    from pipeline.events import StepEvent
+
+    eng = Engine(lm)
+    for h in [eng.submit(p, 4, stop_ids=set()) for p in ps[:2]]:  # warm-up
+        list(h)
+    t = time.perf_counter()
+    hs = [eng.submit(p, tokens, stop_ids=set()) for p in ps]
+    answers = [[e.token_id for e in h if isinstance(e, StepEvent)] for h in hs]
+    s = time.perf_counter() - t
+    return {"tokens_per_s": sum(map(len, answers)) / s, "answers": answers}
+
+
+def ct2_model(lm, kind: str) -> Path:
+    """Our cached SmolLM2 (its safetensors folder) converted once for CTranslate2 (float32 or int8)."""
+    import ctranslate2.converters as conv
+
+    from pipeline.models import cache_dir
+
+    src = Path(lm.source)
+    out = cache_dir() / "bench-ct2" / f"{src.name}-{kind}"
+    if not (out / "model.bin").exists():
+        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+        conv.TransformersConverter(str(src)).convert(str(tmp), quantization=kind, force=True)
+        tmp.rename(out)
+    return out
+
+
+def ct2(lm, kind: str, n: int, ps, tokens: int) -> dict:
+    import ctranslate2
+
+    gen = ctranslate2.Generator(str(ct2_model(lm, kind)), device="cpu", compute_type=kind, intra_threads=os.cpu_count() or 2)
+    tok = lm.tokenizer
+    pieces = [tok.convert_ids_to_tokens(p) for p in ps]
+    kw = {"max_length": tokens, "sampling_topk": 1, "end_token": []}
+    gen.generate_batch(pieces[:2], max_length=4, sampling_topk=1, end_token=[])  # warm-up
+    if n == 1:
+        answers, decode_s, decode_n = [], 0.0, 0
+        for p in pieces:
+            toks, ts = [], []
+            for step in gen.generate_tokens(p, **kw):
+                toks.append(step.token_id)
+                ts.append(time.perf_counter())
+            answers.append(toks)
+            decode_s += ts[-1] - ts[0]
+            decode_n += len(ts) - 1
+        return {"decode_tokens_per_s": decode_n / decode_s, "answers": answers}
+    t = time.perf_counter()
+    res = gen.generate_batch(pieces, include_prompt_in_result=False, **kw)
+    s = time.perf_counter() - t
+    answers = [r.sequences_ids[0] for r in res]
+    return {"tokens_per_s": sum(map(len, answers)) / s, "answers": answers}
+
+
+def hf_generate(lm, ps, tokens: int) -> dict:
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for p in ps:
+            ids = torch.tensor([p])
+            g = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+            out.append(g[0, len(p) :].tolist())
+    return {"answers": out}
+
+
+def burner(stop_file: str) -> None:
+    """A second process keeping both cores busy: two threads multiplying matrices until the file disappears."""
+    import threading
+
+    import numpy as np
+
+    def spin():
+        a = np.random.rand(300, 300).astype(np.float32)
+        while os.path.exists(stop_file):
+            a @ a
+
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    ts = [threading.Thread(target=spin) for _ in range(os.cpu_count() or 2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def worker(config: str, tokens: int) -> dict:
+    import pipeline
+
+    lm = pipeline.load_model()
+    base = config.removesuffix("-loaded")
+    n = 32 if base.endswith("-32") else 8
+    ps = prompts(lm, n, tokens)
+    if base == "probe":
+        return probe(lm)
+    if base.startswith("ours-"):
+        return ours(lm, base.removeprefix("ours-"), ps, tokens)
+    if base == "engine-1":
+        return ours(lm, "engine", ps, tokens)
+    if base.startswith("engine-"):
+        return engine_batch(lm, ps, tokens)
+    if base.startswith("ct2-"):
+        _, kind, k = base.split("-")
+        return ct2(lm, kind, int(k), ps, tokens)
+    if base == "hf-generate":
+        return hf_generate(lm, ps, tokens)
+    raise SystemExit(f"unknown configuration {config}")
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def run_one(config: str, tokens: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out.json"
+        stop = Path(d) / "burn"
+        burn = None
+        if config.endswith("-loaded"):
+            stop.write_text("1")
+            burn = subprocess.Popen([sys.executable, __file__, "--burner", str(stop)])
+            time.sleep(1.0)
+        try:
+            t = time.perf_counter()
+            r = subprocess.run([sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True)
+            if r.returncode:
+                return {"error": (r.stderr or r.stdout)[-800:]}
+            res = json.loads(out.read_text())
+            res["process_s"] = time.perf_counter() - t
+            return res
+        finally:
+            if burn is not None:
+                stop.unlink(missing_ok=True)
+                burn.wait(30)
+
+
+def spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs} if xs else {}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    ap.add_argument("--worker")
+    ap.add_argument("--burner")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    if a.burner:
+        burner(a.burner)
+        return 0
+    if a.worker:
+        Path(a.out).write_text(json.dumps(worker(a.worker, a.tokens)))
+        return 0
+    from common import write
+
+    try:
+        import ctranslate2  # noqa: F401
+
+        have_ct2 = True
+    except ImportError:
+        have_ct2 = False
+    configs = list(TIMED) + (list(CT2) if have_ct2 else []) + ["engine-1-loaded"] + (["ct2-float32-1-loaded"] if have_ct2 else [])
+    if a.only:
+        configs = [c for c in configs if c in a.only.split(",")]
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    reference = run_one("hf-generate", a.tokens)
+    for rep in range(a.reps):
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+        for c in order:
+            r = run_one(c, a.tokens)
+            print(f"rep {rep + 1}/{a.reps} {c}: " + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float)) + (f" ERROR {r['error']}" if "error" in r else ""), flush=True)
+            runs[c].append(r)
+    ref = reference.get("answers")
+    results = {}
+    for c, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        entry = {k: spread([r[k] for r in ok]) for k in ("tokens_per_s", "decode_tokens_per_s", "gb_per_s", "limit_tokens_per_s") if ok and k in ok[0]}
+        if ok and "answers" in ok[0]:
+            ans = ok[0]["answers"]
+            entry["answers_equal_transformers_generate"] = f"{sum(x == y for x, y in zip(ans, ref or []))}/{len(ans)}" if ref else None
+            dyn = runs.get("ours-dynamic", [{}])[0].get("answers")
+            if dyn and len(ans) == len(dyn):
+                entry["answers_equal_our_loop"] = f"{sum(x == y for x, y in zip(ans, dyn))}/{len(ans)}"
+            entry["answers_same_every_repeat"] = all(r["answers"] == ans for r in ok)
+        if len(ok) < len(rs):
+            entry["errors"] = [r["error"] for r in rs if "error" in r]
+        results[c] = entry
+    summary = summarise(results)
+    write("cpu_anchor", {"prompt": PROMPT, "tokens": a.tokens, "reps": a.reps, "summary": summary, "results": results})
+    return 0
+
+
+def summarise(results: dict) -> dict:
+    def med(c, k):
+        return results.get(c, {}).get(k, {}).get("median")
+
+    limit = med("probe", "limit_tokens_per_s")
+    one = med("engine-1", "decode_tokens_per_s")
+    out = {
+        "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),
+        "limit_tokens_per_s": limit,
+        "ours_alone_decode_tokens_per_s": one,
+        "ours_alone_share_of_limit": one / limit if one and limit else None,
+        "ct2_float32_alone_decode_tokens_per_s": med("ct2-float32-1", "decode_tokens_per_s"),
+        "engine_8_tokens_per_s": med("engine-8", "tokens_per_s"),
+        "ct2_float32_batch_8_tokens_per_s": med("ct2-float32-8", "tokens_per_s"),
+        "engine_32_tokens_per_s": med("engine-32", "tokens_per_s"),
+        "ct2_float32_batch_32_tokens_per_s": med("ct2-float32-32", "tokens_per_s"),
+        "ours_alone_under_load_decode_tokens_per_s": med("engine-1-loaded", "decode_tokens_per_s"),
+        "ct2_float32_alone_under_load_decode_tokens_per_s": med("ct2-float32-1-loaded", "decode_tokens_per_s"),
+    }
+    if out["ours_alone_under_load_decode_tokens_per_s"] and one:
+        out["ours_under_load_share_of_quiet"] = out["ours_alone_under_load_decode_tokens_per_s"] / one
+    if out["engine_8_tokens_per_s"] and one:
+        out["engine_8_over_alone"] = out["engine_8_tokens_per_s"] / one
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
