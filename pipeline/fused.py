@@ -358,7 +358,8 @@ class FusedDecoder:
         if not 0 <= position < self.max_len:
             raise ValueError(f"position {position} outside the buffer of {self.max_len}")
         if self.row is not None:
-            logits = self.row.logits(token_id, position, self._row_kv)
+            self._row_kv.pos = int(position)
+            logits = self.row.logits([token_id], [position], self._row_kv)[0]
             return logits, self._summary(logits)
         with torch.inference_mode():
             self.tok.fill_(int(token_id))

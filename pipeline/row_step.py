@@ -37,13 +37,13 @@ time: the engine's lone request (engine.paged) and our own loop's "fused" mode (
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 
 import numpy as np
 import torch
 
+from .cpu_matmul import linear
 from .models import LoadedModel
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -67,12 +67,9 @@ class Norm:
             raise ValueError(f"no row-step norm for {name}")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [..., d]: each row normalised by its own root mean square."""
-        if x.ndim == 1:
-            r = 1.0 / math.sqrt(float(x @ x) / x.shape[0] + self.eps)
-            h = x * np.float32(r)
-        else:
-            h = x / np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1] + self.eps).astype(np.float32)
+        """x [..., d]: each row divided by its root mean square, then scaled."""
+        ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
+        h = x * (1.0 / np.sqrt(ms + np.float32(self.eps)))
         h *= self.scale
         return h
 
@@ -80,12 +77,11 @@ class Norm:
 class _RowLayer:
     def __init__(self, layer, ly):
         a, m = layer.self_attn, layer.mlp
-        self.wqkv, self.wo, self.wgu, self.wdown = _arr(ly.wqkv), _arr(a.o_proj.weight), _arr(ly.wgu), _arr(m.down_proj.weight)
-        self.bqkv = None if ly.bqkv is None else _arr(ly.bqkv)
-        self.bo = None if a.o_proj.bias is None else _arr(a.o_proj.bias)
-        self.bdown = None if m.down_proj.bias is None else _arr(m.down_proj.bias)
+        # torch weights (for several rows: pipeline.cpu_matmul) and numpy views of the same memory (for one)
+        self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (a.o_proj.weight, a.o_proj.bias), "gu": (ly.wgu, None), "down": (m.down_proj.weight, m.down_proj.bias)}
+        self.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.t.items()}
         self.act = m.act_fn
-        self.scale = float(a.scaling)
+        self.scale = np.float32(a.scaling)
         self.window, self.rope = ly.window, ly.rope
         self.norm_in, self.norm_mid = Norm(layer.input_layernorm), Norm(layer.post_attention_layernorm)
         sandwich = ly.norm_ff is not None
@@ -94,19 +90,29 @@ class _RowLayer:
         self.q_norm = Norm(a.q_norm) if ly.q_norm is not None else None
         self.k_norm = Norm(a.k_norm) if ly.k_norm is not None else None
 
-
-def _mv(w: np.ndarray, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    y = w @ x  # OpenBLAS sgemv: the weight streamed once
-    if b is not None:
-        y += b
-    return y
+    def project(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x [B, in] times the layer's weight `name`: OpenBLAS's sgemv for one row (the weight streamed once),
+        pipeline.cpu_matmul.linear (oneDNN, the weight packed once) for several."""
+        if x.shape[0] == 1:
+            w, b = self.n[name]
+            y = (w @ x[0])[None]
+            if b is not None:
+                y += b
+            return y
+        w, b = self.t[name]
+        return _arr(linear(torch.from_numpy(x), w, b))
 
 
 class RowStep:
-    """The model's decode step for one token, over numpy views of its weights. Built once per model (`row_step`).
+    """The model's decode step for B tokens (one per request), over numpy views of its weights. Built once per
+    model (`row_step`).
 
-        step.logits(token, pos, kv)   -> torch [vocab] float32
-    where kv has write(layer, pos, k [KV, D], v [KV, D]) and read(layer, lo, hi) -> (K, V) [KV, hi - lo, D]."""
+        step.logits(tokens, positions, kv, interrupt=None)   -> torch [B, vocab] float32, or None if parked
+    where kv holds the rows' keys and values (BufferKV: one request's static buffers; PagedRows: the engine's
+    blocks): kv.write(layer, k, v) with k, v [B, KV, D] at the rows' positions, kv.attend(layer, q, window,
+    scale) with q [B, KV, G, D] -> [B, KV * G * D].
+    With `interrupt` (asked after every layer, as the engine's torch step does), a True answer stops every row at
+    that layer: `parked` then holds (the next layer, hidden states [B, d]) and logits returns None."""
 
     def __init__(self, lm: LoadedModel):
         from .fused import fuse_weights
@@ -118,8 +124,11 @@ class RowStep:
         self.G = self.H // self.KV
         self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, layers)]
         self.final_norm = Norm(lm.arch.decoder.norm)
-        self.head = _arr(lm.model.lm_head.weight)
-        self.head_bias = None if getattr(lm.model.lm_head, "bias", None) is None else _arr(lm.model.lm_head.bias)
+        head = lm.model.lm_head
+        self.head = _RowLayer.__new__(_RowLayer)
+        self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
+        self.head.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.head.t.items()}
+        self.vocab = head.weight.shape[0]
         self._layers_fused = layers
         self._rope_len = 0
         self._rope_lock = threading.Lock()
@@ -141,49 +150,49 @@ class RowStep:
             self.sin = {k: v.numpy() for k, v in sin.items()}
             self._rope_len = size
 
-    def logits(self, token: int, pos: int, kv) -> torch.Tensor:
-        """The logits [vocab] (float32 torch) of the token after `token` at position `pos`; its K/V written."""
-        self._rope(pos + 1)
+    def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
+        """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
+        `interrupt` stopped the pass (see the class)."""
+        self._rope(max(positions) + 1)
+        self.parked = None
         with torch.no_grad():
-            return self._logits(token, pos, kv)
+            return self._logits(tokens, positions, kv, interrupt)
 
-    def _logits(self, token: int, pos: int, kv) -> torch.Tensor:
+    def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
         H, KV, D, G = self.H, self.KV, self.D, self.G
         half = D // 2
-        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([[int(token)]]))).reshape(-1).copy()
-        tables = {lt: (self.cos[lt][pos], self.sin[lt][pos]) for lt in self.cos}
+        pos = np.asarray(positions)
+        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
+        tables = {lt: (self.cos[lt][pos][:, None], self.sin[lt][pos][:, None]) for lt in self.cos}
         for i, ly in enumerate(self.layers):
-            qkv = _mv(ly.wqkv, ly.norm_in(x), ly.bqkv).reshape(H + 2 * KV, D)
-            qk, v = qkv[: H + KV], qkv[H + KV :]
+            qkv = ly.project("qkv", ly.norm_in(x)).reshape(-1, H + 2 * KV, D)
+            qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
             if ly.q_norm is not None:
-                qk = np.concatenate([ly.q_norm(qk[:H]), ly.k_norm(qk[H:])])
+                qk = np.concatenate([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], axis=1)
             cos, sin = tables[ly.rope]
             rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
-            np.negative(qk[:, half:], out=rot[:, :half])
-            rot[:, half:] = qk[:, :half]
+            np.negative(qk[..., half:], out=rot[..., :half])
+            rot[..., half:] = qk[..., :half]
             rot *= sin
             qk = qk * cos
             qk += rot
-            kv.write(i, pos, qk[H:], v)
-            K, V = kv.read(i, max(0, pos + 1 - ly.window) if ly.window else 0, pos + 1)
-            s = np.matmul(qk[:H].reshape(KV, G, D), K.transpose(0, 2, 1))  # [KV, G, n]
-            s *= np.float32(ly.scale)
-            s -= s.max(-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(-1, keepdims=True)
-            a = np.matmul(s, V).reshape(H * D)
-            o = _mv(ly.wo, a, ly.bo)
+            kv.write(i, qk[:, H:], v)
+            a = kv.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
+            o = ly.project("o", a)
             if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
                 x += ly.norm_mid(o)
                 h = ly.norm_ff(x)
             else:
                 x += o
                 h = ly.norm_mid(x)
-            gu = _mv(ly.wgu, h)
-            g, u = gu[: gu.shape[0] // 2], gu[gu.shape[0] // 2 :]
-            m = _mv(ly.wdown, _arr(ly.act(torch.from_numpy(g))) * u, ly.bdown)  # the model's own activation
+            gu = ly.project("gu", h)
+            g, u = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
+            m = ly.project("down", _arr(ly.act(torch.from_numpy(g))) * u)  # the model's own activation
             x += ly.norm_out(m) if ly.norm_out is not None else m
-        out = torch.from_numpy(_mv(self.head, self.final_norm(x), self.head_bias))
+            if interrupt is not None and i + 1 < len(self.layers) and interrupt():
+                self.parked = (i + 1, x)
+                return None
+        out = torch.from_numpy(self.head.project("head", self.final_norm(x)))
         return self.lm.arch.apply_softcap(out)
 
 
@@ -213,38 +222,88 @@ def row_step(lm: LoadedModel) -> RowStep | None:
         return st
 
 
+def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32, mask: np.ndarray | None = None) -> np.ndarray:
+    """Attention of decode tokens: q [..., KV, G, D] (each KV head's G query heads) over K, V [..., KV, n, D]; an
+    additive mask [..., n] (0 or -inf) for padded or out-of-window positions. Returns [..., KV * G * D]."""
+    s = np.matmul(q, np.swapaxes(K, -1, -2))  # [..., KV, G, n]
+    s *= scale
+    if mask is not None:
+        s += mask[..., None, None, :]
+    s -= s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    out = np.matmul(s, V)
+    return out.reshape(*out.shape[:-3], -1)
+
+
 class BufferKV:
-    """K/V in static buffers [layers, KV, max_len, D] (pipeline.fused's)."""
+    """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.fused's), at `pos`."""
 
     def __init__(self, K: torch.Tensor, V: torch.Tensor):
         self.K, self.V = _arr(K), _arr(V)
+        self.pos = 0
 
-    def write(self, i: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.K[i, :, pos] = k
-        self.V[i, :, pos] = v
+    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.K[i, :, self.pos] = k[0]
+        self.V[i, :, self.pos] = v[0]
 
-    def read(self, i: int, lo: int, hi: int):
-        return self.K[i, :, lo:hi], self.V[i, :, lo:hi]
+    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
+        lo, hi = (max(0, self.pos + 1 - window) if window else 0), self.pos + 1
+        return attend(q[0], self.K[i, :, lo:hi], self.V[i, :, lo:hi], scale)[None]
 
 
-class PagedKV:
-    """K/V in the engine's blocks [layers, blocks, KV, block_size, D], one request's block table."""
+class PagedRows:
+    """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
+    its block table and position). Attention reads each request's blocks: gathered for all rows in one padded,
+    masked call when their lengths are close (as engine.paged's torch step), else row by row over exactly its
+    positions (always for a lone request)."""
 
-    def __init__(self, K: torch.Tensor, V: torch.Tensor, table: list[int]):
+    def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int]):
         self.K, self.V = _arr(K), _arr(V)
-        self.table = np.asarray(table)
-        self.bs = self.K.shape[3]
+        bs = self.bs = self.K.shape[3]
+        self.pos = np.asarray(positions)
+        self.tables = tables
+        self.blk = np.asarray([t[p // bs] for t, p in zip(tables, positions)])
+        self.off = self.pos % bs
+        lens = self.pos + 1
+        B = len(positions)
+        self.gathered = B > 1 and lens.max() * B <= 2 * lens.sum()
+        if self.gathered:
+            nb = -(-int(lens.max()) // bs)
+            self.idx = np.asarray([(t[:nb] + [t[0]] * nb)[:nb] for t in tables])  # [B, nb], padded with a real block
+            self.k_pos = np.arange(nb * bs)
+            self._masks: dict = {}
 
-    def write(self, i: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
-        b, o = self.table[pos // self.bs], pos % self.bs
-        self.K[i, b, :, o] = k
-        self.V[i, b, :, o] = v
+    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.K[i, self.blk, :, self.off] = k
+        self.V[i, self.blk, :, self.off] = v
 
-    def read(self, i: int, lo: int, hi: int):
-        b0, b1 = lo // self.bs, -(-hi // self.bs)
-        ids = self.table[b0:b1]
+    def _mask(self, window: int | None) -> np.ndarray:
+        m = self._masks.get(window)
+        if m is None:
+            ok = self.k_pos[None] <= self.pos[:, None]
+            if window:
+                ok &= self.k_pos[None] > self.pos[:, None] - window
+            m = self._masks[window] = np.where(ok, np.float32(0), np.float32(-np.inf))
+        return m
+
+    def _read(self, i: int, table: list[int], lo: int, hi: int):
+        bs = self.bs
+        b0, b1 = lo // bs, -(-hi // bs)
+        ids = table[b0:b1]
         KV, D = self.K.shape[2], self.K.shape[4]
         k = self.K[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
         v = self.V[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
-        a = lo - b0 * self.bs
+        a = lo - b0 * bs
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
+
+    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
+        if self.gathered:
+            B, KV, _, D = q.shape
+            K = self.K[i, self.idx].transpose(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]
+            V = self.V[i, self.idx].transpose(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+            return attend(q, K, V, scale, self._mask(window))
+        out = np.empty((q.shape[0], q[0].size), dtype=np.float32)
+        for b, (t, p) in enumerate(zip(self.tables, self.pos.tolist())):
+            out[b] = attend(q[b], *self._read(i, t, max(0, p + 1 - window) if window else 0, p + 1), scale)
+        return out

@@ -33,8 +33,7 @@ import torch.nn.functional as F
 
 from ..fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
 from ..models import LoadedModel
-from ..row_step import PagedKV as RowKV
-from ..row_step import row_step
+from ..row_step import PagedRows, row_step
 
 
 @dataclass
@@ -166,10 +165,8 @@ class PagedStep:
         `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
         True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
-        if self.row is not None and logits and len(seqs) == 1 and len(seqs[0].tokens) == 1 and not seqs[0].layer:
-            s = seqs[0]  # a lone decode token: the row step (pipeline.row_step), ~45 ms, so never parked
-            s.parked = False
-            return self.row.logits(s.tokens[0], s.start, RowKV(kv.K, kv.V, s.table))[None]
+        if self.row is not None and logits and all(len(s.tokens) == 1 and not s.layer for s in seqs):
+            return self._decode_rows(seqs, interrupt)  # decode tokens only (the usual pass): the row step
         dev, bs = lm.device, kv.block_size
         H, KV, D = self.H, self.KV, self.D
         positions = [p for s in seqs for p in range(s.start, s.end)]
@@ -232,6 +229,23 @@ class PagedStep:
         full = out.new_full((len(seqs), out.shape[-1]), float("nan"))
         full[keep] = out
         return full
+
+    def _decode_rows(self, seqs: list[Seq], interrupt) -> torch.Tensor:
+        """A pass of decode tokens only, on a CPU: pipeline.row_step (numpy for the small work, each request's
+        attention over exactly its own positions, the weights read once for all rows). Parked as forward parks:
+        every row stops at the layer where `interrupt` said so, its logits NaN."""
+        for s in seqs:
+            s.parked = False
+        if not any(s.parkable for s in seqs):
+            interrupt = None
+        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs])
+        out = self.row.logits([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, interrupt)
+        if out is not None:
+            return out
+        layer, x = self.row.parked
+        for b, s in enumerate(seqs):
+            s.layer, s.x, s.parked = layer, torch.from_numpy(x[b : b + 1].copy()).view(1, 1, -1), True
+        return torch.full((len(seqs), self.row.vocab), float("nan"))
 
     def _attention_plan(self, seqs: list[Seq], dev) -> AttentionPlan:
         """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal
