@@ -20,7 +20,8 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  same weights converted from our cached safetensors: alone (decode tokens/s, by its token
                  stream) and static batches (generated tokens / wall time);
   * *-loaded     engine-1 and ct2-float32-1 again while a second process keeps both cores busy (two threads of
-                 matrix products): what a busy server leaves of one visitor's decode speed;
+                 matrix products): what a busy server leaves of one visitor's decode speed; -noplan: the same
+                 without pipeline.cpu_threads' plan (every step on both threads, LLM_EXPLORER_THREAD_PLAN=0);
   * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
 
 The prompts: 8 chat prompts "Name N colours and one thing of each colour." (N = 2..9; 32 more, N = 2..33, for the
@@ -47,7 +48,7 @@ sys.path.insert(0, str(HERE))
 PROMPT = "Name {n} colours and one thing of each colour."
 TIMED = ("probe", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32")
 CT2 = ("ct2-float32-1", "ct2-float32-8", "ct2-float32-32", "ct2-int8-1", "ct2-int8-8")
-LOADED = ("engine-1-loaded", "ct2-float32-1-loaded")
+LOADED = ("engine-1-loaded", "engine-1-loaded-noplan", "ct2-float32-1-loaded")
 
 
 def prompts(lm, n: int, tokens: int) -> list[list[int]]:
@@ -173,6 +174,7 @@ def burner(stop_file: str) -> None:
     """A second process keeping both cores busy: two threads multiplying matrices until the file disappears."""
     import threading
 
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # before numpy loads OpenBLAS: one busy thread per core, no more
     import numpy as np
 
     def spin():
@@ -180,7 +182,6 @@ def burner(stop_file: str) -> None:
         while os.path.exists(stop_file):
             a @ a
 
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     ts = [threading.Thread(target=spin) for _ in range(os.cpu_count() or 2)]
     for t in ts:
         t.start()
@@ -192,7 +193,7 @@ def worker(config: str, tokens: int) -> dict:
     import pipeline
 
     lm = pipeline.load_model()
-    base = config.removesuffix("-loaded")
+    base = config.removesuffix("-noplan").removesuffix("-loaded")
     n = 32 if base.endswith("-32") else 8
     ps = prompts(lm, n, tokens)
     if base == "probe":
@@ -217,13 +218,14 @@ def run_one(config: str, tokens: int) -> dict:
         out = Path(d) / "out.json"
         stop = Path(d) / "burn"
         burn = None
-        if config.endswith("-loaded"):
+        if "-loaded" in config:
             stop.write_text("1")
             burn = subprocess.Popen([sys.executable, __file__, "--burner", str(stop)])
             time.sleep(1.0)
         try:
             t = time.perf_counter()
-            r = subprocess.run([sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True)
+            env = os.environ | ({"LLM_EXPLORER_THREAD_PLAN": "0"} if config.endswith("-noplan") else {})
+            r = subprocess.run([sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True, env=env)
             if r.returncode:
                 return {"error": (r.stderr or r.stdout)[-800:]}
             res = json.loads(out.read_text())
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
         have_ct2 = True
     except ImportError:
         have_ct2 = False
-    configs = list(TIMED) + (list(CT2) if have_ct2 else []) + ["engine-1-loaded"] + (["ct2-float32-1-loaded"] if have_ct2 else [])
+    configs = list(TIMED) + (list(CT2) if have_ct2 else []) + [c for c in LOADED if have_ct2 or not c.startswith("ct2")]
     if a.only:
         configs = [c for c in configs if c in a.only.split(",")]
     runs: dict[str, list[dict]] = {c: [] for c in configs}
@@ -271,7 +273,12 @@ def main(argv=None) -> int:
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
         for c in order:
             r = run_one(c, a.tokens)
-            print(f"rep {rep + 1}/{a.reps} {c}: " + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float)) + (f" ERROR {r['error']}" if "error" in r else ""), flush=True)
+            print(
+                f"rep {rep + 1}/{a.reps} {c}: "
+                + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float))
+                + (f" ERROR {r['error']}" if "error" in r else ""),
+                flush=True,
+            )
             runs[c].append(r)
     ref = reference.get("answers")
     results = {}
@@ -310,6 +317,7 @@ def summarise(results: dict) -> dict:
         "engine_32_tokens_per_s": med("engine-32", "tokens_per_s"),
         "ct2_float32_batch_32_tokens_per_s": med("ct2-float32-32", "tokens_per_s"),
         "ours_alone_under_load_decode_tokens_per_s": med("engine-1-loaded", "decode_tokens_per_s"),
+        "ours_alone_under_load_without_thread_plan_decode_tokens_per_s": med("engine-1-loaded-noplan", "decode_tokens_per_s"),
         "ct2_float32_alone_under_load_decode_tokens_per_s": med("ct2-float32-1-loaded", "decode_tokens_per_s"),
     }
     if out["ours_alone_under_load_decode_tokens_per_s"] and one:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from .cpu_matmul import linear
+from .cpu_threads import PLAN
 from .models import LoadedModel
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -90,9 +91,13 @@ class _RowLayer:
         self.q_norm = Norm(a.q_norm) if ly.q_norm is not None else None
         self.k_norm = Norm(a.k_norm) if ly.k_norm is not None else None
 
+    custom: dict | None = None  # name -> its own product (pipeline.precision's bf16 and int8 variants)
+
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [B, in] times the layer's weight `name`: OpenBLAS's sgemv for one row (the weight streamed once),
         pipeline.cpu_matmul.linear (oneDNN, the weight packed once) for several."""
+        if self.custom is not None:
+            return self.custom[name](x)
         if x.shape[0] == 1:
             w, b = self.n[name]
             y = (w @ x[0])[None]
@@ -155,7 +160,7 @@ class RowStep:
         `interrupt` stopped the pass (see the class)."""
         self._rope(max(positions) + 1)
         self.parked = None
-        with torch.no_grad():
+        with torch.no_grad(), PLAN.step():  # its threads: as many as the last steps got (pipeline.cpu_threads)
             return self._logits(tokens, positions, kv, interrupt)
 
     def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
@@ -255,10 +260,10 @@ class BufferKV:
 class PagedRows:
     """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
     its block table and position). Attention reads each request's blocks: gathered for all rows in one padded,
-    masked call when their lengths are close (as engine.paged's torch step), else row by row over exactly its
-    positions (always for a lone request)."""
+    masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by default the
+    same rule), else row by row over exactly its positions (always for a lone request)."""
 
-    def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int]):
+    def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int], gathered: bool | None = None):
         self.K, self.V = _arr(K), _arr(V)
         bs = self.bs = self.K.shape[3]
         self.pos = np.asarray(positions)
@@ -267,7 +272,7 @@ class PagedRows:
         self.off = self.pos % bs
         lens = self.pos + 1
         B = len(positions)
-        self.gathered = B > 1 and lens.max() * B <= 2 * lens.sum()
+        self.gathered = (B > 1 and lens.max() * B <= 2 * lens.sum()) if gathered is None else gathered and B > 1
         if self.gathered:
             nb = -(-int(lens.max()) // bs)
             self.idx = np.asarray([(t[:nb] + [t[0]] * nb)[:nb] for t in tables])  # [B, nb], padded with a real block

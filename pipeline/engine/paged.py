@@ -238,7 +238,7 @@ class PagedStep:
             s.parked = False
         if not any(s.parkable for s in seqs):
             interrupt = None
-        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs])
+        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs], self.gather([s.end for s in seqs]))
         out = self.row.logits([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, interrupt)
         if out is not None:
             return out
