@@ -73,9 +73,77 @@ if st.button("Run all modes", type="primary", key="prod_go") and guard.prompt_fi
         except Exception as e:  # noqa: BLE001 - a model the fused step cannot run, out of memory: say so, keep serving
             guard.fail(e, "run the modes")
         bar.empty()
+
+
+def _precision():
+    """The lower-precision lesson: fp32, bf16 and int8 row steps on this prompt (pipeline.precision)."""
+    st.subheader("Lower precision: what production engines trade")
+    st.markdown(
+        "A decode token reads every weight once, so fewer bytes per weight can mean more tokens per second. Production "
+        "engines serve in **bf16** (2 bytes a weight) and often quantise weights to **int8** (1 byte, plus a scale per "
+        "row). Below, the CPU row step with its matrices in each precision, on this prompt: fp32 answers greedily, then "
+        "each variant is fed the same prompt and answer token by token, so every position compares the same context. "
+        "fp32 stays the default everywhere else in the app."
+    )
+    if not precision.usable(lm):
+        st.info("This lesson runs the CPU row step: it needs a CPU in fp32 and an architecture the fused step implements.")
+    elif st.button("Compare fp32, bf16 and int8", key="prec_go") and guard.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
+        with runs.heavy("the precision comparison", slot="prec"):
+            bar = st.progress(0.0, text="building the bf16 and int8 weights")
+            try:
+                req = prepare(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", precision.N_NEW, chat)
+                loading.remember("prec", precision.compare(lm, req.prompt_ids, req.max_new_tokens, progress=lambda f, m: bar.progress(min(f, 1.0), text=m)))
+            except Exception as e:  # noqa: BLE001 - out of memory, a kernel this torch lacks: say so, keep serving
+                guard.fail(e, "compare precisions")
+            bar.empty()
+    prec = loading.recall("prec")
+    if prec is not None:
+        answer, pruns = prec
+        base = pruns[0]
+        for c, r in zip(st.columns(len(pruns)), pruns):
+            c.metric(
+                precision.LABELS[r.kind],
+                f"{r.tokens_per_s:.1f} tok/s",
+                f"{r.bytes_per_token / 1e6:,.0f} MB of weights a token",
+                delta_color="off",
+                delta_arrow="off",
+                help="Median decode step over the answer's positions; bytes: the matrices one token reads (embedding row, norms excluded).",
+            )
+        render.table(
+            "precision",
+            pd.DataFrame(
+                [
+                    {
+                        "precision": precision.LABELS[r.kind],
+                        "tok/s": round(r.tokens_per_s, 1),
+                        "× fp32": round(r.tokens_per_s / base.tokens_per_s, 2),
+                        "weight MB / token": round(r.bytes_per_token / 1e6),
+                        "answer tokens that differ": f"{r.flips} of {r.positions}",
+                        "first at": "—" if r.first_flip is None else r.first_flip + 1,
+                        "largest logit difference": round(r.max_logit_diff, 4),
+                    }
+                    for r in pruns
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+        st.caption(
+            "Answer tokens that differ: positions of fp32's greedy answer where this precision, given the same context, "
+            "would pick another token. Largest logit difference: over those positions and the whole vocabulary, against fp32. "
+            "bf16 rounds weights and activations to 8 bits of mantissa (torch's bf16 linear); int8 keeps fp32 activations and "
+            "multiplies by int8 weights with one fp32 scale per row (torch's _weight_int8pack_mm). Whether fewer bytes are "
+            "faster depends on the kernel: on a CPU without native bf16 or tuned int8 instructions the smaller weights are "
+            "converted on the fly, and a dedicated engine's int8 GEMM (CTranslate2: docs/benchmarks.md) goes further."
+        )
+        st.markdown("fp32's answer (verbatim):")
+        st.code(text_of(lm.tokenizer, answer), language=None)
+
+
 got = loading.recall("prod")
 if got is None:
     st.info("Press **Run all modes**.")
+    _precision()
     st.stop()
 res, counts = got
 ref_tokens = res.modes["dynamic"].token_ids
@@ -158,68 +226,7 @@ if counts:
             "them all with one launch. Counted here on the CPU by torch.profiler."
         )
     )
-
-st.subheader("Lower precision: what production engines trade")
-st.markdown(
-    "A decode token reads every weight once, so fewer bytes per weight can mean more tokens per second. Production "
-    "engines serve in **bf16** (2 bytes a weight) and often quantise weights to **int8** (1 byte, plus a scale per "
-    "row). Below, the CPU row step with its matrices in each precision, on this prompt: fp32 answers greedily, then "
-    "each variant is fed the same prompt and answer token by token, so every position compares the same context. "
-    "fp32 stays the default everywhere else in the app."
-)
-if not precision.usable(lm):
-    st.info("This lesson runs the CPU row step: it needs a CPU in fp32 and an architecture the fused step implements.")
-elif st.button("Compare fp32, bf16 and int8", key="prec_go") and guard.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
-    with runs.heavy("the precision comparison", slot="prec"):
-        bar = st.progress(0.0, text="building the bf16 and int8 weights")
-        try:
-            req = prepare(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", precision.N_NEW, chat)
-            loading.remember("prec", precision.compare(lm, req.prompt_ids, req.max_new_tokens, progress=lambda f, m: bar.progress(min(f, 1.0), text=m)))
-        except Exception as e:  # noqa: BLE001 - out of memory, a kernel this torch lacks: say so, keep serving
-            guard.fail(e, "compare precisions")
-        bar.empty()
-prec = loading.recall("prec")
-if prec is not None:
-    answer, pruns = prec
-    base = pruns[0]
-    for c, r in zip(st.columns(len(pruns)), pruns):
-        c.metric(
-            precision.LABELS[r.kind],
-            f"{r.tokens_per_s:.1f} tok/s",
-            f"{r.bytes_per_token / 1e6:,.0f} MB of weights a token",
-            delta_color="off",
-            delta_arrow="off",
-            help="Median decode step over the answer's positions; bytes: the matrices one token reads (embedding row, norms excluded).",
-        )
-    render.table(
-        "precision",
-        pd.DataFrame(
-            [
-                {
-                    "precision": precision.LABELS[r.kind],
-                    "tok/s": round(r.tokens_per_s, 1),
-                    "× fp32": round(r.tokens_per_s / base.tokens_per_s, 2),
-                    "weight MB / token": round(r.bytes_per_token / 1e6),
-                    "answer tokens that differ": f"{r.flips} of {r.positions}",
-                    "first at": "—" if r.first_flip is None else r.first_flip + 1,
-                    "largest logit difference": round(r.max_logit_diff, 4),
-                }
-                for r in pruns
-            ]
-        ),
-        hide_index=True,
-        width="stretch",
-    )
-    st.caption(
-        "Answer tokens that differ: positions of fp32's greedy answer where this precision, given the same context, "
-        "would pick another token. Largest logit difference: over those positions and the whole vocabulary, against fp32. "
-        "bf16 rounds weights and activations to 8 bits of mantissa (torch's bf16 linear); int8 keeps fp32 activations and "
-        "multiplies by int8 weights with one fp32 scale per row (torch's _weight_int8pack_mm). Whether fewer bytes are "
-        "faster depends on the kernel: on a CPU without native bf16 or tuned int8 instructions the smaller weights are "
-        "converted on the fly, and a dedicated engine's int8 GEMM (CTranslate2: docs/benchmarks.md) goes further."
-    )
-    st.markdown("fp32's answer (verbatim):")
-    st.code(text_of(lm.tokenizer, answer), language=None)
+_precision()
 
 
 def _checks():

@@ -246,3 +246,15 @@ def test_misconceptions_page_tests_each_myth():
 def frames(at) -> list:
     """Every table the page drew, as DataFrames: short ones are HTML tables (st.table), long ones data grids."""
     return [t.value for t in at.table] + [d.value for d in at.dataframe]
+
+
+def test_precision_lesson_on_the_production_page():
+    """Page 12's lower-precision section: fp32, bf16 and int8 side by side with tok/s, bytes, differing tokens."""
+    at = page("views/12_production.py")
+    button(at, "prec_go").click().run()
+    assert not at.exception, at.exception
+    table = next(t for t in frames(at) if "precision" in t.columns)
+    assert list(table["precision"]) == ["fp32 (default)", "bf16", "int8 weight-only"]
+    assert (table["tok/s"] > 0).all() and table["weight MB / token"].iloc[1] * 2 == pytest.approx(table["weight MB / token"].iloc[0], rel=0.01)
+    assert table["answer tokens that differ"].iloc[0].startswith("0 of")
+    assert "tok/s" in metric(at, "bf16") and "MB of weights a token" in " ".join(m.delta or "" for m in at.metric)
