@@ -22,6 +22,7 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
   * *-loaded     engine-1 and ct2-float32-1 again while a second process keeps both cores busy (two threads of
                  matrix products): what a busy server leaves of one visitor's decode speed; -noplan: the same
                  without pipeline.cpu_threads' plan (every step on both threads, LLM_EXPLORER_THREAD_PLAN=0);
+                 the first 2 prompts only;
   * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
 
 The prompts: 8 chat prompts "Name N colours and one thing of each colour." (N = 2..9; 32 more, N = 2..33, for the
@@ -194,7 +195,7 @@ def worker(config: str, tokens: int) -> dict:
 
     lm = pipeline.load_model()
     base = config.removesuffix("-noplan").removesuffix("-loaded")
-    n = 32 if base.endswith("-32") else 8
+    n = 32 if base.endswith("-32") else 2 if "-loaded" in config else 8  # under load: 2 prompts (1.4 tok/s without the plan)
     ps = prompts(lm, n, tokens)
     if base == "probe":
         return probe(lm)

@@ -211,7 +211,7 @@ def usable(lm: LoadedModel) -> bool:
     return names <= LLAMA_NORMS | {"Gemma3RMSNorm"}
 
 
-ROW_STEP = True  # the bench turns it off to measure the torch step in its place
+ROW_STEP = True
 _steps: weakref.WeakKeyDictionary[torch.nn.Module, RowStep] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -227,18 +227,14 @@ def row_step(lm: LoadedModel) -> RowStep | None:
         return st
 
 
-def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32, mask: np.ndarray | None = None) -> np.ndarray:
-    """Attention of decode tokens: q [..., KV, G, D] (each KV head's G query heads) over K, V [..., KV, n, D]; an
-    additive mask [..., n] (0 or -inf) for padded or out-of-window positions. Returns [..., KV * G * D]."""
-    s = np.matmul(q, np.swapaxes(K, -1, -2))  # [..., KV, G, n]
+def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np.ndarray:
+    """One decode token's attention: q [KV, G, D] (each KV head's G query heads) over K, V [KV, n, D] -> [KV * G * D]."""
+    s = np.matmul(q, K.transpose(0, 2, 1))  # [KV, G, n]
     s *= scale
-    if mask is not None:
-        s += mask[..., None, None, :]
     s -= s.max(-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(-1, keepdims=True)
-    out = np.matmul(s, V)
-    return out.reshape(*out.shape[:-3], -1)
+    return np.matmul(s, V).reshape(-1)
 
 
 class BufferKV:
@@ -278,18 +274,20 @@ class PagedRows:
             self.idx = np.asarray([(t[:nb] + [t[0]] * nb)[:nb] for t in tables])  # [B, nb], padded with a real block
             self.k_pos = np.arange(nb * bs)
             self._masks: dict = {}
+            self.idx_t = torch.from_numpy(self.idx)
 
     def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
         self.K[i, self.blk, :, self.off] = k
         self.V[i, self.blk, :, self.off] = v
 
-    def _mask(self, window: int | None) -> np.ndarray:
+    def _mask(self, window: int | None) -> torch.Tensor:
+        """[B, 1, 1, positions] True where a row may attend: its own positions (and within its window)."""
         m = self._masks.get(window)
         if m is None:
             ok = self.k_pos[None] <= self.pos[:, None]
             if window:
                 ok &= self.k_pos[None] > self.pos[:, None] - window
-            m = self._masks[window] = np.where(ok, np.float32(0), np.float32(-np.inf))
+            m = self._masks[window] = torch.from_numpy(ok)[:, None, None, :]
         return m
 
     def _read(self, i: int, table: list[int], lo: int, hi: int):
@@ -303,11 +301,12 @@ class PagedRows:
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
-        if self.gathered:
-            B, KV, _, D = q.shape
-            K = self.K[i, self.idx].transpose(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]
-            V = self.V[i, self.idx].transpose(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
-            return attend(q, K, V, scale, self._mask(window))
+        if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)
+            B, KV, G, D = q.shape
+            K = torch.from_numpy(self.K[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]
+            V = torch.from_numpy(self.V[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+            o = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), K, V, attn_mask=self._mask(window), scale=float(scale))
+            return o.reshape(B, -1).numpy()
         out = np.empty((q.shape[0], q[0].size), dtype=np.float32)
         for b, (t, p) in enumerate(zip(self.tables, self.pos.tolist())):
             out[b] = attend(q[b], *self._read(i, t, max(0, p + 1 - window) if window else 0, p + 1), scale)
