@@ -14,7 +14,9 @@ section that fails records its error and the rest go on):
   4. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only);
   5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
      aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
-     N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506).
+     N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506);
+  6. the CPU decode path (pipeline.row_step) on the machine's own processors, fp32: its read-bandwidth limit and
+     one request's decode tokens/s, the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
@@ -42,7 +44,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
-    ap.add_argument("--only", default="production,loop,kernels,speculative,serving")
+    ap.add_argument("--only", default="production,loop,kernels,speculative,serving,cpu")
     ap.add_argument("--serving-ns", default="1,8,32,64,128,256")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -227,7 +229,33 @@ def main():
             save()
             print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
 
-    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative), ("serving", serving)):
+    def cpu():
+        """The CPU decode path (pipeline.row_step) on this machine's own processors, fp32: the read-bandwidth limit
+        (torch summing every weight) and one request's decode tokens/s, the row step against transformers' loop."""
+        from pipeline import row_step
+
+        cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
+        ws = [p.detach() for p in cpu_lm.model.parameters()]
+        nbytes = sum(w.numel() * w.element_size() for w in ws)
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for w in ws:
+                w.sum()
+            ts.append(time.perf_counter() - t)
+        out = res["cpu"] = {
+            "threads": torch.get_num_threads(),
+            "dtype": str(cpu_lm.dtype),
+            "row_step": row_step.usable(cpu_lm),
+            "read_gb_per_s": nbytes / statistics.median(ts) / 1e9,
+            "limit_tokens_per_s": 1 / statistics.median(ts),
+        }
+        for mode in ("dynamic", "fused"):
+            runs = [metrics(list(generate(cpu_lm, prompt, 64, chat=True, cache=mode, stop_ids=set()))).tokens_per_s for _ in range(args.reps)]
+            out[mode] = {"decode_tokens_per_s": statistics.median(runs), "runs": runs}
+            save()
+
+    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative), ("serving", serving), ("cpu", cpu)):
         section(name, fn)
     print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1, default=float))
     print("->", path)
