@@ -5,6 +5,7 @@
 What it measures, each configuration in its own fresh process, the configurations in a rotated order every
 repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
 
+  * row-step-split  one row step's time with and without its matrix products (pipeline.row_step's docstring);
   * probe        the machine's read bandwidth: torch summing every weight tensor of the model (2 threads), the
                  bytes a decode step must read; the limit is bandwidth / weight bytes = tokens/s one request
                  cannot beat in fp32;
@@ -47,7 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 PROMPT = "Name {n} colours and one thing of each colour."
-TIMED = ("probe", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32")
+TIMED = ("probe", "row-step-split", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32")
 CT2 = ("ct2-float32-1", "ct2-float32-8", "ct2-float32-32", "ct2-int8-1", "ct2-int8-8")
 LOADED = ("engine-1-loaded", "engine-1-loaded-noplan", "ct2-float32-1-loaded")
 
@@ -171,6 +172,42 @@ def hf_generate(lm, ps, tokens: int) -> dict:
     return {"answers": out}
 
 
+def split(lm) -> dict:
+    """Where one row step's time goes: the step as it is against the same step with its matrix products replaced
+    by returning zeros (interleaved, 30 each, positions 40-100): products = the difference, the rest = the latter."""
+    import numpy as np
+
+    from pipeline import fused, row_step
+
+    st = row_step.row_step(lm)
+    dec = fused.acquire_decoder(lm, 128)
+    kv = row_step.BufferKV(dec.K, dec.V)
+    real = row_step._RowLayer.project
+    zeros: dict = {}
+
+    def stub(self, name, x):
+        n = self.n[name][0].shape[0]
+        return zeros.setdefault((name, x.shape[0], n), np.zeros((x.shape[0], n), dtype=np.float32))
+
+    times: dict[str, list[float]] = {"whole step": [], "without the products": []}
+    try:
+        with lm.lock:
+            for p in range(100):
+                kv.pos = p
+                timed = p >= 40
+                which = "whole step" if p % 2 else "without the products"
+                row_step._RowLayer.project = real if (not timed or p % 2) else stub
+                t = time.perf_counter()
+                st.logits([5], [p], kv)
+                if timed:
+                    times[which].append((time.perf_counter() - t) * 1000)
+    finally:
+        row_step._RowLayer.project = real
+        dec.release()
+    whole, rest = statistics.median(times["whole step"]), statistics.median(times["without the products"])
+    return {"step_ms": whole, "rest_ms": rest, "products_ms": whole - rest}
+
+
 def burner(stop_file: str) -> None:
     """A second process keeping both cores busy: two threads multiplying matrices until the file disappears."""
     import threading
@@ -199,6 +236,8 @@ def worker(config: str, tokens: int) -> dict:
     ps = prompts(lm, n, tokens)
     if base == "probe":
         return probe(lm)
+    if base == "row-step-split":
+        return split(lm)
     if base.startswith("ours-"):
         return ours(lm, base.removeprefix("ours-"), ps, tokens)
     if base == "engine-1":
@@ -226,7 +265,9 @@ def run_one(config: str, tokens: int) -> dict:
         try:
             t = time.perf_counter()
             env = os.environ | ({"LLM_EXPLORER_THREAD_PLAN": "0"} if config.endswith("-noplan") else {})
-            r = subprocess.run([sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True, env=env)
+            r = subprocess.run(
+                [sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True, env=env
+            )
             if r.returncode:
                 return {"error": (r.stderr or r.stdout)[-800:]}
             res = json.loads(out.read_text())
@@ -285,7 +326,8 @@ def main(argv=None) -> int:
     results = {}
     for c, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
-        entry = {k: spread([r[k] for r in ok]) for k in ("tokens_per_s", "decode_tokens_per_s", "gb_per_s", "limit_tokens_per_s") if ok and k in ok[0]}
+        keys = ("tokens_per_s", "decode_tokens_per_s", "gb_per_s", "limit_tokens_per_s", "step_ms", "products_ms", "rest_ms")
+        entry = {k: spread([r[k] for r in ok]) for k in keys if ok and k in ok[0]}
         if ok and "answers" in ok[0]:
             ans = ok[0]["answers"]
             entry["answers_equal_transformers_generate"] = f"{sum(x == y for x, y in zip(ans, ref or []))}/{len(ans)}" if ref else None

@@ -16,6 +16,12 @@ MAX_ROWS = 40  # per section; the rest stay in the JSON
 
 # what each result file measures and how to make it again (no figures here: they come from the files)
 ABOUT = {
+    "cpu_anchor": (
+        "One request's CPU decode against the machine's read-bandwidth limit and CTranslate2 (float32, int8), the engine "
+        "at 1, 8 and 32 requests against CTranslate2's static batches, one request under a second busy process with and "
+        "without the thread plan; a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
+        "bench/bench_cpu_anchor.py --reps 3",
+    ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
         "bench/bench_first_visit.py --reps 5",

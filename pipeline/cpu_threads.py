@@ -7,7 +7,12 @@ on both cores), a helper is often descheduled, and each of the ~120 barriers wai
 again: measured on the 2-core build machine with a second process keeping both cores busy, one request's decode
 fell from 18 to 1.5 tok/s with two threads, where one thread keeps going at the share of a core it is given.
 
-So each step is timed, wall clock against the process's processor time: with k threads busy the process gets
+Several rows (oneDNN on torch's OpenMP pool) degrade gracefully instead: 8 decode rows took 113 ms quiet and
+146-167 ms under the same load with both threads, so the plan is for one-row steps only (pipeline.row_step).
+Measured per step with both threads (processor seconds per wall second, involuntary context switches): one row
+quiet 1.9-2.0 and 1-4, loaded 1.0 and 146-184 (594-736 ms a step instead of 55-59).
+
+So each one-row step is timed, wall clock against the process's processor time: with k threads busy the process gets
 about k seconds of processor per second of wall clock; a step that got less than 0.75 x k was waiting to be
 scheduled, and the steps after it run on one thread. Every PROBE_EVERY steps on one thread, one step tries
 all of them again, and keeps them if it gets its share. The choice is process-wide (OpenBLAS's and torch's

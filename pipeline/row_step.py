@@ -1,20 +1,21 @@
-"""One request's decode step on a CPU, at the speed of reading the weights once.
+"""The decode step on a CPU, at the speed of reading the weights once.
 
 Decoding one token multiplies one row of activations by every weight matrix: for SmolLM2 in fp32 that is
 538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
-memory streams those bytes (bench/bench_cpu_anchor.py measures both). Where the time goes, measured on the
-project's 2-core build machine (SmolLM2, 30 layers, bench/bench_cpu_anchor.py, the "row step" split):
+memory streams those bytes (bench/bench_cpu_anchor.py measures that limit and this step side by side). Where one
+token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 layers; tests and numbers in
+docs/architecture.md, "CPU decode at the weights' read speed"):
 
   * the 121 matrix-vector products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
-    49,152 rows): about 42-46 ms a token, OpenBLAS's sgemv on the weights' own memory (pipeline.cpu_matmul);
-  * everything else (norms, RoPE, writing K/V, attention over the context, SiLU, residual adds, the top
-    candidates): about 2-4 ms a token for ~25 small operations per layer.
+    49,152 rows): SPLIT_MS["products"] a token, OpenBLAS's sgemv on the weights' own memory (pipeline.cpu_matmul);
+  * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
+    SPLIT_MS["the rest"] a token, ~25 small operations per layer.
 
-The same step written with torch operators (pipeline.fused, what a GPU runs as one CUDA graph) spends 18-24 ms a
+The same step written with torch operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a
 token on the second part: each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm alone
-34 µs: it is a composite of six kernels), and SDPA's CPU kernel 69 µs per layer for one query. So this step
-does the small work in numpy on views of the model's own tensors (nothing is copied: the arrays ARE the torch
-parameters' memory), where an operator on a vector costs 1-2 µs and a scalar is a Python float; the model's
+34 µs: a composite of six kernels), and SDPA's CPU kernel 69 µs per layer for one query. So this step does the
+small work in numpy on views of the model's own tensors (nothing is copied: the arrays ARE the torch
+parameters' memory), where an operation on a vector costs 1-2 µs and a scalar is a Python float; the model's
 own embedding and activation modules are called as they are. The maths is the model's, written out:
 
     x = embed(token)
@@ -30,15 +31,19 @@ own embedding and activation modules are called as they are. The maths is the mo
         x   = x + Wdown @ (act(g) * u)
     logits = E @ (rms_norm(x) * w)
 
+With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: the products go to
+oneDNN with packed weights (every weight read once for all B), and attention reads each request's own keys.
 Every product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and
-greedy tokens identical to `generate` (tests/pipeline/test_fused.py). Used on a CPU in fp32 for one row at a
-time: the engine's lone request (engine.paged) and our own loop's "fused" mode (pipeline.fused).
+greedy tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32:
+our own loop's "fused" mode (pipeline.fused) and every engine pass of decode tokens only (engine.paged), a lone
+request's included.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -48,6 +53,8 @@ from .cpu_threads import PLAN
 from .models import LoadedModel
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+# one token's time split, measured (bench/bench_cpu_anchor.py --split): see the module docstring
+SPLIT_MS = {"products": "35-46 ms", "the rest": "3-5 ms"}
 
 
 def _arr(t: torch.Tensor) -> np.ndarray:
@@ -160,7 +167,8 @@ class RowStep:
         `interrupt` stopped the pass (see the class)."""
         self._rope(max(positions) + 1)
         self.parked = None
-        with torch.no_grad(), PLAN.step():  # its threads: as many as the last steps got (pipeline.cpu_threads)
+        # one row: its threads as many as the last steps got (pipeline.cpu_threads); several rows keep torch's
+        with torch.no_grad(), PLAN.step() if len(tokens) == 1 else nullcontext():
             return self._logits(tokens, positions, kv, interrupt)
 
     def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
