@@ -1,7 +1,6 @@
-"""What the engine's CPU matmul layout gives: the batched step (pipeline.engine.paged) with every projection as
-W @ xᵀ (pipeline.fused.linear, the default; 9-15 rows padded to 16), the same without the padding, and F.linear's
-x @ Wᵀ, on the loaded model, interleaved repeats. Both W @ xᵀ layouts are measured at every row count here, past
-the default's cut-over to F.linear (fused.TALL_WEIGHT_MAX_ROWS), to show why it is there.
+"""What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.cpu_matmul's
+kernel per row count, decode-only passes through pipeline.row_step), the torch step with cpu_matmul's kernels, and
+the torch step with F.linear everywhere, on the loaded model, interleaved repeats.
 
 Cases: 1, 8 and 12 decode rows (contexts around 60), a 36-token prompt chunk alone and with 7 decode rows (what
 an arrival costs the others), and 7 prompts of 36 tokens at once. Medians and spread in ms, the ratio
@@ -25,7 +24,7 @@ def main():
     import torch
 
     import pipeline
-    import pipeline.fused as fused
+    from pipeline import cpu_matmul, row_step
     from pipeline.engine import Engine
     from pipeline.engine.paged import Seq
 
@@ -46,9 +45,10 @@ def main():
         "prompt chunk of 36 + 7 decode rows": [Seq(prompt, 0, tables[12])] + decode[:7],
         "7 prompts of 36 tokens": [Seq(prompt, 0, tables[j]) for j in range(7)],
     }
-    # (W @ xT on, rows padded up to, most rows it takes)
-    layouts = {"W @ xT": (True, fused.TALL_WEIGHT_PAD_TO, 10**9), "W @ xT unpadded": (True, 0, 10**9), "F.linear": (False, 0, 0)}
-    defaults = (fused.TALL_WEIGHT_KERNEL, fused.TALL_WEIGHT_PAD_TO, fused.TALL_WEIGHT_MAX_ROWS)
+    # (cpu_matmul's kernel choice on, the row step for decode-only passes on)
+    layouts = {"cpu_matmul + row step": (True, True), "cpu_matmul, torch step": (True, False), "F.linear": (False, False)}
+    defaults = (cpu_matmul.KERNELS, row_step.ROW_STEP)
+    row = step.row
     times = {(c, k): [] for c in cases for k in layouts}
     diff = {}
     try:
@@ -56,19 +56,22 @@ def main():
             for c, seqs in cases.items():  # the logits of both layouts, once
                 out = {}
                 for k, lay in layouts.items():
-                    fused.TALL_WEIGHT_KERNEL, fused.TALL_WEIGHT_PAD_TO, fused.TALL_WEIGHT_MAX_ROWS = lay
+                    cpu_matmul.KERNELS, use_row = lay
+                    step.row = row if use_row else None
                     out[k] = step.forward(seqs)
                 diff[c] = {k: float((out[k] - out["F.linear"]).abs().max() / out["F.linear"].abs().max()) for k in layouts if k != "F.linear"}
             order = list(layouts.items())
             for rep in range(args.reps):  # interleaved: every case and layout once per repeat, the layouts' order rotating
                 for c, seqs in cases.items():
                     for k, lay in order[rep % len(order) :] + order[: rep % len(order)]:
-                        fused.TALL_WEIGHT_KERNEL, fused.TALL_WEIGHT_PAD_TO, fused.TALL_WEIGHT_MAX_ROWS = lay
+                        cpu_matmul.KERNELS, use_row = lay
+                        step.row = row if use_row else None
                         t = time.perf_counter()
                         step.forward(seqs)
                         times[(c, k)].append(time.perf_counter() - t)
     finally:
-        fused.TALL_WEIGHT_KERNEL, fused.TALL_WEIGHT_PAD_TO, fused.TALL_WEIGHT_MAX_ROWS = defaults
+        cpu_matmul.KERNELS, _ = defaults
+        step.row = row
     results = {}
     for c in cases:
         row = {}

@@ -31,7 +31,10 @@ ABOUT = {
     "generate": ("Our decode loop against transformers' model.generate (greedy), and what the telemetry sampler costs.", "bench/bench_generate.py"),
     "production": ("The same greedy request with the dynamic cache, the static cache and the fused step, interleaved repeats.", "bench/bench_production.py"),
     "faster": ("Attention kernels (eager vs SDPA backends), and speculative decoding with each draft, in one run.", "bench/bench_faster.py --reps 1"),
-    "linear": ("The batch invariance of the W @ xT layout: one row's logits alone and inside a batch.", "bench/bench_linear.py"),
+    "linear": (
+        "The batch invariance of the engine step's CPU kernels: one row's logits alone and inside a batch (this file: the W @ xT layout before pipeline.cpu_matmul).",
+        "bench/bench_linear.py",
+    ),
     "serving": (
         "Many visitors at once: our engine against one loop per visitor and transformers' static batch, by concurrency.",
         "bench/bench_serving.py --workloads same,mixed --ns 1,4,8,16,32",

@@ -50,6 +50,7 @@ import torch
 
 from .cpu_matmul import linear
 from .cpu_threads import PLAN
+from .fused_weights import fuse_weights, rope_tables, supported
 from .models import LoadedModel
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -127,8 +128,6 @@ class RowStep:
     that layer: `parked` then holds (the next layer, hidden states [B, d]) and logits returns None."""
 
     def __init__(self, lm: LoadedModel):
-        from .fused import fuse_weights
-
         self.lm = lm
         layers = fuse_weights(lm)
         f = lm.facts
@@ -148,8 +147,6 @@ class RowStep:
         self.sin: dict[str, np.ndarray] = {}
 
     def _rope(self, n: int) -> None:
-        from .fused import rope_tables
-
         if n <= self._rope_len:
             return
         with self._rope_lock:
@@ -211,8 +208,6 @@ class RowStep:
 
 def usable(lm: LoadedModel) -> bool:
     """On a CPU in fp32, for the architectures the fused step implements (its Norms included)."""
-    from .fused import supported
-
     if lm.device.type != "cpu" or lm.dtype != torch.float32 or not ROW_STEP or not supported(lm)[0]:
         return False
     names = {type(getattr(layer, n)).__name__ for layer in lm.arch.layers for n in ("input_layernorm", "post_attention_layernorm")}

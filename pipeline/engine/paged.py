@@ -133,7 +133,7 @@ class PagedStep:
         self.cos, self.sin, self._rope_len = {}, {}, 0
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.row = row_step(lm)  # a lone decode token on a CPU (None elsewhere)
+        self.row = row_step(lm)  # decode-only passes on a CPU (None elsewhere)
 
     def _rope(self, n: int) -> None:
         """RoPE tables for positions 0..n-1 at least (grown by doubling, up to the model's limit)."""
@@ -222,7 +222,7 @@ class PagedStep:
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = _project(lm.model.lm_head, h)  # on a CPU: W @ hᵀ (fused.linear), 2-3x faster at 8 rows than h @ Wᵀ
+        out = _project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu_matmul's kernel for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out
