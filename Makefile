@@ -98,7 +98,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_faster.py
 	$(BIN)/python bench/bench_production.py
 	$(BIN)/pip install -q ctranslate2  # bench-only: the dedicated engine bench_cpu_anchor.py compares against
-	$(BIN)/python bench/bench_cpu_anchor.py --reps 3
+	$(BIN)/python bench/bench_cpu_anchor.py --reps 2
 	$(BIN)/python bench/bench_serving.py --workloads same,mixed --ns 1,4,8,16,32
 	$(BIN)/python bench/bench_serving.py --workloads staggered,steady,long-prompt --ns 1,8,16 --methods threads,engine --out serving_latency
 	$(BIN)/python bench/report.py

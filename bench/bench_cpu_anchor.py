@@ -330,7 +330,11 @@ def main(argv=None) -> int:
         entry = {k: spread([r[k] for r in ok]) for k in keys if ok and k in ok[0]}
         if ok and "answers" in ok[0]:
             ans = ok[0]["answers"]
-            entry["answers_equal_transformers_generate"] = f"{sum(x == y for x, y in zip(ans, ref or []))}/{len(ans)}" if ref else None
+            n = min(len(ans), len(ref or []))  # the batch of 32 starts with the reference's 8 prompts
+            if ref:
+                entry["answers_equal_transformers_generate"] = f"{sum(x == y for x, y in zip(ans, ref))}/{n}" + (
+                    f" (the 8 prompts of the reference, of {len(ans)})" if n < len(ans) else ""
+                )
             dyn = runs.get("ours-dynamic", [{}])[0].get("answers")
             if dyn and len(ans) == len(dyn):
                 entry["answers_equal_our_loop"] = f"{sum(x == y for x, y in zip(ans, dyn))}/{len(ans)}"

@@ -20,7 +20,7 @@ ABOUT = {
         "One request's CPU decode against the machine's read-bandwidth limit and CTranslate2 (float32, int8), the engine "
         "at 1, 8 and 32 requests against CTranslate2's static batches, one request under a second busy process with and "
         "without the thread plan; a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
-        "bench/bench_cpu_anchor.py --reps 3",
+        "bench/bench_cpu_anchor.py --reps 2",
     ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",

@@ -7,9 +7,11 @@ token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 l
 docs/architecture.md, "CPU decode at the weights' read speed"):
 
   * the 121 matrix-vector products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
-    49,152 rows): SPLIT_MS["products"] a token, OpenBLAS's sgemv on the weights' own memory (pipeline.cpu_matmul);
+    49,152 rows): 40 ms of a 49 ms token (39.8-41.0 over two runs), OpenBLAS's sgemv on the weights' own
+    memory; at the 11.7 GB/s torch read the same tensors with, 538 MB take 46 ms;
   * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
-    SPLIT_MS["the rest"] a token, ~25 small operations per layer.
+    9 ms (8.6-9.3), ~25 small operations per layer
+(bench/bench_cpu_anchor.py, "row-step-split": the step against the same step with its products stubbed out).
 
 The same step written with torch operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a
 token on the second part: each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm alone
@@ -54,8 +56,6 @@ from .fused_weights import fuse_weights, rope_tables, supported
 from .models import LoadedModel
 
 LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
-# one token's time split, measured (bench/bench_cpu_anchor.py --split): see the module docstring
-SPLIT_MS = {"products": "35-46 ms", "the rest": "3-5 ms"}
 
 
 def _arr(t: torch.Tensor) -> np.ndarray:
