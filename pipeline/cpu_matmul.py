@@ -1,37 +1,53 @@
 """Matrix products on a CPU, each through the kernel that reads its weight fastest.
 
 A decode step multiplies a few rows of activations by every weight matrix of the model: 538 MB for SmolLM2 in
-fp32, read from memory once per step. At 1 row the product is memory-bound (one multiply-add per 4 bytes read),
-so what decides its speed is how close the kernel streams at the machine's read bandwidth; at 2-64 rows it is
-how little the kernel spends re-arranging the weight on every call. Measured on the project's 2-core build
-machine (AMD EPYC, bench/bench_cpu_anchor.py and bench/bench_linear.py; every weight of the model, medians):
+fp32, read from memory once per step. At 1 row the product is memory-bound (one multiply-add per 4 bytes read);
+at 8 rows a kernel must still stream the weight at the memory's speed while doing 8 times the arithmetic; at 32,
+arithmetic starts to decide. Measured on the project's 2-core build machine (AMD EPYC, AVX2;
+bench/bench_linear.py and bench/bench_cpu_anchor.py; every weight of the model, medians):
 
-  rows  torch F.linear (MKL)   W @ xᵀ (MKL)   OpenBLAS (numpy)   oneDNN, weight packed once
-     1        73-82 ms            72 ms           42-45 ms            60-68 ms
-     8          174 ms           155 ms             93 ms               74-82 ms
-    32          257 ms           139 ms            168 ms              129-137 ms
+  rows  torch F.linear (MKL)   W @ xᵀ (MKL)   OpenBLAS (numpy)   oneDNN, packed once   pipeline/cpu_decode.c
+     1        73-82 ms            72 ms           36-45 ms            40-68 ms              36-42 ms
+     8          174 ms           155 ms           81-93 ms            74-91 ms              37-42 ms
+    32          257 ms           139 ms          155-168 ms          129-155 ms             86-95 ms
 
-so `linear` sends
-  * 1 row to OpenBLAS's matrix-vector kernel (numpy's `W @ x` on the same memory, no copy): 12 GB/s against
+No library kernel does 2-64 rows well on this processor, so `linear` sends 1 to PANEL_MAX_ROWS rows to our own
+kernel, pipeline/cpu_decode.c (C, AVX2 + FMA, ~100 lines; its comment says how it works). gcc builds it once
+per machine into the model cache (about a second, on the first decode step); the weight is copied once into the
+kernel's panel layout and kept beside it (a second copy of the weights: +538 MB for SmolLM2). Each output is
+one sum over k in order, so a row's numbers do not depend on how many rows share the call, or which thread
+computes them: a request gets the same logits alone as inside any batch, bit for bit.
+
+Without a C compiler or AVX2/FMA (or with LLM_EXPLORER_PANEL=0), the measured next-best kernels:
+  * 1 row: OpenBLAS's matrix-vector kernel (numpy's `W @ x` on the same memory, no copy): 12 GB/s against
     MKL's 7 GB/s, which on this AMD processor never reaches the memory's speed at one row;
-  * 2 to PACKED_MAX_ROWS rows to oneDNN with the weight re-laid once in oneDNN's blocked layout
-    (`torch.ops.mkldnn._reorder_linear_weight`, kept beside the weight: a second copy of it, made the first
-    time the engine batches). Its rows do not depend on each other: a row gives the same numbers alone or with
-    31 others (tests/pipeline/test_fused.py);
-  * up to TALL_MAX_ROWS rows to MKL as W @ xᵀ; above, F.linear (a prompt of hundreds of tokens is compute-bound
-    and MKL's GEMM is good at it).
-Every path computes the same products in another summation order: within 1e-4 of F.linear on the model's
-projections (tests/pipeline/test_fused.py against float64). On a GPU, with other dtypes, or with KERNELS off,
-everything is F.linear.
+  * 2 to PANEL_MAX_ROWS rows: oneDNN with the weight re-laid once in its blocked layout
+    (`torch.ops.mkldnn._reorder_linear_weight`, kept beside the weight).
+Above: up to TALL_MAX_ROWS rows MKL as W @ xᵀ, then F.linear (a prompt of hundreds of tokens is compute-bound
+and MKL's GEMM is good at it). Every path computes the same products in another summation order: within 1e-4
+of F.linear on the model's projections (tests/pipeline/test_fused.py and test_row_step.py against float64). On
+a GPU, with other dtypes, or with KERNELS off, everything is F.linear.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 KERNELS = True  # bench/bench_linear.py turns it off to measure what the choice gives
-PACKED_MAX_ROWS = 64  # 2..64 rows: oneDNN with a packed weight
+PANEL_MAX_ROWS = 64  # 1..64 rows: pipeline/cpu_decode.c (or, without it, 1 row OpenBLAS and 2..64 oneDNN)
+PACKED_MAX_ROWS = PANEL_MAX_ROWS
 TALL_MAX_ROWS = 128  # 65..128 rows: MKL's W @ xᵀ; above: F.linear (252 prompt rows: W @ xᵀ ran 0.89x as fast)
 PACK_HINT = 16  # the batch size oneDNN lays the weight out for (8-32 rows within 5% of their own hint)
 _PACKED = "_onednn_packed"  # the attribute under which a weight keeps its packed copy
@@ -54,6 +70,99 @@ def packed(w: torch.Tensor) -> torch.Tensor:
         p = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
         setattr(w, _PACKED, p)
     return p
+
+
+# ------------------------------------------------------------------------------------- pipeline/cpu_decode.c
+NATIVE_SOURCE = Path(__file__).with_name("cpu_decode.c")
+_PANEL = "_panel_packed"
+_CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+_lib_lock = threading.Lock()
+_lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: not available here
+log = logging.getLogger(__name__)
+
+
+def _cpu_has_avx2_fma() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return "avx2" in flags and "fma" in flags
+
+
+def _build() -> ctypes.CDLL | None:
+    """The kernel's shared library, compiled once per source and machine into the cache (None where it cannot be)."""
+    if os.environ.get("LLM_EXPLORER_PANEL", "1") == "0" or not _cpu_has_avx2_fma():
+        return None
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        log.info("no C compiler: CPU decode uses OpenBLAS and oneDNN")
+        return None
+    from .models import cache_dir
+
+    tag = hashlib.sha256(NATIVE_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"cpu_decode-{tag}.so"
+    try:
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f"{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            subprocess.run([cc, *_CFLAGS, str(NATIVE_SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True, timeout=120)
+            os.replace(tmp, out)  # atomic: two processes building at once both end with a whole file
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("pipeline/cpu_decode.c did not build (%s): CPU decode uses OpenBLAS and oneDNN", e)
+        return None
+    ptr, i = ctypes.c_void_p, ctypes.c_int
+    lib.pack.argtypes = [ptr, ptr, i, i]
+    lib.pack.restype = None
+    lib.panel_linear.argtypes = [ptr, ptr, ptr, ptr, i, i, i, i]
+    lib.panel_linear.restype = None
+    lg = ctypes.c_long
+    lib.paged_attend.argtypes = [ptr, ptr, ptr, lg, lg, lg, ptr, i, ptr, ptr, i, i, i, i, i, ctypes.c_float, ptr, i]
+    lib.paged_attend.restype = None
+    return lib
+
+
+def native() -> ctypes.CDLL | None:
+    """The built kernel, or None (no compiler, no AVX2/FMA, LLM_EXPLORER_PANEL=0, or KERNELS off)."""
+    global _lib
+    if not KERNELS:
+        return None
+    if _lib is False:
+        with _lib_lock:
+            if _lib is False:
+                _lib = _build()
+    return _lib
+
+
+def panel(w: torch.Tensor) -> np.ndarray:
+    """w [N, K] copied once into the kernel's panels (64-byte aligned), kept on the weight itself (freed with it)."""
+    p = getattr(w, _PANEL, None)
+    if p is None:
+        with _lib_lock:  # two sessions' first batches: one copy
+            p = getattr(w, _PANEL, None)
+            if p is None:
+                N, K = w.shape
+                size = -(-N // 16) * 16 * K
+                raw = np.empty(size + 16, dtype=np.float32)
+                off = (-raw.ctypes.data % 64) // 4
+                p = raw[off : off + size]
+                native().pack(w.detach().numpy().ctypes.data, p.ctypes.data, N, K)
+                setattr(w, _PANEL, p)
+    return p
+
+
+def panel_rows(x: np.ndarray, w: torch.Tensor, b: torch.Tensor | None = None) -> np.ndarray:
+    """x [M, K] float32 (numpy) @ w.T (+ b) through pipeline/cpu_decode.c -> a new [M, N] array. native() must
+    be available."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    M, K = x.shape
+    N = w.shape[0]
+    y = np.empty((M, N), dtype=np.float32)
+    bias = None if b is None else b.detach().numpy().ctypes.data
+    native().panel_linear(x.ctypes.data, panel(w).ctypes.data, bias, y.ctypes.data, M, N, K, torch.get_num_threads())
+    return y
 
 
 def _sgemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -87,6 +196,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if not usable(x, w) or rows == 0:
         return F.linear(x, w, b)
     lead = x.shape[:-1]
+    if rows <= PANEL_MAX_ROWS and not torch.compiler.is_compiling() and native() is not None:
+        y = panel_rows(x.detach().reshape(rows, -1).numpy(), w, b)
+        return torch.from_numpy(y).reshape(*lead, w.shape[0])
     if rows == 1:
         return matvec(x, w, b).reshape(*lead, w.shape[0])
     x2 = x.reshape(rows, -1)

@@ -50,7 +50,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from .cpu_matmul import linear
+from .cpu_matmul import PANEL_MAX_ROWS, linear, native, panel_rows
 from .cpu_threads import PLAN
 from .fused_weights import fuse_weights, rope_tables, supported
 from .models import LoadedModel
@@ -102,17 +102,19 @@ class _RowLayer:
     custom: dict | None = None  # name -> its own product (pipeline.precision's bf16 and int8 variants)
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
-        """x [B, in] times the layer's weight `name`: OpenBLAS's sgemv for one row (the weight streamed once),
-        pipeline.cpu_matmul.linear (oneDNN, the weight packed once) for several."""
+        """x [B, in] times the layer's weight `name`: pipeline/cpu_decode.c for 1 to 64 rows (the same numbers for a
+        row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.cpu_matmul.linear for more."""
         if self.custom is not None:
             return self.custom[name](x)
+        w, b = self.t[name]
+        if x.shape[0] <= PANEL_MAX_ROWS and native() is not None:
+            return panel_rows(x, w, b)
         if x.shape[0] == 1:
             w, b = self.n[name]
             y = (w @ x[0])[None]
             if b is not None:
                 y += b
             return y
-        w, b = self.t[name]
         return _arr(linear(torch.from_numpy(x), w, b))
 
 
@@ -240,6 +242,27 @@ def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np
     return np.matmul(s, V).reshape(-1)
 
 
+def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
+    """Decode attention in pipeline/cpu_decode.c (`paged_attend`), over the keys and values where they lie: q [B, KV, G, D],
+    K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer [KV, max_len, D], one block), tables [B, blocks]
+    int32, each row attending to positions lo[b] <= p < hi[b]. -> [B, KV * G * D]."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    B, KV, G, D = q.shape
+    out = np.empty((B, KV * G * D), dtype=np.float32)
+    if K.ndim == 3:  # a static buffer: one block of max_len positions
+        s_blk, s_kv, s_pos = 0, K.strides[0] // 4, K.strides[1] // 4
+    else:
+        s_blk, s_kv, s_pos = K.strides[0] // 4, K.strides[1] // 4, K.strides[2] // 4
+    native().paged_attend(
+        q.ctypes.data, K.ctypes.data, V.ctypes.data, s_blk, s_kv, s_pos, tables.ctypes.data, tables.shape[1],
+        lo.ctypes.data, hi.ctypes.data, B, KV, G, D, bs, float(scale), out.ctypes.data, torch.get_num_threads(),
+    )
+    return out
+
+
+_ONE_BLOCK = np.zeros((1, 1), dtype=np.int32)
+
+
 class BufferKV:
     """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.fused's), at `pos`."""
 
@@ -253,6 +276,9 @@ class BufferKV:
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
         lo, hi = (max(0, self.pos + 1 - window) if window else 0), self.pos + 1
+        if native() is not None:
+            rng = np.array([lo, hi], dtype=np.int32)
+            return native_attend(q, self.K[i], self.V[i], _ONE_BLOCK, rng[:1], rng[1:], self.K.shape[2], scale)
         return attend(q[0], self.K[i, :, lo:hi], self.V[i, :, lo:hi], scale)[None]
 
 
@@ -271,6 +297,14 @@ class PagedRows:
         self.off = self.pos % bs
         lens = self.pos + 1
         B = len(positions)
+        if native() is not None:  # each row over its own blocks, in place (native_attend): nothing gathered
+            width = max(len(t) for t in tables)
+            self.table_arr = np.zeros((B, width), dtype=np.int32)
+            for b, t in enumerate(tables):
+                self.table_arr[b, : len(t)] = t
+            self.hi = lens.astype(np.int32)
+            self.gathered = False
+            return
         self.gathered = (B > 1 and lens.max() * B <= 2 * lens.sum()) if gathered is None else gathered and B > 1
         if self.gathered:
             nb = -(-int(lens.max()) // bs)
@@ -304,6 +338,9 @@ class PagedRows:
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
+        if native() is not None:
+            lo = np.maximum(self.hi - window, 0).astype(np.int32) if window else np.zeros_like(self.hi)
+            return native_attend(q, self.K[i], self.V[i], self.table_arr, lo, self.hi, self.bs, scale)
         if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)
             B, KV, G, D = q.shape
             K = torch.from_numpy(self.K[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]

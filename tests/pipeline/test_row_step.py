@@ -33,32 +33,93 @@ def test_the_engines_lone_request_gives_transformers_greedy_tokens(lm):
         assert got == fused == ref.tolist(), text
 
 
-@pytest.mark.model
-def test_a_row_gives_the_same_logits_alone_or_among_others(smol):
-    """Decode-only passes of 1, 3 and 12 rows of different lengths (gathered and row-by-row attention): every row's
-    logits within 2e-4 of the same row alone (logits of ~30: a relative 7e-6; alone the products are OpenBLAS's,
-    among others oneDNN's), the same top token."""
-    eng = Engine(smol, background=False)
+@pytest.fixture
+def without_native(monkeypatch):
+    """The fallback kernels (no C compiler, no AVX2): OpenBLAS, oneDNN, numpy and torch attention."""
+    monkeypatch.setattr(cpu_matmul, "_lib", None)
+
+
+def _alone_and_together(lm):
+    """Decode-only passes of 1, 3, 12 and 2 rows of different lengths: [(row's logits in a group, alone)]."""
+    eng = Engine(lm, background=False)
     step, pool = eng.step, eng.scheduler.pool
     lens = [20, 23, 31, 40, 9, 64, 17, 33, 25, 28, 30, 22]
     tables = [pool.take(pool.blocks_for(80)) for _ in lens]
+    pairs = []
     with torch.inference_mode():
         for n, t in zip(lens, tables):
             step.forward([Seq(list(range(300, 300 + n)), 0, t)])
-        alone = [step.forward([Seq([7], n, t)]) for n, t in zip(lens, tables)]
-        for group in ([0, 1, 2], list(range(12)), [4, 5]):  # close lengths (gathered), and far apart (row by row)
+        alone = [step.forward([Seq([7], n, t)])[0] for n, t in zip(lens, tables)]
+        for group in ([0, 1, 2], list(range(12)), [4, 5]):  # close lengths, and far apart
             out = step.forward([Seq([7], lens[j], tables[j]) for j in group])
-            for row, j in enumerate(group):
-                assert (out[row] - alone[j][0]).abs().max() < 2e-4
-                assert out[row].argmax() == alone[j][0].argmax()
+            pairs += [(out[row], alone[j]) for row, j in enumerate(group)]
+    return pairs
+
+
+@pytest.mark.model
+def test_a_row_gives_the_same_logits_alone_or_among_others(smol):
+    """With pipeline/cpu_decode.c every row's logits are bit for bit the same alone and among 2 or 11 others."""
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu_decode.c is not built on this machine (no C compiler or no AVX2/FMA)")
+    for together, alone in _alone_and_together(smol):
+        assert torch.equal(together, alone)
+
+
+@pytest.mark.model
+def test_without_the_native_kernels_a_row_stays_within_rounding(smol, without_native):
+    """The fallback kernels (alone OpenBLAS, among others oneDNN; gathered or row-by-row attention): within 2e-4
+    (logits of ~30: a relative 7e-6) and the same top token."""
+    for together, alone in _alone_and_together(smol):
+        assert (together - alone).abs().max() < 2e-4
+        assert together.argmax() == alone.argmax()
+
+
+def _paged(rng, D=16):
+    K = torch.from_numpy(rng.standard_normal((2, 20, 3, 8, D)).astype(np.float32))
+    V = torch.from_numpy(rng.standard_normal((2, 20, 3, 8, D)).astype(np.float32))
+    return K, V, [[3, 7, 1], [5, 2, 9, 11], [0, 4, 6]], [17, 29, 20]
+
+
+def _reference(K, V, table, pos, q, window, scale):
+    """One row's attention in float64 from its positions gathered by hand: softmax(q K^T * scale) V."""
+    ps = [p for p in range(pos + 1) if not window or p > pos - window]
+    k = np.stack([K[table[p // 8], :, p % 8] for p in ps], 1).astype(np.float64)  # [KV, n, D]
+    v = np.stack([V[table[p // 8], :, p % 8] for p in ps], 1).astype(np.float64)
+    s = np.einsum("kgd,knd->kgn", q.astype(np.float64), k) * scale
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("kgn,knd->kgd", w / w.sum(-1, keepdims=True), v).reshape(-1)
 
 
 @pytest.mark.unit
-def test_gathered_attention_equals_attention_row_by_row():
+@pytest.mark.parametrize("D", [16, 64, 72])
+def test_native_attention_reads_each_rows_blocks_where_they_lie(D):
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu_decode.c is not built on this machine")
     rng = np.random.default_rng(0)
-    K = torch.from_numpy(rng.standard_normal((2, 20, 3, 8, 16)).astype(np.float32))
-    V = torch.from_numpy(rng.standard_normal((2, 20, 3, 8, 16)).astype(np.float32))
-    tables, pos = [[3, 7, 1], [5, 2, 9, 11], [0, 4, 6]], [17, 29, 20]
+    K, V, tables, pos = _paged(rng, D)
+    q = rng.standard_normal((3, 3, 2, D)).astype(np.float32)
+    rows = row_step.PagedRows(K, V, tables, pos)
+    for window in (None, 5):
+        a = rows.attend(1, q, window, np.float32(0.25))
+        for b in range(3):
+            ref = _reference(K[1].numpy(), V[1].numpy(), tables[b], pos[b], q[b], window, 0.25)
+            assert np.abs(a[b] - ref).max() < 1e-5
+            one = row_step.PagedRows(K, V, [tables[b]], [pos[b]]).attend(1, q[b : b + 1], window, np.float32(0.25))
+            assert np.array_equal(one[0], a[b])  # the same numbers alone
+    # a static buffer [layers, KV, max_len, D] (our own loop's fused mode) is one block
+    buf = row_step.BufferKV(torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)), torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)))
+    buf.pos = 30
+    got = buf.attend(0, q[:1], 8, np.float32(0.25))[0]
+    k, v = buf.K[0][:, 23:31].astype(np.float64), buf.V[0][:, 23:31].astype(np.float64)
+    s = np.einsum("kgd,knd->kgn", q[0].astype(np.float64), k) * 0.25
+    w = np.exp(s - s.max(-1, keepdims=True))
+    assert np.abs(got - np.einsum("kgn,knd->kgd", w / w.sum(-1, keepdims=True), v).reshape(-1)).max() < 1e-5
+
+
+@pytest.mark.unit
+def test_fallback_gathered_attention_equals_attention_row_by_row(without_native):
+    rng = np.random.default_rng(0)
+    K, V, tables, pos = _paged(rng)
     q = rng.standard_normal((3, 3, 2, 16)).astype(np.float32)
     gathered = row_step.PagedRows(K, V, tables, pos)
     assert gathered.gathered
@@ -68,20 +129,42 @@ def test_gathered_attention_equals_attention_row_by_row():
             one = row_step.PagedRows(K, V, [tables[b]], [pos[b]])
             assert not one.gathered
             assert np.allclose(a[b], one.attend(1, q[b : b + 1], window, np.float32(0.25))[0], atol=1e-5)
+            ref = _reference(K[1].numpy(), V[1].numpy(), tables[b], pos[b], q[b], window, 0.25)
+            assert np.abs(a[b] - ref).max() < 1e-5
 
 
-@pytest.mark.unit
-def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
-    """Every kernel cpu_matmul picks (1 row OpenBLAS, 2-64 oneDNN packed, 65-128 W @ xT, above F.linear) against
-    float64; a row through oneDNN gives the same numbers alone as among 31 others."""
+def _kernels_against_float64():
     torch.manual_seed(0)
     w, b = torch.randn(384, 96) * 0.05, torch.randn(384)
-    for rows in (1, 2, 8, 32, 64, 65, 128, 129):
+    for rows in (1, 2, 3, 5, 7, 8, 13, 32, 64, 65, 128, 129):
         x = torch.randn(rows, 96)
         ref = x.double() @ w.double().t() + b.double()
         err = (cpu_matmul.linear(x, w, b).double() - ref).abs().max().item()
         base = (torch.nn.functional.linear(x, w, b).double() - ref).abs().max().item()
         assert err < 4 * base + 1e-6, rows
+    return w, b
+
+
+@pytest.mark.unit
+def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
+    """The kernel cpu_matmul picks for each row count (1-64 pipeline/cpu_decode.c, 65-128 W @ xT, above F.linear)
+    against float64; a row gives the same numbers alone as among 31 others, bit for bit; odd sizes too."""
+    w, b = _kernels_against_float64()
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu_decode.c is not built on this machine")
+    x = torch.randn(32, 96)
+    many = cpu_matmul.linear(x, w, b)
+    for lo, hi in ((3, 4), (3, 5), (0, 6), (0, 7), (9, 17), (0, 32)):
+        assert torch.equal(cpu_matmul.linear(x[lo:hi], w, b), many[lo:hi])
+    assert isinstance(getattr(w, cpu_matmul._PANEL), np.ndarray)  # the panel copy is made once, kept on the weight
+    odd = torch.randn(37, 29)  # outputs not a multiple of the 16-wide panel, inputs not of the 8-wide vector
+    xo = torch.randn(5, 29)
+    assert (cpu_matmul.linear(xo, odd).double() - xo.double() @ odd.double().t()).abs().max() < 1e-5
+
+
+@pytest.mark.unit
+def test_fallback_kernels_are_accurate_and_onednn_rows_are_their_own(without_native):
+    w, _ = _kernels_against_float64()
     if cpu_matmul.ONEDNN:
         x = torch.randn(32, 96)
         many = cpu_matmul.linear(x, w)

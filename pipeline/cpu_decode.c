@@ -1,0 +1,232 @@
+/* The decode step's matrix products on an AVX2 CPU: y [M, N] = x [M, K] @ W.T (+ b), for 1 to a few dozen rows.
+
+   Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache).
+   Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
+   the memory's speed (oneDNN packed 77 ms, OpenBLAS 87 ms, MKL 155 ms for every SmolLM2 weight at 8 rows, against
+   the 45 ms the memory needs); this one runs at 1 row as fast as OpenBLAS's sgemv and at 32 rows at the speed of
+   a large MKL GEMM (measured in bench/bench_linear.py).
+
+   How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels as one
+   forward stream, each 64-byte line once, and every multiply-add of a panel's line is done before the next:
+   for each k, the 16 weights W[n0:n0+16, k] (two AVX registers) times x[m, k] (broadcast), added into
+   2 x MR accumulators, MR <= 6 rows at a time (12 accumulators + 2 weights + 1 broadcast = 15 of the 16 AVX
+   registers). Each output is one sum over k in order 0, 1, ..., K-1 with fused multiply-adds: the same numbers
+   whatever M is, whichever chunk of rows and whichever thread computes it. So a request's row gives the same
+   logits alone or with 31 others, bit for bit (tests/pipeline/test_row_step.py). */
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#define NB 16   /* outputs per panel */
+#define PFD 2048 /* prefetch distance in floats (8 KB ahead in the panel's stream) */
+
+void pack(const float *w, float *p, int N, int K) {
+    int panels = (N + NB - 1) / NB;
+    for (int q = 0; q < panels; q++) {
+        float *dst = p + (size_t)q * K * NB;
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < NB; j++) {
+                int n = q * NB + j;
+                dst[(size_t)k * NB + j] = n < N ? w[(size_t)n * K + k] : 0.0f;
+            }
+    }
+}
+
+static inline void put(float *y, int N, int n0, int nn, const float *b, __m256 lo, __m256 hi) {
+    float t[NB];
+    _mm256_storeu_ps(t, lo);
+    _mm256_storeu_ps(t + 8, hi);
+    for (int j = 0; j < nn; j++) y[n0 + j] = b ? t[j] + b[n0 + j] : t[j];
+}
+
+/* MR rows of x against one panel; written out per MR so that the accumulators stay in registers */
+#define ROW_DECL(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const float *x##i = x + (size_t)(i) * K;
+#define ROW_FMA(i) { __m256 xb = _mm256_broadcast_ss(x##i + k); a##i##0 = _mm256_fmadd_ps(xb, w0, a##i##0); a##i##1 = _mm256_fmadd_ps(xb, w1, a##i##1); }
+#define ROW_PUT(i) put(y + (size_t)(i) * N, N, n0, nn, b, a##i##0, a##i##1);
+#define LOOP(BODY)                                                                 \
+    for (int k = 0; k < K; k++) {                                                  \
+        const float *w = pp + (size_t)k * NB;                                      \
+        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);                 \
+        _mm_prefetch((const char *)(w + PFD), _MM_HINT_T0);                        \
+        BODY                                                                       \
+    }
+#define ARGS const float *x, int K, const float *pp, float *y, int N, int n0, int nn, const float *b
+
+static void k1(ARGS) { ROW_DECL(0) LOOP(ROW_FMA(0)) ROW_PUT(0) }
+static void k2(ARGS) { ROW_DECL(0) ROW_DECL(1) LOOP(ROW_FMA(0) ROW_FMA(1)) ROW_PUT(0) ROW_PUT(1) }
+static void k3(ARGS) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2)) ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) }
+static void k4(ARGS) {
+    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3)
+    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3))
+    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3)
+}
+static void k5(ARGS) {
+    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4)
+    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4))
+    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3) ROW_PUT(4)
+}
+static void k6(ARGS) {
+    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4) ROW_DECL(5)
+    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5))
+    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3) ROW_PUT(4) ROW_PUT(5)
+}
+
+typedef void (*kernel)(ARGS);
+static const kernel KERNELS[7] = {0, k1, k2, k3, k4, k5, k6};
+
+/* y = x @ W.T (+ b) with W packed by `pack`; the panels split evenly over `threads` OpenMP threads (the process's
+   one OpenMP pool: torch's libgomp, loaded first, answers to the same name). Rows go in balanced chunks of at most
+   6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache, not from memory. */
+void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
+    int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int q = 0; q < panels; q++) {
+        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
+        const float *pp = p + (size_t)q * K * NB;
+        for (int c = 0, m0 = 0; c < chunks; c++) {
+            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
+            KERNELS[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, b);
+            m0 += mm;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+   Decode attention over paged keys and values, read where they lie (no gather, no padding, no mask).
+
+   For row b (one decode token of one request) and each of its KV heads: the G query heads that share the KV
+   head score every position p in [lo[b], hi[b]) (its window), s = scale * q . K[p]; softmax over those
+   positions (minus their largest score, then exp, then / the sum); out = sum_p softmax(p) V[p]. Position p
+   lies in block tables[b * max_blocks + p / bs], slot p % bs; a block's keys for one KV head start at
+   K + block * s_blk + kv * s_kv, one position every s_pos floats, its D values contiguous. A static buffer
+   [KV, max_len, D] is one block of bs = max_len. The (row, KV head) pairs split over the threads; each pair's
+   numbers are computed the same way whatever else is in the call. */
+
+#include <math.h>
+#include <stdlib.h>
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s = _mm_add_ps(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
+/* e^x for 8 floats (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n in the exponent bits; within
+   2 ulp of expf for the scores' range, x <= 0) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float dot(const float *a, const float *b, int D) {
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    float s = hsum(acc);
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* walks positions p0, p0 + 1, ... of one KV head: the pointer to each one's D values, a block at a time */
+typedef struct { const float *base; const int *table; long s_blk, s_pos; int blk, off, bs; } walk;
+static inline walk walk_at(const float *base, const int *table, long s_blk, long s_kv, long s_pos, int kv, int p, int bs) {
+    walk w = {base + kv * s_kv, table, s_blk, s_pos, p / bs, p % bs, bs};
+    return w;
+}
+static inline const float *walk_next(walk *w) {
+    const float *r = w->base + w->table[w->blk] * w->s_blk + w->off * w->s_pos;
+    if (++w->off == w->bs) { w->off = 0; w->blk++; }
+    return r;
+}
+
+void paged_attend(const float *q, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
+                  const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
+                  int bs, float scale, float *out, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int task = 0; task < B * KV; task++) {
+        int b = task / KV, kv = task % KV, n = hi[b] - lo[b], p0 = lo[b];
+        const int *table = tables + (size_t)b * max_blocks;
+        const float *qb = q + ((size_t)b * KV + kv) * G * D;
+        float *ob = out + ((size_t)b * KV + kv) * G * D;
+        int ns = (n + 7) & ~7; /* each query head's scores padded to whole vectors for exp8 */
+        float *s = malloc(sizeof(float) * (size_t)G * (ns > 0 ? ns : 8));
+        /* scores: two positions at a time (independent sums for the processor to overlap) */
+        walk wk = walk_at(K, table, s_blk, s_kv, s_pos, kv, p0, bs);
+        int i = 0;
+        for (; i + 2 <= n; i += 2) {
+            const float *k0 = walk_next(&wk), *k1 = walk_next(&wk);
+            for (int g = 0; g < G; g++) {
+                const float *qg = qb + (size_t)g * D;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                int d = 0;
+                for (; d + 8 <= D; d += 8) {
+                    __m256 qv = _mm256_loadu_ps(qg + d);
+                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+                }
+                float d0 = hsum(a0), d1 = hsum(a1);
+                for (; d < D; d++) { d0 += qg[d] * k0[d]; d1 += qg[d] * k1[d]; }
+                s[(size_t)g * ns + i] = scale * d0;
+                s[(size_t)g * ns + i + 1] = scale * d1;
+            }
+        }
+        for (; i < n; i++) {
+            const float *k0 = walk_next(&wk);
+            for (int g = 0; g < G; g++) s[(size_t)g * ns + i] = scale * dot(qb + (size_t)g * D, k0, D);
+        }
+        for (int g = 0; g < G; g++) {
+            float *sg = s + (size_t)g * ns, m = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n; j++) m = sg[j] > m ? sg[j] : m;
+            for (int j = n; j < ns; j++) sg[j] = m;
+            for (int j = 0; j < ns; j += 8) _mm256_storeu_ps(sg + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m))));
+            for (int j = 0; j < n; j++) sum += sg[j];
+            float inv = 1.0f / sum;
+            for (int j = 0; j < n; j++) sg[j] *= inv;
+        }
+        /* out[g] = sum_p softmax[g][p] V[p], 64 of the D values at a time in 8 registers */
+        for (int g = 0; g < G; g++) {
+            const float *sg = s + (size_t)g * ns;
+            float *o = ob + (size_t)g * D;
+            int d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) {
+                __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+                __m256 c4 = _mm256_setzero_ps(), c5 = _mm256_setzero_ps(), c6 = _mm256_setzero_ps(), c7 = _mm256_setzero_ps();
+                walk wv = walk_at(V, table, s_blk, s_kv, s_pos, kv, p0, bs);
+                for (int j = 0; j < n; j++) {
+                    const float *v = walk_next(&wv) + d0;
+                    __m256 w = _mm256_set1_ps(sg[j]);
+                    c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
+                    c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
+                    c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
+                    c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
+                    c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
+                    c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
+                    c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
+                    c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
+                }
+                _mm256_storeu_ps(o + d0, c0); _mm256_storeu_ps(o + d0 + 8, c1);
+                _mm256_storeu_ps(o + d0 + 16, c2); _mm256_storeu_ps(o + d0 + 24, c3);
+                _mm256_storeu_ps(o + d0 + 32, c4); _mm256_storeu_ps(o + d0 + 40, c5);
+                _mm256_storeu_ps(o + d0 + 48, c6); _mm256_storeu_ps(o + d0 + 56, c7);
+            }
+            for (; d0 < D; d0++) {
+                float acc = 0.0f;
+                walk wv = walk_at(V, table, s_blk, s_kv, s_pos, kv, p0, bs);
+                for (int j = 0; j < n; j++) acc += sg[j] * walk_next(&wv)[d0];
+                o[d0] = acc;
+            }
+        }
+        free(s);
+    }
+}
