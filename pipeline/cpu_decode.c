@@ -112,9 +112,9 @@ static inline float hsum(__m256 v) {
 }
 
 /* e^x for 8 floats (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n in the exponent bits; within
-   2 ulp of expf for the scores' range, x <= 0) */
+   2 ulp of expf; x clamped to [-87, 88], where e^x is still a normal float) */
 static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
@@ -228,5 +228,38 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
             }
         }
         free(s);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+   The step's two small elementwise stages, one call each instead of ~6 numpy operations (measured: 35 µs per
+   norm of one row in numpy, mostly per-operation overhead; ~2 µs here).
+
+   rms_norm: y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * scale (scale = the module's weight, or 1 + weight for
+   Gemma: the caller passes it ready). silu_mul: y = g / (1 + e^-g) * u, the SwiGLU MLP's middle. */
+
+void rms_norm(const float *x, const float *scale, float *y, int M, int D, float eps) {
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * D;
+        float *ym = y + (size_t)m * D;
+        float ss = dot(xm, xm, D);
+        float r = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int d = 0; d < D; d++) ym[d] = xm[d] * r * scale[d];
+    }
+}
+
+void silu_mul(const float *g, const float *u, float *y, int M, int N, int ldg) {
+    /* g, u: rows of N values, ldg floats apart (the two halves of the fused gate/up product); y [M, N] */
+    for (int m = 0; m < M; m++) {
+        const float *gm = g + (size_t)m * ldg, *um = u + (size_t)m * ldg;
+        float *ym = y + (size_t)m * N;
+        int n = 0;
+        for (; n + 8 <= N; n += 8) {
+            __m256 gv = _mm256_loadu_ps(gm + n);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(ym + n, _mm256_mul_ps(s, _mm256_loadu_ps(um + n)));
+        }
+        for (; n < N; n++) ym[n] = gm[n] / (1.0f + expf(-gm[n])) * um[n];
     }
 }

@@ -121,7 +121,33 @@ def _build() -> ctypes.CDLL | None:
     lg = ctypes.c_long
     lib.paged_attend.argtypes = [ptr, ptr, ptr, lg, lg, lg, ptr, i, ptr, ptr, i, i, i, i, i, ctypes.c_float, ptr, i]
     lib.paged_attend.restype = None
+    f = ctypes.c_float
+    lib.rms_norm.argtypes = [ptr, ptr, ptr, i, i, f]
+    lib.rms_norm.restype = None
+    lib.silu_mul.argtypes = [ptr, ptr, ptr, i, i, i]
+    lib.silu_mul.restype = None
     return lib
+
+
+def _data_offset() -> int | None:
+    """Where a numpy array object keeps its data pointer: right after the object header (numpy's stable
+    PyArrayObject layout; in CPython id() is the object's address). Checked here, else None."""
+    probe = np.zeros(3, dtype=np.float32)[1:]
+    off = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+    try:
+        return off if ctypes.c_void_p.from_address(id(probe) + off).value == probe.ctypes.data else None
+    except (OSError, ValueError):  # noqa: PERF203 - another interpreter
+        return None
+
+
+_OFF = _data_offset()
+_void_at = ctypes.c_void_p.from_address
+
+
+def ptr(a: np.ndarray) -> int:
+    """The address of a numpy array's first element, in 0.2 µs (`a.ctypes.data` takes 1.5-3: a step makes ~400
+    such calls)."""
+    return _void_at(id(a) + _OFF).value if _OFF is not None else a.ctypes.data
 
 
 def native() -> ctypes.CDLL | None:
@@ -148,7 +174,7 @@ def panel(w: torch.Tensor) -> np.ndarray:
                 raw = np.empty(size + 16, dtype=np.float32)
                 off = (-raw.ctypes.data % 64) // 4
                 p = raw[off : off + size]
-                native().pack(w.detach().numpy().ctypes.data, p.ctypes.data, N, K)
+                native().pack(w.data_ptr(), ptr(p), N, K)
                 setattr(w, _PANEL, p)
     return p
 
@@ -160,8 +186,8 @@ def panel_rows(x: np.ndarray, w: torch.Tensor, b: torch.Tensor | None = None) ->
     M, K = x.shape
     N = w.shape[0]
     y = np.empty((M, N), dtype=np.float32)
-    bias = None if b is None else b.detach().numpy().ctypes.data
-    native().panel_linear(x.ctypes.data, panel(w).ctypes.data, bias, y.ctypes.data, M, N, K, torch.get_num_threads())
+    bias = None if b is None else b.data_ptr()
+    native().panel_linear(ptr(x), ptr(panel(w)), bias, ptr(y), M, N, K, torch.get_num_threads())
     return y
 
 

@@ -50,7 +50,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from .cpu_matmul import PANEL_MAX_ROWS, linear, native, panel_rows
+from .cpu_matmul import PANEL_MAX_ROWS, linear, native, panel_rows, ptr
 from .cpu_threads import PLAN
 from .fused_weights import fuse_weights, rope_tables, supported
 from .models import LoadedModel
@@ -76,7 +76,13 @@ class Norm:
             raise ValueError(f"no row-step norm for {name}")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [..., d]: each row divided by its root mean square, then scaled."""
+        """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu_decode.c's rms_norm
+        where it is built: one call instead of six numpy operations)."""
+        lib = native()
+        if lib is not None and x.flags.c_contiguous:
+            y = np.empty_like(x)
+            lib.rms_norm(ptr(x), ptr(self.scale), ptr(y), x.size // x.shape[-1], x.shape[-1], self.eps)
+            return y
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
         h = x * (1.0 / np.sqrt(ms + np.float32(self.eps)))
         h *= self.scale
@@ -90,6 +96,7 @@ class _RowLayer:
         self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (a.o_proj.weight, a.o_proj.bias), "gu": (ly.wgu, None), "down": (m.down_proj.weight, m.down_proj.bias)}
         self.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.t.items()}
         self.act = m.act_fn
+        self.silu = type(m.act_fn).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu_decode.c's silu_mul applies
         self.scale = np.float32(a.scaling)
         self.window, self.rope = ly.window, ly.rope
         self.norm_in, self.norm_mid = Norm(layer.input_layernorm), Norm(layer.post_attention_layernorm)
@@ -98,6 +105,18 @@ class _RowLayer:
         self.norm_out = Norm(layer.post_feedforward_layernorm) if sandwich else None
         self.q_norm = Norm(a.q_norm) if ly.q_norm is not None else None
         self.k_norm = Norm(a.k_norm) if ly.k_norm is not None else None
+
+    def act_mul(self, gu: np.ndarray) -> np.ndarray:
+        """act(g) * u for gu = [g | u] [B, 2I]: the model's own activation module, or (SiLU, where
+        pipeline/cpu_decode.c is built) its silu_mul, the same formula in one call."""
+        half = gu.shape[1] // 2
+        g, u = gu[:, :half], gu[:, half:]
+        lib = native()
+        if self.silu and lib is not None and gu.flags.c_contiguous:
+            y = np.empty_like(g)
+            lib.silu_mul(ptr(gu), ptr(gu) + 4 * half, ptr(y), gu.shape[0], half, gu.shape[1])
+            return y
+        return _arr(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.precision's bf16 and int8 variants)
 
@@ -198,8 +217,7 @@ class RowStep:
                 x += o
                 h = ly.norm_mid(x)
             gu = ly.project("gu", h)
-            g, u = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
-            m = ly.project("down", _arr(ly.act(torch.from_numpy(g))) * u)  # the model's own activation
+            m = ly.project("down", ly.act_mul(gu))
             x += ly.norm_out(m) if ly.norm_out is not None else m
             if interrupt is not None and i + 1 < len(self.layers) and interrupt():
                 self.parked = (i + 1, x)
@@ -253,12 +271,17 @@ def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarra
         s_blk, s_kv, s_pos = 0, K.strides[0] // 4, K.strides[1] // 4
     else:
         s_blk, s_kv, s_pos = K.strides[0] // 4, K.strides[1] // 4, K.strides[2] // 4
+    # a small call (one row over a short context: ~15 µs of work) stays on the calling thread: handing it to the
+    # pool costs more than it saves
+    threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
     native().paged_attend(
-        q.ctypes.data, K.ctypes.data, V.ctypes.data, s_blk, s_kv, s_pos, tables.ctypes.data, tables.shape[1],
-        lo.ctypes.data, hi.ctypes.data, B, KV, G, D, bs, float(scale), out.ctypes.data, torch.get_num_threads(),
+        ptr(q), ptr(K), ptr(V), s_blk, s_kv, s_pos, ptr(tables), tables.shape[1],
+        ptr(lo), ptr(hi), B, KV, G, D, bs, float(scale), ptr(out), threads,
     )
     return out
 
+
+PARALLEL_ATTENTION = 1 << 18  # multiply-adds of q . K from which attention is split over the threads
 
 _ONE_BLOCK = np.zeros((1, 1), dtype=np.int32)
 
