@@ -20,10 +20,12 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  CTranslate2 (a bench-only dependency: `pip install ctranslate2`; skipped when absent) on the
                  same weights converted from our cached safetensors: alone (decode tokens/s, by its token
                  stream) and static batches (generated tokens / wall time);
-  * *-loaded     engine-1 and ct2-float32-1 again while a second process keeps both cores busy (two threads of
-                 matrix products): what a busy server leaves of one visitor's decode speed; -noplan: the same
-                 without pipeline.cpu_threads' plan (every step on both threads, LLM_EXPLORER_THREAD_PLAN=0);
-                 the first 2 prompts only;
+  * *-fallback   the engine without pipeline/cpu_decode.c (LLM_EXPLORER_PANEL=0: OpenBLAS for one row, oneDNN
+                 for several, numpy/torch attention; what a machine without a C compiler or AVX2 runs);
+  * *-loaded     engine-1 (native and fallback) and ct2-float32-1 again while a second process keeps both cores
+                 busy (two threads of matrix products): what a busy server leaves of one visitor's decode speed;
+                 -noplan: the fallback without pipeline.cpu_threads' plan (every step on both threads,
+                 LLM_EXPLORER_THREAD_PLAN=0; the native kernels run without it); the first 2 prompts only;
   * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
 
 The prompts: 8 chat prompts "Name N colours and one thing of each colour." (N = 2..9; 32 more, N = 2..33, for the
@@ -48,9 +50,16 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 PROMPT = "Name {n} colours and one thing of each colour."
-TIMED = ("probe", "row-step-split", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32")
+TIMED = ("probe", "row-step-split", "ours-dynamic", "ours-static", "ours-fused", "engine-1", "engine-8", "engine-32", "engine-1-fallback", "engine-8-fallback")
 CT2 = ("ct2-float32-1", "ct2-float32-8", "ct2-float32-32", "ct2-int8-1", "ct2-int8-8")
-LOADED = ("engine-1-loaded", "engine-1-loaded-noplan", "ct2-float32-1-loaded")
+LOADED = ("engine-1-loaded", "engine-1-fallback-loaded", "engine-1-fallback-loaded-noplan", "ct2-float32-1-loaded")
+SUFFIXES = ("-noplan", "-loaded", "-fallback")
+
+
+def base_of(config: str) -> str:
+    for suffix in SUFFIXES:
+        config = config.replace(suffix, "")
+    return config
 
 
 def prompts(lm, n: int, tokens: int) -> list[list[int]]:
@@ -231,8 +240,8 @@ def worker(config: str, tokens: int) -> dict:
     import pipeline
 
     lm = pipeline.load_model()
-    base = config.removesuffix("-noplan").removesuffix("-loaded")
-    n = 32 if base.endswith("-32") else 2 if "-loaded" in config else 8  # under load: 2 prompts (1.4 tok/s without the plan)
+    base = base_of(config)
+    n = 32 if base.endswith("-32") else 2 if "-loaded" in config else 8  # under load: 2 prompts (the fallback without its plan: ~2 tok/s)
     ps = prompts(lm, n, tokens)
     if base == "probe":
         return probe(lm)
@@ -264,7 +273,11 @@ def run_one(config: str, tokens: int) -> dict:
             time.sleep(1.0)
         try:
             t = time.perf_counter()
-            env = os.environ | ({"LLM_EXPLORER_THREAD_PLAN": "0"} if config.endswith("-noplan") else {})
+            env = dict(os.environ)
+            if "-noplan" in config:
+                env["LLM_EXPLORER_THREAD_PLAN"] = "0"
+            if "-fallback" in config:
+                env["LLM_EXPLORER_PANEL"] = "0"
             r = subprocess.run(
                 [sys.executable, __file__, "--worker", config, "--tokens", str(tokens), "--out", str(out)], capture_output=True, text=True, env=env
             )
@@ -353,24 +366,30 @@ def summarise(results: dict) -> dict:
 
     limit = med("probe", "limit_tokens_per_s")
     one = med("engine-1", "decode_tokens_per_s")
+    one_wall = med("engine-1", "tokens_per_s")
     out = {
         "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),
         "limit_tokens_per_s": limit,
         "ours_alone_decode_tokens_per_s": one,
         "ours_alone_share_of_limit": one / limit if one and limit else None,
+        "ours_fused_loop_decode_tokens_per_s": med("ours-fused", "decode_tokens_per_s"),
         "ct2_float32_alone_decode_tokens_per_s": med("ct2-float32-1", "decode_tokens_per_s"),
         "engine_8_tokens_per_s": med("engine-8", "tokens_per_s"),
         "ct2_float32_batch_8_tokens_per_s": med("ct2-float32-8", "tokens_per_s"),
         "engine_32_tokens_per_s": med("engine-32", "tokens_per_s"),
         "ct2_float32_batch_32_tokens_per_s": med("ct2-float32-32", "tokens_per_s"),
+        "fallback_alone_decode_tokens_per_s": med("engine-1-fallback", "decode_tokens_per_s"),
+        "fallback_engine_8_tokens_per_s": med("engine-8-fallback", "tokens_per_s"),
         "ours_alone_under_load_decode_tokens_per_s": med("engine-1-loaded", "decode_tokens_per_s"),
-        "ours_alone_under_load_without_thread_plan_decode_tokens_per_s": med("engine-1-loaded-noplan", "decode_tokens_per_s"),
+        "fallback_alone_under_load_decode_tokens_per_s": med("engine-1-fallback-loaded", "decode_tokens_per_s"),
+        "fallback_alone_under_load_without_thread_plan_decode_tokens_per_s": med("engine-1-fallback-loaded-noplan", "decode_tokens_per_s"),
         "ct2_float32_alone_under_load_decode_tokens_per_s": med("ct2-float32-1-loaded", "decode_tokens_per_s"),
     }
     if out["ours_alone_under_load_decode_tokens_per_s"] and one:
         out["ours_under_load_share_of_quiet"] = out["ours_alone_under_load_decode_tokens_per_s"] / one
-    if out["engine_8_tokens_per_s"] and one:
-        out["engine_8_over_alone"] = out["engine_8_tokens_per_s"] / one
+    if out["engine_8_tokens_per_s"] and one_wall:
+        # both wall clock from the first submit to the last token, prefill included (what a visitor waits)
+        out["engine_8_over_alone"] = out["engine_8_tokens_per_s"] / one_wall
     return out
 
 

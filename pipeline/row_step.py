@@ -185,8 +185,9 @@ class RowStep:
         `interrupt` stopped the pass (see the class)."""
         self._rope(max(positions) + 1)
         self.parked = None
-        # one row: its threads as many as the last steps got (pipeline.cpu_threads); several rows keep torch's
-        with torch.no_grad(), PLAN.step() if len(tokens) == 1 else nullcontext():
+        # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu_threads); the
+        # native kernels and several rows keep torch's (they degrade with the load, measured in the bench)
+        with torch.no_grad(), PLAN.step() if len(tokens) == 1 and native() is None else nullcontext():
             return self._logits(tokens, positions, kv, interrupt)
 
     def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
