@@ -1,6 +1,8 @@
 """What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.cpu_matmul's
-kernel per row count, decode-only passes through pipeline.row_step), the torch step with cpu_matmul's kernels, and
-the torch step with F.linear everywhere, on the loaded model, interleaved repeats.
+kernel per row count: pipeline/cpu_decode.c for 1-64 rows where it is built; decode-only passes through
+pipeline.row_step), the torch step with cpu_matmul's kernels, and the torch step with F.linear everywhere, on the
+loaded model, interleaved repeats. (The fallback kernels, without cpu_decode.c, are measured in their own
+processes by bench/bench_cpu_anchor.py: switching OpenMP and OpenBLAS thread pools within one process slows both.)
 
 Cases: 1, 8 and 12 decode rows (contexts around 60), a 36-token prompt chunk alone and with 7 decode rows (what
 an arrival costs the others), and 7 prompts of 36 tokens at once. Medians and spread in ms, the ratio

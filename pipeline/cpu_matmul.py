@@ -3,20 +3,23 @@
 A decode step multiplies a few rows of activations by every weight matrix of the model: 538 MB for SmolLM2 in
 fp32, read from memory once per step. At 1 row the product is memory-bound (one multiply-add per 4 bytes read);
 at 8 rows a kernel must still stream the weight at the memory's speed while doing 8 times the arithmetic; at 32,
-arithmetic starts to decide. Measured on the project's 2-core build machine (AMD EPYC, AVX2;
-bench/bench_linear.py and bench/bench_cpu_anchor.py; every weight of the model, medians):
+arithmetic starts to decide. Every weight of the model, back to back, on the project's 2-core build machine
+(AMD EPYC, AVX2; medians of 5, one session each; the column on the right from the session that wrote it):
 
   rows  torch F.linear (MKL)   W @ xᵀ (MKL)   OpenBLAS (numpy)   oneDNN, packed once   pipeline/cpu_decode.c
      1        73-82 ms            72 ms           36-45 ms            40-68 ms              36-42 ms
-     8          174 ms           155 ms           81-93 ms            74-91 ms              37-42 ms
+     8          174 ms           155 ms           81-93 ms            74-91 ms              37-46 ms
     32          257 ms           139 ms          155-168 ms          129-155 ms             86-95 ms
 
 No library kernel does 2-64 rows well on this processor, so `linear` sends 1 to PANEL_MAX_ROWS rows to our own
-kernel, pipeline/cpu_decode.c (C, AVX2 + FMA, ~100 lines; its comment says how it works). gcc builds it once
-per machine into the model cache (about a second, on the first decode step); the weight is copied once into the
-kernel's panel layout and kept beside it (a second copy of the weights: +538 MB for SmolLM2). Each output is
-one sum over k in order, so a row's numbers do not depend on how many rows share the call, or which thread
-computes them: a request gets the same logits alone as inside any batch, bit for bit.
+kernel, pipeline/cpu_decode.c (C, AVX2 + FMA; its comment says how it works). gcc builds it once per machine
+into the model cache (about a second, on the first decode step); the weight is copied once into the kernel's
+panel layout and kept beside it (a second copy of the weights: +538 MB for SmolLM2). Each output is one sum
+over k in order, so a row's numbers do not depend on how many rows share the call, or which thread computes
+them: a request gets the same logits alone as inside any batch, bit for bit. What it gives the whole step and
+the engine (bench/bench_linear.py, bench/bench_cpu_anchor.py, 2026-12-02): a decode step of 1, 8 and 12 rows in
+28.8, 40.6 and 45.0 ms (the torch step with F.linear: 61, 126, 142); one request 33.5 tok/s against 28.2 on the
+fallback kernels below, 8 at once 148 against 85.
 
 Without a C compiler or AVX2/FMA (or with LLM_EXPLORER_PANEL=0), the measured next-best kernels:
   * 1 row: OpenBLAS's matrix-vector kernel (numpy's `W @ x` on the same memory, no copy): 12 GB/s against

@@ -3,22 +3,24 @@
 Decoding one token multiplies one row of activations by every weight matrix: for SmolLM2 in fp32 that is
 538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
 memory streams those bytes (bench/bench_cpu_anchor.py measures that limit and this step side by side). Where one
-token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 layers; tests and numbers in
-docs/architecture.md, "CPU decode at the weights' read speed"):
+token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 layers; bench/bench_cpu_anchor.py,
+"row-step-split": the step against the same step with its products stubbed out, two runs):
 
-  * the 121 matrix-vector products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
-    49,152 rows): 40 ms of a 49 ms token (39.8-41.0 over two runs), OpenBLAS's sgemv on the weights' own
-    memory; at the 11.7 GB/s torch read the same tensors with, 538 MB take 46 ms;
+  * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
+    49,152 rows): 23.2-23.6 ms of a 25.8-26.1 ms token, pipeline/cpu_decode.c's kernel streaming the weights'
+    panel copy (538 MB in 23.4 ms: 23 GB/s, where torch summing the same tensors read 17-22 GB/s that hour);
   * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
-    9 ms (8.6-9.3), ~25 small operations per layer
-(bench/bench_cpu_anchor.py, "row-step-split": the step against the same step with its products stubbed out).
+    2.5-2.6 ms, ~15 small operations a layer.
 
-The same step written with torch operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a
-token on the second part: each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm alone
-34 µs: a composite of six kernels), and SDPA's CPU kernel 69 µs per layer for one query. So this step does the
-small work in numpy on views of the model's own tensors (nothing is copied: the arrays ARE the torch
-parameters' memory), where an operation on a vector costs 1-2 µs and a scalar is a Python float; the model's
-own embedding and activation modules are called as they are. The maths is the model's, written out:
+How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
+operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
+each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
+So the small work here is numpy on views of the model's own tensors (nothing copied: the arrays ARE the torch
+parameters' memory), where an operation costs 1-2 µs, and four things are one C call each in
+pipeline/cpu_decode.c (built where gcc and AVX2 exist; else numpy, OpenBLAS and oneDNN do the same maths): the
+matrix products, attention over the request's KV blocks where they lie, RMSNorm, and SiLU(gate) * up. The
+model's own embedding module (and its activation, when it is not SiLU) are called as they are. The maths is the
+model's, written out:
 
     x = embed(token)
     for each layer:
@@ -33,11 +35,12 @@ own embedding and activation modules are called as they are. The maths is the mo
         x   = x + Wdown @ (act(g) * u)
     logits = E @ (rms_norm(x) * w)
 
-With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: the products go to
-oneDNN with packed weights (every weight read once for all B), and attention reads each request's own keys.
-Every product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and
-greedy tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32:
-our own loop's "fused" mode (pipeline.fused) and every engine pass of decode tokens only (engine.paged), a lone
+With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: each weight is read
+once for all B, and attention reads each request's own keys. With pipeline/cpu_decode.c a row's numbers do not
+depend on what shares its step: a request's logits are bit for bit the same alone or among 31 others. Every
+product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and greedy
+tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32: our own
+loop's "fused" mode (pipeline.fused) and every engine pass of decode tokens only (engine.paged), a lone
 request's included.
 """
 
@@ -276,8 +279,7 @@ def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarra
     # pool costs more than it saves
     threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
     native().paged_attend(
-        ptr(q), ptr(K), ptr(V), s_blk, s_kv, s_pos, ptr(tables), tables.shape[1],
-        ptr(lo), ptr(hi), B, KV, G, D, bs, float(scale), ptr(out), threads,
+        ptr(q), ptr(K), ptr(V), s_blk, s_kv, s_pos, ptr(tables), tables.shape[1], ptr(lo), ptr(hi), B, KV, G, D, bs, float(scale), ptr(out), threads
     )
     return out
 

@@ -107,7 +107,9 @@ def test_native_attention_reads_each_rows_blocks_where_they_lie(D):
             one = row_step.PagedRows(K, V, [tables[b]], [pos[b]]).attend(1, q[b : b + 1], window, np.float32(0.25))
             assert np.array_equal(one[0], a[b])  # the same numbers alone
     # a static buffer [layers, KV, max_len, D] (our own loop's fused mode) is one block
-    buf = row_step.BufferKV(torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)), torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)))
+    buf = row_step.BufferKV(
+        torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)), torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32))
+    )
     buf.pos = 30
     got = buf.attend(0, q[:1], 8, np.float32(0.25))[0]
     k, v = buf.K[0][:, 23:31].astype(np.float64), buf.V[0][:, 23:31].astype(np.float64)
