@@ -230,9 +230,10 @@ def main():
             print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
 
     def cpu():
-        """The CPU decode path (pipeline.row_step) on this machine's own processors, fp32: the read-bandwidth limit
-        (torch summing every weight) and one request's decode tokens/s, the row step against transformers' loop."""
-        from pipeline import row_step
+        """The CPU decode path (pipeline.row_step, with pipeline/cpu_decode.c where it builds) on this machine's own
+        processors, fp32: the read-bandwidth limit (torch summing every weight) and one request's decode tokens/s,
+        the row step against transformers' loop."""
+        from pipeline import cpu_matmul, row_step
 
         cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
         ws = [p.detach() for p in cpu_lm.model.parameters()]
@@ -247,6 +248,7 @@ def main():
             "threads": torch.get_num_threads(),
             "dtype": str(cpu_lm.dtype),
             "row_step": row_step.usable(cpu_lm),
+            "native_kernels": cpu_matmul.native() is not None,  # pipeline/cpu_decode.c built (gcc, AVX2) or the fallback
             "read_gb_per_s": nbytes / statistics.median(ts) / 1e9,
             "limit_tokens_per_s": 1 / statistics.median(ts),
         }
