@@ -391,12 +391,14 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
 
 def mode_label(lm: LoadedModel, compile: bool = False) -> str:
     """How the fused step runs on this model's device."""
+    from .cpu_matmul import native
     from .row_step import usable
 
     if lm.device.type == "cuda":
         return ("torch.compile + " if compile else "") + "CUDA graph"
     if usable(lm) and not compile:
-        return "CPU row step (pipeline.row_step: numpy views of the weights, one sgemv per matrix; no CUDA device, so no graph)"
+        kernel = "our AVX2 kernels, pipeline/cpu_decode.c" if native() is not None else "OpenBLAS's sgemv"
+        return f"CPU row step (pipeline.row_step: the small work in numpy, every matrix read once by {kernel}; no CUDA device, so no graph)"
     return ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph"
 
 

@@ -57,8 +57,8 @@ st.caption(
         ""
         if gpu
         else ". On a CPU there is no graph: the fused mode runs pipeline.row_step, the same maths with the small work "
-        "in numpy (a torch operator costs 4-7 µs to dispatch here, ~600 of them a token) and each matrix read once by "
-        "OpenBLAS's matrix-vector kernel, so the step is bounded by how fast memory streams the weights."
+        "in numpy (a torch operator costs 4-7 µs to dispatch here, ~600 of them a token) and each matrix read once, "
+        "in one stream, by a kernel written for it, so the step is bounded by how fast memory streams the weights."
     )
 )
 if st.button("Run all modes", type="primary", key="prod_go") and guard.prompt_fits(lm, st.session_state.get("prompt", "") or "Why is the sky blue?", chat):
