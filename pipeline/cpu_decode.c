@@ -1,10 +1,13 @@
-/* The decode step's matrix products on an AVX2 CPU: y [M, N] = x [M, K] @ W.T (+ b), for 1 to a few dozen rows.
+/* The decode step's kernels on an AVX2 CPU (pipeline/row_step.py calls them; the maths is the model's):
+     panel_linear   y [M, N] = x [M, K] @ W.T (+ b), for 1 to 64 rows, W packed once by `pack`;
+     paged_attend   one decode token's attention per row, over its KV blocks where they lie;
+     rms_norm, silu_mul   the step's two elementwise stages, one call each.
 
    Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache).
    Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
-   the memory's speed (oneDNN packed 77 ms, OpenBLAS 87 ms, MKL 155 ms for every SmolLM2 weight at 8 rows, against
-   the 45 ms the memory needs); this one runs at 1 row as fast as OpenBLAS's sgemv and at 32 rows at the speed of
-   a large MKL GEMM (measured in bench/bench_linear.py).
+   the memory's speed (every SmolLM2 weight at 8 rows: oneDNN packed 74-91 ms, OpenBLAS 81-93, MKL 155, where
+   reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
+   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in cpu_matmul.py).
 
    How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels as one
    forward stream, each 64-byte line once, and every multiply-add of a panel's line is done before the next:

@@ -310,9 +310,10 @@ class BufferKV:
 
 class PagedRows:
     """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
-    its block table and position). Attention reads each request's blocks: gathered for all rows in one padded,
-    masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by default the
-    same rule), else row by row over exactly its positions (always for a lone request)."""
+    its block table and position). With pipeline/cpu_decode.c each row's attention reads its own blocks where they
+    lie (native_attend: nothing gathered or padded). Without it, attention gathers all rows' blocks into one
+    padded, masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by
+    default the same rule), else goes row by row over exactly its positions (always for a lone request)."""
 
     def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int], gathered: bool | None = None):
         self.K, self.V = _arr(K), _arr(V)
