@@ -398,7 +398,7 @@ def mode_label(lm: LoadedModel, compile: bool = False) -> str:
         return ("torch.compile + " if compile else "") + "CUDA graph"
     if usable(lm) and not compile:
         kernel = "our AVX2 kernels, pipeline/cpu_decode.c" if native() is not None else "OpenBLAS's sgemv"
-        return f"CPU row step (pipeline.row_step: the small work in numpy, every matrix read once by {kernel}; no CUDA device, so no graph)"
+        return f"CPU row step (pipeline.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
     return ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph"
 
 
