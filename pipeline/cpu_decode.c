@@ -20,78 +20,121 @@
 #include <immintrin.h>
 #include <stddef.h>
 
-#define NB 16   /* outputs per panel */
-#define PFD 2048 /* prefetch distance in floats (8 KB ahead in the panel's stream) */
+#define NB 16          /* outputs per panel */
+#define PF_BYTES 8192  /* prefetch distance: 8 KB ahead in the panel's stream */
 
-void pack(const float *w, float *p, int N, int K) {
-    int panels = (N + NB - 1) / NB;
-    for (int q = 0; q < panels; q++) {
-        float *dst = p + (size_t)q * K * NB;
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < NB; j++) {
-                int n = q * NB + j;
-                dst[(size_t)k * NB + j] = n < N ? w[(size_t)n * K + k] : 0.0f;
-            }
+/* W [N, K] -> P [ceil(N/16)][K][16]: each panel of 16 outputs stored k by k (zeros past N); fp32, and for page
+   12's lower-precision lesson int8 (weight-only, a scale per output row) and bf16 (the top 16 bits of an fp32) */
+#define DEFINE_PACK(NAME, T)                                                              \
+    void NAME(const T *w, T *p, int N, int K) {                                           \
+        int panels = (N + NB - 1) / NB;                                                   \
+        for (int q = 0; q < panels; q++) {                                                \
+            T *dst = p + (size_t)q * K * NB;                                              \
+            for (int k = 0; k < K; k++)                                                   \
+                for (int j = 0; j < NB; j++) {                                            \
+                    int n = q * NB + j;                                                   \
+                    dst[(size_t)k * NB + j] = n < N ? w[(size_t)n * K + k] : (T)0;        \
+                }                                                                         \
+        }                                                                                 \
     }
-}
+DEFINE_PACK(pack, float)
+DEFINE_PACK(pack_i8, signed char)
+DEFINE_PACK(pack_u16, unsigned short)
 
-static inline void put(float *y, int N, int n0, int nn, const float *b, __m256 lo, __m256 hi) {
+static inline void put(float *y, int n0, int nn, const float *sc, const float *b, __m256 lo, __m256 hi) {
     float t[NB];
     _mm256_storeu_ps(t, lo);
     _mm256_storeu_ps(t + 8, hi);
-    for (int j = 0; j < nn; j++) y[n0 + j] = b ? t[j] + b[n0 + j] : t[j];
+    for (int j = 0; j < nn; j++) {
+        float v = t[j];
+        if (sc) v *= sc[n0 + j];
+        if (b) v += b[n0 + j];
+        y[n0 + j] = v;
+    }
 }
+
+/* one k of a panel as 16 fp32 weights in w0, w1 (int8 and bf16 widened on the fly), and a prefetch per line */
+#define LOAD_f32                                                                          \
+    const float *w = pp + (size_t)k * NB;                                                 \
+    __m256 w0 = _mm256_load_ps(w);                                                        \
+    __m256 w1 = _mm256_load_ps(w + 8);                                                    \
+    _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
+#define LOAD_i8                                                                           \
+    const signed char *w = pp + (size_t)k * NB;                                           \
+    __m128i q8 = _mm_loadu_si128((const __m128i *)w);                                     \
+    __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));                             \
+    __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q8, 8)));          \
+    if (!(k & 3)) _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
+#define LOAD_bf16                                                                         \
+    const unsigned short *w = pp + (size_t)k * NB;                                        \
+    __m256i h16 = _mm256_loadu_si256((const __m256i *)w);                                 \
+    __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h16)), 16)); \
+    __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h16, 1)), 16)); \
+    if (!(k & 1)) _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
 
 /* MR rows of x against one panel; written out per MR so that the accumulators stay in registers */
 #define ROW_DECL(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const float *x##i = x + (size_t)(i) * K;
 #define ROW_FMA(i) { __m256 xb = _mm256_broadcast_ss(x##i + k); a##i##0 = _mm256_fmadd_ps(xb, w0, a##i##0); a##i##1 = _mm256_fmadd_ps(xb, w1, a##i##1); }
-#define ROW_PUT(i) put(y + (size_t)(i) * N, N, n0, nn, b, a##i##0, a##i##1);
-#define LOOP(BODY)                                                                 \
-    for (int k = 0; k < K; k++) {                                                  \
-        const float *w = pp + (size_t)k * NB;                                      \
-        __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);                 \
-        _mm_prefetch((const char *)(w + PFD), _MM_HINT_T0);                        \
-        BODY                                                                       \
-    }
-#define ARGS const float *x, int K, const float *pp, float *y, int N, int n0, int nn, const float *b
+#define ROW_PUT(i) put(y + (size_t)(i) * N, n0, nn, sc, b, a##i##0, a##i##1);
+#define LOOP(SFX, BODY) for (int k = 0; k < K; k++) { LOAD_##SFX BODY }
+#define ARGS(T) const float *x, int K, const T *pp, float *y, int N, int n0, int nn, const float *sc, const float *b
+#define R1 ROW_FMA(0)
+#define R2 R1 ROW_FMA(1)
+#define R3 R2 ROW_FMA(2)
+#define R4 R3 ROW_FMA(3)
+#define R5 R4 ROW_FMA(4)
+#define R6 R5 ROW_FMA(5)
+#define D1 ROW_DECL(0)
+#define D2 D1 ROW_DECL(1)
+#define D3 D2 ROW_DECL(2)
+#define D4 D3 ROW_DECL(3)
+#define D5 D4 ROW_DECL(4)
+#define D6 D5 ROW_DECL(5)
+#define P1 ROW_PUT(0)
+#define P2 P1 ROW_PUT(1)
+#define P3 P2 ROW_PUT(2)
+#define P4 P3 ROW_PUT(3)
+#define P5 P4 ROW_PUT(4)
+#define P6 P5 ROW_PUT(5)
 
-static void k1(ARGS) { ROW_DECL(0) LOOP(ROW_FMA(0)) ROW_PUT(0) }
-static void k2(ARGS) { ROW_DECL(0) ROW_DECL(1) LOOP(ROW_FMA(0) ROW_FMA(1)) ROW_PUT(0) ROW_PUT(1) }
-static void k3(ARGS) { ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2)) ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) }
-static void k4(ARGS) {
-    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3)
-    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3))
-    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3)
-}
-static void k5(ARGS) {
-    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4)
-    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4))
-    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3) ROW_PUT(4)
-}
-static void k6(ARGS) {
-    ROW_DECL(0) ROW_DECL(1) ROW_DECL(2) ROW_DECL(3) ROW_DECL(4) ROW_DECL(5)
-    LOOP(ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5))
-    ROW_PUT(0) ROW_PUT(1) ROW_PUT(2) ROW_PUT(3) ROW_PUT(4) ROW_PUT(5)
-}
-
-typedef void (*kernel)(ARGS);
-static const kernel KERNELS[7] = {0, k1, k2, k3, k4, k5, k6};
-
-/* y = x @ W.T (+ b) with W packed by `pack`; the panels split evenly over `threads` OpenMP threads (the process's
+/* y = x @ W.T (* scale) (+ b) with W packed; the panels split evenly over `threads` OpenMP threads (the process's
    one OpenMP pool: torch's libgomp, loaded first, answers to the same name). Rows go in balanced chunks of at most
    6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache, not from memory. */
-void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
-    int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int q = 0; q < panels; q++) {
-        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
-        const float *pp = p + (size_t)q * K * NB;
-        for (int c = 0, m0 = 0; c < chunks; c++) {
-            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
-            KERNELS[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, b);
-            m0 += mm;
-        }
+#define KERNELS_FOR(SFX, T)                                                                          \
+    static void k1_##SFX(ARGS(T)) { D1 LOOP(SFX, R1) P1 }                                            \
+    static void k2_##SFX(ARGS(T)) { D2 LOOP(SFX, R2) P2 }                                            \
+    static void k3_##SFX(ARGS(T)) { D3 LOOP(SFX, R3) P3 }                                            \
+    static void k4_##SFX(ARGS(T)) { D4 LOOP(SFX, R4) P4 }                                            \
+    static void k5_##SFX(ARGS(T)) { D5 LOOP(SFX, R5) P5 }                                            \
+    static void k6_##SFX(ARGS(T)) { D6 LOOP(SFX, R6) P6 }                                            \
+    typedef void (*kernel_##SFX)(ARGS(T));                                                           \
+    static const kernel_##SFX KS_##SFX[7] = {0, k1_##SFX, k2_##SFX, k3_##SFX, k4_##SFX, k5_##SFX, k6_##SFX}; \
+    static void linear_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y,   \
+                             int M, int N, int K, int threads) {                                     \
+        int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
+        for (int q = 0; q < panels; q++) {                                                           \
+            int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;                                         \
+            const T *pp = p + (size_t)q * K * NB;                                                    \
+            for (int c = 0, m0 = 0; c < chunks; c++) {                                               \
+                int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);                      \
+                KS_##SFX[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, sc, b);       \
+                m0 += mm;                                                                            \
+            }                                                                                        \
+        }                                                                                            \
     }
+KERNELS_FOR(f32, float)
+KERNELS_FOR(i8, signed char)
+KERNELS_FOR(bf16, unsigned short)
+
+void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_f32(x, p, 0, b, y, M, N, K, threads);
+}
+void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_i8(x, p, scale, b, y, M, N, K, threads);
+}
+void panel_linear_bf16(const float *x, const unsigned short *p, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_bf16(x, p, 0, b, y, M, N, K, threads);
 }
 
 /* ------------------------------------------------------------------------------------------------------------

@@ -124,6 +124,13 @@ def _build() -> ctypes.CDLL | None:
     lg = ctypes.c_long
     lib.paged_attend.argtypes = [ptr, ptr, ptr, lg, lg, lg, ptr, i, ptr, ptr, i, i, i, i, i, ctypes.c_float, ptr, i]
     lib.paged_attend.restype = None
+    for name in ("pack_i8", "pack_u16"):
+        getattr(lib, name).argtypes = [ptr, ptr, i, i]
+        getattr(lib, name).restype = None
+    lib.panel_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i, i, i, i]
+    lib.panel_linear_i8.restype = None
+    lib.panel_linear_bf16.argtypes = [ptr, ptr, ptr, ptr, i, i, i, i]
+    lib.panel_linear_bf16.restype = None
     f = ctypes.c_float
     lib.rms_norm.argtypes = [ptr, ptr, ptr, i, i, f]
     lib.rms_norm.restype = None
@@ -165,6 +172,23 @@ def native() -> ctypes.CDLL | None:
     return _lib
 
 
+def _aligned(size: int, dtype) -> np.ndarray:
+    """An empty array of `size` elements whose first one lies on a 64-byte boundary (a cache line)."""
+    item = np.dtype(dtype).itemsize
+    raw = np.empty(size + 64 // item, dtype=dtype)
+    off = (-raw.ctypes.data % 64) // item
+    return raw[off : off + size]
+
+
+def packed_panels(w: np.ndarray) -> np.ndarray:
+    """A C-contiguous [N, K] array of float32, int8 or uint16 (bf16 bits) copied into the kernel's panels."""
+    N, K = w.shape
+    fn = {np.dtype(np.float32): "pack", np.dtype(np.int8): "pack_i8", np.dtype(np.uint16): "pack_u16"}[w.dtype]
+    p = _aligned(-(-N // 16) * 16 * K, w.dtype)
+    getattr(native(), fn)(ptr(np.ascontiguousarray(w)), ptr(p), N, K)
+    return p
+
+
 def panel(w: torch.Tensor) -> np.ndarray:
     """w [N, K] copied once into the kernel's panels (64-byte aligned), kept on the weight itself (freed with it)."""
     p = getattr(w, _PANEL, None)
@@ -172,12 +196,7 @@ def panel(w: torch.Tensor) -> np.ndarray:
         with _lib_lock:  # two sessions' first batches: one copy
             p = getattr(w, _PANEL, None)
             if p is None:
-                N, K = w.shape
-                size = -(-N // 16) * 16 * K
-                raw = np.empty(size + 16, dtype=np.float32)
-                off = (-raw.ctypes.data % 64) // 4
-                p = raw[off : off + size]
-                native().pack(w.data_ptr(), ptr(p), N, K)
+                p = packed_panels(w.detach().numpy())
                 setattr(w, _PANEL, p)
     return p
 

@@ -131,10 +131,8 @@ def _precision():
         st.caption(
             "Answer tokens that differ: positions of fp32's greedy answer where this precision, given the same context, "
             "would pick another token. Largest logit difference: over those positions and the whole vocabulary, against fp32. "
-            "bf16 rounds weights and activations to 8 bits of mantissa (torch's bf16 linear); int8 keeps fp32 activations and "
-            "multiplies by int8 weights with one fp32 scale per row (torch's _weight_int8pack_mm). Whether fewer bytes are "
-            "faster depends on the kernel: on a CPU without native bf16 or tuned int8 instructions the smaller weights are "
-            "converted on the fly, and a dedicated engine's int8 GEMM (CTranslate2: docs/benchmarks.md) goes further."
+            "bf16 rounds weights and activations to 8 bits of mantissa; int8 keeps fp32 activations and multiplies by int8 "
+            "weights with one fp32 scale per row. " + precision.kernel_note()
         )
         st.markdown("fp32's answer (verbatim):")
         st.code(text_of(lm.tokenizer, answer), language=None)

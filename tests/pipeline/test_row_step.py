@@ -207,3 +207,26 @@ def test_lower_precision_lesson(smol):
     assert all(r.tokens_per_s > 0 and r.positions == 6 for r in runs)
     # fp32's answer is the model's greedy answer
     assert answer == [e.token_id for e in generate(smol, "The capital of France is", 6, stop_ids=set())]
+
+
+@pytest.mark.unit
+def test_lower_precision_kernels_against_their_references():
+    """Page 12's bf16 and int8 products through pipeline/cpu_decode.c: against float64 of the same rounded weights
+    (and int8 against torch's own int8 kernel), each row the same alone as among others."""
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu_decode.c is not built on this machine")
+    torch.manual_seed(0)
+    w, b = torch.randn(200, 96) * 0.05, torch.randn(200)
+    x = torch.randn(5, 96).numpy()
+    int8, nbytes = precision._int8(w, b)
+    scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    w8 = torch.round(w / scale[:, None]).clamp(-127, 127)
+    ref = x.astype(np.float64) @ (w8 * scale[:, None]).double().numpy().T + b.double().numpy()
+    assert np.abs(int8(x) - ref).max() < 1e-5 and nbytes == 200 * 96 + 200 * 4
+    torch_int8 = torch._weight_int8pack_mm(torch.from_numpy(x), w8.to(torch.int8), scale) + b
+    assert np.abs(int8(x) - torch_int8.numpy()).max() < 1e-4
+    bf16, nbytes = precision._bf16(w, None)
+    ref = torch.from_numpy(x).bfloat16().double() @ w.bfloat16().double().t()
+    assert np.abs(bf16(x) - ref.numpy()).max() < 1e-5 and nbytes == 200 * 96 * 2
+    for f in (int8, bf16):
+        assert np.array_equal(f(x[2:3])[0], f(x)[2])
