@@ -8,7 +8,8 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
   * row-step-split  one row step's time with and without its matrix products (pipeline.row_step's docstring);
   * probe        the machine's read bandwidth: torch summing every weight tensor of the model (2 threads), the
                  bytes a decode step must read; the limit is bandwidth / weight bytes = tokens/s one request
-                 cannot beat in fp32;
+                 cannot beat in fp32. The single-request configurations also take this probe in their own
+                 process, 3 reads before each request (ReadClock): their share of the limit at the same minutes;
   * ours-dynamic / ours-static / ours-fused
                  our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
                  token to last, prefill excluded) over the 8 prompts one after another;
@@ -69,22 +70,37 @@ def prompts(lm, n: int, tokens: int) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------------------------------------ workers
+def read_once(lm) -> float:
+    """Seconds to read every weight tensor once (torch summing each, the process's threads)."""
+    t = time.perf_counter()
+    for w in lm.model.parameters():
+        w.detach().sum()
+    return time.perf_counter() - t
+
+
 def probe(lm) -> dict:
     """Read bandwidth: sum every weight tensor the decode step reads (each once), best-effort steady state."""
     import torch
 
-    ws = [p.detach() for p in lm.model.parameters()]
-    nbytes = sum(w.numel() * w.element_size() for w in ws)
-    for w in ws:  # warm
-        w.sum()
-    ts = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for w in ws:
-            w.sum()
-        ts.append(time.perf_counter() - t)
-    s = statistics.median(ts)
+    nbytes = sum(w.numel() * w.element_size() for w in lm.model.parameters())
+    read_once(lm)  # warm
+    s = statistics.median(read_once(lm) for _ in range(7))
     return {"weight_bytes": nbytes, "gb_per_s": nbytes / s / 1e9, "limit_tokens_per_s": 1 / s, "threads": torch.get_num_threads()}
+
+
+class ReadClock:
+    """The read probe taken in the same process, between the requests being measured (3 reads before each): the
+    limit at the same minutes as the decode it is compared with. On a shared machine the probe's bandwidth moves
+    17-23 GB/s between minutes, so a limit measured in another process at another time is ~±15% off."""
+
+    def __init__(self, lm):
+        self.lm, self.times = lm, []
+
+    def tick(self) -> None:
+        self.times += [read_once(self.lm) for _ in range(3)]
+
+    def limit(self) -> float:
+        return 1 / statistics.median(self.times)
 
 
 def ours(lm, mode: str, ps, tokens: int) -> dict:
@@ -94,8 +110,11 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
     from pipeline.events import StepEvent
 
     eng = Engine(lm) if mode == "engine" else None
+    clock = ReadClock(lm)
     answers, decode_s, decode_n, wall_s = [], 0.0, 0, 0.0
     for i, ids in enumerate([ps[0]] + ps):  # the first one again as a warm-up, not counted
+        if i:
+            clock.tick()
         t0 = time.perf_counter()
         if eng is not None:
             events = eng.submit(ids, tokens, stop_ids=set())
@@ -111,7 +130,15 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
             decode_s += ts[-1] - ts[0]
             decode_n += len(ts) - 1
             wall_s += ts[-1] - t0
-    return {"decode_tokens_per_s": decode_n / decode_s, "tokens_per_s": sum(map(len, answers)) / wall_s, "answers": answers}
+    rate = decode_n / decode_s
+    limit = clock.limit()
+    return {
+        "decode_tokens_per_s": rate,
+        "tokens_per_s": sum(map(len, answers)) / wall_s,
+        "limit_in_process_tokens_per_s": limit,
+        "share_of_limit_in_process": rate / limit,
+        "answers": answers,
+    }
 
 
 def engine_batch(lm, ps, tokens: int) -> dict:
@@ -153,7 +180,9 @@ def ct2(lm, kind: str, n: int, ps, tokens: int) -> dict:
     gen.generate_batch(pieces[:2], max_length=4, sampling_topk=1, end_token=[])  # warm-up
     if n == 1:
         answers, decode_s, decode_n = [], 0.0, 0
+        clock = ReadClock(lm)
         for p in pieces:
+            clock.tick()
             toks, ts = [], []
             for step in gen.generate_tokens(p, **kw):
                 toks.append(step.token_id)
@@ -161,7 +190,8 @@ def ct2(lm, kind: str, n: int, ps, tokens: int) -> dict:
             answers.append(toks)
             decode_s += ts[-1] - ts[0]
             decode_n += len(ts) - 1
-        return {"decode_tokens_per_s": decode_n / decode_s, "answers": answers}
+        rate, limit = decode_n / decode_s, clock.limit()
+        return {"decode_tokens_per_s": rate, "limit_in_process_tokens_per_s": limit, "share_of_limit_in_process": rate / limit, "answers": answers}
     t = time.perf_counter()
     res = gen.generate_batch(pieces, include_prompt_in_result=False, **kw)
     s = time.perf_counter() - t
@@ -339,7 +369,17 @@ def main(argv=None) -> int:
     results = {}
     for c, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
-        keys = ("tokens_per_s", "decode_tokens_per_s", "gb_per_s", "limit_tokens_per_s", "step_ms", "products_ms", "rest_ms")
+        keys = (
+            "tokens_per_s",
+            "decode_tokens_per_s",
+            "gb_per_s",
+            "limit_tokens_per_s",
+            "limit_in_process_tokens_per_s",
+            "share_of_limit_in_process",
+            "step_ms",
+            "products_ms",
+            "rest_ms",
+        )
         entry = {k: spread([r[k] for r in ok]) for k in keys if ok and k in ok[0]}
         if ok and "answers" in ok[0]:
             ans = ok[0]["answers"]
@@ -372,6 +412,9 @@ def summarise(results: dict) -> dict:
         "limit_tokens_per_s": limit,
         "ours_alone_decode_tokens_per_s": one,
         "ours_alone_share_of_limit": one / limit if one and limit else None,
+        # the same ratio with the read probe taken inside the decode's own process, between its requests (ReadClock)
+        "ours_alone_share_of_limit_in_process": med("engine-1", "share_of_limit_in_process"),
+        "ct2_float32_alone_share_of_limit_in_process": med("ct2-float32-1", "share_of_limit_in_process"),
         "ours_fused_loop_decode_tokens_per_s": med("ours-fused", "decode_tokens_per_s"),
         "ct2_float32_alone_decode_tokens_per_s": med("ct2-float32-1", "decode_tokens_per_s"),
         "engine_8_tokens_per_s": med("engine-8", "tokens_per_s"),

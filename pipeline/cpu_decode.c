@@ -1,5 +1,6 @@
 /* The decode step's kernels on an AVX2 CPU (pipeline/row_step.py calls them; the maths is the model's):
-     panel_linear   y [M, N] = x [M, K] @ W.T (+ b), for 1 to 64 rows, W packed once by `pack`;
+     panel_linear   y [M, N] = x [M, K] @ W.T (+ b), for 1 to 64 rows, W packed once by `pack`; the same in
+                    bf16 and int8 weight-only (panel_linear_bf16, _i8) for page 12's lower-precision lesson;
      paged_attend   one decode token's attention per row, over its KV blocks where they lie;
      rms_norm, silu_mul   the step's two elementwise stages, one call each.
 
