@@ -2,7 +2,7 @@
 kernels only (OpenBLAS for one row), where pipeline/cpu_decode.c is not built.
 
 With pipeline/cpu_decode.c (every product and attention call on torch's OpenMP pool) a lone request under a
-second process keeping both cores busy kept 17-23 tok/s of its 34 quiet with both threads (bench/bench_cpu_anchor.py, engine-1-loaded, 2026-12-02),
+second process keeping both cores busy kept 24 tok/s of its 38 quiet with both threads (bench/bench_cpu_anchor.py, engine-1-loaded, 2026-12-02),
 where two runs with this plan had kept 12.5-14.3: there, both threads always. What follows is the
 fallback's story, still measured in the bench (engine-1-fallback-loaded, with and without the plan).
 

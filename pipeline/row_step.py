@@ -7,10 +7,10 @@ token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 l
 "row-step-split": the step against the same step with its products stubbed out, two runs):
 
   * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
-    49,152 rows): 23.2-23.6 ms of a 25.8-26.1 ms token, pipeline/cpu_decode.c's kernel streaming the weights'
-    panel copy (538 MB in 23.4 ms: 23 GB/s, where torch summing the same tensors read 17-22 GB/s that hour);
+    49,152 rows): 21.1-22.5 ms of a 23.7-25.3 ms token, pipeline/cpu_decode.c's kernel streaming the weights'
+    panel copy (538 MB in 21.8 ms: 24.7 GB/s, where torch summing the same tensors read 21.7 GB/s that hour);
   * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
-    2.5-2.6 ms, ~15 small operations a layer.
+    2.6-2.8 ms, ~15 small operations a layer.
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
