@@ -185,7 +185,8 @@ def packed_panels(w: np.ndarray) -> np.ndarray:
     N, K = w.shape
     fn = {np.dtype(np.float32): "pack", np.dtype(np.int8): "pack_i8", np.dtype(np.uint16): "pack_u16"}[w.dtype]
     p = _aligned(-(-N // 16) * 16 * K, w.dtype)
-    getattr(native(), fn)(ptr(np.ascontiguousarray(w)), ptr(p), N, K)
+    src = np.ascontiguousarray(w)  # held in a name: a temporary's memory could be freed before the call reads it
+    getattr(native(), fn)(ptr(src), ptr(p), N, K)
     return p
 
 

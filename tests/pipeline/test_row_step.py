@@ -230,3 +230,14 @@ def test_lower_precision_kernels_against_their_references():
     assert np.abs(bf16(x) - ref.numpy()).max() < 1e-5 and nbytes == 200 * 96 * 2
     for f in (int8, bf16):
         assert np.array_equal(f(x[2:3])[0], f(x)[2])
+
+
+@pytest.mark.unit
+def test_panels_of_a_strided_weight_are_its_own():
+    """A weight given as a transposed view is copied contiguous first, and that copy lives through the packing."""
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu_decode.c is not built on this machine")
+    w = np.random.default_rng(1).standard_normal((64, 40)).astype(np.float32)
+    assert np.array_equal(cpu_matmul.packed_panels(w.T.copy().T), cpu_matmul.packed_panels(w))
+    strided = cpu_matmul.packed_panels(np.asfortranarray(w))
+    assert np.array_equal(strided.reshape(-1, 40, 16)[0, :, 0], w[0])  # panel 0, output 0: W's first row, k by k
