@@ -16,6 +16,7 @@ error. How long each tier takes is measured in CONTRIBUTING.md.
 """
 
 import os
+import threading
 
 import pytest
 
@@ -32,20 +33,58 @@ def _models():
     return [m.key for m in pipeline.available_models() if m.available]
 
 
+_shared: dict = {}
+_shared_lock = threading.Lock()
+_app_load_warm = []  # appstate.load_warm as the app defines it (set by _one_instance_per_model)
+
+
+def shared_model(key: str):
+    """One loaded, warmed instance of an installed model per test process: the same object for the fixtures below
+    and for the app's own loader in AppTest (`_one_instance_per_model`). Each instance holds its weights and, on a
+    CPU, the decode kernel's panel copy of them (SmolLM2 1.1 GB, Gemma 2.1 GB together): workers that loaded each
+    model for their fixtures and again for the pages held 9-10 GB each, and with the browser tests' servers a
+    fresh-clone CI run reached 23.5 of the machine's 24 GB."""
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = _app_load_warm[0](key)
+        return _shared[key]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_instance_per_model():
+    """The app's loader (appstate.load_warm) hands AppTest the process's shared instance of the embedded model and
+    of Gemma; any other key (a folder a test made) loads as it always does."""
+    import appstate
+    from pipeline.models import EMBEDDED, GEMMA, canonical_key
+
+    original = appstate.load_warm
+    _app_load_warm[:] = [original]
+
+    def load_warm(key, progress=None):
+        if canonical_key(key) not in (EMBEDDED, GEMMA):
+            return original(key, progress)
+        lm = shared_model(canonical_key(key))
+        if progress:
+            progress(1.0, "ready")
+        return lm
+
+    appstate.load_warm = load_warm
+    yield
+    appstate.load_warm = original
+
+
 @pytest.fixture(scope="session")
 def smol():
     import pipeline
 
-    return pipeline.load_model(pipeline.EMBEDDED)
+    return shared_model(pipeline.EMBEDDED)
 
 
 @pytest.fixture(scope="session", params=["smollm2-135m-instruct", "gemma3-270m"])
 def lm(request):
-    import pipeline
-
     if request.param not in _models():
         pytest.skip(f"{request.param} not installed (make models)")
-    return pipeline.load_model(request.param)
+    return shared_model(request.param)
 
 
 def _tiers(node) -> list[str]:
