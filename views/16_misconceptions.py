@@ -80,8 +80,8 @@ render.table(
         {
             "temperature": r.temperature,
             "most likely token": repr(text_of(tok, [r.top_id])),
-            "its probability": round(r.top_p, 3),
-            "entropy (bits)": round(r.entropy_bits, 2),
+            "its probability": r.top_p,
+            "entropy (bits)": r.entropy_bits,
             "candidates for 90%": r.n_for_90,
         }
         for r in temps.rows
@@ -104,7 +104,7 @@ if st.button(f"Measure prefill and KV cache at {', '.join(map(str, lengths))} to
         loading.remember("myth_ctx", mc.context_cost(lm, lengths))
 cost = loading.recall("myth_ctx")
 if cost is not None:
-    render.table("context cost", [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in cost.rows], hide_index=True, width="stretch")
+    render.table("context cost", cost.rows, hide_index=True, width="stretch")
     render.busy_note("myth_ctx")
     render.show_checks(cost.checks)
 else:

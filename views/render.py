@@ -8,7 +8,7 @@ import streamlit as st
 
 import appstate
 import pipeline
-from components import export
+from components import export, fmt
 from views import guard
 from views.loading import model_key, recall
 
@@ -116,13 +116,13 @@ def figure(fig, name: str = "", where=None, key: str | None = None, main: bool =
     reg.figures.append((title, fig, note))
     n = len(reg.figures)
     row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
-    for fmt, label, mime, what in (("svg", "SVG", "image/svg+xml", "a vector image"), ("png", "PNG ×3", "image/png", "a 3x PNG")):
+    for kind, label, mime, what in (("svg", "SVG", "image/svg+xml", "a vector image"), ("png", "PNG ×3", "image/png", "a 3x PNG")):
         row.download_button(
             label,
-            _image_of(fig, fmt, note, title),
-            f"{stem}.{fmt}",
+            _image_of(fig, kind, note, title),
+            f"{stem}.{kind}",
             mime,
-            key=f"{fmt}_{n}_{key or ''}",
+            key=f"{kind}_{n}_{key or ''}",
             icon=":material/download:",
             type="tertiary",
             on_click="ignore",
@@ -164,7 +164,9 @@ def table(name: str, df, where=None, **kw) -> None:
     _exports().tables[name] = df
     w = where or st
     if len(df) <= TABLE_ROWS and not set(kw) - {"hide_index", "width"}:
-        w.table(df, alt=f"Table: {name}, {len(df)} rows", **kw)
+        floats = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
+        shown = df.style.format(fmt.number, subset=floats) if floats else df  # 10, not 10.0000; the export keeps every digit
+        w.table(shown, alt=f"Table: {name}, {len(df)} rows", **kw)
     else:
         w.dataframe(df, **kw)
 

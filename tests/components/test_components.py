@@ -96,3 +96,30 @@ def test_a_titled_figure_with_subplot_titles_keeps_them_apart():
     sub = _layout(make_subplots(rows=1, cols=2, subplot_titles=["left", "right"]), "Title")
     untitled = _layout(make_subplots(rows=1, cols=2, subplot_titles=["left", "right"]))
     assert plain.layout.margin.t == 40 and sub.layout.margin.t == 70 and untitled.layout.margin.t == 10
+
+
+def test_table_numbers_read_as_measured():
+    """Short tables show 10, not 10.0000, a small difference as itself, never as 0.0000, and 0.9998 not as 1."""
+    from components.fmt import number
+
+    cases = {10.0: "10", 12288.0: "12,288", 37.9123: "37.91", 1.5: "1.5", 1234.56: "1,234.6", 0.734: "0.734", 0.99981: "0.9998"}
+    cases |= {0.0042123: "0.004212", 2.3e-06: "2.3e-06", -0.5: "-0.5", 0.99999: "0.99999"}
+    assert {v: number(v) for v in cases} == cases
+    assert number(float("nan")) == "" and number(None) == "" and number("fp32") == "fp32" and number(True) == "True"
+
+
+def test_a_short_table_is_shown_formatted_and_exported_whole():
+    from streamlit.testing.v1 import AppTest
+
+    def page():
+        import pandas as pd
+
+        from views import render
+
+        render.table("t", pd.DataFrame([{"name": "a", "tok/s": 37.9123, "n": 10.0}]), hide_index=True, width="stretch")
+
+    at = AppTest.from_function(page).run(timeout=120)
+    assert not at.exception
+    styler = at.table[0].proto.arrow_data.styler
+    assert b"37.91" in styler.display_values and b"10.0000" not in styler.display_values
+    assert at.table[0].value["tok/s"][0] == 37.9123  # the data (and the page's CSV export) keep every digit
