@@ -18,8 +18,9 @@ panel layout and kept beside it (a second copy of the weights: +538 MB for SmolL
 over k in order, so a row's numbers do not depend on how many rows share the call, or which thread computes
 them: a request gets the same logits alone as inside any batch, bit for bit. What it gives the whole step and
 the engine (bench/bench_linear.py, bench/bench_cpu_anchor.py, 2026-12-02): a decode step of 1, 8 and 12 rows in
-28.8, 40.6 and 45.0 ms (the torch step with F.linear: 61, 126, 142); one request 37.9 tok/s against 34.2 on the
-fallback kernels below (one row is bandwidth-bound either way), 8 at once 184 against 112.
+28.8, 40.6 and 45.0 ms (the torch step with F.linear: 61, 126, 142); one request 25.0 tok/s against 19.8 on the
+fallback kernels below (one row is bandwidth-bound either way), 8 at once 116 against 69 (in an hour when the
+machine read 14 GB/s).
 
 Without a C compiler or AVX2/FMA (or with LLM_EXPLORER_PANEL=0), the measured next-best kernels:
   * 1 row: OpenBLAS's matrix-vector kernel (numpy's `W @ x` on the same memory, no copy): 12 GB/s against

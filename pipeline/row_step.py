@@ -11,6 +11,8 @@ token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 l
     panel copy (538 MB in 21.8 ms: 24.7 GB/s, where torch summing the same tensors read 21.7 GB/s that hour);
   * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
     2.6-2.8 ms, ~15 small operations a layer.
+In a slower hour (the probe at 12.6-15.3 GB/s) the same split read products 34.2-38.7 ms of a 38.5-44.7 ms
+token (538 MB at 14.8 GB/s) and the rest 4.3-6.0 ms: the products follow the memory, the rest the processor.
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
