@@ -35,18 +35,18 @@ def _models():
 
 _shared: dict = {}
 _shared_lock = threading.Lock()
-_app_load_warm = []  # appstate.load_warm as the app defines it (set by _one_instance_per_model)
+_load_warm = None  # appstate.load_warm as the app defines it (kept by _one_instance_per_model before it patches it)
 
 
 def shared_model(key: str):
     """One loaded, warmed instance of an installed model per test process: the same object for the fixtures below
     and for the app's own loader in AppTest (`_one_instance_per_model`). Each instance holds its weights and, on a
-    CPU, the decode kernel's panel copy of them (SmolLM2 1.1 GB, Gemma 2.1 GB together): workers that loaded each
+    CPU, the decode kernel's panel copy of them (weights and copy: SmolLM2 1.1 GB, Gemma 2.1 GB): workers that loaded each
     model for their fixtures and again for the pages held 9-10 GB each, and with the browser tests' servers a
     fresh-clone CI run reached 23.5 of the machine's 24 GB."""
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = _app_load_warm[0](key)
+            _shared[key] = _load_warm(key)
         return _shared[key]
 
 
@@ -54,11 +54,11 @@ def shared_model(key: str):
 def _one_instance_per_model():
     """The app's loader (appstate.load_warm) hands AppTest the process's shared instance of the embedded model and
     of Gemma; any other key (a folder a test made) loads as it always does."""
+    global _load_warm
     import appstate
     from pipeline.models import EMBEDDED, GEMMA, canonical_key
 
-    original = appstate.load_warm
-    _app_load_warm[:] = [original]
+    original = _load_warm = appstate.load_warm
 
     def load_warm(key, progress=None):
         if canonical_key(key) not in (EMBEDDED, GEMMA):
