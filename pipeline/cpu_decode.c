@@ -4,7 +4,10 @@
      paged_attend   one decode token's attention per row, over its KV blocks where they lie;
      rms_norm, silu_mul   the step's two elementwise stages, one call each.
 
-   Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache).
+   Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
+   loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust
+   their arguments: every call goes through cpu_matmul's checked wrappers, which validate shapes, dtypes,
+   contiguity, alignment and index ranges in Python first.
    Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
    the memory's speed (every SmolLM2 weight at 8 rows: oneDNN packed 74-91 ms, OpenBLAS 81-93, MKL 155, where
    reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
@@ -199,7 +202,9 @@ static inline const float *walk_next(walk *w) {
 
 void paged_attend(const float *q, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
                   const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
-                  int bs, float scale, float *out, int threads) {
+                  int bs, float scale, float *out, int threads, int *failed) {
+    /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
+       caller (pipeline/cpu_matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int task = 0; task < B * KV; task++) {
         int b = task / KV, kv = task % KV, n = hi[b] - lo[b], p0 = lo[b];
@@ -208,6 +213,12 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
         float *ob = out + ((size_t)b * KV + kv) * G * D;
         int ns = (n + 7) & ~7; /* each query head's scores padded to whole vectors for exp8 */
         float *s = malloc(sizeof(float) * (size_t)G * (ns > 0 ? ns : 8));
+        if (s == NULL) {
+            for (size_t j = 0; j < (size_t)G * D; j++) ob[j] = NAN;
+            #pragma omp atomic write
+            *failed = 1;
+            continue;
+        }
         /* scores: two positions at a time (independent sums for the processor to overlap) */
         walk wk = walk_at(K, table, s_blk, s_kv, s_pos, kv, p0, bs);
         int i = 0;

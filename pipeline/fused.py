@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -275,7 +274,6 @@ def bucket(n: int, limit: int | None = None) -> int:
     return min(b, limit) if limit else b
 
 
-_decoders: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 _dec_lock = threading.Lock()
 
 
@@ -286,7 +284,7 @@ def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None
     size = bucket(n_positions, lm.facts.max_positions)
     key = (size, graph, compile)
     with _dec_lock:
-        cache = _decoders.setdefault(lm.model, {})
+        cache = lm.owned("fused_decoders", dict)  # kept on the model, freed with it
         dec = cache.get(key)
         if dec is not None and dec._busy.acquire(blocking=False):
             return dec

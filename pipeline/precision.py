@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .cpu_matmul import native, packed_panels, ptr
+from .cpu_matmul import native, packed_panels, panel_product
 from .fused import bucket
 from .models import LoadedModel
 from .row_step import BufferKV, RowStep, usable
@@ -47,15 +47,11 @@ def _bf16(w: torch.Tensor, b: torch.Tensor | None):
     bb = None if b is None else b.detach().to(torch.bfloat16)
     if native() is not None:  # pipeline/cpu_decode.c: bf16 weights widened to fp32 in registers, fp32 sums
         p = packed_panels(wb.view(torch.int16).numpy().view(np.uint16))
-        bias = None if bb is None else bb.float().contiguous()
+        bias = None if bb is None else bb.float().contiguous().numpy()
 
         def project(x: np.ndarray) -> np.ndarray:
             xb = torch.from_numpy(x).to(torch.bfloat16).float().numpy()  # activations rounded to bf16 going in
-            y = np.empty((x.shape[0], wb.shape[0]), dtype=np.float32)
-            native().panel_linear_bf16(
-                ptr(xb), ptr(p), None if bias is None else bias.data_ptr(), ptr(y), x.shape[0], wb.shape[0], wb.shape[1], torch.get_num_threads()
-            )
-            return y
+            return panel_product(np.ascontiguousarray(xb), p, wb.shape[0], wb.shape[1], bias)
 
         return project, wb.numel() * 2
 
@@ -71,15 +67,11 @@ def _int8(w: torch.Tensor, b: torch.Tensor | None):
     w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     if native() is not None:  # pipeline/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
         p = packed_panels(w8.numpy())
-        sc = scale.float().contiguous()
+        sc = scale.float().contiguous().numpy()
+        bias = None if b is None else np.ascontiguousarray(b.detach().float().numpy())
 
         def project(x: np.ndarray) -> np.ndarray:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-            y = np.empty((x.shape[0], w8.shape[0]), dtype=np.float32)
-            native().panel_linear_i8(
-                ptr(x), ptr(p), sc.data_ptr(), None if b is None else b.data_ptr(), ptr(y), x.shape[0], w8.shape[0], w8.shape[1], torch.get_num_threads()
-            )
-            return y
+            return panel_product(np.ascontiguousarray(x, dtype=np.float32), p, w8.shape[0], w8.shape[1], bias, scale=sc)
 
         return project, w8.numel() + scale.numel() * 4
 

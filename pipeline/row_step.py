@@ -49,13 +49,13 @@ request's included.
 from __future__ import annotations
 
 import threading
-import weakref
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
-from .cpu_matmul import PANEL_MAX_ROWS, linear, native, panel_rows, ptr
+from . import cpu_matmul
+from .cpu_matmul import PANEL_MAX_ROWS, linear, native, panel_rows
 from .cpu_threads import PLAN
 from .fused_weights import fuse_weights, rope_tables, supported
 from .models import LoadedModel
@@ -83,11 +83,8 @@ class Norm:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu_decode.c's rms_norm
         where it is built: one call instead of six numpy operations)."""
-        lib = native()
-        if lib is not None and x.flags.c_contiguous:
-            y = np.empty_like(x)
-            lib.rms_norm(ptr(x), ptr(self.scale), ptr(y), x.size // x.shape[-1], x.shape[-1], self.eps)
-            return y
+        if native() is not None and x.flags.c_contiguous and x.dtype == np.float32:
+            return cpu_matmul.rms_norm(x, self.scale, self.eps)
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
         h = x * (1.0 / np.sqrt(ms + np.float32(self.eps)))
         h *= self.scale
@@ -116,11 +113,8 @@ class _RowLayer:
         pipeline/cpu_decode.c is built) its silu_mul, the same formula in one call."""
         half = gu.shape[1] // 2
         g, u = gu[:, :half], gu[:, half:]
-        lib = native()
-        if self.silu and lib is not None and gu.flags.c_contiguous:
-            y = np.empty_like(g)
-            lib.silu_mul(ptr(gu), ptr(gu) + 4 * half, ptr(y), gu.shape[0], half, gu.shape[1])
-            return y
+        if self.silu and native() is not None and gu.flags.c_contiguous and gu.dtype == np.float32:
+            return cpu_matmul.silu_mul(gu)
         return _arr(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.precision's bf16 and int8 variants)
@@ -241,19 +235,13 @@ def usable(lm: LoadedModel) -> bool:
 
 
 ROW_STEP = True
-_steps: weakref.WeakKeyDictionary[torch.nn.Module, RowStep] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
 
 
 def row_step(lm: LoadedModel) -> RowStep | None:
     """The model's RowStep (built once), or None where it does not apply (see usable)."""
     if not usable(lm):
         return None
-    with _lock:
-        st = _steps.get(lm.model)
-        if st is None:
-            st = _steps[lm.model] = RowStep(lm)
-        return st
+    return lm.owned("row_step", lambda: RowStep(lm))  # kept on the model, freed with it
 
 
 def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np.ndarray:
@@ -267,23 +255,16 @@ def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np
 
 
 def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
-    """Decode attention in pipeline/cpu_decode.c (`paged_attend`), over the keys and values where they lie: q [B, KV, G, D],
-    K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer [KV, max_len, D], one block), tables [B, blocks]
-    int32, each row attending to positions lo[b] <= p < hi[b]. -> [B, KV * G * D]."""
+    """Decode attention in pipeline/cpu_decode.c (`paged_attend`, through cpu_matmul's checked call), over the keys
+    and values where they lie: q [B, KV, G, D], K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer
+    [KV, max_len, D], one block), tables [B, blocks] int32, each row attending to positions lo[b] <= p < hi[b].
+    -> [B, KV * G * D]."""
     q = np.ascontiguousarray(q, dtype=np.float32)
     B, KV, G, D = q.shape
-    out = np.empty((B, KV * G * D), dtype=np.float32)
-    if K.ndim == 3:  # a static buffer: one block of max_len positions
-        s_blk, s_kv, s_pos = 0, K.strides[0] // 4, K.strides[1] // 4
-    else:
-        s_blk, s_kv, s_pos = K.strides[0] // 4, K.strides[1] // 4, K.strides[2] // 4
     # a small call (one row over a short context: ~15 µs of work) stays on the calling thread: handing it to the
     # pool costs more than it saves
     threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
-    native().paged_attend(
-        ptr(q), ptr(K), ptr(V), s_blk, s_kv, s_pos, ptr(tables), tables.shape[1], ptr(lo), ptr(hi), B, KV, G, D, bs, float(scale), ptr(out), threads
-    )
-    return out
+    return cpu_matmul.paged_attend(q, K, V, tables, lo, hi, bs, scale, threads)
 
 
 PARALLEL_ATTENTION = 1 << 18  # multiply-adds of q . K from which attention is split over the threads

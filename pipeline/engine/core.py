@@ -285,22 +285,26 @@ class Engine:
     def _ensure_worker(self):
         with self._thread_lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._worker, daemon=True, name=f"engine-{self.lm.label}")
+                # the thread holds the engine weakly between iterations: an engine whose model was dropped is freed,
+                # and its thread ends, however busy it was (a thread holding it strongly kept every model alive)
+                self._thread = threading.Thread(target=_work, args=(weakref.ref(self),), daemon=True, name=f"engine-{self.lm.label}")
                 self._thread.start()
 
-    def _worker(self):
-        while not _exiting.is_set():
-            if not self.scheduler.wait_for_work(5.0):
-                with self._thread_lock:
-                    if self.scheduler.wait_for_work(0.0):
-                        continue
-                    self._thread = None  # idle: the thread ends (a later submit starts another)
-                    return
-            try:
-                self.iterate()
-            except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
-                log.exception("engine iteration failed")
-                time.sleep(0.1)
+    def _work_once(self) -> bool:
+        """One turn of the background worker: wait up to 5 s for work and run one iteration. False when idle (the
+        thread then ends; a later submit starts another)."""
+        if not self.scheduler.wait_for_work(5.0):
+            with self._thread_lock:
+                if self.scheduler.wait_for_work(0.0):
+                    return True
+                self._thread = None
+                return False
+        try:
+            self.iterate()
+        except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
+            log.exception("engine iteration failed")
+            time.sleep(0.1)
+        return True
 
     def iterate(self) -> IterationRecord | None:
         """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
@@ -495,6 +499,15 @@ def default_kv_bytes(lm: LoadedModel) -> int:
 
 _exiting = threading.Event()
 _all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _work(ref: weakref.ref) -> None:
+    """An engine's background thread: iterates while the engine lives and has work (see Engine._work_once)."""
+    while not _exiting.is_set():
+        eng = ref()
+        if eng is None or not eng._work_once():
+            return
+        del eng  # not held while the next turn's engine is looked up
 
 
 @atexit.register

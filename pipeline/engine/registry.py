@@ -1,4 +1,4 @@
-"""Which engine serves a model: the one in this process (made on first use, kept as long as the model is), or,
+"""Which engine serves a model: the one in this process (made on first use, kept on the model: it lives exactly as long as the model does), or,
 when the process was started with LLM_EXPLORER_ENGINE set (ray://host:port, or auto), the model's application on
 Ray Serve (engine.ray_serve), which takes the same requests and streams the same events. The setting is read
 once, at import; `use_remote()` changes it (tests, the CLI)."""
@@ -6,16 +6,12 @@ once, at import; `use_remote()` changes it (tests, the CLI)."""
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 
 from ..models import LoadedModel
 from .core import Engine
 
 ENV = "LLM_EXPLORER_ENGINE"
 
-_lock = threading.Lock()
-_local: weakref.WeakKeyDictionary[LoadedModel, Engine] = weakref.WeakKeyDictionary()
 _remote_address: str | None = os.environ.get(ENV) or None
 
 
@@ -31,8 +27,4 @@ def engine_for(lm: LoadedModel):
         from .ray_serve import remote_engine
 
         return remote_engine(lm.key, _remote_address)
-    with _lock:
-        eng = _local.get(lm)
-        if eng is None:
-            eng = _local[lm] = Engine(lm)
-        return eng
+    return lm.owned("engine", lambda: Engine(lm))  # kept on the model: freed with it (its worker thread ends)
