@@ -1,4 +1,4 @@
-# make run      : create .venv if needed, install, start the app on http://localhost:8501 (embedded model)
+# make run      : create .venv if needed, install, start the app on http://localhost:8501 (this machine only; HOST=0.0.0.0 opens it)
 # make test     : install if needed, lint (ruff), then every tier but load (unit, model, browser, Ray Serve)
 # make test-fast: the unit tier only (no model, no browser): well under a minute
 # make test-load: the load tier (minutes): exhaustive page walks, memory, 8 tabs at once, a class of 32 for 5 minutes
@@ -34,9 +34,18 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyprojec
 
 install: $(STAMP)
 
+# `make run` serves this machine only (localhost); `make run HOST=0.0.0.0` opens it to the network, outside demo mode:
+# every visitor then gets the operator page without a password, uncapped runs and the "Local folder" loader (folders
+# under LLM_EXPLORER_MODELS_ROOT only). For a class, use `make demo`.
+HOST ?= localhost
 run: $(STAMP)
 	@echo "==> starting the explorer on http://localhost:$(PORT) (make run PORT=8600 for another port; Ctrl-C stops it)"
-	$(BIN)/python -m streamlit run app.py --server.port $(PORT)
+	@if [ "$(HOST)" != "localhost" ] && [ "$(HOST)" != "127.0.0.1" ] && [ "$(HOST)" != "::1" ]; then \
+	  echo "==> WARNING: listening on $(HOST): anyone who can reach this machine gets the full explorer, not demo mode:"; \
+	  echo "    the operator page without a password, uncapped generations and sweeps, and model folders under"; \
+	  echo "    $${LLM_EXPLORER_MODELS_ROOT:-~/models}. For a class use 'make demo' (caps, limits, a password)."; \
+	fi
+	$(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(HOST)
 
 # the hosted demo: the operator's models (LLM_EXPLORER_MODELS or [demo] in .streamlit/secrets.toml) built and
 # loaded before the server opens, then the app locked down (see README, "Hosting a class")

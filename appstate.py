@@ -3,7 +3,7 @@
 views/ keeps one instance of each per process (st.cache_resource) or per session (st.session_state, passed in
 as a plain mapping), so everything here is unit-tested without a browser.
 
-    loaders = Loaders(max_models=4)
+    loaders = Loaders(max_models=4, max_bytes=6 << 30)   # both bounds; LRU out first, `evictions` says what went
     ldr = loaders.get(key)            # starts loading in a background thread; ldr.done / .fraction / .error
     loaders.forget(key)               # only this model (a failed load never evicts the others)
     traces = TraceCache(budget_bytes)
@@ -18,8 +18,10 @@ import hashlib
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pipeline
@@ -45,11 +47,11 @@ def load_warm(key: str, progress: Callable | None = None):
 class Loader:
     """Loads one model in a background thread so the page can show progress instead of freezing."""
 
-    def __init__(self, key: str, load: Callable | None = None):
+    def __init__(self, key: str, load: Callable | None = None, on_done: Callable | None = None):
         self.key, self.fraction, self.message = key, 0.0, "starting"
         self.result, self.error, self.t0 = None, None, time.time()
         self.done = threading.Event()
-        self._load = load or load_warm
+        self._load, self._on_done = load or load_warm, on_done
         threading.Thread(target=self._run, daemon=True, name=f"load-{key}").start()
 
     def _progress(self, f, msg):
@@ -64,30 +66,116 @@ class Loader:
             self.error = f"{type(e).__name__}: {e}"
         finally:
             self.done.set()
+            if self._on_done is not None:
+                self._on_done(self)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
 
 
+MODELS_ROOT_ENV = "LLM_EXPLORER_MODELS_ROOT"
+
+
+def models_roots() -> list[Path]:
+    """The folders under which the app's "Local folder" loader opens models: LLM_EXPLORER_MODELS_ROOT (several
+    separated by ":"), else ~/models. The library and the CLI open any folder; a visitor of the app never names
+    one outside these."""
+    import os
+
+    raw = os.environ.get(MODELS_ROOT_ENV) or str(Path.home() / "models")
+    return [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]
+
+
+def folder_refusal(path: str, roots: list[Path] | None = None) -> str | None:
+    """Why the app will not look at `path` (None: it is under a models root). The answer is the same whether or not
+    the path exists, is a file or a folder, so the loader tells nothing about the rest of the file system; a
+    symbolic link that leads out of the roots is refused too."""
+    import os
+
+    roots = models_roots() if roots is None else roots
+    real = Path(os.path.realpath(os.path.expanduser(str(path).strip() or ".")))
+    if any(real == r or real.is_relative_to(r) for r in roots):
+        return None
+    where = ", ".join(str(r) for r in roots)
+    return (
+        f"This server opens model folders only under {where}. Put the model folder (config.json + *.safetensors) there, "
+        f"or start the server with {MODELS_ROOT_ENV} set to the folder that holds your models."
+    )
+
+
+def default_model_budget() -> int:
+    """Bytes the loaded models may hold together: LLM_EXPLORER_MODEL_BUDGET_GB, else 6 GB (on the 24 GB build
+    machine: SmolLM2 and Gemma-3 with their panel copies and KV pools take 3.8 GB, which leaves the trace cache's
+    1.2 GB and a class's sessions plenty of room)."""
+    import os
+
+    try:
+        return int(float(os.environ.get("LLM_EXPLORER_MODEL_BUDGET_GB", "6")) * 2**30)
+    except ValueError:
+        return 6 << 30
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A model the server unloaded to make room (said in the page of whoever loads the next one)."""
+
+    at: float  # time.time()
+    key: str
+    label: str
+    nbytes: int
+    for_key: str  # the model it made room for
+    why: str  # "bytes" or "count"
+
+
 class Loaders:
     """One Loader per model (keys made canonical: "x/", "x//" and a symlink to x are one model), at most
-    `max_models` kept, least recently used out first; a failed load is forgotten alone."""
+    `max_models` kept and at most `max_bytes` of loaded models (`LoadedModel.footprint_bytes`: weights, the decode
+    kernels' copy, the KV pool), least recently used out first; the newest always stays. A failed load is
+    forgotten alone. An evicted model is really freed: nothing else in the process holds it (pipeline's per-model
+    objects live on the model; tests/app/test_appstate.py and tests/pipeline/test_lifetime.py check it), once the
+    sessions that were using it have moved on. `evictions` says what was unloaded and why."""
 
-    def __init__(self, max_models: int = 4, load: Callable | None = None):
+    def __init__(self, max_models: int = 4, load: Callable | None = None, max_bytes: int | None = None):
         self.max_models, self._load = max_models, load
+        self.max_bytes = default_model_budget() if max_bytes is None else max_bytes
         self._items: OrderedDict[str, Loader] = OrderedDict()
         self._lock = threading.Lock()
+        self.evictions: deque[Eviction] = deque(maxlen=64)
 
     def get(self, key: str) -> Loader:
         key = canonical_key(key)
         with self._lock:
             ldr = self._items.get(key)
             if ldr is None:
-                ldr = self._items[key] = Loader(key, self._load)
+                ldr = self._items[key] = Loader(key, self._load, on_done=self._loaded)
                 while len(self._items) > self.max_models:
-                    self._items.popitem(last=False)
+                    self._evict(next(iter(self._items)), key, "count")
             self._items.move_to_end(key)
             return ldr
+
+    @staticmethod
+    def _bytes(ldr: Loader) -> int:
+        return getattr(ldr.result, "footprint_bytes", 0) if ldr.result is not None else 0
+
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(self._bytes(x) for x in self._items.values())
+
+    def _loaded(self, ldr: Loader) -> None:
+        """A load finished: unload the least recently used others while the loaded models hold more than the budget."""
+        with self._lock:
+            if self._items.get(ldr.key) is not ldr:
+                return
+            while sum(self._bytes(x) for x in self._items.values()) > self.max_bytes:
+                old = next((k for k, x in self._items.items() if x is not ldr and x.done.is_set()), None)
+                if old is None:
+                    break
+                self._evict(old, ldr.key, "bytes")
+
+    def _evict(self, key: str, for_key: str, why: str) -> None:
+        ldr = self._items.pop(key)
+        if ldr.result is not None:
+            self.evictions.append(Eviction(time.time(), key, getattr(ldr.result, "label", key), self._bytes(ldr), for_key, why))
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -41,7 +41,7 @@ def rss_mb() -> float:
 def cycle(key: str, tokens: int) -> tuple[str, str, weakref.ref]:
     lm = pipeline.load_model(key)
     prep = generation.prepare(lm, PROMPT, tokens)
-    engine_text = "".join(ev.text for ev in serving.stream(lm, prep, pipeline.GREEDY))
+    engine_text = "".join(ev.text for ev in serving.stream(lm, prep, pipeline.GREEDY) if isinstance(ev, pipeline.StepEvent))
     fused_text = "".join(ev.text for ev in generation.generate(lm, PROMPT, tokens, request=prep, cache="fused"))
     return engine_text, fused_text, weakref.ref(lm)
 

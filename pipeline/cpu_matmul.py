@@ -112,6 +112,13 @@ def library_name() -> str:
     return f"cpu_decode-{tag}{'-san' if fl != _CFLAGS else ''}.so"
 
 
+def kernels_dir() -> Path:
+    """Where the built library is kept: `<cache>/kernels`, or LLM_EXPLORER_KERNELS."""
+    from .models import cache_dir
+
+    return Path(os.environ.get("LLM_EXPLORER_KERNELS") or cache_dir() / "kernels")
+
+
 def _build() -> ctypes.CDLL | None:
     """The kernel's shared library, compiled once per source and machine into the cache and loaded only when
     verified (pipeline/trusted.py); None where it cannot be built or trusted (the reason is logged)."""
@@ -121,10 +128,9 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.info("no C compiler: CPU decode uses OpenBLAS and oneDNN")
         return None
-    from .models import cache_dir
     from .trusted import library
 
-    lib = library(NATIVE_SOURCE, flags(), cache_dir() / "kernels", library_name(), cc)
+    lib = library(NATIVE_SOURCE, flags(), kernels_dir(), library_name(), cc)
     if lib is None:
         return None
     ptr, i = ctypes.c_void_p, ctypes.c_int

@@ -166,7 +166,10 @@ class FusedDecoder:
 
     def _compile(self):
         """torch.compile the step (fullgraph: no Python between kernels) and run it once, which compiles."""
+        from .trusted import inductor_cache
+
         t = time.perf_counter()
+        inductor_cache()  # the code inductor writes and loads back lives in a private folder of ours, not in /tmp
         try:
             run = torch.compile(self._body, fullgraph=True, dynamic=False)
             with self.lm.lock, torch.inference_mode():

@@ -191,6 +191,17 @@ class LoadedModel:
             self.arch = Arch.of(self.model, self.dtype)
 
     @property
+    def footprint_bytes(self) -> int:
+        """About what this model holds while it serves: its weights, on a CPU in fp32 the decode kernels' panel copy
+        of its matrices (as large again), and the engine's KV pool (a CPU's 256 MiB; a GPU's is sized from free
+        memory and not counted here). What the app's model cache budgets by."""
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if self.device.type != "cpu":
+            return weights
+        copy = weights if self.dtype == torch.float32 else 0
+        return weights + copy + (256 << 20)
+
+    @property
     def kv_token_bytes(self) -> int:
         """Bytes of K and V for one token in one layer: 2 x KV heads x head dim x bytes per value (the one place the
         KV cache's size is defined: the formula on the KV-cache page, the engine's blocks, the costs table)."""

@@ -59,11 +59,23 @@ def check_private(path: Path, *, strict: bool = False) -> None:
         raise Untrusted(f"{path} has mode {stat.S_IMODE(st.st_mode):o}: other users can {'reach' if strict else 'write'} it")
 
 
+def check_parent(path: Path) -> None:
+    """Raise Untrusted unless nobody but this user (or root) can replace the entries of folder `path`: it belongs to
+    this user or root, and if others can write it, it has the sticky bit (as /tmp does: only an entry's owner may
+    rename or delete it)."""
+    st = path.stat()
+    if st.st_uid not in (os.geteuid(), 0):
+        raise Untrusted(f"{path} belongs to user id {st.st_uid}: its owner could replace what we keep in it")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise Untrusted(f"{path} has mode {stat.S_IMODE(st.st_mode):o}: other users can write it")
+
+
 def state_dir() -> Path:
     """This user's private folder for what must not share the cache's trust (created 0700; checked on every use)."""
     root = os.environ.get(STATE_ENV) or Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "llm-explorer"
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_parent(path.parent)
     check_private(path, strict=True)
     return path
 
@@ -135,7 +147,7 @@ def library(source: Path, flags: list[str], folder: Path, name: str, cc: str) ->
     with _lock:
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o755)
-            check_private(folder.parent)
+            check_parent(folder.parent)
             check_private(folder)
             rec = _records().get(name)
             lock_fd = os.open(folder / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)

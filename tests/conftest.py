@@ -21,6 +21,8 @@ import threading
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the app opens "Local folder" models only under a models root: the tests' model folders live in the temporary folder
+os.environ.setdefault("LLM_EXPLORER_MODELS_ROOT", __import__("tempfile").gettempdir())
 
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs small suites under this conftest
 

@@ -17,7 +17,24 @@ LOCAL = "Local folder…"
 
 @st.cache_resource(show_spinner=False)
 def _loaders() -> appstate.Loaders:
-    return appstate.Loaders(max_models=4)
+    return appstate.Loaders(max_models=4)  # and at most LLM_EXPLORER_MODEL_BUDGET_GB (6 GB) of them
+
+
+def _say_evictions(key: str) -> None:
+    """Say, once, which models the server unloaded to make room for this one (it loads again when picked)."""
+    ldrs = _loaders()
+    seen = st.session_state.get("_evictions_seen", 0.0)
+    new = [e for e in list(ldrs.evictions) if e.at > seen and e.for_key == key]
+    if not new:
+        return
+    st.session_state["_evictions_seen"] = max(e.at for e in new)
+    for e in new:
+        bound = f"at most {ldrs.max_bytes / 2**30:.1f} GB of models" if e.why == "bytes" else f"at most {ldrs.max_models} models"
+        st.info(
+            f"To make room, this server unloaded {e.label} ({e.nbytes / 2**30:.2f} GB), the model used least recently: it keeps {bound} "
+            "in memory. It loads again, with progress, when someone picks it.",
+            icon=":material/memory:",
+        )
 
 
 def _loader(key: str) -> appstate.Loader:
@@ -51,13 +68,14 @@ def get_model():
         st.stop()
     if key not in (pipeline.EMBEDDED, pipeline.GEMMA):
         try:
-            pipeline.models.check_folder(key)
+            check_local(key)
         except ModelLoadError as e:
             _load_failed(e, "open this model")
             st.stop()
     lm = _wait_loaded(key, "the model")
     if lm is None:
         st.stop()
+    _say_evictions(key)
     if st.session_state.get("_device_label") != lm.device_label:
         st.session_state["_device_label"] = lm.device_label
         st.sidebar.caption(f"**Device:** {lm.device_label}")
@@ -95,11 +113,20 @@ def load_other_model(key: str):
         st.warning("This demo server loads only the models its operator chose.")
         return None
     try:
-        pipeline.models.check_folder(key)
+        check_local(key)
     except ModelLoadError as e:
         st.error(str(e))
         return None
     return _wait_loaded(key, "the draft model")
+
+
+def check_local(path: str) -> None:
+    """A folder a visitor typed: refused unless it is under a models root (appstate.folder_refusal: the same answer
+    whether or not the path exists), then checked as a model folder. Raises ModelLoadError."""
+    why = appstate.folder_refusal(path)
+    if why:
+        raise ModelLoadError(why)
+    pipeline.models.check_folder(path)
 
 
 @st.cache_resource(show_spinner="Loading tokenizer…")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
+import appstate
 import pipeline
 from pipeline.models import available_models
 from views import session
@@ -69,7 +70,10 @@ def sidebar():
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
     sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=lambda k: labels.get(k, k), help=helptext)
     if st.session_state["model_choice"] == LOCAL:
-        sb.text_input("Folder path", key="local_path", placeholder="/path/to/hf-model-folder")
+        roots = ", ".join(str(r) for r in appstate.models_roots())
+        sb.text_input(
+            "Folder path", key="local_path", placeholder=f"{roots}/my-model", help=f"A Hugging Face model folder under {roots} (config.json + *.safetensors)."
+        )
     sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
     sb.text_area(
         "Prompt",
