@@ -109,6 +109,16 @@ class RateLimiter:
         self._seen: OrderedDict[str, deque] = OrderedDict()
         self._lock = threading.Lock()
 
+    def wait(self, session: str, per_minute: int | None = None) -> float:
+        """Seconds until `session` may start a run (0: now), recording nothing."""
+        limit = self.per_minute if per_minute is None else per_minute
+        if limit <= 0:
+            return 0.0
+        now = self.clock()
+        with self._lock:
+            q = [t for t in self._seen.get(session, ()) if now - t < 60.0]
+            return 60.0 - (now - q[0]) if len(q) >= limit else 0.0
+
     def allow(self, session: str, per_minute: int | None = None) -> float:
         """Record a start and return 0, or return the seconds until one is allowed (nothing recorded).
         `per_minute` overrides the limit given at construction (the policy can change; the record stays)."""
@@ -253,55 +263,83 @@ class ErrorLog:
         return rid
 
 
-class PasswordGuard:
-    """The operator password against online guessing, server-wide (one instance per process, whatever the session
-    or address): after a wrong password every attempt waits `throttle_s` (doubling with each failure in the
-    window, at most `lockout_s`), and `max_failures` wrong passwords within `window_s` lock the page for
-    `lockout_s`, the right password included. Every failure is logged with its time, never the guess.
+@dataclass
+class _Tries:
+    failures: deque = field(default_factory=lambda: deque(maxlen=1000))  # times of wrong passwords
+    locked_until: float = 0.0
+    next_try: float = 0.0
 
-        guard = PasswordGuard(); wait = guard.wait()   # seconds before an attempt is taken (0: go)
-        guard.attempt(ok)                              # record the outcome of an attempt that was taken
+
+class PasswordGuard:
+    """The operator password against online guessing, per client address (one instance per process): after a wrong
+    password every attempt from that address waits `throttle_s` (doubling with each failure in the window, at most
+    `lockout_s`), and `max_failures` wrong passwords within `window_s` lock the page for that address for
+    `lockout_s`, the right password included. A stranger's guesses never lock the operator out from another
+    address. Every failure is logged with its time and address, never the guess.
+
+        guard = PasswordGuard(); wait = guard.wait(address)   # seconds before an attempt is taken (0: go)
+        guard.attempt(ok, address)                            # record the outcome of an attempt that was taken
     """
 
-    def __init__(self, max_failures: int = 5, window_s: float = 900.0, lockout_s: float = 900.0, throttle_s: float = 2.0, clock=time.time):
+    def __init__(
+        self, max_failures: int = 5, window_s: float = 900.0, lockout_s: float = 900.0, throttle_s: float = 2.0, clock=time.time, max_addresses: int = 4096
+    ):
         self.max_failures, self.window_s, self.lockout_s, self.throttle_s, self.clock = max_failures, window_s, lockout_s, throttle_s, clock
-        self.failures: deque[float] = deque(maxlen=1000)  # times of wrong passwords (for the page and the log)
-        self.locked_until = 0.0
-        self._next_try = 0.0
+        self.max_addresses = max_addresses
+        self._by: OrderedDict[str, _Tries] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _recent(self, now: float) -> int:
-        return sum(1 for t in self.failures if now - t <= self.window_s)
+    def _of(self, address: str) -> _Tries:
+        t = self._by.get(address)
+        if t is None:
+            t = self._by[address] = _Tries()
+            while len(self._by) > self.max_addresses:  # the oldest address whose lock has run out goes
+                old = next((a for a, x in self._by.items() if x.locked_until <= self.clock() and a != address), None)
+                if old is None:
+                    break
+                del self._by[old]
+        self._by.move_to_end(address)
+        return t
 
-    def wait(self) -> float:
-        """Seconds until an attempt may be made (0 when one may be made now)."""
+    def recent(self, address: str = "local") -> int:
+        """Wrong passwords from this address within the window."""
         now = self.clock()
         with self._lock:
-            return max(0.0, self.locked_until - now, self._next_try - now)
+            return sum(1 for t in self._of(address).failures if now - t <= self.window_s)
 
-    def locked(self) -> bool:
-        return self.clock() < self.locked_until
-
-    def attempt(self, ok: bool) -> bool:
-        """Record an attempt; returns whether it is accepted (False while locked or throttled, the right password
-        included)."""
+    def wait(self, address: str = "local") -> float:
+        """Seconds until an attempt from this address may be made (0 when one may be made now)."""
         now = self.clock()
         with self._lock:
-            if now < max(self.locked_until, self._next_try):
+            t = self._of(address)
+            return max(0.0, t.locked_until - now, t.next_try - now)
+
+    def locked(self, address: str = "local") -> bool:
+        with self._lock:
+            return self.clock() < self._of(address).locked_until
+
+    def attempt(self, ok: bool, address: str = "local") -> bool:
+        """Record an attempt from `address`; returns whether it is accepted (False while that address is locked or
+        throttled, the right password included)."""
+        now = self.clock()
+        with self._lock:
+            t = self._of(address)
+            if now < max(t.locked_until, t.next_try):
                 return False
             if ok:
                 return True
-            self.failures.append(now)
-            n = self._recent(now)
-            self._next_try = now + min(self.lockout_s, self.throttle_s * 2 ** (n - 1))
+            t.failures.append(now)
+            n = sum(1 for x in t.failures if now - x <= self.window_s)
+            t.next_try = now + min(self.lockout_s, self.throttle_s * 2 ** (n - 1))
             if n >= self.max_failures:
-                self.locked_until = now + self.lockout_s
+                t.locked_until = now + self.lockout_s
             log.warning(
-                "operator page: wrong password at %s (%d in the last %.0f min)%s",
+                "operator page: wrong password from %s at %s (%d from that address in the last %.0f min)%s",
+                address,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
                 n,
                 self.window_s / 60,
-                f"; locked for {self.lockout_s / 60:.0f} min" if n >= self.max_failures else "",
+                f"; that address is locked for {self.lockout_s / 60:.0f} min" if n >= self.max_failures else "",
             )
             return False
 

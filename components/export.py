@@ -252,6 +252,14 @@ def alt_text(fig: go.Figure, title: str, max_chars: int = 900) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
+def refused_zip(stem: str, why: str) -> bytes:
+    """A ZIP holding only REFUSED.txt with `why` (an export a demo server refused: the download still says so)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{stem}/REFUSED.txt", why + "\n")
+    return buf.getvalue()
+
+
 def page_zip(
     stem: str, figures: list[tuple], tables: dict | None = None, html: dict[str, str] | None = None, numbers: dict | None = None, images: dict | None = None
 ) -> bytes:

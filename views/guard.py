@@ -9,7 +9,7 @@ import streamlit as st
 
 import demo
 import pipeline
-from views.session import session_key
+from views.session import client_address, session_key
 
 
 def policy() -> demo.Policy:
@@ -66,17 +66,8 @@ def _address_slots() -> demo.AddressSlots:
 
 @st.cache_resource(show_spinner=False)
 def password_guard() -> demo.PasswordGuard:
-    """The operator page's guard against guessing: one per server process, whatever the session or address."""
+    """The operator page's guard against guessing: one per server process, its locks per client address."""
     return demo.PasswordGuard()
-
-
-def client_address() -> str:
-    """The connection's address ("local" for localhost, where Streamlit gives none)."""
-    try:
-        ip = st.context.ip_address
-    except Exception:  # noqa: BLE001 - no client context (a bare script run)
-        ip = None
-    return ip if isinstance(ip, str) and ip else "local"  # AppTest gives a mock
 
 
 def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
@@ -90,27 +81,38 @@ def fail(e: BaseException, what: str, where=None, level: str = "warning") -> Non
         getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
 
 
+def refusal(browser: str, address: str, what: str) -> str | None:
+    """Why a demo server refuses `browser` at `address` a new run now (None: allowed, and the run is counted against
+    both). Streamlit-free in its inputs, so a download's deferred callable (an export) can ask it too. The address
+    is asked first without recording anything: a refusal for the address does not spend the browser's quota."""
+    p = policy()
+    if not p.enabled:
+        return None
+    wait = _limiter().wait(browser, p.caps.requests_per_minute)
+    if wait:
+        return (
+            f"Refused: too many runs from this browser. This demo server allows {p.caps.requests_per_minute} a minute per browser "
+            f"(model runs, generations, sweeps, tokenizing and exports all count). Try {what} again in {wait:.0f} s."
+        )
+    wait = _address_limiter().wait(address, p.caps.address_per_minute)
+    if wait:
+        return (
+            f"Refused: too many runs from your network address ({p.caps.address_per_minute} a minute is the most one address may start "
+            f"on this demo server). Try {what} again in {wait:.0f} s."
+        )
+    _limiter().allow(browser, p.caps.requests_per_minute)
+    _address_limiter().allow(address, p.caps.address_per_minute)
+    return None
+
+
 def allowed(what: str) -> bool:
     """A demo server's limits on starting a run (always True elsewhere): per browser (requests_per_minute) and per
     client address (address_per_minute, whatever sessions or cookies it sheds); says in the page what was refused
     and when to try again."""
-    p = policy()
-    if not p.enabled:
-        return True
-    wait = _limiter().allow(session_key(), p.caps.requests_per_minute)
-    if wait:
-        st.warning(
-            f"Refused: too many runs from this browser. This demo server allows {p.caps.requests_per_minute} a minute per browser "
-            f"(model runs, generations, sweeps and tokenizing all count). Try {what} again in {wait:.0f} s."
-        )
-        return False
-    wait = _address_limiter().allow(client_address(), p.caps.address_per_minute)
-    if wait:
-        st.warning(
-            f"Refused: too many runs from your network address ({p.caps.address_per_minute} a minute is the most one address may start "
-            f"on this demo server). Try {what} again in {wait:.0f} s."
-        )
-    return not wait
+    why = refusal(session_key(), client_address(), what)
+    if why:
+        st.warning(why)
+    return why is None
 
 
 def address_slot():

@@ -3,7 +3,6 @@ memory, the errors visitors hit. Behind the password in .streamlit/secrets.toml 
 
 import hmac
 import os
-import time
 
 import pandas as pd
 import psutil
@@ -17,25 +16,30 @@ if pol.operator_password is None and pol.enabled:
     st.info('No operator password is set. Put one in .streamlit/secrets.toml:\n\n```toml\n[demo]\noperator_password = "..."\n```')
     st.stop()
 if pol.operator_password is not None and not st.session_state.get("_operator"):
-    guard = guard.password_guard()
-    wait = guard.wait()
-    if guard.locked():
+    pw_guard, address = guard.password_guard(), guard.client_address()
+    wait = pw_guard.wait(address)
+    if pw_guard.locked(address):
         st.error(
-            f"Locked: {guard.max_failures} wrong passwords in {guard.window_s / 60:.0f} minutes. The page accepts no password, the "
-            f"right one included, for {wait / 60:.0f} more minute{'s' if wait >= 90 else ''}. Each attempt is in the server's log."
+            f"Locked: {pw_guard.max_failures} wrong passwords from your network address in {pw_guard.window_s / 60:.0f} minutes. "
+            f"The page accepts no password from it, the right one included, for {wait / 60:.0f} more minute{'s' if wait >= 90 else ''}. "
+            "Each attempt is in the server's log with its address."
         )
         st.stop()
     typed = st.text_input("Password", type="password", key="op_password")
     if not typed:
         st.stop()
     if wait > 0:
-        st.warning(f"A wrong password was typed recently (here or in another browser): the next attempt is taken in {wait:.0f} s.")
+        st.warning(f"A wrong password was typed recently from your network address: the next attempt is taken in {wait:.0f} s.")
         st.stop()
-    if not guard.attempt(hmac.compare_digest(typed.encode(), pol.operator_password.encode())):
-        recent = sum(1 for t in guard.failures if time.time() - t <= guard.window_s)
+    if not pw_guard.attempt(hmac.compare_digest(typed.encode(), pol.operator_password.encode()), address):
+        recent = pw_guard.recent(address)
         st.error(
             "Wrong password."
-            + (" The page is now locked." if guard.locked() else f" {guard.max_failures - recent} more wrong in {guard.window_s / 60:.0f} minutes lock it.")
+            + (
+                " The page is now locked for your network address."
+                if pw_guard.locked(address)
+                else f" {pw_guard.max_failures - recent} more wrong in {pw_guard.window_s / 60:.0f} minutes lock it for your address."
+            )
         )
         st.stop()
     st.session_state["_operator"] = True

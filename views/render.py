@@ -49,12 +49,22 @@ class PageExports:
 
     def __init__(self, title: str):
         self.title, self.figures, self.tables, self.html, self.images = title, [], {}, {}, {}
+        # who asks, read now: the ZIP is made later, when the button is clicked, outside this page run
+        self._who = (guard.session_key(), guard.client_address())
+        self._stem = export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
 
     def stem(self) -> str:
-        return export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
+        return self._stem
 
     def zip(self) -> bytes:
-        return export.page_zip(self.stem(), self.figures, self.tables, self.html, images=self.images)
+        """The page's ZIP, made on the click. On a demo server it counts as a run (the browser's and the address's
+        limits); a refused export is a ZIP holding only REFUSED.txt, which says why and when to try again. Its
+        images are drawn one at a time through the one image exporter, so another visitor's export runs between
+        this one's figures instead of waiting for all of them."""
+        why = guard.refusal(*self._who, "the export")
+        if why:
+            return export.refused_zip(self._stem, why)
+        return export.page_zip(self._stem, self.figures, self.tables, self.html, images=self.images)
 
 
 # query parameters that are not a view's settings: the prompt and model are named on their own, the rest is plumbing
@@ -72,7 +82,9 @@ def context_note(settings: dict | None = None) -> str:
     prompt = " ".join((st.session_state.get("prompt") or "").split())
     prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
     parts = [model, f"prompt “{prompt}”" + (" (chat template)" if st.session_state.get("chat") else "")]
-    view = {k: st.query_params.get(k) for k in st.query_params if k not in NOT_SETTINGS}
+    # only the view's own settings: a parameter that no widget of this page is bound to (a typo, or text someone
+    # put in a link: "?zz=Visit evil.example") never reaches an image
+    view = {k: st.query_params.get(k) for k in st.query_params if k not in NOT_SETTINGS and k in st.session_state}
     view |= {k: v for k, v in (settings or {}).items() if v is not None}
     if view:
         parts.append(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in view.items()))

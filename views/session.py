@@ -25,6 +25,15 @@ BROWSER_COOKIE = "llm_explorer_browser"  # this browser's id: its runs and its r
 BROWSER_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def client_address() -> str:
+    """The connection's address ("local" for localhost, where Streamlit gives none)."""
+    try:
+        ip = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no client context (a bare script run)
+        ip = None
+    return ip if isinstance(ip, str) and ip else "local"  # AppTest gives a mock
+
+
 def link_id(name: str) -> str | None:
     """A ?p= / ?view= id from the address: returned when it is 12 hex digits; anything else is removed from the
     address and said in the page as plain text (never echoed: a link's text is never rendered)."""
@@ -55,7 +64,15 @@ def shared_prompt() -> bool:
     prompt = st.session_state.get("prompt") or ""
     long = len(prompt) > MAX_URL_PROMPT_CHARS
     if long:
-        st.session_state["_shared_id"] = key = _shared_texts().put(prompt)
+        try:
+            st.session_state["_shared_id"] = key = _shared_texts().put(prompt, session_key(), client_address())
+        except appstate.Full as e:
+            st.session_state["_shared_id"] = None
+            st.session_state["_shared_full"] = str(e)
+            if "p" in st.query_params:
+                del st.query_params["p"]
+            return long
+        st.session_state["_shared_full"] = None
         if st.query_params.get("p") != key:  # written only when it changes: each write is a message to the browser
             st.query_params["p"] = key
     elif "p" in st.query_params:
@@ -64,7 +81,12 @@ def shared_prompt() -> bool:
 
 
 def _freeze_view() -> None:
-    st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6))
+    try:
+        st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6), client_address())
+        st.session_state["_frozen_full"] = None
+    except appstate.Full as e:
+        st.session_state["_frozen"] = None
+        st.session_state["_frozen_full"] = str(e)
 
 
 def share_note(sb, long: bool) -> None:
@@ -81,17 +103,29 @@ def share_note(sb, long: bool) -> None:
 
             query = {k: st.query_params.get(k) for k in st.query_params if k not in ("view", "s")} | {"view": vid}
             st.code(f"{st.context.url or ''}?{urlencode(query)}", language=None, wrap_lines=True)
+            store = _run_store()
             st.caption(
                 "This link carries a frozen copy of your finished runs as they are now: whoever opens it gets their own copy "
-                "of that copy. Your own address is unchanged; runs you make later are not in the copy."
+                "of that copy. Your own address is unchanged; runs you make later are not in the copy. The copy stays on this "
+                f"server for at least {store.KEEP_VIEW_S / appstate.DAY:.0f} days, whatever other visitors do (until the server "
+                f"restarts); this browser keeps its {store.views_per_browser} most recent copies."
             )
-        if long:
+        elif st.session_state.get("_frozen_full"):
+            st.warning(f"No copy was made: {st.session_state['_frozen_full']}. Share the view without results, or try again later.")
+        if long and st.session_state.get("_shared_id"):
             n = len(st.session_state.get("prompt") or "")
             st.markdown(
                 f"This prompt ({n:,} characters) is too long for a link, so it is kept on this server and the link "
-                f"carries its id (`p={st.session_state['_shared_id']}`). For another server, share the prompt itself:"
+                f"carries its id (`p={st.session_state['_shared_id']}`) for at least {appstate.SharedTexts.KEEP_S / appstate.DAY:.0f} "
+                "days (until the server restarts). For another server, share the prompt itself:"
             )
             st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
+        elif long:
+            st.warning(
+                f"This prompt is too long for a link and this server could not keep it ({st.session_state.get('_shared_full')}): "
+                "the link carries the view without the prompt. Share the prompt itself:"
+            )
+            st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl2", on_click="ignore")
 
 
 @st.cache_resource(show_spinner=False)
@@ -111,7 +145,7 @@ def keep_runs() -> None:
     """A page's runs belong to this browser and survive a refresh: they are kept under the browser's id, a cookie
     set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once."""
     cookie = _browser_id()
-    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8))
+    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8), client_address())
     if cookie != sid:  # this browser's first visit (or cookies refused): the next visit sends it back
         st.sidebar.html(
             f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax'</script>",

@@ -137,17 +137,16 @@ def test_recall_of_a_missing_slot_is_none(slot):
     assert appstate.recall({}, slot, "smol") is None
 
 
-def test_shared_texts_short_ids_stable_and_bounded():
+def test_shared_texts_short_ids_stable_and_bounded_per_browser():
     from appstate import SharedTexts
 
-    s = SharedTexts(budget_chars=25)
-    a = s.put("x" * 10)
+    s = SharedTexts(budget_chars=100, per_browser=25, per_address=100)
+    a = s.put("x" * 10, "b1")
     assert a == SharedTexts.id_of("x" * 10) and len(a) == 12 and s.get(a) == "x" * 10
-    assert s.put("x" * 10) == a  # the same text, the same id
-    b = s.put("y" * 10)
-    s.get(a)  # a used most recently: b goes first
-    c = s.put("z" * 10)
-    assert s.get(b) is None and s.get(a) == "x" * 10 and s.get(c) == "z" * 10
+    assert s.put("x" * 10, "b1") == a  # the same text, the same id
+    b = s.put("y" * 10, "b1")
+    c = s.put("z" * 10, "b1")  # over this browser's 25 characters: its own oldest goes
+    assert s.get(a) is None and s.get(b) == "y" * 10 and s.get(c) == "z" * 10
     assert s.get("nope") is None
 
 
@@ -167,10 +166,102 @@ def test_run_store_keeps_runs_per_browser_and_restores_a_copy_after_a_refresh():
     again: dict = {}
     store.attach(again, "a", lambda: next(ids))
     assert recall(again, "gen", "smol") == "answer"  # what the other browser did never reached the first one's runs
-    store.attach({}, None, lambda: next(ids))  # more browsers than kept: the oldest is dropped
-    store.attach({}, None, lambda: next(ids))
-    late: dict = {}
-    assert store.attach(late, "b", lambda: "e") == "b" and recall(late, "gen", "smol") is None
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_flood_of_cookieless_visits_never_evicts_a_browsers_runs():
+    """130 cookie-less visits (each a new browser with no runs, as /operator gets) from the teacher's own address."""
+    from appstate import RunStore, recall, remember
+
+    store = RunStore(max_sessions=128, per_address=128)
+    teacher: dict = {}
+    store.attach(teacher, "t" * 16, lambda: "x")
+    remember(teacher, "gen", "smol", "the answer")
+    store.attach(teacher, "t" * 16, lambda: "x")
+    for i in range(400):
+        store.attach({}, None, lambda i=i: f"{i:016x}")
+    back: dict = {}
+    store.attach(back, "t" * 16, lambda: "y")
+    assert recall(back, "gen", "smol") == "the answer"
+
+
+def test_runs_of_other_browsers_are_kept_for_the_promised_time_then_make_room():
+    from appstate import RunStore, recall, remember
+
+    clock = Clock()
+    store = RunStore(max_sessions=3, per_address=3, clock=clock)
+    for b in ("a", "b", "c"):
+        st: dict = {}
+        store.attach(st, b * 16, lambda: "?", address=f"10.0.0.{ord(b)}")
+        remember(st, "gen", "m", b)
+    stranger: dict = {}
+    store.attach(stranger, "d" * 16, lambda: "?", address="10.9.9.9")
+    remember(stranger, "gen", "m", "d")
+    assert all(store.sessions.get(b * 16) for b in "abc")  # the store was full of others' runs: d's last as long as its tab
+    clock.t += RunStore.KEEP_RUNS_S + 1
+    later: dict = {}
+    store.attach(later, "e" * 16, lambda: "?", address="10.9.9.9")
+    remember(later, "gen", "m", "e")
+    store.attach(later, "e" * 16, lambda: "?", address="10.9.9.9")
+    assert store.sessions.get("a" * 16) is None and recall(later, "gen", "m") == "e"  # the oldest, past its time, made room
+
+
+def test_a_flood_of_frozen_views_never_breaks_a_teachers_link():
+    """260 clicks on "Add a copy of my results" from other browsers, on the teacher's address and on another."""
+    from appstate import Full, RunStore, remember
+
+    store = RunStore(max_frozen=200, views_per_browser=16, views_per_address=64)
+    teacher: dict = {}
+    store.attach(teacher, "t" * 16, lambda: "?")
+    remember(teacher, "gen", "smol", "lesson")
+    vid = store.freeze(teacher, lambda: "abcdefabcdef")
+    refused = 0
+    for address in ("local", "10.1.1.1"):
+        for i in range(260):
+            st: dict = {}
+            store.attach(st, None, lambda i=i: f"{i:016x}", address)
+            remember(st, "gen", "smol", "spam")
+            try:
+                store.freeze(st, lambda i=i, a=address: f"{hash((a, i)) & 0xFFFFFFFFFFFF:012x}", address)
+            except Full:
+                refused += 1
+    mine: dict = {}
+    assert store.thaw(mine, vid) and mine["_runs"]["gen"][1] == "lesson"
+    assert refused >= 2 * (260 - 64)
+
+
+def test_a_browser_replaces_only_its_own_oldest_view():
+    from appstate import RunStore, remember
+
+    store = RunStore(views_per_browser=2)
+    st: dict = {}
+    store.attach(st, "t" * 16, lambda: "?")
+    remember(st, "gen", "m", "x")
+    ids = iter(["000000000001", "000000000002", "000000000003"])
+    got = [store.freeze(st, lambda: next(ids)) for _ in range(3)]
+    assert [store.views.get(v) is not None for v in got] == [False, True, True]
+
+
+def test_long_prompts_from_a_flood_never_break_a_link():
+    """105 sessions with 200k-character prompts from one address (each a new browser) against a teacher's ?p= link."""
+    from appstate import Full, SharedTexts
+
+    s = SharedTexts()
+    pid = s.put("teacher's long prompt " * 5000, "t" * 16, "local")
+    refused = 0
+    for i in range(105):
+        try:
+            s.put(f"{i} " + "a" * 200_000, f"{i:016x}", "local")
+        except Full:
+            refused += 1
+    assert s.get(pid) == "teacher's long prompt " * 5000 and refused > 0
 
 
 def test_a_frozen_view_is_a_copy_both_ways():

@@ -182,23 +182,33 @@ def test_secrets_file_reads_the_demo_section(tmp_path):
     assert demo.secrets_file(str(tmp_path / "none")) == {}
 
 
-def test_operator_password_is_throttled_then_locked_server_wide_and_logged_without_the_guess(caplog):
+def test_operator_password_is_throttled_then_locked_per_address_and_logged_without_the_guess(caplog):
     now = [1000.0]
     g = demo.PasswordGuard(max_failures=3, window_s=600, lockout_s=900, throttle_s=2, clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="llm_explorer"):
-        assert g.wait() == 0 and not g.attempt(False)
-        assert g.wait() == 2 and not g.attempt(True)  # throttled: even the right password waits its turn
+        assert g.wait("10.0.0.66") == 0 and not g.attempt(False, "10.0.0.66")
+        assert g.wait("10.0.0.66") == 2 and not g.attempt(True, "10.0.0.66")  # throttled: even the right password waits its turn
         now[0] += 2
-        assert not g.attempt(False) and g.wait() == 4  # the wait doubles with each failure in the window
+        assert not g.attempt(False, "10.0.0.66") and g.wait("10.0.0.66") == 4  # the wait doubles with each failure in the window
         now[0] += 4
-        assert not g.attempt(False) and g.locked()  # the third: locked, whoever tries next
+        assert not g.attempt(False, "10.0.0.66") and g.locked("10.0.0.66")  # the third: that address is locked
+        assert not g.locked("10.0.0.1") and g.wait("10.0.0.1") == 0 and g.attempt(True, "10.0.0.1")  # the operator elsewhere is not
         now[0] += 899
-        assert g.locked() and not g.attempt(True) and 0 < g.wait() <= 1
+        assert g.locked("10.0.0.66") and not g.attempt(True, "10.0.0.66") and 0 < g.wait("10.0.0.66") <= 1
         now[0] += 2
-        assert not g.locked() and g.attempt(True)
+        assert not g.locked("10.0.0.66") and g.attempt(True, "10.0.0.66")
     failures = [r.getMessage() for r in caplog.records if "wrong password" in r.getMessage()]
     assert len(failures) == 3 and "locked" in failures[-1] and all(time.strftime("%Y-%m-%d", time.localtime(1000)) in m for m in failures)
-    assert len(g.failures) == 3
+    assert all("10.0.0.66" in m for m in failures)
+
+
+def test_a_rate_limiter_can_be_asked_without_spending():
+    now = [0.0]
+    r = demo.RateLimiter(2, clock=lambda: now[0])
+    assert r.wait("b") == 0 and r.wait("b") == 0  # asking records nothing
+    assert r.allow("b") == 0 and r.allow("b") == 0 and r.wait("b") == 60.0
+    now[0] += 61
+    assert r.wait("b") == 0
 
 
 def test_one_address_may_hold_a_bounded_number_of_runs_whatever_its_sessions():
