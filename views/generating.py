@@ -114,7 +114,7 @@ def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, rout
                 break  # request is cancelled as the stream closes)
             if isinstance(ev, serving.Waiting):
                 if out is not None:
-                    out.info(f"Server busy: {ev}. Your request starts as soon as a slot is free.")
+                    out.info(f"Waiting in line: {ev}. Your request starts as soon as a slot is free.")
                 continue
             rec.events.append(ev)
             if sampler is not None:

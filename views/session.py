@@ -134,22 +134,52 @@ def _run_store() -> appstate.RunStore:
 
 
 def _browser_id() -> str | None:
+    return _cookie(BROWSER_COOKIE, BROWSER_ID)
+
+
+SERVER_COOKIE = "llm_explorer_server"  # which server process this browser last saw (to say when it restarted)
+
+
+@st.cache_resource(show_spinner=False)
+def _server_start() -> tuple[str, float]:
+    """This server process's id (16 hex digits) and start time."""
+    import time
+
+    return secrets.token_hex(8), time.time()
+
+
+def _cookie(name: str, pattern: re.Pattern) -> str | None:
     try:
-        v = st.context.cookies.get(BROWSER_COOKIE)
+        v = st.context.cookies.get(name)
     except Exception:  # noqa: BLE001 - no client context (AppTest)
         return None
-    return v if isinstance(v, str) and BROWSER_ID.fullmatch(v) else None
+    return v if isinstance(v, str) and pattern.fullmatch(v) else None
 
 
 def keep_runs() -> None:
     """A page's runs belong to this browser and survive a refresh: they are kept under the browser's id, a cookie
-    set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once."""
+    set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once.
+    A browser that last saw another server process is told, once, that the server restarted and what was lost."""
     cookie = _browser_id()
+    first_run = "_sid" not in st.session_state
     sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8), client_address())
-    if cookie != sid:  # this browser's first visit (or cookies refused): the next visit sends it back
+    server, started = _server_start()
+    seen = _cookie(SERVER_COOKIE, BROWSER_ID)
+    if first_run and cookie and seen and seen != server and not st.session_state.get("_restart_said"):
+        import time
+
+        st.session_state["_restart_said"] = True
+        st.warning(
+            f"This server restarted at {time.strftime('%H:%M', time.localtime(started))} since your last visit: the runs it kept for this "
+            "browser, and any answer that was being generated, were lost. Your link still holds the view (model, prompt, settings): "
+            "press the page's button again to run it.",
+            icon=":material/restart_alt:",
+        )
+    if cookie != sid or seen != server:  # a first visit (or cookies refused), or the first visit to this server process
         st.sidebar.html(
-            f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax'</script>",
-            unsafe_allow_javascript=True,  # sid is 16 hex digits of our own making, never text from a visitor
+            f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax';"
+            f"document.cookie='{SERVER_COOKIE}={server}; path=/; max-age=2592000; SameSite=Lax'</script>",
+            unsafe_allow_javascript=True,  # both are 16 hex digits of our own making, never text from a visitor
             width="content",
         )
     if "s" in st.query_params:  # older links carried a session id: it is never honoured

@@ -127,6 +127,10 @@ class Handle:
         """The events, with a `Waiting` item every `wait_every` seconds while the request is still in line
         (for a page to say "2nd in line, about 3 s")."""
         it = iter(self)
+        # a request that the worker admits at its next iteration is not "in line": say nothing for the first moment
+        deadline = time.perf_counter() + wait_every
+        while self.position() > 0 and self.request.finish is None and time.perf_counter() < deadline:
+            threading.Event().wait(0.02)
         waiting = True
         while waiting:
             pos = self.position()
@@ -209,6 +213,8 @@ class Engine:
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
         self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
         self._dec = token_texts(lm.tokenizer)
+        self._step_s: dict[int, float] = {}  # rows' bucket (bit length) -> recent seconds per iteration (for eta_s)
+        self._served_tokens: deque[int] = deque(maxlen=32)  # tokens of the last finished answers (for eta_s)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._iter_lock = threading.Lock()
@@ -245,11 +251,29 @@ class Engine:
         return self.kv.block_bytes_per_layer * self.lm.facts.n_layers
 
     def eta_s(self, req: Request) -> float | None:
-        work = self.scheduler.work_ahead(req)
-        if work is None:
+        """Seconds until `req` is likely admitted, from the recent time per admitted request: requests ahead of it
+        (its place in line) over the requests served at once, times what a request took lately (the median answer
+        of the last 32 finished, in tokens, at the step time measured at this many rows). None before anything
+        was measured. (The old estimate, the tokens still to generate over the last 30 s's token rate, said
+        "about 3,430 s" to a burst after a quiet spell that was served in 105 s.)"""
+        k = self.scheduler.position(req)
+        if k == 0:
             return 0.0
-        rate = self.tokens_per_s(30.0)
-        return work / rate if rate else None
+        running = max(1, self.scheduler.snapshot().running)
+        step = self._step_time(running)
+        if step is None:
+            return None
+        served = sorted(self._served_tokens)
+        tokens = served[len(served) // 2] if served else min(req.max_new_tokens, 64)
+        return k / running * tokens * step
+
+    def _step_time(self, rows: int) -> float | None:
+        """The recent time of an iteration with about `rows` rows (an average per power-of-two bucket; the nearest
+        bucket measured when this one was not)."""
+        if not self._step_s:
+            return None
+        b = rows.bit_length()
+        return self._step_s[min(self._step_s, key=lambda x: (abs(x - b), -x))]
 
     def tokens_per_s(self, window_s: float = 60.0) -> float:
         """Tokens generated per second over the last `window_s` seconds (all requests together)."""
@@ -345,6 +369,10 @@ class Engine:
                 self._forget(r)
             self.iterations += 1
             self.tokens_out.append((t_done, len(first) + len(decoded)))
+            if batch:
+                b = batch.bit_length()
+                old = self._step_s.get(b)
+                self._step_s[b] = (t_done - t0) if old is None else 0.7 * old + 0.3 * (t_done - t0)
             blocks, waiting = self.scheduler.occupancy()
             prefilled = [(c.request.id, c.request.prefilled - c.start) for c in plan.prefill]  # 0 for a chunk parked (or failed)
             rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, prefilled, waiting, blocks, finished, padded)
@@ -472,6 +500,8 @@ class Engine:
 
     def _retire(self, r: Request, reason: Finish) -> None:
         self.scheduler.finish(r, reason)
+        if reason in (Finish.EOS, Finish.LENGTH):
+            self._served_tokens.append(len(r.generated))
         self._close(r)
 
     def _close(self, r: Request, keep: bool = False) -> None:

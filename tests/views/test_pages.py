@@ -97,18 +97,27 @@ def test_special_token_text_is_not_injected():
     assert "#3a3a3a" not in main  # no special-token chip: typed text stays text
 
 
-@pytest.mark.parametrize("path, expect", [("/no/such/folder", "No such folder"), ("PICKLE", "pickle")])
+@pytest.mark.parametrize(
+    "path, expect",
+    [("MISSING", "No such folder"), ("PICKLE", "pickle"), ("/etc/passwd", "only under"), ("/root/.ssh", "only under"), ("/no/such/folder", "only under")],
+)
 def test_bad_model_folder_gives_a_message(tmp_path, path, expect):
+    """A folder under the models root gets its own reason; anything else one answer, which tells nothing about the
+    file system (not whether it exists, nor whether it is a file)."""
     if path == "PICKLE":
         (tmp_path / "config.json").write_text("{}")
         (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02")
         path = str(tmp_path)
+    elif path == "MISSING":
+        path = str(tmp_path / "no-such-folder")
     at = AppTest.from_file(APP, default_timeout=120)
     at.session_state["model_choice"] = "Local folder…"
     at.session_state["local_path"] = path
     at.run()
     assert not at.exception
     assert any(expect in e.value for e in at.error), [e.value for e in at.error]
+    if expect == "only under":
+        assert not any(w in e.value for e in at.error for w in ("is a file", "No such", "has no config.json"))
 
 
 def _font_sizes(node, inside_font=False):
