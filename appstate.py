@@ -65,9 +65,12 @@ class Loader:
         except Exception as e:  # noqa: BLE001 - keep serving whatever happens
             self.error = f"{type(e).__name__}: {e}"
         finally:
+            if self._on_done is not None:  # before `done`: whoever waited sees the cache already within its bounds
+                try:
+                    self._on_done(self)
+                except Exception:  # noqa: BLE001 - never leave a loader unfinished
+                    pass
             self.done.set()
-            if self._on_done is not None:
-                self._on_done(self)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)

@@ -300,3 +300,30 @@ def test_lru_says_before_the_work_whether_it_will_be_made():
     assert made == ["a", "b"] and "a" in c
     c.get("c", lambda: "C")  # b is the least recently used: out
     assert "b" not in c and len(c) == 2
+
+
+class Sized:
+    def __init__(self, key, nbytes):
+        self.key, self.label, self.footprint_bytes = key, f"model {key}", nbytes
+
+
+def test_loaders_are_bounded_by_bytes_and_say_what_they_unloaded():
+    loaders = appstate.Loaders(max_models=8, load=lambda k, progress=None: Sized(k, 600), max_bytes=1000)
+    for k in ("/m/a", "/m/b", "/m/c"):
+        assert loaders.get(k).wait(5)
+    assert loaders.keys() == ["/m/c"] and loaders.nbytes() == 600
+    ev = list(loaders.evictions)
+    assert [(e.key, e.for_key, e.why, e.nbytes) for e in ev] == [("/m/a", "/m/b", "bytes", 600), ("/m/b", "/m/c", "bytes", 600)]
+    assert ev[0].label == "model /m/a"
+
+
+def test_models_root_refuses_everything_outside_it_the_same_way(tmp_path):
+    root = tmp_path / "models"
+    (root / "m").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "escape").symlink_to(tmp_path / "outside")
+    roots = [root.resolve()]
+    assert appstate.folder_refusal(str(root / "m"), roots) is None
+    assert appstate.folder_refusal(str(root / "missing"), roots) is None  # under the root: check_folder says why
+    msgs = {appstate.folder_refusal(p, roots) for p in ("/etc/passwd", "/root/.ssh", "/no/such", str(root / "escape"), str(root / "m/../../outside"))}
+    assert len(msgs) == 1 and "only under" in msgs.pop()
