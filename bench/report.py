@@ -23,6 +23,11 @@ ABOUT = {
         "a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
         "bench/bench_cpu_anchor.py --reps 2",
     ),
+    "lifetime": (
+        "Memory over load/use/drop cycles in one process (SmolLM2: load, one generation through the engine and one through "
+        "the fused loop, drop, collect): RSS after each cycle, whether the model was freed, what each answered.",
+        "bench/bench_lifetime.py --cycles 3",
+    ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
         "bench/bench_first_visit.py --reps 5",
