@@ -81,12 +81,15 @@ MODELS_ROOT_ENV = "LLM_EXPLORER_MODELS_ROOT"
 
 def models_roots() -> list[Path]:
     """The folders under which the app's "Local folder" loader opens models: LLM_EXPLORER_MODELS_ROOT (several
-    separated by ":"), else ~/models. The library and the CLI open any folder; a visitor of the app never names
+    separated by ":"), else ~/models; and the explorer's own cache of converted models. The library and the CLI open any folder; a visitor of the app never names
     one outside these."""
     import os
 
+    from pipeline.models import cache_dir
+
     raw = os.environ.get(MODELS_ROOT_ENV) or str(Path.home() / "models")
-    return [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]
+    roots = [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]
+    return roots + [Path(os.path.realpath(cache_dir()))]  # and the models this explorer converted itself
 
 
 def folder_refusal(path: str, roots: list[Path] | None = None) -> str | None:

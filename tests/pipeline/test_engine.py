@@ -170,7 +170,9 @@ def test_seqs_parked_at_layers_and_resumed_equal_passes_uninterrupted(lm):
                 assert not s.parked and not d2.parked
             out[parking] = (d1, d2_logits, step.forward([Seq(rest, 64, list(range(8)))]), kv.K[:, :8], kv.V[:, :8], kv.K[:, 40:42], kv.V[:, 40:42])
     for a, b in zip(out[False], out[True]):
-        assert (a - b).abs().max() < 1e-4
+        # relative to the values' size: Gemma's keys reach ~10, and a prompt chunk's torch pass sums in another order
+        # with other rows beside it (measured 1.0e-4 absolute on the fresh-clone CI run, 2026-12-03)
+        assert (a - b).abs().max() < 1e-4 * max(1.0, float(b.abs().max()))
 
 
 def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk_and_the_decode_rows(lm):

@@ -1,5 +1,6 @@
 """AppTest for the pages after the first token: generation, prefill vs decode, KV cache, hardware."""
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,10 @@ def test_speculative_with_a_local_model_folder_as_draft():
     at = page("views/13_speculative.py")
     at.selectbox(key="spec_kind").set_value("a local model folder…").run()
     at.text_input(key="spec_folder").set_value("/no/such/folder").run()
+    assert any("only under" in e.value for e in at.error)  # outside the models root: nothing said about the path
+    at.text_input(key="spec_folder").set_value(f"{tempfile.gettempdir()}/no-such-model-folder").run()
     assert any("No such folder" in e.value for e in at.error)
-    folder = pipeline.load_model().source  # the embedded model's safetensors folder: same tokenizer
+    folder = pipeline.load_model().source  # the embedded model's converted folder (the explorer's own cache): same tokenizer
     at.text_input(key="spec_folder").set_value(folder).run()
     at.number_input(key="spec_n").set_value(12)
     button(at, "spec_go").click().run()
