@@ -11,7 +11,12 @@ Counted: visitors served, page times p50/p95, API time to first token and per-to
 be 0), cross-talk (must be 0), cancelled requests not freed (must be 0), the server's RSS after warm-up and at
 the end (no growth over repeated distinct prompts).
 
-    .venv/bin/python bench/bench_class.py [--minutes 5] [--browsers 4] [--api 28]
+    .venv/bin/python bench/bench_class.py [--minutes 5] [--browsers 4] [--api 28] [--switch] [--budget-gb G]
+
+--switch: the demo server offers SmolLM2 and Gemma-3 and every other browser visitor switches the model (its link's
+model_choice); with --budget-gb below the two models' footprint (3.7 GB) the server's model cache evicts one at
+each switch and loads it again, so the run also shows that an evicted model's memory comes back. The server's RSS
+is sampled every 2 s and reported by quarter of the run (levelled off: the last quarter's peak near the second's).
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ class Alone:
             return self.memo[key]
 
 
-def browser_visitor(browser, server, prompt, want, stats, heavy=False):
-    """One visitor's path in a real tab; page times into stats["page_s"], problems into stats["errors"]."""
+def browser_visitor(browser, server, prompt, want, stats, heavy=False, model=None, chat=True):
+    """One visitor's path in a real tab; page times into stats["page_s"], problems into stats["errors"]. `model`: the
+    model its link chooses (None: the server's first)."""
     from ui import click_button, no_exception, wait_idle
 
     from components.tokens import visible
@@ -62,7 +68,8 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False):
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     try:
         t = time.perf_counter()
-        page.goto(f"{server}/?{urllib.parse.urlencode({'prompt': prompt, 'chat': 'true'})}", wait_until="domcontentloaded")
+        pick = {"model_choice": model} if model else {}
+        page.goto(f"{server}/?{urllib.parse.urlencode({'prompt': prompt, 'chat': str(chat).lower()} | pick)}", wait_until="domcontentloaded")
         page.wait_for_selector("h1", timeout=300_000)
         wait_idle(page, 300_000)
         stats["page_s"].append(time.perf_counter() - t)
@@ -73,7 +80,7 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False):
             stats["page_s"].append(time.perf_counter() - t)
             no_exception(page)
         t = time.perf_counter()
-        q = urllib.parse.urlencode({"prompt": prompt, "chat": "true", "gen_n": 8, "gen_t": "0.0"})
+        q = urllib.parse.urlencode({"prompt": prompt, "chat": str(chat).lower(), "gen_n": 8, "gen_t": "0.0"} | pick)
         page.goto(f"{server}/generation?{q}", wait_until="domcontentloaded")
         page.wait_for_selector("h1", timeout=300_000)
         wait_idle(page, 300_000)
@@ -83,7 +90,8 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False):
         pills = [x.strip().rsplit(" ", 1)[0].strip() for x in page.locator(".st-key-gen_pick button").all_inner_texts()]
         expect = [(visible(t) or "∅").replace("\n", "").strip() for t in want]
         if pills != expect:
-            stats["crosstalk"].append((prompt, pills, expect))
+            stats["crosstalk"].append((model or "default", prompt, pills, expect))
+        stats["by_model"][model or "default"] = stats["by_model"].get(model or "default", 0) + 1
         if heavy:
             page.locator("[data-testid='stSidebarNavLink'][href$='/prefill-decode']").first.click()
             wait_idle(page, 300_000)
@@ -133,7 +141,9 @@ def api_visitor(lm, alone, k, deadline, stats, rng):
         time.sleep(rng.uniform(0.5, 2.0))  # reading the answer
 
 
-def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, heavy_every: int = 3) -> dict:
+def run(
+    minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, heavy_every: int = 3, switch: bool = False, budget_gb: float | None = None
+) -> dict:
     import psutil
     from playwright.sync_api import sync_playwright
     from ui import CHROMIUM, FLAGS, free_port, start_server, stop_server
@@ -142,9 +152,25 @@ def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, h
 
     lm = pipeline.load_model()
     alone = Alone(lm)
-    proc, server = start_server(free_port(), env={"LLM_EXPLORER_DEMO": "1"})
+    models = [pipeline.EMBEDDED] + ([pipeline.GEMMA] if switch and pipeline.models.gemma_installed() else [])
+    others = {k: Alone(pipeline.load_model(k)) for k in models[1:]}  # references for the other model's answers
+    env = {"LLM_EXPLORER_DEMO": "1", "LLM_EXPLORER_MODELS": ",".join(models)}
+    if budget_gb is not None:
+        env["LLM_EXPLORER_MODEL_BUDGET_GB"] = str(budget_gb)
+    proc, server = start_server(free_port(), env=env)
     rss = []
-    stats = {"page_s": [], "heavy_s": [], "ttft_s": [], "token_s": [], "errors": [], "crosstalk": [], "browser_visits": 0, "api_answers": 0, "cancelled": 0}
+    stats = {
+        "page_s": [],
+        "heavy_s": [],
+        "ttft_s": [],
+        "token_s": [],
+        "errors": [],
+        "crosstalk": [],
+        "browser_visits": 0,
+        "api_answers": 0,
+        "cancelled": 0,
+        "by_model": {},
+    }
     stop = threading.Event()
 
     def sample():
@@ -167,8 +193,14 @@ def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, h
                     n = counter[0]
                     counter[0] += 1
                 prompt = f"Tell me a fact about {SUBJECTS[n % len(SUBJECTS)]} ({n})."
-                want = [lm.tokenizer.decode([t]) for t in alone(prompt, 8)]
-                browser_visitor(browser, server, prompt, want, stats, heavy=n % (browsers * heavy_every) == heavy_every)
+                model = models[n % len(models)]
+                if model == models[0]:
+                    want = [lm.tokenizer.decode([t]) for t in alone(prompt, 8)]
+                    browser_visitor(browser, server, prompt, want, stats, heavy=n % (browsers * heavy_every) == heavy_every, model=model if switch else None)
+                else:  # a base model without a chat template: the prompt as typed
+                    ref = others[model]
+                    want = [ref.lm.tokenizer.decode([t]) for t in ref(prompt, 8, chat=False)]
+                    browser_visitor(browser, server, prompt, want, stats, model=model, chat=False)
             browser.close()
 
     try:
@@ -220,9 +252,26 @@ def run(minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, h
             "after_warm_up": round(warm_rss / 2**20),
             "end": round(end_rss / 2**20),
             "max": round(max(r for _, r in rss) / 2**20) if rss else None,
+            "peak_by_quarter": quarters(rss),
         },
+        "models": models,
+        "browser_visits_by_model": stats["by_model"],
+        "model_budget_gb": budget_gb,
         "api_engine": "in this process (same engine code as the server)" if not __import__("os").environ.get("LLM_EXPLORER_ENGINE") else "Ray Serve",
     }
+
+
+def quarters(samples: list[tuple[float, int]]) -> list[int]:
+    """The peak RSS (MB) in each quarter of the run."""
+    if not samples:
+        return []
+    t0, t1 = samples[0][0], samples[-1][0]
+    span = max(t1 - t0, 1e-9)
+    out = [0, 0, 0, 0]
+    for t, r in samples:
+        q = min(3, int(4 * (t - t0) / span))
+        out[q] = max(out[q], round(r / 2**20))
+    return out
 
 
 def main():
@@ -232,9 +281,11 @@ def main():
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--browsers", type=int, default=4)
     ap.add_argument("--api", type=int, default=28)
+    ap.add_argument("--switch", action="store_true", help="SmolLM2 and Gemma-3 on the server, every other visitor switching")
+    ap.add_argument("--budget-gb", type=float, default=None, help="the server's model cache budget (LLM_EXPLORER_MODEL_BUDGET_GB)")
     ap.add_argument("--out", default="class_load")
     a = ap.parse_args()
-    write(a.out, run(a.minutes, a.browsers, a.api))
+    write(a.out, run(a.minutes, a.browsers, a.api, switch=a.switch, budget_gb=a.budget_gb))
 
 
 if __name__ == "__main__":

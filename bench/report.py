@@ -28,6 +28,12 @@ ABOUT = {
         "the fused loop, drop, collect): RSS after each cycle, whether the model was freed, what each answered.",
         "bench/bench_lifetime.py --cycles 3",
     ),
+    "node_failure": (
+        "A two-node Ray cluster on one machine (head and worker as separate `ray start` processes, one engine replica on "
+        "each), the worker node killed while 6 greedy answers stream: how each request ended and when, a request sent just "
+        "after the kill and one after it, how long until the replica runs again on the restarted node.",
+        "bench/bench_node_failure.py",
+    ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
         "bench/bench_first_visit.py --reps 5",

@@ -16,15 +16,18 @@ server needs: replicas, routing, autoscaling, restarts of a dead replica, stream
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
 from dataclasses import asdict
 
+from ..events import StepEvent
 from ..sampling import GREEDY, Sampling
 from .core import EngineError, EngineStats, Waiting
 from .scheduler import QueueFull, TooLarge
 
+log = logging.getLogger(__name__)
 APP = "llm-explorer"
 _lock = threading.Lock()
 _remotes: dict[str, RemoteEngine] = {}
@@ -75,8 +78,10 @@ class EngineReplica:
             raise RuntimeError("the engine worker stopped with requests running")
 
 
-def deployment(replicas: int = 2, max_replicas: int | None = None, cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0):
-    """The Serve deployment: `replicas` to start with, autoscaling up to `max_replicas` on requests in flight."""
+def deployment(replicas: int = 2, max_replicas: int | None = None, cpus_per_replica: float = 1.0, gpus_per_replica: float = 0.0, slot: str | None = None):
+    """The Serve deployment: `replicas` to start with, autoscaling up to `max_replicas` on requests in flight. `slot`:
+    a custom resource each replica needs one of (`ray start --resources='{"engine_slot": 1}'` on each node that
+    may hold one): one replica per node, so a node that goes away takes one replica, not all."""
     from ray import serve
 
     auto = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max(replicas, max_replicas or replicas), "target_ongoing_requests": 8}
@@ -85,7 +90,7 @@ def deployment(replicas: int = 2, max_replicas: int | None = None, cpus_per_repl
         name="Engine",
         autoscaling_config=auto,
         max_ongoing_requests=64,  # the engine batches them; its own bounded queue says "server busy" beyond
-        ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
+        ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica} | ({"resources": {slot: 1}} if slot else {}),
         health_check_period_s=5,
         graceful_shutdown_timeout_s=5,
     )
@@ -115,28 +120,52 @@ def deploy(model_key: str, replicas: int = 2, max_replicas: int | None = None, a
 
 
 class RemoteHandle:
-    """A request running on a replica, as its visitor sees it (the same surface as core.Handle)."""
+    """A request running on a replica, as its visitor sees it (the same surface as core.Handle).
 
-    def __init__(self, gen, first):
-        self._gen, self._first = gen, first
+    When the replica dies mid-answer (its node went away, the process was killed), a greedy or seeded request is
+    sent once more, to whichever replica Serve routes it to, and the events the visitor already has are skipped: the
+    same settings give the same tokens on any replica (tested), so the answer continues where it stopped, after a
+    pause. An unseeded sampled request, or a second failure, ends with a clear error instead."""
+
+    def __init__(self, gen, first, resubmit=None):
+        self._gen, self._first, self._resubmit = gen, first, resubmit
         self._pos = first.position if first is not None and isinstance(first, Waiting) else 0
+        self.retried = False
 
     def _events(self):
         from ray.exceptions import RayError
 
-        n = 0
+        n, skip = 0, 0  # StepEvents the visitor has; those a resent request repeats
         try:
-            if self._first is not None:
-                yield self._first
-            for ev in self._gen:
-                n += 1
-                self._pos = ev.position if isinstance(ev, Waiting) else 0
-                yield ev
-        except RayError as e:  # the replica died (it is restarted by Serve) or the cluster went away
-            raise EngineError(
-                f"The server's engine replica stopped while serving this request ({type(e).__name__}), after {n} events. Press the button again: "
-                "another replica takes it."
-            ) from e
+            while True:
+                try:
+                    if self._first is not None:
+                        first, self._first = self._first, None
+                        if not (isinstance(first, StepEvent) and first.index < skip):
+                            n += isinstance(first, StepEvent)
+                            yield first
+                    for ev in self._gen:
+                        self._pos = ev.position if isinstance(ev, Waiting) else 0
+                        if isinstance(ev, StepEvent):
+                            if ev.index < skip:
+                                continue
+                            n += 1
+                        yield ev
+                    return
+                except RayError as e:  # the replica died (Serve restarts it) or the cluster went away
+                    if self._resubmit is not None and not self.retried:
+                        self.retried, skip = True, n
+                        log.warning("a replica stopped after %d tokens of a request (%s): sent again to another replica", n, type(e).__name__)
+                        self._gen.cancel()
+                        try:
+                            self._gen, self._first = self._resubmit()
+                            continue
+                        except Exception as e2:  # noqa: BLE001 - no replica takes it: the clear error below
+                            e = e2
+                    raise EngineError(
+                        f"The server's engine replica stopped while serving this request ({type(e).__name__}), after {n} tokens. Press the button "
+                        "again: another replica takes it."
+                    ) from e
         finally:
             self._gen.cancel()  # a no-op when it ended; otherwise the replica cancels the request
 
@@ -154,6 +183,16 @@ class RemoteHandle:
 
     def eta_s(self) -> float | None:
         return None
+
+
+RESEND_S = 15.0  # how long a request whose replica died may wait for another to take it
+
+
+def _try(fn):
+    try:
+        return True, fn()
+    except Exception as e:  # noqa: BLE001 - handed to the waiting thread
+        return False, e
 
 
 class RemoteEngine:
@@ -177,19 +216,36 @@ class RemoteEngine:
         """Queue a request on a replica. As in-process: QueueFull / TooLarge / ValueError at once."""
         from ray.exceptions import RayError
 
-        gen = self._h.options(stream=True).generate.remote(
-            list(prompt_ids), int(max_new_tokens), asdict(sampling), None if stop_ids is None else list(stop_ids), name
-        )
-        try:
-            first = next(iter(gen), None)  # the first event: the replica has admitted it (or said why not)
-        except (QueueFull, TooLarge, ValueError):
-            raise
-        except RayError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, QueueFull | TooLarge | ValueError):
-                raise cause from None
-            raise EngineError(f"The serving cluster could not take the request: {type(e).__name__}") from e
-        return RemoteHandle(gen, first)
+        def send():
+            gen = self._h.options(stream=True).generate.remote(
+                list(prompt_ids), int(max_new_tokens), asdict(sampling), None if stop_ids is None else list(stop_ids), name
+            )
+            try:
+                return gen, next(iter(gen), None)  # the first event: the replica has admitted it (or said why not)
+            except (QueueFull, TooLarge, ValueError):
+                raise
+            except RayError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, QueueFull | TooLarge | ValueError):
+                    raise cause from None
+                raise EngineError(f"The serving cluster could not take the request: {type(e).__name__}") from e
+
+        def send_again():  # after a replica died: another must take it within RESEND_S, or the visitor is told
+            import queue
+
+            got: queue.Queue = queue.Queue()
+            threading.Thread(target=lambda: got.put(_try(send)), daemon=True, name="resend").start()
+            try:
+                ok, value = got.get(timeout=RESEND_S)
+            except queue.Empty:
+                raise EngineError(f"no replica took the request again within {RESEND_S:.0f} s") from None
+            if not ok:
+                raise value
+            return value
+
+        gen, first = send()
+        # the same tokens again on another replica only where the settings fix them: greedy, or seeded sampling
+        return RemoteHandle(gen, first, resubmit=send_again if sampling.greedy or sampling.seed is not None else None)
 
     def stats(self) -> EngineStats:
         s = self._h.stats.remote().result(timeout_s=10)
@@ -218,9 +274,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-replicas", type=int, default=None)
     ap.add_argument("--gpus-per-replica", type=float, default=0.0)
     ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"))
+    ap.add_argument(
+        "--slot",
+        default=None,
+        help="a custom resource each replica needs one of (e.g. engine_slot: one replica per node started with --resources='{\"engine_slot\": 1}')",
+    )
+    ap.add_argument("--cpus-per-replica", type=float, default=1.0)
     a = ap.parse_args(argv)
     t = time.perf_counter()
-    deploy(a.model, a.replicas, a.max_replicas, address=a.address, gpus_per_replica=a.gpus_per_replica)
+    deploy(a.model, a.replicas, a.max_replicas, address=a.address, gpus_per_replica=a.gpus_per_replica, cpus_per_replica=a.cpus_per_replica, slot=a.slot)
     print(f"{app_name(a.model)}: {a.replicas} replicas up in {time.perf_counter() - t:.0f} s")
     return 0
 
