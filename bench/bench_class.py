@@ -64,11 +64,13 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False, model=Non
     from ui import click_button, no_exception, wait_idle
 
     from components.tokens import visible
+    from pipeline import available_models
 
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     try:
         t = time.perf_counter()
-        pick = {"model_choice": model} if model else {}
+        # a selectbox bound to the link carries its option's label (Streamlit's query-param binding)
+        pick = {"model_choice": next(m.label for m in available_models() if m.key == model)} if model else {}
         page.goto(f"{server}/?{urllib.parse.urlencode({'prompt': prompt, 'chat': str(chat).lower()} | pick)}", wait_until="domcontentloaded")
         page.wait_for_selector("h1", timeout=300_000)
         wait_idle(page, 300_000)
