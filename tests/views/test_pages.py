@@ -178,3 +178,17 @@ def test_tokens_page_shows_a_non_ascii_prompt_whole():
     texts = bodies + [m.value for m in at.markdown] + [c.value for c in at.caption] + [str(m.value) for m in at.metric]
     texts += [t.value.to_csv() for t in at.table] + [d.value.to_csv() for d in at.dataframe]
     assert not any("\ufffd" in t for t in texts)
+
+
+def test_exported_images_carry_only_the_views_known_settings():
+    """A link's unknown parameter (text someone put there) never reaches the note inside an exported image."""
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.query_params["zz_unknown"] = "Visit evil-prize.example"
+    at.run()
+    at.switch_page("views/3_attention.py")
+    at.run()
+    assert not at.exception
+    reg = at.session_state["_exports"]
+    notes = [entry[2] for entry in reg.figures if len(entry) > 2]
+    assert notes and all("evil" not in n and "zz" not in n for n in notes), notes
+    assert all("SmolLM2" in n for n in notes), notes
