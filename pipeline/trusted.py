@@ -149,10 +149,10 @@ def library(source: Path, flags: list[str], folder: Path, name: str, cc: str) ->
             folder.mkdir(parents=True, exist_ok=True, mode=0o755)
             check_parent(folder.parent)
             check_private(folder)
-            rec = _records().get(name)
             lock_fd = os.open(folder / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)  # another process building the same library: wait for it
+                rec = _records().get(name)  # read under the lock: the other process may just have recorded it
                 data = None
                 if out.exists():
                     check_private(out)

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,22 @@ def test_inductor_cache_is_private(tmp_path, monkeypatch):
     d = trusted.inductor_cache()
     assert d == os.environ["TORCHINDUCTOR_CACHE_DIR"] and Path(d).is_relative_to(tmp_path / "state")
     assert Path(d).stat().st_mode & 0o077 == 0
+
+
+@needs_cc
+def test_two_processes_building_at_once_build_once(dirs):
+    """The file lock: two servers starting together compile the library once, and both load it."""
+    tmp, src, folder = dirs
+    log = tmp / "cc-calls"
+    cc = tmp / "cc"
+    cc.write_text(f'#!/bin/sh\necho x >> {log}\nsleep 1\nexec {CC} "$@"\n')
+    cc.chmod(0o755)
+    code = (
+        "import sys; from pathlib import Path; from pipeline import trusted; "
+        f"lib = trusted.library(Path({str(src)!r}), ['-O1', '-shared', '-fPIC'], Path({str(folder)!r}), 'k.so', {str(cc)!r}); "
+        "print(lib.answer())"
+    )
+    env = {**os.environ}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == ["42", "42"] and log.read_text().count("x") == 1
