@@ -73,6 +73,12 @@ def status():
         st.dataframe(pd.DataFrame(s["engines"]), hide_index=True, width="stretch")
     else:
         st.caption("No model loaded yet.")
+    st.caption(
+        f"Loaded models may hold {s['model_budget_gb']:.1f} GB together (LLM_EXPLORER_MODEL_BUDGET_GB) and at most 4 of them; "
+        "the least recently used is unloaded to make room, and its memory comes back."
+    )
+    if s["evictions"]:
+        st.dataframe(pd.DataFrame(s["evictions"], columns=["time", "model unloaded", "GB", "bound"]), hide_index=True, width="stretch")
     st.subheader("Heavy experiments")
     rows = [{"state": "running", "what": w, "for s": t} for w, t in s["heavy"]["running"]] + [
         {"state": "waiting", "what": w, "for s": t} for w, t in s["heavy"]["waiting"]

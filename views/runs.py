@@ -228,6 +228,7 @@ def server_status() -> dict:
                     "KV MiB in use": round(s.kv_bytes_in_use / 2**20, 1),
                     "iterations": s.iterations,
                     "cancelled": s.ended.get("cancelled", 0),
+                    "memory GB": round(ldr.result.footprint_bytes / 2**30, 2),
                 }
             )
     errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]
@@ -238,4 +239,8 @@ def server_status() -> dict:
         "errors": errors,
         "traces": len(_traces()),
         "trace_bytes": _traces().nbytes,
+        "model_budget_gb": _loaders().max_bytes / 2**30,
+        "evictions": [
+            (datetime.datetime.fromtimestamp(e.at).strftime("%H:%M:%S"), e.label, round(e.nbytes / 2**30, 2), e.why) for e in reversed(_loaders().evictions)
+        ],
     }
