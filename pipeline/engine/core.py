@@ -317,22 +317,6 @@ class Engine:
                 self._thread = threading.Thread(target=_work, args=(weakref.ref(self),), daemon=True, name=f"engine-{self.lm.label}")
                 self._thread.start()
 
-    def _work_once(self) -> bool:
-        """One turn of the background worker: wait up to 5 s for work and run one iteration. False when idle (the
-        thread then ends; a later submit starts another)."""
-        if not self.scheduler.wait_for_work(5.0):
-            with self._thread_lock:
-                if self.scheduler.wait_for_work(0.0):
-                    return True
-                self._thread = None
-                return False
-        try:
-            self.iterate()
-        except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
-            log.exception("engine iteration failed")
-            time.sleep(0.1)
-        return True
-
     def iterate(self) -> IterationRecord | None:
         """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
         with self._iter_lock:
@@ -535,12 +519,31 @@ _all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _work(ref: weakref.ref) -> None:
-    """An engine's background thread: iterates while the engine lives and has work (see Engine._work_once)."""
+    """An engine's background thread: iterates while the engine lives and has work; after 5 s without work it ends
+    (a later submit starts another). It holds the engine only during an iteration: while it waits it holds the
+    scheduler alone (which knows nothing of the model), so a model dropped by everyone else is freed at once, not
+    after the wait."""
+    eng = ref()
+    if eng is None:
+        return
+    sched = eng.scheduler
+    del eng
     while not _exiting.is_set():
+        busy = sched.wait_for_work(5.0)
         eng = ref()
-        if eng is None or not eng._work_once():
+        if eng is None:
             return
-        del eng  # not held while the next turn's engine is looked up
+        if not busy:
+            with eng._thread_lock:
+                if not sched.wait_for_work(0.0):
+                    eng._thread = None
+                    return
+        try:
+            eng.iterate()
+        except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
+            log.exception("engine iteration failed")
+            time.sleep(0.1)
+        del eng
 
 
 @atexit.register

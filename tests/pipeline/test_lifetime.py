@@ -54,7 +54,6 @@ for f in folders:
     text = "".join(e.text for e in serving.stream(lm, generation.prepare(lm, "The capital of France is", 3), pipeline.GREEDY) if isinstance(e, pipeline.StepEvent))
     assert text.startswith(" Paris"), text
     del lm, ldr
-    time.sleep(6)  # the engine's idle worker lets go
     after.append(rss())
 print(json.dumps({"start": start, "after": after, "model_mb": max(sizes), "loaded": ldrs.keys(), "evicted": [e.key for e in ldrs.evictions]}))
 """
