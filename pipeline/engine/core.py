@@ -213,7 +213,7 @@ class Engine:
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
         self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
         self._dec = token_texts(lm.tokenizer)
-        self._step_s: dict[int, float] = {}  # rows' bucket (bit length) -> recent seconds per iteration (for eta_s)
+        self._step_s: dict[int, float] = {}  # rows' bucket (bit length) -> recent seconds per decode pass (for eta_s)
         self._served_tokens: deque[int] = deque(maxlen=32)  # tokens of the last finished answers (for eta_s)
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
@@ -356,7 +356,7 @@ class Engine:
                 self._forget(r)
             self.iterations += 1
             self.tokens_out.append((t_done, len(first) + len(decoded)))
-            if batch:
+            if batch and not plan.prefill:  # decode passes only: a prompt's pass is longer and once per request
                 b = batch.bit_length()
                 old = self._step_s.get(b)
                 self._step_s[b] = (t_done - t0) if old is None else 0.7 * old + 0.3 * (t_done - t0)
