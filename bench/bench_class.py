@@ -202,7 +202,7 @@ def run(
                 else:  # a base model without a chat template: the prompt as typed
                     ref = others[model]
                     want = [ref.lm.tokenizer.decode([t]) for t in ref(prompt, 8, chat=False)]
-                    browser_visitor(browser, server, prompt, want, stats, model=model, chat=False)
+                    browser_visitor(browser, server, prompt, want, stats, heavy=n % (browsers * heavy_every) == heavy_every, model=model, chat=False)
             browser.close()
 
     try:

@@ -34,6 +34,12 @@ ABOUT = {
         "after the kill and one after it, how long until the replica runs again on the restarted node.",
         "bench/bench_node_failure.py",
     ),
+    "class_term": (
+        "A term's worth of load: the demo server (SmolLM2 and Gemma-3) under a class for 30 minutes, 4 Chromium tabs whose "
+        "visitors switch model every other visit and 28 engine-API visitors (one in four cancelling): errors, answers equal "
+        "to the same request alone, the server's RSS peak by quarter.",
+        "bench/bench_class.py --minutes 30 --switch --out class_term",
+    ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
         "bench/bench_first_visit.py --reps 5",
