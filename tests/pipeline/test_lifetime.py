@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_json
 
 pytestmark = pytest.mark.model
 
@@ -18,15 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_load_use_drop_cycles_keep_memory_flat():
     """Load SmolLM2, one generation through the engine and one through the fused loop, drop it: three times in one
     process. Before: +1.58 GB a cycle (every model ever loaded stayed, with its copies)."""
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_lifetime.py"), "--cycles", "3", "--tokens", "4", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = bench_json("bench_lifetime.py", "--cycles", "3", "--tokens", "4")
     assert out["all_freed"], out
     assert all(c["engine"].startswith(" Paris") and c["fused"].startswith(" Paris") for c in out["cycles"]), out
     assert out["growth_after_first_mb"] < 200, out

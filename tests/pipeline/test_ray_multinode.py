@@ -5,12 +5,10 @@ stream goes on) or ends with a clear error within seconds;
 none hangs; a request sent just after the kill and one after it are served; the replica comes back when the node
 does."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_json
 
 pytestmark = pytest.mark.cluster
 pytest.importorskip("ray")
@@ -18,15 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_node_killed_mid_stream():
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_node_failure.py"), "--requests", "6", "--tokens", "200", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = bench_json("bench_node_failure.py", "--requests", "6", "--tokens", "200")
     assert out["hung"] == 0, out
     for res in out["results"]:
         assert res["end"] in ("finished", "error"), res
