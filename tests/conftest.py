@@ -134,16 +134,3 @@ def _unit_tests_load_no_model(request, monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
     yield
-
-
-def bench_json(script: str, *args: str, timeout: float = 900) -> dict:
-    """Run bench/<script> with --json in a fresh process (what RSS and a killed Ray node need) and return its JSON."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "bench" / script), *args, "--json"], capture_output=True, text=True, cwd=root, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])

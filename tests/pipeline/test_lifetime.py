@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import bench_json
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchrun import bench_json  # noqa: E402
 
 pytestmark = pytest.mark.model
 

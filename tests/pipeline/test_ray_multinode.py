@@ -5,10 +5,13 @@ stream goes on) or ends with a clear error within seconds;
 none hangs; a request sent just after the kill and one after it are served; the replica comes back when the node
 does."""
 
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import bench_json
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchrun import bench_json  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 pytest.importorskip("ray")
