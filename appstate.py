@@ -14,7 +14,9 @@ as a plain mapping), so everything here is unit-tested without a browser.
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import os
 import threading
 import time
 import weakref
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.memo import give_back_freed_memory
 from pipeline.models import ModelLoadError, canonical_key
 
 
@@ -83,7 +86,6 @@ def models_roots() -> list[Path]:
     """The folders under which the app's "Local folder" loader opens models: LLM_EXPLORER_MODELS_ROOT (several
     separated by ":"), else ~/models; and the explorer's own cache of converted models. The library and the CLI open any folder; a visitor of the app never names
     one outside these."""
-    import os
 
     from pipeline.models import cache_dir
 
@@ -96,7 +98,6 @@ def folder_refusal(path: str, roots: list[Path] | None = None) -> str | None:
     """Why the app will not look at `path` (None: it is under a models root). The answer is the same whether or not
     the path exists, is a file or a folder, so the loader tells nothing about the rest of the file system; a
     symbolic link that leads out of the roots is refused too."""
-    import os
 
     roots = models_roots() if roots is None else roots
     real = Path(os.path.realpath(os.path.expanduser(str(path).strip() or ".")))
@@ -109,11 +110,19 @@ def folder_refusal(path: str, roots: list[Path] | None = None) -> str | None:
     )
 
 
+def default_trace_budget() -> int:
+    """Bytes the shared trace cache may hold: LLM_EXPLORER_TRACE_BUDGET_MB, else 1,200 MB."""
+
+    try:
+        return int(float(os.environ.get("LLM_EXPLORER_TRACE_BUDGET_MB", "1200")) * 2**20)
+    except ValueError:
+        return 1200 << 20
+
+
 def default_model_budget() -> int:
     """Bytes the loaded models may hold together: LLM_EXPLORER_MODEL_BUDGET_GB, else 6 GB (on the 24 GB build
     machine: SmolLM2 and Gemma-3 with their panel copies and KV pools take 3.8 GB, which leaves the trace cache's
     1.2 GB and a class's sessions plenty of room)."""
-    import os
 
     try:
         return int(float(os.environ.get("LLM_EXPLORER_MODEL_BUDGET_GB", "6")) * 2**30)
@@ -169,6 +178,7 @@ class Loaders:
 
     def _loaded(self, ldr: Loader) -> None:
         """A load finished: unload the least recently used others while the loaded models hold more than the budget."""
+        evicted = False
         with self._lock:
             if self._items.get(ldr.key) is not ldr:
                 return
@@ -177,6 +187,10 @@ class Loaders:
                 if old is None:
                     break
                 self._evict(old, ldr.key, "bytes")
+                evicted = True
+        if evicted:  # nothing else holds an evicted model (pipeline's per-model parts live on it): free it now
+            gc.collect()
+            give_back_freed_memory()
 
     def _evict(self, key: str, for_key: str, why: str) -> None:
         ldr = self._items.pop(key)
@@ -216,9 +230,15 @@ class LRU:
         with self.lock:
             self.items[key] = value
             self.items.move_to_end(key)
+            dropped = []
             while len(self.items) > 1 and self.over():
-                self.items.popitem(last=False)
+                dropped.append(self.items.popitem(last=False))
+        if dropped:
+            self.evicted(dropped)
         return value
+
+    def evicted(self, dropped: list) -> None:
+        """Called (outside the lock) with the (key, value) pairs that just went out."""
 
     def __len__(self) -> int:
         return len(self.items)
@@ -226,11 +246,17 @@ class LRU:
 
 class TraceCache(LRU):
     """Traces shared by every session, least recently used first out, bounded by bytes (a 2,048-token trace
-    holds ~400 MB, a short one ~1 MB). The newest trace always stays, even alone over the budget."""
+    holds ~400 MB; a 40-token chat prompt on SmolLM2 9 MB, an 11-token one on Gemma-3 3 MB). The newest trace always
+    stays, even alone over the budget. A server's memory grows by this cache until it is full, then stays level
+    (bench/bench_class.py): the budget is LLM_EXPLORER_TRACE_BUDGET_MB, default 1,200."""
 
-    def __init__(self, budget: int = 1200 << 20):
+    def __init__(self, budget: int | None = None):
         super().__init__()
-        self.budget = budget
+        self.budget = default_trace_budget() if budget is None else budget
+
+    def evicted(self, dropped: list) -> None:
+        del dropped
+        give_back_freed_memory()  # the traces' pages back to the system, so RSS stays level
 
     def over(self) -> bool:
         return self.nbytes > self.budget

@@ -17,6 +17,9 @@ the end (no growth over repeated distinct prompts).
 model_choice); with --budget-gb below the two models' footprint (3.7 GB) the server's model cache evicts one at
 each switch and loads it again, so the run also shows that an evicted model's memory comes back. The server's RSS
 is sampled every 2 s and reported by quarter of the run (levelled off: the last quarter's peak near the second's).
+The server's memory grows by its shared trace cache (every visitor's prompt is new: 3-9 MB a trace) until that is
+full; --trace-budget-mb small enough to fill in the first quarter shows the level (the default 1,200 MB fills after
+~200 distinct prompts, about 70 minutes of this class).
 """
 
 from __future__ import annotations
@@ -144,7 +147,14 @@ def api_visitor(lm, alone, k, deadline, stats, rng):
 
 
 def run(
-    minutes: float = 5.0, browsers: int = 4, api: int = 28, seed: int = 0, heavy_every: int = 3, switch: bool = False, budget_gb: float | None = None
+    minutes: float = 5.0,
+    browsers: int = 4,
+    api: int = 28,
+    seed: int = 0,
+    heavy_every: int = 3,
+    switch: bool = False,
+    budget_gb: float | None = None,
+    trace_budget_mb: float | None = None,
 ) -> dict:
     import psutil
     from playwright.sync_api import sync_playwright
@@ -159,6 +169,8 @@ def run(
     env = {"LLM_EXPLORER_DEMO": "1", "LLM_EXPLORER_MODELS": ",".join(models)}
     if budget_gb is not None:
         env["LLM_EXPLORER_MODEL_BUDGET_GB"] = str(budget_gb)
+    if trace_budget_mb is not None:
+        env["LLM_EXPLORER_TRACE_BUDGET_MB"] = str(trace_budget_mb)
     proc, server = start_server(free_port(), env=env)
     rss = []
     stats = {
@@ -255,10 +267,12 @@ def run(
             "end": round(end_rss / 2**20),
             "max": round(max(r for _, r in rss) / 2**20) if rss else None,
             "peak_by_quarter": quarters(rss),
+            "levelled_off": levelled(quarters(rss)),
         },
         "models": models,
         "browser_visits_by_model": stats["by_model"],
         "model_budget_gb": budget_gb,
+        "trace_budget_mb": trace_budget_mb if trace_budget_mb is not None else 1200,
         "api_engine": "in this process (same engine code as the server)" if not __import__("os").environ.get("LLM_EXPLORER_ENGINE") else "Ray Serve",
     }
 
@@ -276,6 +290,12 @@ def quarters(samples: list[tuple[float, int]]) -> list[int]:
     return out
 
 
+def levelled(peaks: list[int], slack_mb: int = 100) -> bool | None:
+    """Levelled off: the last quarter's peak is within `slack_mb` of the second quarter's (the first quarter holds the
+    loads and the trace cache's filling)."""
+    return None if len(peaks) < 4 else peaks[3] <= peaks[1] + slack_mb
+
+
 def main():
     from common import write
 
@@ -285,9 +305,10 @@ def main():
     ap.add_argument("--api", type=int, default=28)
     ap.add_argument("--switch", action="store_true", help="SmolLM2 and Gemma-3 on the server, every other visitor switching")
     ap.add_argument("--budget-gb", type=float, default=None, help="the server's model cache budget (LLM_EXPLORER_MODEL_BUDGET_GB)")
+    ap.add_argument("--trace-budget-mb", type=float, default=None, help="the server's shared trace cache (LLM_EXPLORER_TRACE_BUDGET_MB; default 1,200 MB)")
     ap.add_argument("--out", default="class_load")
     a = ap.parse_args()
-    write(a.out, run(a.minutes, a.browsers, a.api, switch=a.switch, budget_gb=a.budget_gb))
+    write(a.out, run(a.minutes, a.browsers, a.api, switch=a.switch, budget_gb=a.budget_gb, trace_budget_mb=a.trace_budget_mb))
 
 
 if __name__ == "__main__":

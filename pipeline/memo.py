@@ -24,3 +24,15 @@ def per_object(fn):
 
     wrapper.memo = memo
     return wrapper
+
+
+def give_back_freed_memory() -> None:
+    """glibc's malloc_trim: return freed heap pages to the system (a no-op elsewhere). Freed tensors below glibc's
+    (self-raising) mmap threshold stay in the heap otherwise: after a trace or a model is dropped, RSS would keep
+    the high-water mark instead of saying what the process holds."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .cpu_matmul import native, packed_panels, panel_product
 from .fused import bucket
+from .memo import give_back_freed_memory
 from .models import LoadedModel
 from .row_step import BufferKV, RowStep, usable
 
@@ -167,15 +168,5 @@ def compare(lm: LoadedModel, prompt_ids: list[int], n_new: int = 24, kinds=KINDS
         ms = sorted(t * 1000 for t in times[1:]) or [times[0] * 1000]
         out.append(PrecisionRun(kind, 1000 / ms[len(ms) // 2], ms, nbytes, len(flips), flips[0] if flips else None, float((lg - ref).abs().max()), len(answer)))
         del step
-        _give_back_freed_memory()  # the variant's bf16/int8 copies: ~0.4 GB a run that malloc would otherwise keep
+        give_back_freed_memory()  # the variant's bf16/int8 copies: ~0.4 GB a run that malloc would otherwise keep
     return answer, out
-
-
-def _give_back_freed_memory() -> None:
-    """glibc's malloc_trim: return freed heap pages to the system (a no-op elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
