@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.memo import give_back_freed_memory
-from pipeline.models import ModelLoadError, canonical_key
+from pipeline.common.memo import give_back_freed_memory
+from pipeline.model import ModelLoadError, canonical_key
 
 
 def load_warm(key: str, progress: Callable | None = None):
     """The app's way to load a model: `pipeline.load_model`, then two traced warm-up passes on the model's own
-    thread (pipeline.tracing.warm_up), so a visitor's first numbers are never warm-up."""
+    thread (pipeline.forward.tracing.warm_up), so a visitor's first numbers are never warm-up."""
 
     def part(lo: float, hi: float):
         return (lambda f, m: progress(lo + (hi - lo) * f, m)) if progress else None
@@ -41,7 +41,7 @@ def load_warm(key: str, progress: Callable | None = None):
     lm = pipeline.load_model(key, progress=part(0.0, 0.95))
     if progress:
         progress(0.95, "warming up: two traced forward passes")
-    pipeline.tracing.warm_up(lm)
+    pipeline.forward.tracing.warm_up(lm)
     if progress:
         progress(1.0, "ready")
     return lm
@@ -87,7 +87,7 @@ def models_roots() -> list[Path]:
     separated by ":"), else ~/models; and the explorer's own cache of converted models. The library and the CLI open any folder; a visitor of the app never names
     one outside these."""
 
-    from pipeline.models import cache_dir
+    from pipeline.model import cache_dir
 
     raw = os.environ.get(MODELS_ROOT_ENV) or str(Path.home() / "models")
     roots = [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]

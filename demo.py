@@ -89,7 +89,7 @@ def _truthy(v) -> bool:
 def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) -> Policy:
     """The policy from the environment and the `[demo]` section of the secrets (either can switch it on)."""
     from pipeline import EMBEDDED
-    from pipeline.models import canonical_key
+    from pipeline.model import canonical_key
 
     env = os.environ if environ is None else environ
     sec = dict((secrets or {}).get("demo", {}) or {})
@@ -382,7 +382,7 @@ def warm(out=None) -> int:
     visitor waits for the one-time conversion). Exit status 1 if a model cannot load."""
     import sys
 
-    from pipeline.models import ModelLoadError, load_model
+    from pipeline.model import ModelLoadError, load_model
 
     out = out or sys.stdout
     policy = load_policy(secrets_file(), {**os.environ, "LLM_EXPLORER_DEMO": "1"})

@@ -114,8 +114,8 @@ def browser_visitor(browser, server, prompt, want, stats, heavy=False, model=Non
 def api_visitor(lm, alone, k, deadline, stats, rng):
     """Questions through the engine API until the deadline: own prompt each time, one in four cancelled."""
     from pipeline.engine import engine_for
+    from pipeline.forward.sampling import GREEDY
     from pipeline.generation import prepare
-    from pipeline.sampling import GREEDY
 
     eng = engine_for(lm)
     i = 0
@@ -164,7 +164,7 @@ def run(
 
     lm = pipeline.load_model()
     alone = Alone(lm)
-    models = [pipeline.EMBEDDED] + ([pipeline.GEMMA] if switch and pipeline.models.gemma_installed() else [])
+    models = [pipeline.EMBEDDED] + ([pipeline.GEMMA] if switch and pipeline.model.gemma_installed() else [])
     others = {k: Alone(pipeline.load_model(k)) for k in models[1:]}  # references for the other model's answers
     env = {"LLM_EXPLORER_DEMO": "1", "LLM_EXPLORER_MODELS": ",".join(models)}
     if budget_gb is not None:

@@ -5,7 +5,7 @@
 What it measures, each configuration in its own fresh process, the configurations in a rotated order every
 repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
 
-  * row-step-split  one row step's time with and without its matrix products (pipeline.row_step's docstring);
+  * row-step-split  one row step's time with and without its matrix products (pipeline.cpu.row_step's docstring);
   * probe        the machine's read bandwidth: torch summing every weight tensor of the model (2 threads), the
                  bytes a decode step must read; the limit is bandwidth / weight bytes = tokens/s one request
                  cannot beat in fp32. The single-request configurations also take this probe in their own
@@ -21,11 +21,11 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  CTranslate2 (a bench-only dependency: `pip install ctranslate2`; skipped when absent) on the
                  same weights converted from our cached safetensors: alone (decode tokens/s, by its token
                  stream) and static batches (generated tokens / wall time);
-  * *-fallback   the engine without pipeline/cpu_decode.c (LLM_EXPLORER_PANEL=0: OpenBLAS for one row, oneDNN
+  * *-fallback   the engine without pipeline/cpu/cpu_decode.c (LLM_EXPLORER_PANEL=0: OpenBLAS for one row, oneDNN
                  for several, numpy/torch attention; what a machine without a C compiler or AVX2 runs);
   * *-loaded     engine-1 (native and fallback) and ct2-float32-1 again while a second process keeps both cores
                  busy (two threads of matrix products): what a busy server leaves of one visitor's decode speed;
-                 -noplan: the fallback without pipeline.cpu_threads' plan (every step on both threads,
+                 -noplan: the fallback without pipeline.cpu.threads' plan (every step on both threads,
                  LLM_EXPLORER_THREAD_PLAN=0; the native kernels run without it); the first 2 prompts only;
   * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
 
@@ -107,7 +107,7 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
     """One request at a time: our own loop in a cache mode, or (mode "engine") the shared engine."""
     from pipeline import generation
     from pipeline.engine import Engine
-    from pipeline.events import StepEvent
+    from pipeline.generation.events import StepEvent
 
     eng = Engine(lm) if mode == "engine" else None
     clock = ReadClock(lm)
@@ -143,7 +143,7 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
 
 def engine_batch(lm, ps, tokens: int) -> dict:
     from pipeline.engine import Engine
-    from pipeline.events import StepEvent
+    from pipeline.generation.events import StepEvent
 
     eng = Engine(lm)
     for h in [eng.submit(p, 4, stop_ids=set()) for p in ps[:2]]:  # warm-up
@@ -159,7 +159,7 @@ def ct2_model(lm, kind: str) -> Path:
     """Our cached SmolLM2 (its safetensors folder) converted once for CTranslate2 (float32 or int8)."""
     import ctranslate2.converters as conv
 
-    from pipeline.models import cache_dir
+    from pipeline.model import cache_dir
 
     src = Path(lm.source)
     out = cache_dir() / "bench-ct2" / f"{src.name}-{kind}"
@@ -216,7 +216,7 @@ def split(lm) -> dict:
     by returning zeros (interleaved, 30 each, positions 40-100): products = the difference, the rest = the latter."""
     import numpy as np
 
-    from pipeline import fused, row_step
+    from pipeline.cpu import fused, row_step
 
     st = row_step.row_step(lm)
     dec = fused.acquire_decoder(lm, 128)

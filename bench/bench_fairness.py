@@ -1,7 +1,7 @@
 """A visitor's trace while another visitor's heavy experiment runs (page 11's kernel sweep): how long the trace
 waits for the model. Before: the sweep held the model lock for its whole run (49.7 s measured in the issue) and
 a plain threading.Lock let the sweep's loop win the lock again and again. Now the sweep takes the lock per
-measurement and the lock goes to the longest waiter (pipeline.models.FairLock).
+measurement and the lock goes to the longest waiter (pipeline.model.FairLock).
 
 Interleaved: each repeat times the trace on an idle model, then during a sweep; medians and ranges.
 
@@ -18,7 +18,7 @@ from common import write
 
 def main():
     import pipeline
-    from pipeline.kernels import available_kernels, kernel_sweep
+    from pipeline.lab.attention_kernels import available_kernels, kernel_sweep
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)

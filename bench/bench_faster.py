@@ -23,8 +23,8 @@ def main():
     args = ap.parse_args()
     import pipeline
     from pipeline.generation import generate
-    from pipeline.kernels import kernel_sweep
-    from pipeline.speculative import expected_tokens_per_call, speculative_generate
+    from pipeline.generation.speculative import expected_tokens_per_call, speculative_generate
+    from pipeline.lab.attention_kernels import kernel_sweep
 
     lm = pipeline.load_model()
     gpu = lm.device.type == "cuda"

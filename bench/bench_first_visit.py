@@ -35,7 +35,7 @@ PLAIN = """
 import json, sys
 import pipeline
 lm = pipeline.load_model(pipeline.EMBEDDED)
-pipeline.tracing.warm_up(lm)  # as the app's loader does: the comparison is warm against warm
+pipeline.forward.tracing.warm_up(lm)  # as the app's loader does: the comparison is warm against warm
 out = []
 for p in json.loads(sys.argv[1]):
     tr = pipeline.trace(lm, p)

@@ -20,8 +20,8 @@ def main():
     import torch
 
     import pipeline
+    from pipeline.common.telemetry import Sampler
     from pipeline.generation import generate, metrics
-    from pipeline.telemetry import Sampler
 
     lm = pipeline.load_model()
     prompt = "Why is the sky blue?"

@@ -24,7 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 
 import pipeline  # noqa: E402
-from pipeline import generation, serving  # noqa: E402
+from pipeline import (
+    generation,  # noqa: E402
+    serving,  # noqa: E402
+)
 
 PROMPT = "The capital of France is"
 

@@ -1,6 +1,6 @@
-"""What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.cpu_matmul's
-kernel per row count: pipeline/cpu_decode.c for 1-64 rows where it is built; decode-only passes through
-pipeline.row_step), the torch step with cpu_matmul's kernels, and the torch step with F.linear everywhere, on the
+"""What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.cpu.matmul's
+kernel per row count: pipeline/cpu/cpu_decode.c for 1-64 rows where it is built; decode-only passes through
+pipeline.cpu.row_step), the torch step with cpu_matmul's kernels, and the torch step with F.linear everywhere, on the
 loaded model, interleaved repeats. (The fallback kernels, without cpu_decode.c, are measured in their own
 processes by bench/bench_cpu_anchor.py: switching OpenMP and OpenBLAS thread pools within one process slows both.)
 
@@ -26,7 +26,8 @@ def main():
     import torch
 
     import pipeline
-    from pipeline import cpu_matmul, row_step
+    from pipeline.cpu import matmul as cpu_matmul
+    from pipeline.cpu import row_step
     from pipeline.engine import Engine
     from pipeline.engine.paged import Seq
 

@@ -14,7 +14,7 @@ def main():
 
     import pipeline
     from components.figures import attention_heads, labels_of, mosaic_image
-    from pipeline.telemetry import PeakMemory
+    from pipeline.common.telemetry import PeakMemory
 
     lm = pipeline.load_model()
     pipeline.trace(lm, "warm up")
@@ -63,7 +63,7 @@ def main():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
     at.session_state["prompt"] = prompt
     at.run()
-    at.switch_page("views/3_attention.py")
+    at.switch_page("views/stages/attention.py")
     t = time.perf_counter()
     at.run()
     t_page_first = time.perf_counter() - t

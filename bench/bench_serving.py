@@ -61,8 +61,8 @@ def workload(lm, n, tokens, staggered, mixed):
 def probe_workload(lm, n, tokens, long_prompt):
     """n-1 requests (n-2 and a 1,024-token prompt with long_prompt) decoding, and PROBES short questions of 4
     new tokens arriving one by one once they are under way (n = 1: the probes alone, the reference)."""
+    from pipeline.common.timing import ids_of_length
     from pipeline.generation import prepare
-    from pipeline.timing import ids_of_length
 
     t0 = 0.5 + 0.1 * (n - 1)  # the background's prompts are in the cache by then
     out = [(prepare(lm, PROMPTS[i % len(PROMPTS)], 3 * tokens, chat=True).prompt_ids, 3 * tokens, 0.0, False) for i in range(n - 1 - (long_prompt and n > 1))]

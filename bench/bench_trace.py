@@ -29,7 +29,7 @@ def main():
     import torch
 
     import pipeline
-    from pipeline import sampling
+    from pipeline.forward import sampling
 
     with tempfile.TemporaryDirectory() as cache:
         cold = load_time(cache)  # GGUF -> safetensors conversion, then load

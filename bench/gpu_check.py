@@ -15,7 +15,7 @@ section that fails records its error and the rest go on):
   5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
      aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
      N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506);
-  6. the CPU decode path (pipeline.row_step) on the machine's own processors, fp32: its read-bandwidth limit and
+  6. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: its read-bandwidth limit and
      one request's decode tokens/s, the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
 
@@ -48,10 +48,10 @@ def main():
     ap.add_argument("--serving-ns", default="1,8,32,64,128,256")
     args = ap.parse_args()
     only = set(args.only.split(","))
+    from pipeline.common.telemetry import Sampler
+    from pipeline.forward.tokens import tokenize
     from pipeline.generation import generate, metrics
-    from pipeline.models import random_model
-    from pipeline.telemetry import Sampler
-    from pipeline.tokens import tokenize
+    from pipeline.model import random_model
 
     lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device=args.device)
     prompt, n = "Why is the sky blue?", args.tokens
@@ -80,7 +80,7 @@ def main():
         print(f"[{name}] {res['section_seconds'][name]:.1f} s", flush=True)
 
     def production():
-        from pipeline import fused
+        from pipeline.cpu import fused
         from pipeline.generation import compare_cache_modes
 
         cuda = lm.device.type == "cuda"
@@ -183,12 +183,12 @@ def main():
         }
 
     def kernels():
-        from pipeline.kernels import kernel_sweep
+        from pipeline.lab.attention_kernels import kernel_sweep
 
         res["attention_kernels"] = [asdict(r) for r in kernel_sweep(lm, [int(x) for x in args.lengths.split(",")])]
 
     def speculative():
-        from pipeline.speculative import speculative_generate
+        from pipeline.generation.speculative import speculative_generate
 
         copy = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    return c\n" * 4
         t = time.perf_counter()
@@ -230,10 +230,11 @@ def main():
             print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
 
     def cpu():
-        """The CPU decode path (pipeline.row_step, with pipeline/cpu_decode.c where it builds) on this machine's own
+        """The CPU decode path (pipeline.cpu.row_step, with pipeline/cpu/cpu_decode.c where it builds) on this machine's own
         processors, fp32: the read-bandwidth limit (torch summing every weight) and one request's decode tokens/s,
         the row step against transformers' loop."""
-        from pipeline import cpu_matmul, row_step
+        from pipeline.cpu import matmul as cpu_matmul
+        from pipeline.cpu import row_step
 
         cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
         ws = [p.detach() for p in cpu_lm.model.parameters()]
@@ -248,7 +249,7 @@ def main():
             "threads": torch.get_num_threads(),
             "dtype": str(cpu_lm.dtype),
             "row_step": row_step.usable(cpu_lm),
-            "native_kernels": cpu_matmul.native() is not None,  # pipeline/cpu_decode.c built (gcc, AVX2) or the fallback
+            "native_kernels": cpu_matmul.native() is not None,  # pipeline/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
             "read_gb_per_s": nbytes / statistics.median(ts) / 1e9,
             "limit_tokens_per_s": 1 / statistics.median(ts),
         }

@@ -19,7 +19,7 @@ ABOUT = {
     "cpu_anchor": (
         "One request's CPU decode against the machine's read-bandwidth limit and CTranslate2 (float32, int8), the engine "
         "at 1, 8 and 32 requests against CTranslate2's static batches, the same on the fallback kernels (without "
-        "pipeline/cpu_decode.c), one request under a second busy process (the fallback with and without its thread plan); "
+        "pipeline/cpu/cpu_decode.c), one request under a second busy process (the fallback with and without its thread plan); "
         "a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
         "bench/bench_cpu_anchor.py --reps 2",
     ),
@@ -50,8 +50,8 @@ ABOUT = {
     "production": ("The same greedy request with the dynamic cache, the static cache and the fused step, interleaved repeats.", "bench/bench_production.py"),
     "faster": ("Attention kernels (eager vs SDPA backends), and speculative decoding with each draft, in one run.", "bench/bench_faster.py --reps 1"),
     "linear": (
-        "The engine's batched step on a CPU by case (decode rows, prompt chunks): the row step with pipeline.cpu_matmul's kernels "
-        "(pipeline/cpu_decode.c), the torch step with them, and the torch step with F.linear; each layout's logits against F.linear's.",
+        "The engine's batched step on a CPU by case (decode rows, prompt chunks): the row step with pipeline.cpu.matmul's kernels "
+        "(pipeline/cpu/cpu_decode.c), the torch step with them, and the torch step with F.linear; each layout's logits against F.linear's.",
         "bench/bench_linear.py",
     ),
     "serving": (

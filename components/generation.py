@@ -33,7 +33,7 @@ SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 
 def token_labels(events) -> list[str]:
     """A button label per generated token (Markdown-safe): its text with whitespace made visible (a byte piece
-    as <0xE6>, see pipeline.tokens.text_of), and its position as a subscript."""
+    as <0xE6>, see pipeline.forward.tokens.text_of), and its position as a subscript."""
     return [f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(events)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import unicodedata
 
-from pipeline.tokens import display_text
+from pipeline.forward.tokens import display_text
 
 # light tints of the Okabe-Ito colour-blind-safe palette
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]
@@ -63,7 +63,7 @@ def visible(text: str) -> str:
 
 
 def chips_html(tokens, segments, max_segments: int = 3000) -> str:
-    """HTML of the prompt as token chips. `tokens`/`segments` are pipeline.tokens.Token/Segment lists.
+    """HTML of the prompt as token chips. `tokens`/`segments` are pipeline.forward.tokens.Token/Segment lists.
 
     A segment (one or more tokens forming whole characters) is one chip; its ids are shown under it
     and every token's id, piece and bytes are in the hover title."""
@@ -100,7 +100,7 @@ def token_rows(tokens) -> list[dict]:
 def template_html(tokens) -> str:
     """The exact text the model reads, special tokens set apart as dark chips (so a '<|im_end|>' the user
     typed, which is plain text, looks different from the real special token). The bytes between two special
-    tokens are decoded as one sequence (pipeline.tokens.display_text): a character split over byte pieces
+    tokens are decoded as one sequence (pipeline.forward.tokens.display_text): a character split over byte pieces
     shows whole, a lone byte as <0xE6>."""
     out = ['<pre style="white-space:pre-wrap;font-size:13px;line-height:1.9;background:#f6f6f6;padding:8px;border-radius:6px">']
     run = bytearray()

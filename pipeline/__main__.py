@@ -11,18 +11,18 @@ import sys
 
 import numpy as np
 
-from .tokens import text_of
+from pipeline.forward.tokens import text_of
 
 
 def _load(args):
-    from .models import load_model
+    from pipeline.model import load_model
 
     return load_model(args.model)
 
 
 def cmd_tokens(args, out):
-    from .models import load_model  # noqa: F401
-    from .tokens import tokenize
+    from pipeline.forward.tokens import tokenize
+    from pipeline.model import load_model  # noqa: F401
 
     lm = _load(args)
     tk = tokenize(lm.tokenizer, args.prompt, chat=args.chat)
@@ -50,8 +50,8 @@ def cmd_tokens(args, out):
 
 
 def cmd_next(args, out):
-    from .sampling import entropy_bits, filter_probs
-    from .tracing import trace
+    from pipeline.forward.sampling import entropy_bits, filter_probs
+    from pipeline.forward.tracing import trace
 
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
@@ -82,7 +82,7 @@ def cmd_next(args, out):
 
 
 def cmd_trace(args, out):
-    from .tracing import trace
+    from pipeline.forward.tracing import trace
 
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
@@ -125,10 +125,10 @@ def cmd_trace(args, out):
 
 
 def cmd_generate(args, out):
-    from .engine import engine_for
-    from .generation import prepare
-    from .sampling import Sampling
-    from .serving import Waiting, stream
+    from pipeline.engine import engine_for
+    from pipeline.forward.sampling import Sampling
+    from pipeline.generation import prepare
+    from pipeline.serving import Waiting, stream
 
     lm = _load(args)
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
@@ -190,8 +190,8 @@ def main(argv=None, out=None) -> int:
         except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
             print(f"error: the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding", file=sys.stderr)
             return 2
-    from .models import ModelLoadError
-    from .tracing import TraceError
+    from pipeline.forward.tracing import TraceError
+    from pipeline.model import ModelLoadError
 
     try:
         args.fn(args, out)

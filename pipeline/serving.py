@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 
-from .engine import Waiting, engine_for
-from .events import StepEvent
-from .generation import Prepared, generate
-from .models import LoadedModel
-from .sampling import Sampling
-from .timing import ACTIVITY, Busy
+from pipeline.common.timing import ACTIVITY, Busy
+from pipeline.engine import Waiting, engine_for
+from pipeline.forward.sampling import Sampling
+from pipeline.generation import Prepared, generate
+from pipeline.generation.events import StepEvent
+from pipeline.model import LoadedModel
 
 ENGINE = "engine"  # the route through the shared engine; any other route is one of generation's cache modes
 

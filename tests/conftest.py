@@ -58,7 +58,7 @@ def _one_instance_per_model():
     of Gemma; any other key (a folder a test made) loads as it always does."""
     global _load_warm
     import appstate
-    from pipeline.models import EMBEDDED, GEMMA, canonical_key
+    from pipeline.model import EMBEDDED, GEMMA, canonical_key
 
     original = _load_warm = appstate.load_warm
 

@@ -10,10 +10,10 @@ import appstate
 import demo
 import pipeline
 from pipeline import serving
+from pipeline.forward.sampling import Sampling
+from pipeline.forward.tracing import TraceError
 from pipeline.generation import GenerationRecord, prepare
-from pipeline.sampling import Sampling
 from pipeline.serving import ENGINE
-from pipeline.tracing import TraceError
 from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
 from views.loading import model_key
 from views.render import verbatim
@@ -52,8 +52,8 @@ def generation_prompt() -> str | None:
 
 def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, Sampling]:
     """(max new tokens, Sampling): max new tokens / temperature / top-k / top-p / seed in one row, starting from the
-    app's one set of defaults (pipeline.sampling.DEFAULTS, as the Next token page and the overview), each bound to the URL."""
-    d = pipeline.sampling.DEFAULTS
+    app's one set of defaults (pipeline.forward.sampling.DEFAULTS, as the Next token page and the overview), each bound to the URL."""
+    d = pipeline.forward.sampling.DEFAULTS
     c = st.columns(5)
     q = dict(bind="query-params")
     n = c[0].number_input(

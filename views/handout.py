@@ -1,6 +1,6 @@
 """The lesson handout: the whole path for one prompt in ONE self-contained HTML file that opens offline.
 
-    html = build(lm, trace, stages=[("1 · Prompt & tokens", "The model never sees letters…"), …], recalled={…})
+    html = build(lm, trace, stages=views.pages.STAGES[1:], recalled={slug: [(name, figure), …]})
 
 Every stage of the article in its order, each with its takeaway, its main figure (Plotly, drawn by the plotly.js
 inlined once in the file), the numbers behind it and its "How do we know?" cross-checks, all measured on this
@@ -12,6 +12,7 @@ runs them. Streamlit-free: the page's download button calls it, and so does a te
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -25,10 +26,12 @@ from components.figures import attention_heads, labels_of, residual_figure, rope
 from components.fmt import prob
 from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible
-from pipeline import analysis, checks, sampling
+from pipeline.forward import analysis, sampling
+from pipeline.forward.tokens import text_of
+from pipeline.forward.tracing import display_maps
 from pipeline.generation import kv_bytes_formula, metrics
-from pipeline.tokens import text_of
-from pipeline.tracing import display_maps
+from pipeline.lab import checks
+from views.pages import PageSpec
 
 N_NEW = 16  # greedy tokens the handout generates for the loop's stages
 
@@ -174,7 +177,7 @@ def _stage_kv(lm, rec):
 
 
 def _stage_sharding(lm, _rec):
-    from pipeline.sharding import tensor_parallel_plan
+    from pipeline.lab.sharding import tensor_parallel_plan
 
     rows = {}
     for n in (1, 2, 4):
@@ -186,7 +189,7 @@ def _stage_sharding(lm, _rec):
 
 
 def _stage_myths(lm, tr):
-    from pipeline import misconceptions as mc
+    from pipeline.lab import misconceptions as mc
 
     temps = mc.temperature_sweep(tr.next_logits)
     rows = {
@@ -200,39 +203,40 @@ def _stage_myths(lm, tr):
     )
 
 
-# page title -> what the handout draws for it: ("trace", fn(lm, tr)) or ("run", fn(lm, generation record))
-COMPUTED = {
-    "1 · Prompt & tokens": ("trace", _stage_tokens),
-    "2 · Embeddings & positions": ("trace", _stage_embeddings),
-    "3 · Attention": ("trace", _stage_attention),
-    "4 · Inside a layer": ("trace", _stage_layer),
-    "5 · Next token": ("trace", _stage_next),
-    "6 · Generation": ("run", _stage_generation),
-    "7 · Prefill vs decode": ("run", _stage_prefill),
-    "8 · KV cache": ("run", _stage_kv),
-    "14 · Streaming & sharding": ("run", _stage_sharding),
-    "16 · Misconceptions, tested": ("trace", _stage_myths),
+# the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
+# handout="trace", fn(lm, generation record) for "run" (tests/views/test_handout.py: one for every such row)
+SECTIONS = {
+    "tokens": _stage_tokens,
+    "embeddings": _stage_embeddings,
+    "attention": _stage_attention,
+    "layer": _stage_layer,
+    "next-token": _stage_next,
+    "generation": _stage_generation,
+    "prefill-decode": _stage_prefill,
+    "kv-cache": _stage_kv,
+    "streaming-sharding": _stage_sharding,
+    "misconceptions": _stage_myths,
 }
 
 
-def build(lm, tr, stages: list[tuple[str, str]], recalled: dict[str, list[tuple[str, go.Figure]]] | None = None, progress=None) -> str:
-    """The handout as one HTML string. `stages`: (page title, takeaway) in the article's order; `recalled`: page title
-    -> figures this session drew there for this prompt (the minute-long experiments); `progress(fraction, text)`."""
+def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str, go.Figure]]] | None = None, progress=None) -> str:
+    """The handout as one HTML string. `stages`: the pages in the article's order (views.pages); `recalled`: slug ->
+    figures this session drew there for this prompt (the minute-long experiments); `progress(fraction, text)`."""
     recalled = recalled or {}
     rec = _generation(lm, tr)
     parts = []
-    for n, (title, takeaway) in enumerate(stages):
+    for n, spec in enumerate(stages):
+        title = spec.title
         if progress:
             progress(n / len(stages), f"Handout: {title}")
         body = ""
-        if title in COMPUTED:
-            kind, fn = COMPUTED[title]
-            body = _safe(fn, lm, tr if kind == "trace" else rec)
-        if recalled.get(title):
-            body += "<p>As this session last ran it on this page:</p>" + "".join(_figure(fig, name) for name, fig in recalled[title])
+        if spec.handout is not None:
+            body = _safe(SECTIONS[spec.slug], lm, tr if spec.handout == "trace" else rec)
+        if recalled.get(spec.slug):
+            body += "<p>As this session last ran it on this page:</p>" + "".join(_figure(fig, name) for name, fig in recalled[spec.slug])
         if not body:
             body = f"<p class='note'>This experiment takes a minute on a CPU: open “{html.escape(title)}” in the explorer and run it; the handout then includes its figure.</p>"
-        parts.append(f"<section><h2>{html.escape(title)}</h2><p class='takeaway'>{html.escape(takeaway)}</p>{body}</section>")
+        parts.append(f"<section><h2>{html.escape(title)}</h2><p class='takeaway'>{html.escape(spec.takeaway)}</p>{body}</section>")
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
         f"<h1>From Enter to the first token, and after</h1><p>Model <b>{html.escape(lm.label)}</b> on {html.escape(str(lm.device))}, "

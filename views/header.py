@@ -9,6 +9,7 @@ import streamlit as st
 from components import export
 from views import guard
 from views.loading import model_key
+from views.pages import BY_TITLE, STAGES, PageSpec
 from views.render import PRESENT_MAIN_HEIGHT, PageExports, presenting
 
 # Always: metric labels and values wrap instead of being cut ("Tokens the…" at 1024 px), and the sidebar's page
@@ -41,13 +42,13 @@ PRESENT_CSS = (
 )
 
 
-def page_header(title: str, takeaway: str, prev_page, next_page, stages: list[tuple[str, str]] = ()) -> None:
+def page_header(spec: PageSpec, prev_page, next_page) -> None:
     """The run's export registry; one row of switches and downloads (presentation mode, the page's ZIP, the lesson
     handout) and, in presentation mode, the previous / next stage as real links that carry the prompt and the
-    view's settings; presentation mode's layout and the page's takeaway."""
-    st.session_state["_exports"] = reg = PageExports(title)
-    if title not in _handout_computed():  # the minute-long experiments' figures, kept for the handout
-        st.session_state.setdefault("_drawn", {})[title] = (_drawn_key(), reg)
+    view's settings; presentation mode's layout, the page's takeaway and its heading (views/pages.py)."""
+    st.session_state["_exports"] = reg = PageExports(spec.title)
+    if spec.handout is None and spec in STAGES:  # the minute-long experiments' figures, kept for the handout
+        st.session_state.setdefault("_drawn", {})[spec.slug] = (_drawn_key(), reg)
     bar = st.container(horizontal=True, horizontal_alignment="right", vertical_alignment="center", key="page_bar", gap="medium")
     links = bar.container(horizontal=True, vertical_alignment="center", gap="medium")  # filled once the switch is read
     bar.toggle(
@@ -78,27 +79,22 @@ def page_header(title: str, takeaway: str, prev_page, next_page, stages: list[tu
     st.html(f"<style>{BASE_CSS}{PRESENT_CSS if presenting() else ''}</style>")
     if presenting():
         carry = {k: st.query_params.get(k) for k in st.query_params}
-        short = lambda p: p.title.split(" · ")[0]  # noqa: E731 - "14": the row stays one line at 1280 px
+        short = lambda p: BY_TITLE[p.title].short  # noqa: E731 - "14": the row stays one line at 1280 px
         if prev_page is not None:
             links.page_link(prev_page, label=f"← {short(prev_page)}", query_params=carry, help=f"Previous: {prev_page.title}")
         if next_page is not None:
             links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry, help=f"Next: {next_page.title}")
-    _handout(stages, make)
-    if presenting():
-        st.container(key="takeaway").info(takeaway, icon=":material/lightbulb:")
-
-
-def _handout_computed() -> set:
-    from views.handout import COMPUTED
-
-    return set(COMPUTED) | {"Overview", "Operator"}
+    _handout(make)
+    if presenting() and spec.takeaway:
+        st.container(key="takeaway").info(spec.takeaway, icon=":material/lightbulb:")
+    st.title(spec.h1)
 
 
 def _drawn_key() -> tuple:
     return (model_key(), st.session_state.get("prompt") or "", bool(st.session_state.get("chat")))
 
 
-def _handout(stages: list[tuple[str, str]], make: bool) -> None:
+def _handout(make: bool) -> None:
     """Make the lesson handout on a click (with progress), then offer it for download for as long as the prompt,
     chat mode and model stay the same. The minute-long experiments join it as this session last drew them."""
     from views import handout, runs
@@ -106,10 +102,10 @@ def _handout(stages: list[tuple[str, str]], make: bool) -> None:
     key, kept = _drawn_key(), st.session_state.get("_handout")
     if make and guard.allowed("the lesson handout"):
         lm, tr = runs.get_trace()
-        drawn = {t: [(name, fig) for name, fig, _ in reg.figures] for t, (k, reg) in st.session_state.get("_drawn", {}).items() if k == key}
+        drawn = {slug: [(name, fig) for name, fig, _ in reg.figures] for slug, (k, reg) in st.session_state.get("_drawn", {}).items() if k == key}
         bar = st.progress(0.0, text="Making the handout…")
         try:
-            body = lm.run(handout.build, lm, tr, stages, drawn, progress=lambda f, m: bar.progress(min(1.0, f), text=m))
+            body = lm.run(handout.build, lm, tr, STAGES[1:], drawn, progress=lambda f, m: bar.progress(min(1.0, f), text=m))
         except Exception as e:  # noqa: BLE001 - a failed handout is said, the page keeps serving
             bar.empty()
             guard.fail(e, "make the handout")

@@ -9,7 +9,7 @@ import streamlit as st
 
 import appstate
 import pipeline
-from pipeline.models import ModelLoadError, canonical_key
+from pipeline.model import ModelLoadError, canonical_key
 from views.guard import fail, policy
 
 LOCAL = "Local folder…"
@@ -126,12 +126,12 @@ def check_local(path: str) -> None:
     why = appstate.folder_refusal(path)
     if why:
         raise ModelLoadError(why)
-    pipeline.models.check_folder(path)
+    pipeline.model.check_folder(path)
 
 
 @st.cache_resource(show_spinner="Loading tokenizer…")
 def tokenizer_for(key: str):
-    return pipeline.models.load_tokenizer(key)
+    return pipeline.model.load_tokenizer(key)
 
 
 def remember(slot: str, value) -> None:

@@ -12,9 +12,9 @@ import appstate
 import demo
 import pipeline
 from components.tokens import lit
-from pipeline.timing import ACTIVITY
-from pipeline.tokens import text_of
-from pipeline.tracing import TraceError, check_prompt
+from pipeline.common.timing import ACTIVITY
+from pipeline.forward.tokens import text_of
+from pipeline.forward.tracing import TraceError, check_prompt
 from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap, policy
 from views.loading import _loader, _loaders, get_model, model_key, remember
 from views.session import session_key
@@ -29,7 +29,7 @@ def _traces() -> appstate.TraceCache:
 
 def _trace(model_key: str, prompt: str, chat: bool, qkv_layer: int | None, progress=None):
     """The shared trace for these inputs; a new one counts as a run against the visitor's limits (a cached one
-    costs nothing) and is made on the model's own thread (pipeline.models.LoadedModel.run)."""
+    costs nothing) and is made on the model's own thread (pipeline.model.LoadedModel.run)."""
     lm = _loader(model_key).result
     key = (model_key, prompt, chat, qkv_layer)
     make = lambda: lm.run(_make_trace, lm, prompt, chat, qkv_layer, progress=progress)  # noqa: E731
@@ -52,7 +52,7 @@ def _make_trace(lm, prompt: str, chat: bool, qkv_layer: int | None, progress=Non
         chat=chat,
         qkv_layers=[qkv_layer] if qkv_layer is not None else None,
         attn_layers=None if qkv_layer is None else [qkv_layer],
-        max_tokens=cap("prompt_tokens", pipeline.tracing.DEFAULT_MAX_TOKENS),
+        max_tokens=cap("prompt_tokens", pipeline.forward.tracing.DEFAULT_MAX_TOKENS),
         progress=progress,
     )
 
@@ -76,7 +76,7 @@ def get_trace(prompt: str | None = None, chat: bool | None = None, qkv_layer: in
     if chat and not tr.chat and own:
         st.caption("This model has no chat template (a base model), so the prompt is used as plain text.")
     if own:
-        nxt, p = pipeline.sampling.top_token(tr.next_logits)
+        nxt, p = pipeline.forward.sampling.top_token(tr.next_logits)
         where = st.session_state.get("_run_caption") or st.sidebar
         where.caption(f"**This run:** {tr.T:,} tokens → most likely next token **{lit(repr(text_of(lm.tokenizer, [nxt])))}** (p = {p:.2f})")
     return lm, tr
@@ -116,7 +116,7 @@ def get_tokens():
 
 @st.cache_resource(show_spinner="Loading tokenizer…")
 def tokenizer_for(key: str):
-    return pipeline.models.load_tokenizer(key)
+    return pipeline.model.load_tokenizer(key)
 
 
 def layer_with_qkv(tr, label: str, key: str, default: int | None = None):

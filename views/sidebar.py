@@ -8,7 +8,7 @@ import streamlit as st
 
 import appstate
 import pipeline
-from pipeline.models import available_models
+from pipeline.model import available_models
 from views import session
 from views.guard import _sessions, cap_note, policy
 from views.loading import LOCAL
@@ -56,7 +56,7 @@ def sidebar():
     _sessions().seen(session_key())
     if pol.enabled:  # only the operator's allowlist; nothing a visitor types is ever a server path
         known = {m.key: m for m in available_models()}
-        choices = [known.get(k) or pipeline.models.ModelChoice(k, Path(k).name, True) for k in pol.models]
+        choices = [known.get(k) or pipeline.model.ModelChoice(k, Path(k).name, True) for k in pol.models]
         keys = [m.key for m in choices]
         if st.session_state.get("model_choice") not in keys:
             st.session_state["model_choice"] = keys[0]

@@ -1,10 +1,10 @@
 """The serving engine: one per loaded model per process, shared by every visitor (see core.py); which one serves a
 model (in-process or Ray Serve) is registry.py's decision."""
 
-from ..sampling import Sampling
-from .core import BLOCK_SIZE, Engine, EngineError, EngineStats, Handle, IterationRecord, Waiting
-from .registry import engine_for, use_remote
-from .scheduler import BlockPool, Chunk, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.engine.core import BLOCK_SIZE, Engine, EngineError, EngineStats, Handle, IterationRecord, Waiting
+from pipeline.engine.registry import engine_for, use_remote
+from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.forward.sampling import Sampling
 
 __all__ = [
     "Engine",

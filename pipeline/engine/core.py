@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..decode import StepOutput, choose, token_texts
-from ..events import Finish, StepEvent, eos_ids
-from ..models import LoadedModel
-from ..sampling import GREEDY, Sampling
-from ..timing import ACTIVITY
-from .scheduler import BlockPool, Chunk, Policy, QueueStats, Request, Scheduler, State
+from pipeline.common.timing import ACTIVITY
+from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueStats, Request, Scheduler, State
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.generation.decode import StepOutput, choose, token_texts
+from pipeline.generation.events import Finish, StepEvent, eos_ids
+from pipeline.model import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,8 @@ class Engine:
         prefix_cache: bool = True,
         max_decode_stall: int = 2,
     ):
-        from ..fused import supported
-        from .paged import PagedKV, PagedStep
+        from pipeline.cpu.fused import supported
+        from pipeline.engine.paged import PagedKV, PagedStep
 
         policy = Policy(policy)
         self.lm, self.background = lm, background
@@ -271,7 +271,7 @@ class Engine:
     def _step_time(self, rows: int) -> float | None:
         """The recent time of an iteration with about `rows` rows (an average per power-of-two bucket). A bucket not
         measured yet is scaled from the nearest one by (rows ratio)^0.25: a CPU decode step of 1, 8 and 12 rows took
-        28.8, 40.6 and 45.0 ms (pipeline/cpu_matmul.py), a GPU's grows less."""
+        28.8, 40.6 and 45.0 ms (pipeline/cpu/matmul.py), a GPU's grows less."""
         if not self._step_s:
             return None
         b = rows.bit_length()
@@ -374,7 +374,7 @@ class Engine:
         prefilled in the next iteration, together with them resuming where they stopped."""
         if self.step is None:
             return self._forward_one_by_one(chunks, rows)
-        from .paged import Seq
+        from pipeline.engine.paged import Seq
 
         def resumed(r, start):  # the Seq parked at `start` last time, or None
             p = self._parked.pop(r.id, None)
@@ -411,7 +411,7 @@ class Engine:
     def _forward_one_by_one(self, chunks: list[Chunk], rows: list[Request]):
         """Architectures the batched step does not implement: transformers' forward, one request at a time
         (whole prompts, no chunking)."""
-        from ..decode import TransformersStep
+        from pipeline.generation.decode import TransformersStep
 
         first = []
         for r, _, b in chunks:

@@ -7,7 +7,7 @@
 A Seq is a run of tokens of one request at positions start, start+1, ...: a decode step is one token, a chunk
 of a prompt is many. Every token of every request goes through the layers together, so each matrix
 multiplication reads the weights once per iteration for all of them (the layer math is the fused step's,
-pipeline.fused, with the token dimension as batch: fused Q/K/V and gate/up, the model's own norms and RoPE
+pipeline.cpu.fused, with the token dimension as batch: fused Q/K/V and gate/up, the model's own norms and RoPE
 tables). Keys and values are written into each request's blocks first, then attention reads them back:
   * a prompt chunk: one causal attention call over its request's blocks (its queries see the earlier prompt
     and each other up to themselves, a sliding-window layer only its window);
@@ -31,9 +31,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
-from ..models import LoadedModel
-from ..row_step import PagedRows, row_step
+from pipeline.cpu.fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
+from pipeline.cpu.row_step import PagedRows, row_step
+from pipeline.model import LoadedModel
 
 
 @dataclass
@@ -222,7 +222,7 @@ class PagedStep:
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = _project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu_matmul's kernel for this many rows
+        out = _project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out
@@ -231,7 +231,7 @@ class PagedStep:
         return full
 
     def _decode_rows(self, seqs: list[Seq], interrupt) -> torch.Tensor:
-        """A pass of decode tokens only, on a CPU: pipeline.row_step (numpy for the small work, each request's
+        """A pass of decode tokens only, on a CPU: pipeline.cpu.row_step (numpy for the small work, each request's
         attention over exactly its own positions, the weights read once for all rows). Parked as forward parks:
         every row stops at the layer where `interrupt` said so, its logits NaN."""
         for s in seqs:

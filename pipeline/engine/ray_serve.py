@@ -22,10 +22,10 @@ import threading
 import time
 from dataclasses import asdict
 
-from ..events import StepEvent
-from ..sampling import GREEDY, Sampling
-from .core import EngineError, EngineStats, Waiting
-from .scheduler import QueueFull, TooLarge
+from pipeline.engine.core import EngineError, EngineStats, Waiting
+from pipeline.engine.scheduler import QueueFull, TooLarge
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.generation.events import StepEvent
 
 log = logging.getLogger(__name__)
 APP = "llm-explorer"
@@ -45,8 +45,8 @@ class EngineReplica:
     over replicas)."""
 
     def __init__(self, model_key: str, kv_bytes: int | None = None):
-        from ..models import load_model
-        from .core import Engine
+        from pipeline.engine.core import Engine
+        from pipeline.model import load_model
 
         self.lm = load_model(model_key)
         self.engine = Engine(self.lm, kv_bytes=kv_bytes)
@@ -265,7 +265,7 @@ def remote_engine(model_key: str, address: str) -> RemoteEngine:
 def main(argv=None) -> int:
     import argparse
 
-    from .. import EMBEDDED
+    from pipeline import EMBEDDED
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.engine.ray_serve")
     ap.add_argument("command", choices=["deploy"])

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ..models import LoadedModel
-from .core import Engine
+from pipeline.engine.core import Engine
+from pipeline.model import LoadedModel
 
 ENV = "LLM_EXPLORER_ENGINE"
 
@@ -24,7 +24,7 @@ def use_remote(address: str | None) -> None:
 def engine_for(lm: LoadedModel):
     """The one shared engine of this loaded model: an Engine in this process, or a RemoteEngine on Ray Serve."""
     if _remote_address:
-        from .ray_serve import remote_engine
+        from pipeline.engine.ray_serve import remote_engine
 
         return remote_engine(lm.key, _remote_address)
     return lm.owned("engine", lambda: Engine(lm))  # kept on the model: freed with it (its worker thread ends)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..generation import prepare
-from ..models import LoadedModel
-from ..sampling import GREEDY
-from ..telemetry import Sampler
-from .core import Engine, IterationRecord
+from pipeline.common.telemetry import Sampler
+from pipeline.engine.core import Engine, IterationRecord
+from pipeline.forward.sampling import GREEDY
+from pipeline.generation import prepare
+from pipeline.model import LoadedModel
 
 POLICIES = ("one after another", "static", "continuous")
 # eight visitors' questions (the serving benchmark and the browser load test send these)
@@ -170,7 +170,7 @@ def run_scene(
 
 def run_alone(lm: LoadedModel, user: User, chat: bool = False, stop_at_eos: bool = False) -> list[int]:
     """The reference: the same request generated alone by transformers' own loop (greedy)."""
-    from ..generation import generate
+    from pipeline.generation import generate
 
     req = prepare(lm, user.prompt, user.max_new_tokens, chat)
     return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache="dynamic", stop_ids=None if stop_at_eos else set())]

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from ..events import Finish
-from ..sampling import GREEDY, Sampling
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.generation.events import Finish
 
 
 class QueueFull(RuntimeError):

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 import appstate
-from pipeline.models import ModelLoadError
+from pipeline.model import ModelLoadError
 
 pytestmark = pytest.mark.unit
 
@@ -268,8 +268,8 @@ def test_a_frozen_view_is_a_copy_both_ways():
     """A link with a copy of one's results: its opener gets a copy under their own id; their runs and a Stop
     pressed on the copy never reach the owner; a run still going is not frozen."""
     from appstate import RunStore, recall, remember
+    from pipeline.forward.sampling import GREEDY
     from pipeline.generation import GenerationRecord
-    from pipeline.sampling import GREEDY
 
     store = RunStore()
     owner: dict = {}

@@ -10,7 +10,7 @@ import pytest
 
 import demo
 import pipeline
-from pipeline.models import FairLock, ModelLoadError, cache_ok, check_weights
+from pipeline.model import FairLock, ModelLoadError, cache_ok, check_weights
 
 pytestmark = pytest.mark.unit
 
@@ -237,7 +237,7 @@ def _fake_cache(folder):
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.models import CACHE_DONE, _digests
+    from pipeline.model.store import CACHE_DONE, _digests
 
     folder.mkdir()
     save_file({"w": torch.arange(4096.0).reshape(64, 64)}, str(folder / "model.safetensors"))
@@ -250,7 +250,7 @@ def _fake_cache(folder):
 def test_the_cache_digest_catches_every_damage(tmp_path, damage):
     import os
 
-    from pipeline.models import CACHE_DONE, cache_problem
+    from pipeline.model import CACHE_DONE, cache_problem
 
     folder = tmp_path / "c"
     _fake_cache(folder)

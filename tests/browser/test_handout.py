@@ -6,16 +6,11 @@ import re
 import pytest
 
 import pipeline
-from views import handout
+from views import handout, pages
 
 pytestmark = pytest.mark.browser
 
-STAGES = [
-    ("1 · Prompt & tokens", "t1"), ("2 · Embeddings & positions", "t2"), ("3 · Attention", "t3"), ("4 · Inside a layer", "t4"),
-    ("5 · Next token", "t5"), ("6 · Generation", "t6"), ("7 · Prefill vs decode", "t7"), ("8 · KV cache", "t8"), ("9 · Hardware", "t9"),
-    ("10 · Roofline", "t10"), ("11 · Attention kernels", "t11"), ("12 · Production mode", "t12"), ("13 · Speculative decoding", "t13"),
-    ("14 · Streaming & sharding", "t14"), ("15 · Continuous batching", "t15"), ("16 · Misconceptions, tested", "t16"),
-]  # fmt: skip
+STAGES = pages.STAGES[1:]  # every stage after the overview, in the article's order
 
 
 def test_handout_opens_offline_with_every_stage(tmp_path, smol, browser):
@@ -26,7 +21,7 @@ def test_handout_opens_offline_with_every_stage(tmp_path, smol, browser):
     text = re.sub(r"<script>.*?</script>", "", body, flags=re.S)  # plotly.js itself holds a U+FFFD
     assert "\ufffd" not in text and "Why is the sky blue?" in text
     titles = re.findall(r"<h2>(.*?)</h2>", body)
-    assert [t.replace("&amp;", "&") for t in titles] == [s for s, _ in STAGES]  # every stage, in the article's order
+    assert [t.replace("&amp;", "&") for t in titles] == [s.title for s in STAGES]  # every stage, in the article's order
     assert "Could not be drawn" not in body
     assert body.count("class='pass'") >= 5 and "class='fail'" not in body  # the cross-checks, run and passed
     path = tmp_path / "handout.html"

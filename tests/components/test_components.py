@@ -6,7 +6,7 @@ import pytest
 from components import bertviz_offline
 from components.figures import attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure, sampling_figure, timings_bar
 from components.tokens import chips_html, lit, token_rows, visible
-from pipeline.tokens import Segment, Token
+from pipeline.forward.tokens import Segment, Token
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,9 @@ import pipeline
 from components.generation import distribution_figure, token_labels
 from components.speculative import steps_html
 from components.tokens import chips_html, marked_html, template_html, token_rows
+from pipeline.forward.sampling import GREEDY
+from pipeline.forward.tokens import display_text, text_of, tokenize
 from pipeline.generation import GenerationRecord
-from pipeline.sampling import GREEDY
-from pipeline.tokens import display_text, text_of, tokenize
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +32,7 @@ def tok(request):
     models = {m.key: m for m in pipeline.available_models()}
     if not models[request.param].available:
         pytest.skip(models[request.param].why)
-    return pipeline.models.load_tokenizer(request.param)
+    return pipeline.model.load_tokenizer(request.param)
 
 
 def plain(body: str) -> str:

@@ -1,4 +1,4 @@
-"""Every C entry point of pipeline/cpu_decode.c (through cpu_matmul's checked wrappers) driven with random shapes
+"""Every C entry point of pipeline/cpu/cpu_decode.c (through cpu_matmul's checked wrappers) driven with random shapes
 (1-129 rows, odd sizes, empty) against numpy in float64. Imported by test_kernels_c.py, and run as a script by its
 sanitizer test (`python tests/pipeline/kernel_shapes.py [SEED] [CASES]` in a process with the library built with
 -fsanitize=address,undefined): prints "ok N" when every case agrees."""
@@ -21,9 +21,9 @@ def _close(a, b, tol=2e-4):
 def run(seed: int = 0, cases: int = 40) -> int:
     import torch
 
-    from pipeline import cpu_matmul as cm
+    from pipeline.cpu import matmul as cm
 
-    assert cm.native() is not None, "pipeline/cpu_decode.c is not built"
+    assert cm.native() is not None, "pipeline/cpu/cpu_decode.c is not built"
     rng = np.random.default_rng(seed)
     n = 0
     sizes = [0, 1, 2, 3, 5, 6, 7, 8, 13, 16, 17, 31, 33, 64, 65, 100, 129]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import analysis
+from pipeline.forward import analysis
 
 pytestmark = pytest.mark.model
 

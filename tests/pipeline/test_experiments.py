@@ -4,9 +4,9 @@ every attention kernel gives eager attention's logits."""
 
 import pytest
 
-from pipeline import checks
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene
-from pipeline.kernels import kernel_sweep
+from pipeline.lab import checks
+from pipeline.lab.attention_kernels import kernel_sweep
 
 pytestmark = pytest.mark.model
 

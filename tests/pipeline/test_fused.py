@@ -1,4 +1,4 @@
-"""Production-mode decode (pipeline.fused): our static-shape step against plain transformers forwards, on the
+"""Production-mode decode (pipeline.cpu.fused): our static-shape step against plain transformers forwards, on the
 real models and on small seeded models of every architecture it claims, sliding windows included."""
 
 import threading
@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
-from pipeline.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, linear, supported
+from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, linear, supported
+from pipeline.forward.sampling import Sampling
 from pipeline.generation import generate
-from pipeline.models import LoadedModel, facts_of
-from pipeline.sampling import Sampling
+from pipeline.model import LoadedModel, facts_of
 
 pytestmark = pytest.mark.model
 

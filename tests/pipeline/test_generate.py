@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.forward.sampling import Sampling
+from pipeline.forward.tracing import TraceError
 from pipeline.generation import MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep, prepare
-from pipeline.sampling import Sampling
-from pipeline.tracing import TraceError
 
 pytestmark = pytest.mark.model
 

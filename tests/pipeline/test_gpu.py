@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import pipeline
+from pipeline.common.telemetry import Sampler
 from pipeline.generation import generate, kv_bytes_formula, metrics
-from pipeline.telemetry import Sampler
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -1,4 +1,4 @@
-"""pipeline/cpu_decode.c through cpu_matmul's checked entry points: random shapes against numpy, every argument
+"""pipeline/cpu/cpu_decode.c through cpu_matmul's checked entry points: random shapes against numpy, every argument
 mismatch a ValueError naming the argument (never a read out of bounds), and the same random shapes once more with
 the library built with -fsanitize=address,undefined, reporting nothing (with a control that shows the sanitizer
 does catch an out-of-bounds read). Needs gcc and an AVX2 CPU (skipped otherwise); model tier: the first build takes
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import cpu_matmul as cm
+from pipeline.cpu import matmul as cm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_shapes import run  # noqa: E402
 
-pytestmark = [pytest.mark.model, pytest.mark.skipif(cm.native() is None, reason="pipeline/cpu_decode.c is not built here")]
+pytestmark = [pytest.mark.model, pytest.mark.skipif(cm.native() is None, reason="pipeline/cpu/cpu_decode.c is not built here")]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -118,7 +118,7 @@ def test_sanitizers_find_nothing(tmp_path):
 def test_sanitizers_do_catch_a_read_out_of_bounds(tmp_path):
     """The control: the raw C function called past the end of an array (what the wrappers refuse) is reported."""
     code = (
-        "import numpy as np; from pipeline import cpu_matmul as cm; lib = cm.native(); assert lib is not None; "
+        "import numpy as np; from pipeline.cpu import matmul as cm; lib = cm.native(); assert lib is not None; "
         "x = np.ones((1, 8), np.float32); s = np.ones(8, np.float32); y = np.empty((1, 8), np.float32); "
         "lib.rms_norm(cm.ptr(x), cm.ptr(s), cm.ptr(y), 1, 4096, 1e-6)"
     )
@@ -137,7 +137,9 @@ DECODE = """
 import logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 import pipeline
-from pipeline import cpu_matmul as cm, generation, serving
+from pipeline import serving
+from pipeline.cpu import matmul as cm
+from pipeline import generation
 lm = pipeline.load_model()
 for round in (1, 2):
     if round == 2:  # planted again after this server built and recorded the library: the digest catches it
@@ -158,7 +160,7 @@ def test_a_planted_kernel_library_never_runs_and_decoding_still_answers(tmp_path
     env = {**os.environ, "LLM_EXPLORER_KERNELS": str(kernels), "LLM_EXPLORER_STATE": str(tmp_path / "state"), "PLANT_MARK": str(mark)}
     env.pop("LLM_EXPLORER_KERNEL_SANITIZE", None)
     name = subprocess.run(
-        [sys.executable, "-c", "from pipeline import cpu_matmul as cm; print(cm.library_name())"], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", "from pipeline.cpu import matmul as cm; print(cm.library_name())"], capture_output=True, text=True, env=env, cwd=ROOT
     ).stdout.strip()
     cmd = f"{shutil.which('gcc')} -shared -fPIC {src} -o {kernels / name}"
     subprocess.run(cmd, shell=True, check=True)

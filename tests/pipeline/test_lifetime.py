@@ -31,7 +31,8 @@ SIX = """
 import gc, json, os, sys, time, ctypes, psutil
 sys.path.insert(0, os.getcwd())
 import appstate, pipeline
-from pipeline import generation, serving
+from pipeline import serving
+from pipeline import generation
 
 def rss():
     gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0)

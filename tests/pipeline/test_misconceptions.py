@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline import misconceptions as mc
+from pipeline.lab import misconceptions as mc
 
 pytestmark = pytest.mark.model
 

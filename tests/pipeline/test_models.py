@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline.models import ModelLoadError, check_folder, load_model
+from pipeline.model import ModelLoadError, check_folder, load_model
 
 pytestmark = pytest.mark.model
 
@@ -109,7 +109,7 @@ def test_wrong_shapes_are_refused(tmp_path, smol):
 
 @pytest.mark.unit
 def test_one_folder_is_one_key_however_it_is_typed(tmp_path):
-    from pipeline.models import canonical_key
+    from pipeline.model import canonical_key
 
     (tmp_path / "m").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "m")
@@ -178,7 +178,7 @@ def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, 
     seen = []
     lm = load_model(pipeline.EMBEDDED, progress=lambda f, m: seen.append(m))
     assert any("damaged" in m for m in seen) and any("dequantising" in m for m in seen)
-    assert weights.stat().st_size == size and pipeline.models.cache_problem(folder) is None and not list(tmp_path.glob("*.tmp-*"))
+    assert weights.stat().st_size == size and pipeline.model.cache_problem(folder) is None and not list(tmp_path.glob("*.tmp-*"))
     tr = pipeline.trace(lm, "The capital of France is")
     assert lm.tokenizer.decode([int(tr.next_logits.argmax())]) == " Paris"
     assert all(bool(p.isfinite().all()) for p in lm.model.parameters())
@@ -187,7 +187,7 @@ def test_a_damaged_cache_is_rebuilt_and_the_model_again_answers_paris(tmp_path, 
 def test_random_weight_model_has_the_same_shape(smol):
     from pathlib import Path
 
-    from pipeline.models import random_model
+    from pipeline.model import random_model
 
     rnd = random_model(Path(__file__).resolve().parents[2] / "bench" / "assets" / "smollm2-shape", device="cpu")
     assert "random weights" in rnd.label
@@ -204,7 +204,7 @@ def test_one_conversion_at_a_time_across_processes(tmp_path):
     import os
     import time
 
-    from pipeline.models import _alive, _conversion_lock
+    from pipeline.model.store import _alive, _conversion_lock
 
     ctx = mp.get_context("fork")
     out = tmp_path / "model"

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.roofline import layer_ops, roofline
+from pipeline.lab.roofline import layer_ops, roofline
 
 pytestmark = pytest.mark.model
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import sampling
-from pipeline.checks import hf_processed_probs
+from pipeline.forward import sampling
+from pipeline.lab.checks import hf_processed_probs
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from pipeline.generation import generate
-from pipeline.sharding import pipeline_plan, sse_lines, tensor_parallel_plan
+from pipeline.lab.sharding import pipeline_plan, sse_lines, tensor_parallel_plan
 
 pytestmark = pytest.mark.model
 
@@ -31,7 +31,7 @@ def test_pipeline_plan_covers_every_layer_and_weight(smol):
 
 @pytest.mark.unit
 def test_balanced_split_by_hand():
-    from pipeline.sharding import _balanced_split
+    from pipeline.lab.sharding import _balanced_split
 
     assert _balanced_split([1] * 6, 0, 0, 3) == [2, 2, 2]
     assert _balanced_split([1] * 6, 3, 0, 2) == [1, 5]  # 3 + 1 vs 5: the first device is heavy already
@@ -49,7 +49,7 @@ def test_tensor_parallel_plan_by_hand(smol):
     tp2 = tensor_parallel_plan(smol, 2)  # 3 KV heads on 2 devices: the busiest holds 2
     assert tp2.kv_cache_bytes_per_token_per_device == 2 * 30 * 2 * 64 * 4
     assert "5 on 1 device, 4 on 1" in tp2.rows[0]["per device"]
-    from pipeline.sharding import even_device_counts
+    from pipeline.lab.sharding import even_device_counts
 
     assert even_device_counts(smol) == [3]
 

@@ -1,8 +1,8 @@
 import pytest
 
+from pipeline.forward.sampling import Sampling
 from pipeline.generation import generate
-from pipeline.sampling import Sampling
-from pipeline.speculative import PromptLookup, expected_tokens_per_call, make_draft, speculative_generate
+from pipeline.generation.speculative import PromptLookup, expected_tokens_per_call, make_draft, speculative_generate
 
 pytestmark = pytest.mark.model
 
@@ -56,7 +56,7 @@ def test_prompt_lookup_proposals_and_expected_length():
 
 
 def test_attention_kernels_agree_and_eager_materialises_more(smol):
-    from pipeline.kernels import available_kernels, kernel_sweep, score_matrix_mb
+    from pipeline.lab.attention_kernels import available_kernels, kernel_sweep, score_matrix_mb
 
     ks = available_kernels(smol)
     assert "eager" in ks and "sdpa: math" in ks

@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from pipeline import hardware
-from pipeline.telemetry import Sampler
+from pipeline.common.telemetry import Sampler
+from pipeline.lab import hardware
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ def test_cpu_fallback_records_samples_and_stops_cleanly():
 
 def test_without_nvml_the_sampler_says_so(monkeypatch):
     """Whatever this machine has: with NVML unavailable (no driver), the sampler records the CPU and says why."""
-    from pipeline import telemetry
+    from pipeline.common import telemetry
 
     monkeypatch.setattr(telemetry, "_nvml", lambda: (None, "no NVIDIA driver on this machine"))
     s = Sampler()
@@ -46,7 +46,7 @@ def test_matmul_probe_and_decode_profile(smol):
 
 
 def test_mean_utilisation_prefers_nvml_buffered_samples():
-    from pipeline.telemetry import Timeline
+    from pipeline.common.telemetry import Timeline
 
     cpu = Timeline(source="psutil", t0=0.0, samples=[{"t": 0, "cpu_percent": 0.0}, {"t": 1, "cpu_percent": 150.0}, {"t": 2, "cpu_percent": 50.0}])
     assert cpu.mean_utilisation() == (100.0, "process CPU % (psutil; 100 % = one core)")

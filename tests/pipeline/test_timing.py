@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
+from pipeline.common.timing import Activity, Busy, Samples, interleaved
 from pipeline.generation import CacheModeComparison, CacheRow, ModeRun, SweepRow, cache_verdict, growth, sweep_verdict
-from pipeline.hardware import DecodeProfile, OpShare
-from pipeline.kernels import KernelRun, sweep_doubts
-from pipeline.timing import Activity, Busy, Samples, interleaved
+from pipeline.lab.attention_kernels import KernelRun, sweep_doubts
+from pipeline.lab.hardware import DecodeProfile, OpShare
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.tokens import tokenize
+from pipeline.forward.tokens import tokenize
 
 pytestmark = pytest.mark.model
 
@@ -78,7 +78,7 @@ def test_cli_tokens_json(capsys):
 
 def test_many_threads_tokenizing_at_once_get_their_own_prompt(lm):
     """Every visitor's session shares one tokenizer, whose Rust backend holds the last call's
-    split_special_tokens: without pipeline.tokens.thread_safe, 8 threads tokenizing chat prompts (template
+    split_special_tokens: without pipeline.forward.tokens.thread_safe, 8 threads tokenizing chat prompts (template
     specials parsed, the visitor's text split) got 64 of 2,400 prompts (about 13 expected in these 480) with '<|im_start|>' in ordinary pieces."""
     import threading
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline import checks
-from pipeline.tracing import TraceError, lens_grid
+from pipeline.forward.tracing import TraceError, lens_grid
+from pipeline.lab import checks
 
 pytestmark = pytest.mark.model
 
@@ -115,7 +115,7 @@ def test_concurrent_traces_never_mix(smol):
 
 
 def test_model_outside_a_trace_runs_sdpa_and_is_unchanged(smol):
-    from pipeline.capture import NAME
+    from pipeline.model.capture import NAME
 
     assert smol.model.config._attn_implementation == NAME
     ids = torch.tensor([smol.tokenizer("Hello there").input_ids])

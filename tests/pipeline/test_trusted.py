@@ -1,4 +1,4 @@
-"""Only code this server's user built is loaded (pipeline/trusted.py): a planted, cut-short or damaged library is
+"""Only code this server's user built is loaded (pipeline/cpu/trusted.py): a planted, cut-short or damaged library is
 rebuilt, never loaded; a folder others can write is refused; a failed build says gcc's message and leaves nothing
 behind. Unit tier: a tiny C source, each test with its own cache and state folders."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import trusted
+from pipeline.cpu import trusted
 
 pytestmark = pytest.mark.unit
 
@@ -156,7 +156,7 @@ def test_two_processes_building_at_once_build_once(dirs):
     cc.write_text(f'#!/bin/sh\necho x >> {log}\nsleep 1\nexec {CC} "$@"\n')
     cc.chmod(0o755)
     code = (
-        "import sys; from pathlib import Path; from pipeline import trusted; "
+        "import sys; from pathlib import Path; from pipeline.cpu import trusted; "
         f"lib = trusted.library(Path({str(src)!r}), ['-O1', '-shared', '-fPIC'], Path({str(folder)!r}), 'k.so', {str(cc)!r}); "
         "print(lib.answer())"
     )

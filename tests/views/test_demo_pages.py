@@ -55,19 +55,19 @@ def test_a_typed_or_linked_path_is_never_used(demo_env):
 
 
 def test_caps_are_on_the_controls(demo_env):
-    at = page("views/6_generation.py")
+    at = page("views/stages/generation.py")
     n = at.number_input(key="gen_n")
     assert n.max == 128 and "Demo server: at most 128" in n.help
-    at = page("views/13_speculative.py")
+    at = page("views/stages/speculative.py")
     assert "a local model folder…" not in at.selectbox(key="spec_kind").options
     assert at.number_input(key="spec_n").max == 128
-    at = page("views/11_attention_kernels.py")
+    at = page("views/stages/attention_kernels.py")
     assert any("Demo server: at most 1,024 prompt tokens" in c.value for c in at.caption)
 
 
 def test_a_long_prompt_is_refused_with_the_cap(demo_env):
-    at = page("views/1_tokens.py", prompt="demo cap " * 350)  # a prompt no other test traced (the cache is shared)
-    at.switch_page("views/3_attention.py")
+    at = page("views/stages/tokens.py", prompt="demo cap " * 350)  # a prompt no other test traced (the cache is shared)
+    at.switch_page("views/stages/attention.py")
     at.run()
     assert not at.exception
     assert any("at most 512 tokens" in w.value for w in at.warning), [w.value for w in at.warning]
@@ -90,7 +90,7 @@ def caps(monkeypatch):
 
 def test_the_rate_limit_says_when_to_try_again(demo_env, caps):
     caps(requests_per_minute=2)  # the overview's trace of a prompt no other test traced counts as one
-    at = page("views/6_generation.py", prompt="Rate limit check: a prompt of its own.")
+    at = page("views/stages/generation.py", prompt="Rate limit check: a prompt of its own.")
     at.number_input(key="gen_n").set_value(2)
     next(b for b in at.button if b.key == "gen_go").click().run()
     assert not at.exception and not [w for w in at.warning if "too many runs" in w.value]
@@ -102,8 +102,8 @@ def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkey
     def boom(*a, **k):
         raise FileNotFoundError("/home/teacher/.secret/weights.bin")
 
-    monkeypatch.setattr("pipeline.misconceptions.force_token", boom)
-    at = page("views/16_misconceptions.py")
+    monkeypatch.setattr("pipeline.lab.misconceptions.force_token", boom)
+    at = page("views/stages/misconceptions.py")
     next(b for b in at.button if b.key == "myth_force").click().run()
     assert not at.exception
     shown = texts(at)
@@ -129,7 +129,7 @@ def guard(monkeypatch):
 def test_the_operator_page_asks_for_the_password(demo_env, guard):
     import time
 
-    at = page("views/operator.py")
+    at = page("views/stages/operator.py")
     assert [t for t in at.text_input if t.key == "op_password"]
     assert not at.metric
     at.text_input(key="op_password").set_value("wrong").run()
@@ -149,18 +149,18 @@ def test_the_operator_page_locks_after_repeated_failures_from_any_session(demo_e
 
     with caplog.at_level(logging.WARNING, logger="llm_explorer"):
         for guess in ("guess-1", "guess-2", "guess-3"):
-            at = page("views/operator.py")  # a fresh session each time, as a script would
+            at = page("views/stages/operator.py")  # a fresh session each time, as a script would
             time.sleep(0.5)
             at.text_input(key="op_password").set_value(guess).run()
             assert any("Wrong password" in e.value for e in at.error)
-    at = page("views/operator.py")
+    at = page("views/stages/operator.py")
     assert any("Locked" in e.value for e in at.error) and not [t for t in at.text_input if t.key == "op_password"] and not at.metric
     logged = [r.getMessage() for r in caplog.records if "wrong password" in r.getMessage()]
     assert len(logged) == 3 and not any("guess" in m for m in logged)
 
 
 def test_a_full_engine_queue_says_server_busy(demo_env, monkeypatch):
-    at = page("views/6_generation.py")
+    at = page("views/stages/generation.py")
     from views import loading
 
     eng = pipeline.engine.engine_for(loading._loader(pipeline.EMBEDDED).result)
@@ -172,14 +172,14 @@ def test_a_full_engine_queue_says_server_busy(demo_env, monkeypatch):
 
 
 def test_page_one_caps_what_it_tokenizes_on_a_demo_server(demo_env):
-    at = page("views/1_tokens.py", prompt="word " * 6000)  # 30,000 characters, over the 20,000 cap
+    at = page("views/stages/tokens.py", prompt="word " * 6000)  # 30,000 characters, over the 20,000 cap
     assert not at.exception
     assert any("tokenizes at most 20,000" in w.value for w in at.warning) and not at.metric
 
 
 def test_traces_and_tokenizing_count_against_the_browser_limit(demo_env, caps):
     caps(requests_per_minute=2)
-    at = page("views/1_tokens.py", prompt="limit check one, a prompt no other test tokenizes")
+    at = page("views/stages/tokens.py", prompt="limit check one, a prompt no other test tokenizes")
     for i in ("two", "three"):
         at.session_state["prompt"] = f"limit check {i}, a prompt no other test tokenizes"
         at.run()

@@ -37,7 +37,7 @@ def page(path, prompt="The capital of France is", timeout=300):
 def rec_tokenizer():
     import pipeline
 
-    return pipeline.models.load_tokenizer(pipeline.EMBEDDED)
+    return pipeline.model.load_tokenizer(pipeline.EMBEDDED)
 
 
 def common_pass():
@@ -63,7 +63,7 @@ def metric(at, label):
 
 
 def test_generation_streams_and_shows_metrics_and_distributions():
-    at = page("views/6_generation.py")
+    at = page("views/stages/generation.py")
     assert any("Generate" in i.value for i in at.info)
     assert at.toggle(key="chat").value is False  # one switch, the sidebar's: off for this completion-style prompt
     assert any("Chat mode: **off** (the sidebar's switch)" in c.value for c in at.caption)
@@ -83,14 +83,14 @@ def test_generation_streams_and_shows_metrics_and_distributions():
 
 
 def test_generation_caps_and_bad_prompt():
-    at2 = page("views/6_generation.py", prompt="   ")
+    at2 = page("views/stages/generation.py", prompt="   ")
     button(at2, "gen_go").click().run()
     assert not at2.exception
     assert any("empty" in w.value for w in at2.warning)
 
 
 def test_prefill_decode_sweep_and_cache_experiment():
-    at = page("views/7_prefill_decode.py")
+    at = page("views/stages/prefill_decode.py")
     at.select_slider(key="sweep_max").set_value(256)  # suite time
     button(at, "sweep_go").click().run()
     assert not at.exception, at.exception
@@ -103,21 +103,21 @@ def test_prefill_decode_sweep_and_cache_experiment():
 
 def test_the_same_question_again_is_prefilled_from_the_prefix_cache_and_page_7_says_so():
     prompt = "Alice, Bob, Charlie and Diana each ordered a different coffee at the small cafe on the corner."
-    at = page("views/6_generation.py", prompt=prompt)
+    at = page("views/stages/generation.py", prompt=prompt)
     at.number_input(key="gen_n").set_value(2)
     for _ in range(2):  # the second time, the engine has this prompt's blocks (every one but the last) cached
         button(at, "gen_go").click().run()
         assert not at.exception, at.exception
     cached = at.session_state["_runs"]["gen"][1].events[0].cached_tokens
     assert cached > 0 and cached % 8 == 0
-    at.switch_page("views/7_prefill_decode.py")
+    at.switch_page("views/stages/prefill_decode.py")
     at.run()
     assert not at.exception, at.exception
     assert any(c.value.startswith(f"{cached} of the ") and "not computed" in c.value for c in at.caption)
 
 
 def test_kv_cache_formula_equals_measured():
-    at = page("views/8_kv_cache.py")
+    at = page("views/stages/kv_cache.py")
     assert metric(at, "Formula, per token") == "46,080 B"  # SmolLM2 fp32: 2 x 30 x 3 x 64 x 4
     assert metric(at, "Measured, per token") == "46,080 B"
     assert metric(at, "Agree") == "yes"
@@ -125,7 +125,7 @@ def test_kv_cache_formula_equals_measured():
 
 
 def test_hardware_telemetry_and_probe_on_cpu():
-    at = page("views/9_hardware.py")
+    at = page("views/stages/hardware.py")
     at.slider(key="hw_n").set_value(8)
     button(at, "hw_go").click().run()
     assert not at.exception, at.exception
@@ -140,7 +140,7 @@ def test_hardware_telemetry_and_probe_on_cpu():
 
 
 def test_speculative_page_shows_equality_and_speedup():
-    at = page("views/13_speculative.py")
+    at = page("views/stages/speculative.py")
     at.number_input(key="spec_n").set_value(24)
     button(at, "spec_go").click().run()
     assert not at.exception, at.exception
@@ -151,7 +151,7 @@ def test_speculative_page_shows_equality_and_speedup():
 
 
 def test_streaming_and_sharding_page_labels_the_plan():
-    at = page("views/14_streaming_sharding.py")
+    at = page("views/stages/streaming_sharding.py")
     assert any("event: token" in c.value for c in at.code)
     assert any("plan computed" in m.value for m in at.markdown)
     assert any("its own short generation" in c.value for c in at.caption)  # page 6 has not run here
@@ -164,7 +164,7 @@ def test_streaming_and_sharding_page_labels_the_plan():
 
 @pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_attention_kernels_page():
-    at = page("views/11_attention_kernels.py")
+    at = page("views/stages/attention_kernels.py")
     assert any("Run the kernels" in i.value for i in at.info)
     at.select_slider(key="kern_max").set_value(512)  # the sweep's shorter half (suite time)
     button(at, "kern_go").click().run()
@@ -175,7 +175,7 @@ def test_attention_kernels_page():
 
 
 def test_roofline_page():
-    at = page("views/10_roofline.py")
+    at = page("views/stages/roofline.py")
     at.select_slider(key="roof_T").set_value(64)
     at.select_slider(key="roof_C").set_value(64)
     button(at, "roof_go").click().run()
@@ -186,7 +186,7 @@ def test_roofline_page():
 
 @pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_production_page():
-    at = page("views/12_production.py")
+    at = page("views/stages/production.py")
     at.slider(key="prod_n").set_value(16)
     button(at, "prod_go").click().run()
     assert not at.exception, at.exception
@@ -201,7 +201,7 @@ def test_production_page():
 def test_speculative_with_a_local_model_folder_as_draft():
     import pipeline
 
-    at = page("views/13_speculative.py")
+    at = page("views/stages/speculative.py")
     at.selectbox(key="spec_kind").set_value("a local model folder…").run()
     at.text_input(key="spec_folder").set_value("/no/such/folder").run()
     assert any("only under" in e.value for e in at.error)  # outside the models root: nothing said about the path
@@ -217,7 +217,7 @@ def test_speculative_with_a_local_model_folder_as_draft():
 
 @pytest.mark.load  # a minute-long experiment through the page (its pipeline function is tested in make test): make test-load
 def test_batching_page_runs_the_three_policies_and_checks_every_answer():
-    at = page("views/15_batching.py")
+    at = page("views/stages/batching.py")
     assert any("Run the three policies" in i.value for i in at.info)
     assert "Requests running" in [m.label for m in at.metric]  # the live panel of the shared engine
     at.selectbox(key="batch_preset").set_value("Everyone at once, same length").run()
@@ -236,7 +236,7 @@ def test_batching_page_runs_the_three_policies_and_checks_every_answer():
 
 
 def test_misconceptions_page_tests_each_myth():
-    at = page("views/16_misconceptions.py")
+    at = page("views/stages/misconceptions.py")
     lines = [m.value for m in at.markdown if m.value.startswith((common_pass(), ":red["))]
     assert len(lines) == 7 and all(ln.startswith(common_pass()) for ln in lines), lines  # words 3, temperature 3, memory 1
     button(at, "myth_force").click().run()
@@ -253,7 +253,7 @@ def frames(at) -> list:
 
 def test_precision_lesson_on_the_production_page():
     """Page 12's lower-precision section: fp32, bf16 and int8 side by side with tok/s, bytes, differing tokens."""
-    at = page("views/12_production.py")
+    at = page("views/stages/production.py")
     button(at, "prec_go").click().run()
     assert not at.exception, at.exception
     table = next(t for t in frames(at) if "precision" in t.columns)

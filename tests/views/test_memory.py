@@ -16,27 +16,12 @@ import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from views import pages
+
 pytestmark = pytest.mark.load
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [
-    "views/0_overview.py",
-    "views/1_tokens.py",
-    "views/2_embeddings.py",
-    "views/3_attention.py",
-    "views/4_layer.py",
-    "views/5_next_token.py",
-    "views/6_generation.py",
-    "views/7_prefill_decode.py",
-    "views/8_kv_cache.py",
-    "views/9_hardware.py",
-    "views/10_roofline.py",
-    "views/11_attention_kernels.py",
-    "views/12_production.py",
-    "views/13_speculative.py",
-    "views/14_streaming_sharding.py",
-    "views/15_batching.py",
-]
+PAGES = [p.file for p in pages.STAGES[:-1]]  # every stage but the misconceptions (their own test)
 N_PROMPTS = 12
 BUDGET_GB = 4.5  # the README's figure for one server with the embedded model
 WORDS = ("sky light blue scatter wave air sun red evening molecule colour photon short long violet eye atmosphere noon dusk cloud").split()

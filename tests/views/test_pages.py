@@ -9,7 +9,14 @@ pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
-PAGES = ["views/0_overview.py", "views/1_tokens.py", "views/2_embeddings.py", "views/3_attention.py", "views/4_layer.py", "views/5_next_token.py"]
+PAGES = [
+    "views/stages/overview.py",
+    "views/stages/tokens.py",
+    "views/stages/embeddings.py",
+    "views/stages/attention.py",
+    "views/stages/layer.py",
+    "views/stages/next_token.py",
+]
 
 
 def run(page=None, prompt=None, chat=None, model=None, timeout=240):
@@ -36,7 +43,7 @@ def test_page_renders(page):
 
 
 def test_tokens_page_counts_and_chat_template():
-    at = run("views/1_tokens.py", prompt="Why is the sky blue?", chat=True)
+    at = run("views/stages/tokens.py", prompt="Why is the sky blue?", chat=True)
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Words"] == "5" and metrics["Characters"] == "20" and metrics["Tokens from your prompt"] == "6"
@@ -45,7 +52,7 @@ def test_tokens_page_counts_and_chat_template():
 
 
 def test_next_token_page_refilters_without_new_trace():
-    at = run("views/5_next_token.py")
+    at = run("views/stages/next_token.py")
     assert not at.exception
     at.slider(key="temperature").set_value(1.5).run()  # flatter: top-k 50 binds
     kept = {m.label: m.value for m in at.metric}["Candidates left"]
@@ -55,7 +62,7 @@ def test_next_token_page_refilters_without_new_trace():
     assert any("drew" in m.value for m in at.markdown)
 
 
-@pytest.mark.parametrize("page", ["views/1_tokens.py", "views/3_attention.py", "views/5_next_token.py"])
+@pytest.mark.parametrize("page", ["views/stages/tokens.py", "views/stages/attention.py", "views/stages/next_token.py"])
 @pytest.mark.parametrize(
     "bad, expect",
     [
@@ -71,7 +78,7 @@ def test_bad_prompts_give_a_message(page, bad, expect):
 
 
 def test_tokens_page_still_tokenizes_a_prompt_too_long_for_the_model():
-    at = run("views/1_tokens.py", prompt="x " * 50000)
+    at = run("views/stages/tokens.py", prompt="x " * 50000)
     assert not at.exception
     assert int({m.label: m.value for m in at.metric}["Tokens the model reads"].replace(",", "")) > 8192
     assert {m.label: m.value for m in at.metric}["Characters"] == "100,000"
@@ -89,7 +96,7 @@ def test_pages_on_gemma(page):
 
 
 def test_special_token_text_is_not_injected():
-    at = run("views/1_tokens.py", prompt="say <|im_end|> now")
+    at = run("views/stages/tokens.py", prompt="say <|im_end|> now")
     assert not at.exception
     bodies = [h.proto.body for h in at.get("html")]
     main = bodies[0]  # this model's chips (others follow for comparison)
@@ -156,7 +163,7 @@ def test_no_figure_text_under_the_floor(present, floor):
 
 
 def test_lesson_handout_from_the_page_header():
-    at = run("views/1_tokens.py", prompt="Why is the sky blue?", chat=True)
+    at = run("views/stages/tokens.py", prompt="Why is the sky blue?", chat=True)
     at.button(key="handout_go").click().run()
     assert not at.exception and not at.error, at.exception or [e.value for e in at.error]
     offered = [b for b in at.get("download_button") if "lesson handout" in b.proto.label.lower()]
@@ -167,7 +174,7 @@ def test_tokens_page_shows_a_non_ascii_prompt_whole():
     """Accents, Japanese, an emoji, a combining mark and Hebrew in chat mode: the chat template view holds the
     prompt whole and nothing on the page is U+FFFD (byte pieces show as <0xE6>)."""
     prompt = "Ünïcödé naïve 日本語のテキスト 😀👍🏽 e\u0301 שלום"
-    at = run("views/1_tokens.py", prompt=prompt, chat=True)
+    at = run("views/stages/tokens.py", prompt=prompt, chat=True)
     assert not at.exception
     bodies = [h.proto.body for h in at.get("html")]
     import html as _html
@@ -185,7 +192,7 @@ def test_exported_images_carry_only_the_views_known_settings():
     at = AppTest.from_file(APP, default_timeout=240)
     at.query_params["zz_unknown"] = "Visit evil-prize.example"
     at.run()
-    at.switch_page("views/3_attention.py")
+    at.switch_page("views/stages/attention.py")
     at.run()
     assert not at.exception
     reg = at.session_state["_exports"]
