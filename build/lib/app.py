@@ -1,0 +1,36 @@
+"""LLM inference pipeline explorer: navigation and the shared sidebar (model, prompt, chat, device). The pages
+themselves are rows of views/pages.py."""
+
+from pathlib import Path
+
+import streamlit as st
+
+# a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
+st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
+
+from views import guard, header, loading, pages, sidebar  # noqa: E402  (after set_page_config)
+
+
+def _page(spec: pages.PageSpec) -> st.Page:
+    kw = {"default": True} if spec.slug == "" else {"url_path": spec.slug}
+    return st.Page(spec.file, title=spec.title, icon=spec.icon, visibility="hidden" if spec.hidden else "visible", **kw)
+
+
+NAV = {spec.title: _page(spec) for spec in pages.ALL}
+# One flat list (the stage numbers carry the order): with section headers Streamlit draws headers and items as
+# children of a <div> inside its <ul>, which screen readers cannot read as a list (axe-core: list, listitem).
+page = st.navigation(list(NAV.values()), expanded=True)
+demo_mode = guard.policy().enabled
+if demo_mode:
+    loading.warm()  # the operator's models load at the first visit, in the background
+sidebar.sidebar()
+spec = pages.BY_TITLE.get(page.title, pages.STAGES[0])
+prev_spec, next_spec = pages.neighbours(spec)
+header.page_header(spec, NAV[prev_spec.title] if prev_spec else None, NAV[next_spec.title] if next_spec else None)
+if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
+    try:
+        page.run()
+    except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
+        guard.fail(e, "draw this page", level="error")
+else:
+    page.run()

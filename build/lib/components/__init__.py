@@ -1,0 +1,1 @@
+"""Plain data -> Plotly figures, HTML and images. No model calls here."""

@@ -1,0 +1,205 @@
+"""Command line: `python -m pipeline tokens|next|trace|generate "prompt" [--json]` (for scripts and handouts).
+
+`generate` goes through the model's serving engine (pipeline.engine), as the app's pages do; several prompts
+(repeat the argument) are served together, continuously batched."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from pipeline.forward.tokens import text_of
+
+
+def _load(args):
+    from pipeline.model import load_model
+
+    return load_model(args.model)
+
+
+def cmd_tokens(args, out):
+    from pipeline.forward.tokens import tokenize
+    from pipeline.model import load_model  # noqa: F401
+
+    lm = _load(args)
+    tk = tokenize(lm.tokenizer, args.prompt, chat=args.chat)
+    rows = [{"i": i, "id": t.id, "piece": t.piece, "text": t.text, "start": t.start, "end": t.end, "special": t.special} for i, t in enumerate(tk.tokens)]
+    if args.json:
+        json.dump(
+            {
+                "model": lm.label,
+                "chat": tk.chat,
+                "text": tk.text,
+                "n_tokens": len(rows),
+                "n_words": len(args.prompt.split()),
+                "n_chars": len(args.prompt),
+                "tokens": rows,
+            },
+            out,
+            ensure_ascii=False,
+            indent=1,
+        )
+        out.write("\n")
+    else:
+        out.write(f"{lm.label}: {len(rows)} tokens, {len(args.prompt.split())} words, {len(args.prompt)} chars\n")
+        for r in rows:
+            out.write(f"{r['i']:>4} {r['id']:>7}  {r['text']!r}{'  (special)' if r['special'] else ''}\n")
+
+
+def cmd_next(args, out):
+    from pipeline.forward.sampling import entropy_bits, filter_probs
+    from pipeline.forward.tracing import trace
+
+    lm = _load(args)
+    tr = trace(lm, args.prompt, chat=args.chat)
+    p = filter_probs(tr.next_logits, args.temperature, args.top_k, args.top_p, args.min_p).numpy()
+    order = np.argsort(-p)[: args.n]
+    cands = [{"id": int(i), "text": text_of(lm.tokenizer, [int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
+    res = {
+        "model": lm.label,
+        "prompt": args.prompt,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "candidates_kept": int((p > 0).sum()),
+        "entropy_bits": entropy_bits(p),
+        "top": cands,
+    }
+    if args.json:
+        json.dump(res, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+    else:
+        out.write(
+            f"{lm.label} | T={args.temperature} top-k={args.top_k} top-p={args.top_p} min-p={args.min_p} | "
+            f"{res['candidates_kept']} candidates kept, entropy {res['entropy_bits']:.2f} bits\n"
+        )
+        for c in cands:
+            out.write(f"{c['p']:8.4f}  {c['text']!r}  (id {c['id']})\n")
+
+
+def cmd_trace(args, out):
+    from pipeline.forward.tracing import trace
+
+    lm = _load(args)
+    tr = trace(lm, args.prompt, chat=args.chat)
+    f = tr.facts
+    nxt = int(tr.next_logits.argmax())
+    res = {
+        "model": lm.label,
+        "device": tr.device,
+        "n_tokens": tr.T,
+        "config": {
+            "layers": f.n_layers,
+            "heads": f.n_heads,
+            "kv_heads": f.n_kv_heads,
+            "head_dim": f.head_dim,
+            "d_model": f.d_model,
+            "vocab": f.vocab,
+            "positional": f.positional,
+            "norm": f.norm,
+        },
+        "tokens": [t.text for t in tr.tokens],
+        "shapes": {
+            "embeddings": list(tr.embeddings.shape),
+            "hidden_states": list(tr.hidden_states.shape),
+            "attentions": list(tr.attentions.shape),
+            "next_logits": list(tr.next_logits.shape),
+        },
+        "residual_norm_last_token": [round(float(x), 3) for x in tr.resid_norm[:, -1]],
+        "logit_lens_last_token": [{"layer": i, "top": text_of(lm.tokenizer, [top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
+        "next_token": {"id": nxt, "text": text_of(lm.tokenizer, [nxt])},
+        "timings_ms": {k: round(v * 1000, 2) for k, v in tr.timings.items()},
+    }
+    if args.json:
+        json.dump(res, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+    else:
+        out.write(f"{lm.label} on {tr.device}: {tr.T} tokens -> next token {res['next_token']['text']!r}\n")
+        for k, v in res["timings_ms"].items():
+            if not k.startswith("layer "):
+                out.write(f"  {k:<28} {v:9.2f} ms\n")
+
+
+def cmd_generate(args, out):
+    from pipeline.engine import engine_for
+    from pipeline.forward.sampling import Sampling
+    from pipeline.generation import prepare
+    from pipeline.serving import Waiting, stream
+
+    lm = _load(args)
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    # every request submitted before any is read: the engine batches them
+    streams = [stream(lm, prepare(lm, p, args.max_new_tokens, args.chat), sampling) for p in args.prompts]
+    res = []
+    for p, s in zip(args.prompts, streams):
+        ev = [e for e in s if not isinstance(e, Waiting)]
+        res.append(
+            {
+                "prompt": p,
+                "tokens": [e.token_id for e in ev],
+                "text": text_of(lm.tokenizer, [e.token_id for e in ev], specials=False),
+                "finished": ev[-1].finished if ev else None,
+                "ttft_ms": round(ev[0].t_s * 1000, 1) if ev else None,
+                "max_batch": max((e.batch for e in ev), default=0),
+            }
+        )
+    if args.json:
+        json.dump({"model": lm.label, "engine": engine_for(lm).name, "results": res}, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+    else:
+        for r in res:
+            out.write(f"{r['prompt']!r} -> {r['text']!r} ({len(r['tokens'])} tokens, {r['finished']})\n")
+
+
+def main(argv=None, out=None) -> int:
+    out = out or sys.stdout
+    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    ap.add_argument("--model", default=None, help="smollm2-135m-instruct (default), gemma3-270m, or a local folder")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, fn in [("tokens", cmd_tokens), ("next", cmd_next), ("trace", cmd_trace)]:
+        p = sub.add_parser(name)
+        p.add_argument("prompt")
+        p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(fn=fn)
+        if name == "next":
+            p.add_argument("--temperature", type=float, default=1.0)
+            p.add_argument("--top-k", type=int, default=0)
+            p.add_argument("--top-p", type=float, default=1.0)
+            p.add_argument("--min-p", type=float, default=0.0)
+            p.add_argument("-n", type=int, default=10, help="how many candidates to print")
+    p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
+    p.add_argument("prompts", nargs="+")
+    p.add_argument("--chat", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_generate)
+    args = ap.parse_args(argv)
+    for text in [getattr(args, "prompt", "")] + list(getattr(args, "prompts", None) or []):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            print(f"error: the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding", file=sys.stderr)
+            return 2
+    from pipeline.forward.tracing import TraceError
+    from pipeline.model import ModelLoadError
+
+    try:
+        args.fn(args, out)
+    except (ModelLoadError, TraceError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+/* The decode step's kernels on an AVX2 CPU (pipeline/row_step.py calls them; the maths is the model's):
+     panel_linear   y [M, N] = x [M, K] @ W.T (+ b), for 1 to 64 rows, W packed once by `pack`; the same in
+                    bf16 and int8 weight-only (panel_linear_bf16, _i8) for page 12's lower-precision lesson;
+     paged_attend   one decode token's attention per row, over its KV blocks where they lie;
+     rms_norm, silu_mul   the step's two elementwise stages, one call each.
+
+   Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
+   loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust
+   their arguments: every call goes through cpu_matmul's checked wrappers, which validate shapes, dtypes,
+   contiguity, alignment and index ranges in Python first.
+   Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
+   the memory's speed (every SmolLM2 weight at 8 rows: oneDNN packed 74-91 ms, OpenBLAS 81-93, MKL 155, where
+   reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
+   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in cpu_matmul.py).
+
+   How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels as one
+   forward stream, each 64-byte line once, and every multiply-add of a panel's line is done before the next:
+   for each k, the 16 weights W[n0:n0+16, k] (two AVX registers) times x[m, k] (broadcast), added into
+   2 x MR accumulators, MR <= 6 rows at a time (12 accumulators + 2 weights + 1 broadcast = 15 of the 16 AVX
+   registers). Each output is one sum over k in order 0, 1, ..., K-1 with fused multiply-adds: the same numbers
+   whatever M is, whichever chunk of rows and whichever thread computes it. So a request's row gives the same
+   logits alone or with 31 others, bit for bit (tests/pipeline/test_row_step.py). */
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#define NB 16          /* outputs per panel */
+#define PF_BYTES 8192  /* prefetch distance: 8 KB ahead in the panel's stream */
+
+/* W [N, K] -> P [ceil(N/16)][K][16]: each panel of 16 outputs stored k by k (zeros past N); fp32, and for page
+   12's lower-precision lesson int8 (weight-only, a scale per output row) and bf16 (the top 16 bits of an fp32) */
+#define DEFINE_PACK(NAME, T)                                                              \
+    void NAME(const T *w, T *p, int N, int K) {                                           \
+        int panels = (N + NB - 1) / NB;                                                   \
+        for (int q = 0; q < panels; q++) {                                                \
+            T *dst = p + (size_t)q * K * NB;                                              \
+            for (int k = 0; k < K; k++)                                                   \
+                for (int j = 0; j < NB; j++) {                                            \
+                    int n = q * NB + j;                                                   \
+                    dst[(size_t)k * NB + j] = n < N ? w[(size_t)n * K + k] : (T)0;        \
+                }                                                                         \
+        }                                                                                 \
+    }
+DEFINE_PACK(pack, float)
+DEFINE_PACK(pack_i8, signed char)
+DEFINE_PACK(pack_u16, unsigned short)
+
+static inline void put(float *y, int n0, int nn, const float *sc, const float *b, __m256 lo, __m256 hi) {
+    float t[NB];
+    _mm256_storeu_ps(t, lo);
+    _mm256_storeu_ps(t + 8, hi);
+    for (int j = 0; j < nn; j++) {
+        float v = t[j];
+        if (sc) v *= sc[n0 + j];
+        if (b) v += b[n0 + j];
+        y[n0 + j] = v;
+    }
+}
+
+/* one k of a panel as 16 fp32 weights in w0, w1 (int8 and bf16 widened on the fly), and a prefetch per line */
+#define LOAD_f32                                                                          \
+    const float *w = pp + (size_t)k * NB;                                                 \
+    __m256 w0 = _mm256_load_ps(w);                                                        \
+    __m256 w1 = _mm256_load_ps(w + 8);                                                    \
+    _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
+#define LOAD_i8                                                                           \
+    const signed char *w = pp + (size_t)k * NB;                                           \
+    __m128i q8 = _mm_loadu_si128((const __m128i *)w);                                     \
+    __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));                             \
+    __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q8, 8)));          \
+    if (!(k & 3)) _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
+#define LOAD_bf16                                                                         \
+    const unsigned short *w = pp + (size_t)k * NB;                                        \
+    __m256i h16 = _mm256_loadu_si256((const __m256i *)w);                                 \
+    __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h16)), 16)); \
+    __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h16, 1)), 16)); \
+    if (!(k & 1)) _mm_prefetch((const char *)w + PF_BYTES, _MM_HINT_T0);
+
+/* MR rows of x against one panel; written out per MR so that the accumulators stay in registers */
+#define ROW_DECL(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const float *x##i = x + (size_t)(i) * K;
+#define ROW_FMA(i) { __m256 xb = _mm256_broadcast_ss(x##i + k); a##i##0 = _mm256_fmadd_ps(xb, w0, a##i##0); a##i##1 = _mm256_fmadd_ps(xb, w1, a##i##1); }
+#define ROW_PUT(i) put(y + (size_t)(i) * N, n0, nn, sc, b, a##i##0, a##i##1);
+#define LOOP(SFX, BODY) for (int k = 0; k < K; k++) { LOAD_##SFX BODY }
+#define ARGS(T) const float *x, int K, const T *pp, float *y, int N, int n0, int nn, const float *sc, const float *b
+#define R1 ROW_FMA(0)
+#define R2 R1 ROW_FMA(1)
+#define R3 R2 ROW_FMA(2)
+#define R4 R3 ROW_FMA(3)
+#define R5 R4 ROW_FMA(4)
+#define R6 R5 ROW_FMA(5)
+#define D1 ROW_DECL(0)
+#define D2 D1 ROW_DECL(1)
+#define D3 D2 ROW_DECL(2)
+#define D4 D3 ROW_DECL(3)
+#define D5 D4 ROW_DECL(4)
+#define D6 D5 ROW_DECL(5)
+#define P1 ROW_PUT(0)
+#define P2 P1 ROW_PUT(1)
+#define P3 P2 ROW_PUT(2)
+#define P4 P3 ROW_PUT(3)
+#define P5 P4 ROW_PUT(4)
+#define P6 P5 ROW_PUT(5)
+
+/* y = x @ W.T (* scale) (+ b) with W packed; the panels split evenly over `threads` OpenMP threads (the process's
+   one OpenMP pool: torch's libgomp, loaded first, answers to the same name). Rows go in balanced chunks of at most
+   6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache, not from memory. */
+#define KERNELS_FOR(SFX, T)                                                                          \
+    static void k1_##SFX(ARGS(T)) { D1 LOOP(SFX, R1) P1 }                                            \
+    static void k2_##SFX(ARGS(T)) { D2 LOOP(SFX, R2) P2 }                                            \
+    static void k3_##SFX(ARGS(T)) { D3 LOOP(SFX, R3) P3 }                                            \
+    static void k4_##SFX(ARGS(T)) { D4 LOOP(SFX, R4) P4 }                                            \
+    static void k5_##SFX(ARGS(T)) { D5 LOOP(SFX, R5) P5 }                                            \
+    static void k6_##SFX(ARGS(T)) { D6 LOOP(SFX, R6) P6 }                                            \
+    typedef void (*kernel_##SFX)(ARGS(T));                                                           \
+    static const kernel_##SFX KS_##SFX[7] = {0, k1_##SFX, k2_##SFX, k3_##SFX, k4_##SFX, k5_##SFX, k6_##SFX}; \
+    static void linear_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y,   \
+                             int M, int N, int K, int threads) {                                     \
+        int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
+        for (int q = 0; q < panels; q++) {                                                           \
+            int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;                                         \
+            const T *pp = p + (size_t)q * K * NB;                                                    \
+            for (int c = 0, m0 = 0; c < chunks; c++) {                                               \
+                int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);                      \
+                KS_##SFX[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, sc, b);       \
+                m0 += mm;                                                                            \
+            }                                                                                        \
+        }                                                                                            \
+    }
+KERNELS_FOR(f32, float)
+KERNELS_FOR(i8, signed char)
+KERNELS_FOR(bf16, unsigned short)
+
+void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_f32(x, p, 0, b, y, M, N, K, threads);
+}
+void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_i8(x, p, scale, b, y, M, N, K, threads);
+}
+void panel_linear_bf16(const float *x, const unsigned short *p, const float *b, float *y, int M, int N, int K, int threads) {
+    linear_bf16(x, p, 0, b, y, M, N, K, threads);
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+   Decode attention over paged keys and values, read where they lie (no gather, no padding, no mask).
+
+   For row b (one decode token of one request) and each of its KV heads: the G query heads that share the KV
+   head score every position p in [lo[b], hi[b]) (its window), s = scale * q . K[p]; softmax over those
+   positions (minus their largest score, then exp, then / the sum); out = sum_p softmax(p) V[p]. Position p
+   lies in block tables[b * max_blocks + p / bs], slot p % bs; a block's keys for one KV head start at
+   K + block * s_blk + kv * s_kv, one position every s_pos floats, its D values contiguous. A static buffer
+   [KV, max_len, D] is one block of bs = max_len. The (row, KV head) pairs split over the threads; each pair's
+   numbers are computed the same way whatever else is in the call. */
+
+#include <math.h>
+#include <stdlib.h>
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s = _mm_add_ps(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
+/* e^x for 8 floats (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n in the exponent bits; within
+   2 ulp of expf; x clamped to [-87, 88], where e^x is still a normal float) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float dot(const float *a, const float *b, int D) {
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    float s = hsum(acc);
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* walks positions p0, p0 + 1, ... of one KV head: the pointer to each one's D values, a block at a time */
+typedef struct { const float *base; const int *table; long s_blk, s_pos; int blk, off, bs; } walk;
+static inline walk walk_at(const float *base, const int *table, long s_blk, long s_kv, long s_pos, int kv, int p, int bs) {
+    walk w = {base + kv * s_kv, table, s_blk, s_pos, p / bs, p % bs, bs};
+    return w;
+}
+static inline const float *walk_next(walk *w) {
+    const float *r = w->base + w->table[w->blk] * w->s_blk + w->off * w->s_pos;
+    if (++w->off == w->bs) { w->off = 0; w->blk++; }
+    return r;
+}
+
+void paged_attend(const float *q, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
+                  const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
+                  int bs, float scale, float *out, int threads, int *failed) {
+    /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
+       caller (pipeline/cpu_matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int task = 0; task < B * KV; task++) {
+        int b = task / KV, kv = task % KV, n = hi[b] - lo[b], p0 = lo[b];
+        const int *table = tables + (size_t)b * max_blocks;
+        const float *qb = q + ((size_t)b * KV + kv) * G * D;
+        float *ob = out + ((size_t)b * KV + kv) * G * D;
+        int ns = (n + 7) & ~7; /* each query head's scores padded to whole vectors for exp8 */
+        float *s = malloc(sizeof(float) * (size_t)G * (ns > 0 ? ns : 8));
+        if (s == NULL) {
+            for (size_t j = 0; j < (size_t)G * D; j++) ob[j] = NAN;
+            #pragma omp atomic write
+            *failed = 1;
+            continue;
+        }
+        /* scores: two positions at a time (independent sums for the processor to overlap) */
+        walk wk = walk_at(K, table, s_blk, s_kv, s_pos, kv, p0, bs);
+        int i = 0;
+        for (; i + 2 <= n; i += 2) {
+            const float *k0 = walk_next(&wk), *k1 = walk_next(&wk);
+            for (int g = 0; g < G; g++) {
+                const float *qg = qb + (size_t)g * D;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                int d = 0;
+                for (; d + 8 <= D; d += 8) {
+                    __m256 qv = _mm256_loadu_ps(qg + d);
+                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+                }
+                float d0 = hsum(a0), d1 = hsum(a1);
+                for (; d < D; d++) { d0 += qg[d] * k0[d]; d1 += qg[d] * k1[d]; }
+                s[(size_t)g * ns + i] = scale * d0;
+                s[(size_t)g * ns + i + 1] = scale * d1;
+            }
+        }
+        for (; i < n; i++) {
+            const float *k0 = walk_next(&wk);
+            for (int g = 0; g < G; g++) s[(size_t)g * ns + i] = scale * dot(qb + (size_t)g * D, k0, D);
+        }
+        for (int g = 0; g < G; g++) {
+            float *sg = s + (size_t)g * ns, m = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n; j++) m = sg[j] > m ? sg[j] : m;
+            for (int j = n; j < ns; j++) sg[j] = m;
+            for (int j = 0; j < ns; j += 8) _mm256_storeu_ps(sg + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m))));
+            for (int j = 0; j < n; j++) sum += sg[j];
+            float inv = 1.0f / sum;
+            for (int j = 0; j < n; j++) sg[j] *= inv;
+        }
+        /* out[g] = sum_p softmax[g][p] V[p], 64 of the D values at a time in 8 registers */
+        for (int g = 0; g < G; g++) {
+            const float *sg = s + (size_t)g * ns;
+            float *o = ob + (size_t)g * D;
+            int d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) {
+                __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+                __m256 c4 = _mm256_setzero_ps(), c5 = _mm256_setzero_ps(), c6 = _mm256_setzero_ps(), c7 = _mm256_setzero_ps();
+                walk wv = walk_at(V, table, s_blk, s_kv, s_pos, kv, p0, bs);
+                for (int j = 0; j < n; j++) {
+                    const float *v = walk_next(&wv) + d0;
+                    __m256 w = _mm256_set1_ps(sg[j]);
+                    c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
+                    c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
+                    c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
+                    c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
+                    c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
+                    c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
+                    c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
+                    c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
+                }
+                _mm256_storeu_ps(o + d0, c0); _mm256_storeu_ps(o + d0 + 8, c1);
+                _mm256_storeu_ps(o + d0 + 16, c2); _mm256_storeu_ps(o + d0 + 24, c3);
+                _mm256_storeu_ps(o + d0 + 32, c4); _mm256_storeu_ps(o + d0 + 40, c5);
+                _mm256_storeu_ps(o + d0 + 48, c6); _mm256_storeu_ps(o + d0 + 56, c7);
+            }
+            for (; d0 < D; d0++) {
+                float acc = 0.0f;
+                walk wv = walk_at(V, table, s_blk, s_kv, s_pos, kv, p0, bs);
+                for (int j = 0; j < n; j++) acc += sg[j] * walk_next(&wv)[d0];
+                o[d0] = acc;
+            }
+        }
+        free(s);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+   The step's two small elementwise stages, one call each instead of ~6 numpy operations (measured: 35 µs per
+   norm of one row in numpy, mostly per-operation overhead; ~2 µs here).
+
+   rms_norm: y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * scale (scale = the module's weight, or 1 + weight for
+   Gemma: the caller passes it ready). silu_mul: y = g / (1 + e^-g) * u, the SwiGLU MLP's middle. */
+
+void rms_norm(const float *x, const float *scale, float *y, int M, int D, float eps) {
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * D;
+        float *ym = y + (size_t)m * D;
+        float ss = dot(xm, xm, D);
+        float r = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int d = 0; d < D; d++) ym[d] = xm[d] * r * scale[d];
+    }
+}
+
+void silu_mul(const float *g, const float *u, float *y, int M, int N, int ldg) {
+    /* g, u: rows of N values, ldg floats apart (the two halves of the fused gate/up product); y [M, N] */
+    for (int m = 0; m < M; m++) {
+        const float *gm = g + (size_t)m * ldg, *um = u + (size_t)m * ldg;
+        float *ym = y + (size_t)m * N;
+        int n = 0;
+        for (; n + 8 <= N; n += 8) {
+            __m256 gv = _mm256_loadu_ps(gm + n);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(ym + n, _mm256_mul_ps(s, _mm256_loadu_ps(um + n)));
+        }
+        for (; n < N; n++) ym[n] = gm[n] / (1.0f + expf(-gm[n])) * um[n];
+    }
+}

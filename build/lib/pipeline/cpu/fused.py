@@ -1,0 +1,433 @@
+"""Production-mode decoding: our own decode step with fixed shapes, captured once as a CUDA graph on a GPU.
+
+transformers' forward is general: per call it builds masks, position tensors and cache bookkeeping in Python
+and launches hundreds of small kernels, so at batch 1 a small model spends most of a decode step waiting on
+the CPU. This module writes the step the way serving engines do:
+
+  * a static KV cache: one preallocated buffer per layer, written in place at position `pos`;
+  * fused projections: Q, K and V are one matmul, gate and up are one matmul. The model's own q/k/v and
+    gate/up weights are re-pointed as views into the fused tensors (`fuse_weights`), so nothing is copied
+    and every other page keeps working on the very same parameters;
+  * grouped-query attention without repeating K and V: the G query heads that share a KV head are passed to
+    SDPA as G "query positions" of that head, over the whole buffer with a mask `position <= pos`
+    (and `> pos - window` on sliding-window layers);
+  * no Python-visible data dependence: the token and the position live in device tensors, so on CUDA the
+    step is captured once with `torch.cuda.CUDAGraph` and each decode step is one `replay()`; optionally the
+    step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured.
+
+The activation, the embedding and the LM head are the model's own modules, called inside the step; each
+RMSNorm is one `F.rms_norm` with the module's own weight, epsilon and formula (Llama-style or Gemma's 1 + w).
+The prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
+Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
+not otherwise. `check_against_forward` compares our step's logits with a plain transformers forward.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.common.timing import ids_of_length, sync, syncer
+from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, _norm_fn, fuse_weights, rope_tables, supported  # noqa: F401 - re-exported
+from pipeline.cpu.matmul import linear
+from pipeline.model import LoadedModel
+
+MIN_BUCKET = 256
+# operators that only make a new view of existing memory (no kernel on a GPU)
+VIEW_OPS = {
+    "aten::view",
+    "aten::reshape",
+    "aten::slice",
+    "aten::select",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::chunk",
+    "aten::t",
+    "aten::transpose",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::expand",
+    "aten::as_strided",
+    "aten::detach",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::narrow",
+    "aten::permute",
+    "aten::lift_fresh",
+    "aten::unbind",
+}
+
+
+def _project(mod, x: torch.Tensor) -> torch.Tensor:
+    """A model's own projection (o_proj, down_proj) through `linear` when it is a plain nn.Linear."""
+    return linear(x, mod.weight, mod.bias) if type(mod) is torch.nn.Linear else mod(x)
+
+
+def project_qkv(ly: _Layer, x: torch.Tensor, H: int, KV: int, D: int, cos: torch.Tensor, sin: torch.Tensor):
+    """The layer's norm and fused Q/K/V projection for B new tokens x [B, 1, d], with RoPE at each token's own
+    position (cos, sin [B, D]). Returns q [B, H, D], k [B, KV, D], v [B, KV, D]. Queries and keys rotate together."""
+    B = x.shape[0]
+    qkv = linear(ly.norm_in(x), ly.wqkv, ly.bqkv).view(B, H + 2 * KV, D)
+    qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
+    if ly.q_norm is not None:
+        qk = torch.cat([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], dim=1)
+    qk = qk * cos[:, None] + _rotate_half(qk) * sin[:, None]
+    return qk[:, :H], qk[:, H:], v
+
+
+def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer after attention: att [B, 1, H*D] through the output projection into the residual
+    stream x [B, 1, d], then the feed-forward network (fused gate/up), with Llama's or Gemma's norms."""
+    o = _project(layer.self_attn.o_proj, att)
+    if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
+        x = x + ly.norm_mid(o)
+        h = ly.norm_ff(x)
+    else:
+        x = x + o
+        h = ly.norm_mid(x)
+    g, u = linear(h, ly.wgu).chunk(2, dim=-1)
+    m = _project(layer.mlp.down_proj, layer.mlp.act_fn(g) * u)
+    return x + (ly.norm_out(m) if ly.norm_out is not None else m)
+
+
+def window_masks(q_pos: torch.Tensor, k_pos: torch.Tensor, windows) -> dict:
+    """The attention masks of one pass, by layer window: {None: causal, w: causal within the last w tokens}, each
+    [..., n_q, n_k] bool. A query at q_pos sees a key at k_pos <= q_pos (and > q_pos - w on a sliding-window
+    layer). The one definition the fused step and the engine's batched step share."""
+    q, k = q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)
+    allowed = k <= q
+    return {None: allowed} | {w: allowed & (k > q - w) for w in windows}
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class FusedDecoder:
+    """Static-shape decode for one model and one maximum length (prompt + new tokens, rounded up to a power
+    of two so a few graphs cover every request).
+
+        dec = FusedDecoder(lm, max_len)          # graph=True on CUDA by default
+        logits = dec.prefill(ids)                # [vocab] float32, the prompt's last position
+        logits = dec.step(token_id, position)    # one decode step (a graph replay on CUDA)
+    """
+
+    def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10):
+        self.lm = lm
+        self.layers = fuse_weights(lm)
+        self.max_len = int(max_len)
+        limit = lm.facts.max_positions or self.max_len
+        if self.max_len > limit:
+            raise ValueError(f"max_len {self.max_len} exceeds the model's {limit} positions")
+        f = lm.facts
+        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
+        self.G = self.H // self.KV
+        dev, dt = lm.device, lm.dtype
+        self.n_top = n_top
+        core = lm.arch.decoder
+        with torch.no_grad():
+            self.cos, self.sin = rope_tables(lm, self.layers, self.max_len)
+            shape = (len(self.layers), self.KV, self.max_len, self.D)
+            self.K = torch.zeros(shape, device=dev, dtype=dt)
+            self.V = torch.zeros(shape, device=dev, dtype=dt)
+            self.ar = torch.arange(self.max_len, device=dev)
+            self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+            self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.windows = sorted({ly.window for ly in self.layers if ly.window})
+        self.final_norm = _norm_fn(core.norm)
+        self._run = self._body
+        self.graph = None
+        self.compiled = False
+        self.capture_s = self.compile_s = None
+        self.problems: list[str] = []  # a compile or capture that failed, and what ran instead
+        use_graph = (dev.type == "cuda") if graph is None else graph
+        if use_graph and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        if compile:
+            self._compile()
+        if use_graph:
+            try:
+                self._capture()
+            except Exception as e:  # noqa: BLE001 - a driver or capture error: run the same step without a graph
+                self.graph = None
+                self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); the step runs without a graph")
+        from pipeline.cpu.row_step import BufferKV, row_step
+
+        # on a CPU in fp32 (and not compiled) each step is pipeline.cpu.row_step's: the same maths over numpy views
+        self.row = None if (self.compiled or self.graph is not None) else row_step(lm)
+        self._row_kv = BufferKV(self.K, self.V) if self.row is not None else None
+        self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else ("CPU row step" if self.row else "eager"))
+        self._busy = threading.Lock()
+
+    def _compile(self):
+        """torch.compile the step (fullgraph: no Python between kernels) and run it once, which compiles."""
+        from pipeline.cpu.trusted import inductor_cache
+
+        t = time.perf_counter()
+        inductor_cache()  # the code inductor writes and loads back lives in a private folder of ours, not in /tmp
+        try:
+            run = torch.compile(self._body, fullgraph=True, dynamic=False)
+            with self.lm.lock, torch.inference_mode():
+                self.pos.fill_(self.max_len - 1)  # a write to the last slot, masked until overwritten
+                run()
+            self._run, self.compiled = run, True
+        except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the eager step is the same maths
+            self.problems.append(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the step runs uncompiled")
+        self.compile_s = time.perf_counter() - t
+
+    def release(self):
+        """Hand the decoder back after a generation (see acquire_decoder)."""
+        if self._busy.locked():
+            self._busy.release()
+
+    # -- the step ---------------------------------------------------------------------------------------------
+    def _body(self):
+        """One token through the model at position self.pos; returns (logits, packed) where packed =
+        [argmax, logsumexp, top values..., top ids...] (float32), all computed on the device."""
+        core = self.lm.arch.decoder
+        pos = self.pos
+        x = core.embed_tokens(self.tok.view(1, 1))
+        masks = {w: m.view(1, 1, 1, -1) for w, m in window_masks(pos.view(1), self.ar, self.windows).items()}
+        rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
+        H, KV, D, G = self.H, self.KV, self.D, self.G
+        for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
+            q, k, v = project_qkv(ly, x, H, KV, D, *rope[ly.rope])
+            self.K[i, :, pos] = k.view(KV, 1, D)  # index_put_: in place, also under torch.compile
+            self.V[i, :, pos] = v.reshape(KV, 1, D)
+            att = F.scaled_dot_product_attention(
+                q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=layer.self_attn.scaling
+            )
+            x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
+        logits = self.lm.arch.apply_softcap(_project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
+        return logits, self._summary(logits)
+
+    def _summary(self, logits):
+        tv, ti = logits.topk(self.n_top)
+        return torch.cat([logits.argmax().float().view(1), torch.logsumexp(logits, 0).view(1), tv, ti.float()])
+
+    def _capture(self):
+        t = time.perf_counter()
+        # under the model lock: while a stream captures, no other thread may run work on the device
+        with self.lm.lock, torch.inference_mode():
+            self.pos.fill_(self.max_len - 1)  # warm-up writes land in the last slot, masked until used
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    self._run()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.out_logits, self.out_summary = self._run()
+            sync(self.lm.device)
+        self.graph = g
+        self.capture_s = time.perf_counter() - t
+
+    def step(self, token_id: int, position: int):
+        """Decode one token at `position` (its K/V are written there). Returns (logits, summary) on the device;
+        with a graph they are the graph's static outputs, overwritten by the next step."""
+        if not 0 <= position < self.max_len:
+            raise ValueError(f"position {position} outside the buffer of {self.max_len}")
+        if self.row is not None:
+            self._row_kv.pos = int(position)
+            logits = self.row.logits([token_id], [position], self._row_kv)[0]
+            return logits, self._summary(logits)
+        with torch.inference_mode():
+            self.tok.fill_(int(token_id))
+            self.pos.fill_(int(position))
+            if self.graph is not None:
+                self.graph.replay()
+                return self.out_logits, self.out_summary
+            return self._run()
+
+    def prefill(self, ids: torch.Tensor):
+        """transformers' forward over the prompt [1, T]; its keys and values are copied into the buffers.
+        Returns (logits, summary) for the last position."""
+        from transformers import DynamicCache
+
+        T = ids.shape[1]
+        if T >= self.max_len:
+            raise ValueError(f"prompt of {T} tokens does not fit a buffer of {self.max_len}")
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.lm.model.config)
+            out = self.lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for i, layer in enumerate(cache.layers):
+                k, v = layer.keys[0], layer.values[0]  # [KV, t, D]; t < T on sliding layers
+                t = k.shape[1]
+                self.K[i, :, T - t : T].copy_(k)
+                self.V[i, :, T - t : T].copy_(v)
+            logits = out.logits[0, -1].float()
+            return logits, self._summary(logits)
+
+    def kv_bytes_per_layer(self) -> list[int]:
+        per = 2 * self.KV * self.max_len * self.D * self.K.element_size()
+        return [per] * len(self.layers)
+
+
+def bucket(n: int, limit: int | None = None) -> int:
+    """The buffer length for n positions: the next power of two, at least MIN_BUCKET, at most the model's limit."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return min(b, limit) if limit else b
+
+
+_dec_lock = threading.Lock()
+
+
+def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None, compile: bool = False) -> FusedDecoder:
+    """A FusedDecoder whose buffers hold n_positions, for one generation: call `.release()` when done.
+    Decoders (buffers and captured graphs) are reused across requests, one per model and bucket; one busy
+    in another generation is never shared (its KV buffers are that generation's), a fresh one is built."""
+    size = bucket(n_positions, lm.facts.max_positions)
+    key = (size, graph, compile)
+    with _dec_lock:
+        cache = lm.owned("fused_decoders", dict)  # kept on the model, freed with it
+        dec = cache.get(key)
+        if dec is not None and dec._busy.acquire(blocking=False):
+            return dec
+    dec = FusedDecoder(lm, size, graph=graph, compile=compile)
+    dec._busy.acquire()
+    with _dec_lock:
+        if key not in cache:
+            while len(cache) >= 2:  # keep the few most recent
+                cache.pop(next(iter(cache)))
+            cache[key] = dec
+    return dec
+
+
+@dataclass
+class ForwardCheck:
+    """Our step fed token by token vs one plain transformers forward over the same ids."""
+
+    max_rel_err: float  # max over positions of |ours - reference| / |reference| (logit vectors, L2)
+    same_argmax: bool  # the same top token at every position
+    positions: int
+
+
+@dataclass
+class StepCounts:
+    """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile")."""
+
+    ops: dict[str, int]  # top-level aten operators
+    compute_ops: dict[str, int]  # of which do work (not views)
+    kernels: dict[str, int] | None  # CUDA kernels launched (None on a CPU)
+
+
+@dataclass
+class StepFloor:
+    """The fused step replayed back to back, the next token fed on the device: the device's time per token."""
+
+    mode: str
+    step_ms: float
+    tokens_per_s: float
+    steps: int
+
+
+def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None = None) -> ForwardCheck:
+    """Feed `ids` through prefill(first token) + our step for each further token, and compare every
+    position's logits with one plain transformers forward over the whole sequence. Eager (no graph)."""
+    dev = lm.device
+    x = torch.tensor([ids], device=dev)
+    dec = FusedDecoder(lm, max_len or bucket(len(ids) + 1, lm.facts.max_positions), graph=False)
+    with lm.lock, torch.inference_mode():
+        ref = lm.model(input_ids=x, use_cache=False).logits[0].float()
+        ours = [dec.prefill(x[:, :1])[0]]
+        for t in range(1, len(ids)):
+            ours.append(dec.step(ids[t], t)[0].clone())
+        ours = torch.stack(ours)
+    err = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    same_argmax = bool((ours.argmax(-1) == ref.argmax(-1)).all())
+    return ForwardCheck(err, same_argmax, len(ids))
+
+
+def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False) -> StepCounts:
+    """What one decode step costs the host: operators dispatched from Python (and on CUDA, kernels launched)
+    by transformers' forward with a dynamic cache, by our fused step, and with compile=True by the fused step
+    after torch.compile; counted by torch.profiler on one step each, run without a graph. On a GPU every
+    operator is at least one launch of a few microseconds of CPU time; a CUDA graph replays all of a step's
+    kernels with one launch."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    cuda = lm.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = syncer(lm.device)
+    ids = ids_of_length(lm, context)
+
+    def count(fn):
+        fn()  # warm
+        sync()
+        with profile(activities=acts) as prof:
+            fn()
+            sync()
+        evs = prof.events()
+        top = [e for e in evs if e.name.startswith("aten::") and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+        compute = [e for e in top if e.name not in VIEW_OPS and not (e.name == "aten::to" and not e.cpu_children)]
+        kernels = sum(1 for e in evs if str(getattr(e, "device_type", "")).endswith("CUDA"))
+        return len(top), len(compute), kernels
+
+    out = {}
+    with lm.lock, torch.inference_mode():
+        cache = DynamicCache(config=lm.model.config)
+        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1))
+    for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
+        dec = acquire_decoder(lm, context + 2, compile=comp)
+        try:
+            with lm.lock, torch.inference_mode():
+                dec.prefill(ids)
+                dec.tok.fill_(int(ids[0, -1]))
+                dec.pos.fill_(context)
+                out[name] = count(dec._run)  # the step's own launches, outside any graph
+        finally:
+            dec.release()
+    return StepCounts({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}, {k: v[2] for k, v in out.items()} if cuda else None)
+
+
+def mode_label(lm: LoadedModel, compile: bool = False) -> str:
+    """How the fused step runs on this model's device."""
+    from pipeline.cpu.matmul import native
+    from pipeline.cpu.row_step import usable
+
+    if lm.device.type == "cuda":
+        return ("torch.compile + " if compile else "") + "CUDA graph"
+    if usable(lm) and not compile:
+        kernel = "our AVX2 kernels, pipeline/cpu/cpu_decode.c" if native() is not None else "OpenBLAS's sgemv"
+        return f"CPU row step (pipeline.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
+    return ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph"
+
+
+def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:
+    """The fused step alone, back to back, with the next token fed on the device (no host round trip per
+    token): what the device needs per token, against which a generation loop's extra time is host work.
+    Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
+    smallest buffer, the one (and the graph) a short request uses."""
+    sync = syncer(lm.device)
+    dec = acquire_decoder(lm, context + steps + 8, compile=compile)
+    try:
+        ids = ids_of_length(lm, context)
+        with lm.lock, torch.inference_mode():
+            _, summary = dec.prefill(ids)
+            tok = int(summary[0])
+            for p in range(context, context + 3):  # warm
+                _, summary = dec.step(tok, p)
+            sync()
+            t = time.perf_counter()
+            for p in range(context + 3, context + 3 + steps):
+                dec.pos.fill_(p)
+                dec.tok.copy_(summary[0:1].long())  # argmax of the last step, on device
+                if dec.graph is not None:
+                    dec.graph.replay()
+                else:
+                    _, summary = dec._run()
+            sync()
+            s = (time.perf_counter() - t) / steps
+    finally:
+        dec.release()
+    return StepFloor(dec.mode, s * 1000, 1 / s, steps)

@@ -1,0 +1,363 @@
+"""The decode step on a CPU, at the speed of reading the weights once.
+
+Decoding one token multiplies one row of activations by every weight matrix: for SmolLM2 in fp32 that is
+538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
+memory streams those bytes (bench/bench_cpu_anchor.py measures that limit and this step side by side). Where one
+token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 layers; bench/bench_cpu_anchor.py,
+"row-step-split": the step against the same step with its products stubbed out, two runs):
+
+  * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
+    49,152 rows): 21.1-22.5 ms of a 23.7-25.3 ms token, pipeline/cpu/cpu_decode.c's kernel streaming the weights'
+    panel copy (538 MB in 21.8 ms: 24.7 GB/s, where torch summing the same tensors read 21.7 GB/s that hour);
+  * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
+    2.6-2.8 ms, ~15 small operations a layer.
+In a slower hour (the probe at 12.6-15.3 GB/s) the same split read products 34.2-38.7 ms of a 38.5-44.7 ms
+token (538 MB at 14.8 GB/s) and the rest 4.3-6.0 ms: the products follow the memory, the rest the processor.
+
+How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
+operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
+each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
+So the small work here is numpy on views of the model's own tensors (nothing copied: the arrays ARE the torch
+parameters' memory), where an operation costs 1-2 µs, and four things are one C call each in
+pipeline/cpu/cpu_decode.c (built where gcc and AVX2 exist; else numpy, OpenBLAS and oneDNN do the same maths): the
+matrix products, attention over the request's KV blocks where they lie, RMSNorm, and SiLU(gate) * up. The
+model's own embedding module (and its activation, when it is not SiLU) are called as they are. The maths is the
+model's, written out:
+
+    x = embed(token)
+    for each layer:
+        h   = rms_norm(x) * w                       (Gemma: * (1 + w), and norms after attention and MLP too)
+        q, k, v = split(Wqkv @ h)                   (Qwen3 / Gemma: per-head norms of q and k)
+        q, k = rope(q, pos), rope(k, pos)
+        K[pos], V[pos] = k, v                       (the caller's KV memory: a static buffer or paged blocks)
+        a   = softmax(q · K[:pos+1]ᵀ · scale) · V   (each KV head serves its G query heads; a sliding layer
+                                                     reads only its window)
+        x   = x + Wo @ a
+        g, u = split(Wgu @ rms_norm(x) * w)
+        x   = x + Wdown @ (act(g) * u)
+    logits = E @ (rms_norm(x) * w)
+
+With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: each weight is read
+once for all B, and attention reads each request's own keys. With pipeline/cpu/cpu_decode.c a row's numbers do not
+depend on what shares its step: a request's logits are bit for bit the same alone or among 31 others. Every
+product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and greedy
+tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32: our own
+loop's "fused" mode (pipeline.cpu.fused) and every engine pass of decode tokens only (engine.paged), a lone
+request's included.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from pipeline.cpu import matmul as cpu_matmul
+from pipeline.cpu.fused_weights import fuse_weights, rope_tables, supported
+from pipeline.cpu.matmul import PANEL_MAX_ROWS, linear, native, panel_rows
+from pipeline.cpu.threads import PLAN
+from pipeline.model import LoadedModel
+
+LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+
+
+def _arr(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory (no copy)."""
+    return t.detach().numpy()
+
+
+class Norm:
+    """An RMSNorm with the module's own formula: Llama `w * (x / rms(x))`, Gemma `(x / rms(x)) * (1 + w)`."""
+
+    def __init__(self, mod):
+        name = type(mod).__name__
+        if name in LLAMA_NORMS:
+            self.eps, self.scale = mod.variance_epsilon, _arr(mod.weight)
+        elif name == "Gemma3RMSNorm":
+            self.eps, self.scale = mod.eps, (1.0 + mod.weight.detach().float()).numpy()
+        else:
+            raise ValueError(f"no row-step norm for {name}")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu/cpu_decode.c's rms_norm
+        where it is built: one call instead of six numpy operations)."""
+        if native() is not None and x.flags.c_contiguous and x.dtype == np.float32:
+            return cpu_matmul.rms_norm(x, self.scale, self.eps)
+        ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
+        h = x * (1.0 / np.sqrt(ms + np.float32(self.eps)))
+        h *= self.scale
+        return h
+
+
+class _RowLayer:
+    def __init__(self, layer, ly):
+        a, m = layer.self_attn, layer.mlp
+        # torch weights (for several rows: pipeline.cpu.matmul) and numpy views of the same memory (for one)
+        self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (a.o_proj.weight, a.o_proj.bias), "gu": (ly.wgu, None), "down": (m.down_proj.weight, m.down_proj.bias)}
+        self.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.t.items()}
+        self.act = m.act_fn
+        self.silu = type(m.act_fn).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
+        self.scale = np.float32(a.scaling)
+        self.window, self.rope = ly.window, ly.rope
+        self.norm_in, self.norm_mid = Norm(layer.input_layernorm), Norm(layer.post_attention_layernorm)
+        sandwich = ly.norm_ff is not None
+        self.norm_ff = Norm(layer.pre_feedforward_layernorm) if sandwich else None
+        self.norm_out = Norm(layer.post_feedforward_layernorm) if sandwich else None
+        self.q_norm = Norm(a.q_norm) if ly.q_norm is not None else None
+        self.k_norm = Norm(a.k_norm) if ly.k_norm is not None else None
+
+    def act_mul(self, gu: np.ndarray) -> np.ndarray:
+        """act(g) * u for gu = [g | u] [B, 2I]: the model's own activation module, or (SiLU, where
+        pipeline/cpu/cpu_decode.c is built) its silu_mul, the same formula in one call."""
+        half = gu.shape[1] // 2
+        g, u = gu[:, :half], gu[:, half:]
+        if self.silu and native() is not None and gu.flags.c_contiguous and gu.dtype == np.float32:
+            return cpu_matmul.silu_mul(gu)
+        return _arr(self.act(torch.from_numpy(g))) * u
+
+    custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
+
+    def project(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x [B, in] times the layer's weight `name`: pipeline/cpu/cpu_decode.c for 1 to 64 rows (the same numbers for a
+        row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.cpu.matmul.linear for more."""
+        if self.custom is not None:
+            return self.custom[name](x)
+        w, b = self.t[name]
+        if x.shape[0] <= PANEL_MAX_ROWS and native() is not None:
+            return panel_rows(x, w, b)
+        if x.shape[0] == 1:
+            w, b = self.n[name]
+            y = (w @ x[0])[None]
+            if b is not None:
+                y += b
+            return y
+        return _arr(linear(torch.from_numpy(x), w, b))
+
+
+class RowStep:
+    """The model's decode step for B tokens (one per request), over numpy views of its weights. Built once per
+    model (`row_step`).
+
+        step.logits(tokens, positions, kv, interrupt=None)   -> torch [B, vocab] float32, or None if parked
+    where kv holds the rows' keys and values (BufferKV: one request's static buffers; PagedRows: the engine's
+    blocks): kv.write(layer, k, v) with k, v [B, KV, D] at the rows' positions, kv.attend(layer, q, window,
+    scale) with q [B, KV, G, D] -> [B, KV * G * D].
+    With `interrupt` (asked after every layer, as the engine's torch step does), a True answer stops every row at
+    that layer: `parked` then holds (the next layer, hidden states [B, d]) and logits returns None."""
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        layers = fuse_weights(lm)
+        f = lm.facts
+        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
+        self.G = self.H // self.KV
+        self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, layers)]
+        self.final_norm = Norm(lm.arch.decoder.norm)
+        head = lm.model.lm_head
+        self.head = _RowLayer.__new__(_RowLayer)
+        self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
+        self.head.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.head.t.items()}
+        self.vocab = head.weight.shape[0]
+        self._layers_fused = layers
+        self._rope_len = 0
+        self._rope_lock = threading.Lock()
+        self.cos: dict[str, np.ndarray] = {}
+        self.sin: dict[str, np.ndarray] = {}
+
+    def _rope(self, n: int) -> None:
+        if n <= self._rope_len:
+            return
+        with self._rope_lock:
+            size = max(256, self._rope_len)
+            while size < n:
+                size *= 2
+            size = min(size, self.lm.facts.max_positions or size)
+            cos, sin = rope_tables(self.lm, self._layers_fused, size)
+            self.cos = {k: v.numpy() for k, v in cos.items()}
+            self.sin = {k: v.numpy() for k, v in sin.items()}
+            self._rope_len = size
+
+    def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
+        """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
+        `interrupt` stopped the pass (see the class)."""
+        self._rope(max(positions) + 1)
+        self.parked = None
+        # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu.threads); the
+        # native kernels and several rows keep torch's (they degrade with the load, measured in the bench)
+        with torch.no_grad(), PLAN.step() if len(tokens) == 1 and native() is None else nullcontext():
+            return self._logits(tokens, positions, kv, interrupt)
+
+    def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
+        H, KV, D, G = self.H, self.KV, self.D, self.G
+        half = D // 2
+        pos = np.asarray(positions)
+        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
+        tables = {lt: (self.cos[lt][pos][:, None], self.sin[lt][pos][:, None]) for lt in self.cos}
+        for i, ly in enumerate(self.layers):
+            qkv = ly.project("qkv", ly.norm_in(x)).reshape(-1, H + 2 * KV, D)
+            qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
+            if ly.q_norm is not None:
+                qk = np.concatenate([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], axis=1)
+            cos, sin = tables[ly.rope]
+            rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
+            np.negative(qk[..., half:], out=rot[..., :half])
+            rot[..., half:] = qk[..., :half]
+            rot *= sin
+            qk = qk * cos
+            qk += rot
+            kv.write(i, qk[:, H:], v)
+            a = kv.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
+            o = ly.project("o", a)
+            if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
+                x += ly.norm_mid(o)
+                h = ly.norm_ff(x)
+            else:
+                x += o
+                h = ly.norm_mid(x)
+            gu = ly.project("gu", h)
+            m = ly.project("down", ly.act_mul(gu))
+            x += ly.norm_out(m) if ly.norm_out is not None else m
+            if interrupt is not None and i + 1 < len(self.layers) and interrupt():
+                self.parked = (i + 1, x)
+                return None
+        out = torch.from_numpy(self.head.project("head", self.final_norm(x)))
+        return self.lm.arch.apply_softcap(out)
+
+
+def usable(lm: LoadedModel) -> bool:
+    """On a CPU in fp32, for the architectures the fused step implements (its Norms included)."""
+    if lm.device.type != "cpu" or lm.dtype != torch.float32 or not ROW_STEP or not supported(lm)[0]:
+        return False
+    names = {type(getattr(layer, n)).__name__ for layer in lm.arch.layers for n in ("input_layernorm", "post_attention_layernorm")}
+    return names <= LLAMA_NORMS | {"Gemma3RMSNorm"}
+
+
+ROW_STEP = True
+
+
+def row_step(lm: LoadedModel) -> RowStep | None:
+    """The model's RowStep (built once), or None where it does not apply (see usable)."""
+    if not usable(lm):
+        return None
+    return lm.owned("row_step", lambda: RowStep(lm))  # kept on the model, freed with it
+
+
+def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np.ndarray:
+    """One decode token's attention: q [KV, G, D] (each KV head's G query heads) over K, V [KV, n, D] -> [KV * G * D]."""
+    s = np.matmul(q, K.transpose(0, 2, 1))  # [KV, G, n]
+    s *= scale
+    s -= s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    return np.matmul(s, V).reshape(-1)
+
+
+def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
+    """Decode attention in pipeline/cpu/cpu_decode.c (`paged_attend`, through cpu_matmul's checked call), over the keys
+    and values where they lie: q [B, KV, G, D], K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer
+    [KV, max_len, D], one block), tables [B, blocks] int32, each row attending to positions lo[b] <= p < hi[b].
+    -> [B, KV * G * D]."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    B, KV, G, D = q.shape
+    # a small call (one row over a short context: ~15 µs of work) stays on the calling thread: handing it to the
+    # pool costs more than it saves
+    threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
+    return cpu_matmul.paged_attend(q, K, V, tables, lo, hi, bs, scale, threads)
+
+
+PARALLEL_ATTENTION = 1 << 18  # multiply-adds of q . K from which attention is split over the threads
+
+_ONE_BLOCK = np.zeros((1, 1), dtype=np.int32)
+
+
+class BufferKV:
+    """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.cpu.fused's), at `pos`."""
+
+    def __init__(self, K: torch.Tensor, V: torch.Tensor):
+        self.K, self.V = _arr(K), _arr(V)
+        self.pos = 0
+
+    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.K[i, :, self.pos] = k[0]
+        self.V[i, :, self.pos] = v[0]
+
+    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
+        lo, hi = (max(0, self.pos + 1 - window) if window else 0), self.pos + 1
+        if native() is not None:
+            rng = np.array([lo, hi], dtype=np.int32)
+            return native_attend(q, self.K[i], self.V[i], _ONE_BLOCK, rng[:1], rng[1:], self.K.shape[2], scale)
+        return attend(q[0], self.K[i, :, lo:hi], self.V[i, :, lo:hi], scale)[None]
+
+
+class PagedRows:
+    """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
+    its block table and position). With pipeline/cpu/cpu_decode.c each row's attention reads its own blocks where they
+    lie (native_attend: nothing gathered or padded). Without it, attention gathers all rows' blocks into one
+    padded, masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by
+    default the same rule), else goes row by row over exactly its positions (always for a lone request)."""
+
+    def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int], gathered: bool | None = None):
+        self.K, self.V = _arr(K), _arr(V)
+        bs = self.bs = self.K.shape[3]
+        self.pos = np.asarray(positions)
+        self.tables = tables
+        self.blk = np.asarray([t[p // bs] for t, p in zip(tables, positions)])
+        self.off = self.pos % bs
+        lens = self.pos + 1
+        B = len(positions)
+        if native() is not None:  # each row over its own blocks, in place (native_attend): nothing gathered
+            width = max(len(t) for t in tables)
+            self.table_arr = np.zeros((B, width), dtype=np.int32)
+            for b, t in enumerate(tables):
+                self.table_arr[b, : len(t)] = t
+            self.hi = lens.astype(np.int32)
+            self.gathered = False
+            return
+        self.gathered = (B > 1 and lens.max() * B <= 2 * lens.sum()) if gathered is None else gathered and B > 1
+        if self.gathered:
+            nb = -(-int(lens.max()) // bs)
+            self.idx = np.asarray([(t[:nb] + [t[0]] * nb)[:nb] for t in tables])  # [B, nb], padded with a real block
+            self.k_pos = np.arange(nb * bs)
+            self._masks: dict = {}
+            self.idx_t = torch.from_numpy(self.idx)
+
+    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.K[i, self.blk, :, self.off] = k
+        self.V[i, self.blk, :, self.off] = v
+
+    def _mask(self, window: int | None) -> torch.Tensor:
+        """[B, 1, 1, positions] True where a row may attend: its own positions (and within its window)."""
+        m = self._masks.get(window)
+        if m is None:
+            ok = self.k_pos[None] <= self.pos[:, None]
+            if window:
+                ok &= self.k_pos[None] > self.pos[:, None] - window
+            m = self._masks[window] = torch.from_numpy(ok)[:, None, None, :]
+        return m
+
+    def _read(self, i: int, table: list[int], lo: int, hi: int):
+        bs = self.bs
+        b0, b1 = lo // bs, -(-hi // bs)
+        ids = table[b0:b1]
+        KV, D = self.K.shape[2], self.K.shape[4]
+        k = self.K[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
+        v = self.V[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
+        a = lo - b0 * bs
+        return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
+
+    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
+        if native() is not None:
+            lo = np.maximum(self.hi - window, 0).astype(np.int32) if window else np.zeros_like(self.hi)
+            return native_attend(q, self.K[i], self.V[i], self.table_arr, lo, self.hi, self.bs, scale)
+        if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)
+            B, KV, G, D = q.shape
+            K = torch.from_numpy(self.K[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]
+            V = torch.from_numpy(self.V[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+            o = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), K, V, attn_mask=self._mask(window), scale=float(scale))
+            return o.reshape(B, -1).numpy()
+        out = np.empty((q.shape[0], q[0].size), dtype=np.float32)
+        for b, (t, p) in enumerate(zip(self.tables, self.pos.tolist())):
+            out[b] = attend(q[b], *self._read(i, t, max(0, p + 1 - window) if window else 0, p + 1), scale)
+        return out

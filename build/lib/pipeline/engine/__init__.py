@@ -1,0 +1,28 @@
+"""The serving engine: one per loaded model per process, shared by every visitor (see core.py); which one serves a
+model (in-process or Ray Serve) is registry.py's decision."""
+
+from pipeline.engine.core import BLOCK_SIZE, Engine, EngineError, EngineStats, Handle, IterationRecord, Waiting
+from pipeline.engine.registry import engine_for, use_remote
+from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.forward.sampling import Sampling
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineStats",
+    "Handle",
+    "IterationRecord",
+    "engine_for",
+    "use_remote",
+    "BLOCK_SIZE",
+    "BlockPool",
+    "Chunk",
+    "Policy",
+    "QueueFull",
+    "Request",
+    "Sampling",
+    "Scheduler",
+    "State",
+    "TooLarge",
+    "Waiting",
+]

@@ -1,0 +1,558 @@
+"""One engine per loaded model serves every visitor: continuous batching with a paged KV memory.
+
+    eng = engine_for(lm)                             # one per model per process, started on first use
+    h = eng.submit(prompt_ids, 64, Sampling(temperature=0.7, seed=1))
+    for ev in h: ...                                 # the same StepEvents as pipeline.generate
+    h.cancel()                                       # Stop / a closed tab: slot and KV freed next iteration
+    h.position(), h.eta_s()                          # "2nd in line, about 3 s"
+
+Each iteration (`iterate()`): the scheduler admits waiting requests and hands out prefill chunks; the engine
+runs those chunks and a decode token for every running request in ONE batched forward (engine.paged), samples
+each row with its own settings and generator, and retires finished requests at once. A short request that
+arrives during a pass does not wait for all of it: the decode tokens and long prompts' chunks stop ("park") at
+the layer they reached; the newcomer's prompt is prefilled first, alone, and they resume after it (at most 2
+passes later: the scheduler's prefill first). A prompt that starts like an earlier one (the chat template's
+system turn, the same question again) shares that prompt's KV blocks and prefills only the rest (the
+scheduler's prefix cache).
+A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
+(the batching page runs its scene that way, step by step, on an engine of its own).
+
+policy=Policy.STATIC is the comparison the batching page draws (the scheduler owns both policies): nobody is
+admitted until the whole batch has arrived, and rows that finish keep being computed (padding) until the longest
+is done. Which engine serves a model (this one in-process, or Ray Serve's) is engine.registry's decision.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from pipeline.common.timing import ACTIVITY
+from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueStats, Request, Scheduler, State
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.generation.decode import StepOutput, choose, token_texts
+from pipeline.generation.events import Finish, StepEvent, eos_ids
+from pipeline.model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
+BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
+
+
+class EngineError(RuntimeError):
+    """A request ended with an error; the message is meant for the user."""
+
+
+@dataclass
+class IterationRecord:
+    """What one engine iteration did (the batching page's Gantt and occupancy come from these)."""
+
+    index: int
+    t0: float  # seconds since the engine started
+    t1: float
+    decode: list[int]  # request ids that decoded one token
+    prefill: list[tuple[int, int]]  # (request id, prompt tokens prefilled this iteration)
+    waiting: list[int]  # request ids still queued after admission
+    blocks: dict[int, int]  # request id -> KV blocks it holds
+    finished: list[int]  # request ids retired this iteration
+    padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
+
+
+@dataclass(frozen=True)
+class EngineStats(QueueStats):
+    """What an engine is serving at one moment (the operator page, the live panel, Ray Serve's replicas)."""
+
+    kv_bytes_in_use: int = 0
+    kv_bytes_total: int = 0
+    tokens_per_s_last_minute: float = 0.0
+    iterations: int = 0
+    engine: str = ""  # what it is (and, from Ray Serve, which replica answered)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th... (a place in line)."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+@dataclass
+class Waiting:
+    """A request still in line."""
+
+    position: int  # 1 = next to be admitted
+    eta_s: float | None  # about how long until it is (None: no recent rate to go by)
+
+    def __str__(self) -> str:
+        return f"{ordinal(self.position)} in line" + (f", about {self.eta_s:.0f} s" if self.eta_s is not None else "")
+
+
+class Handle:
+    """A submitted request, as its visitor sees it: an iterator of StepEvents."""
+
+    def __init__(self, engine: Engine, req: Request):
+        self.engine, self.request = engine, req
+        self.events: queue.Queue = queue.Queue()
+        self.error: str | None = None
+
+    def __iter__(self):
+        try:
+            while True:
+                try:
+                    ev = self.events.get(timeout=1.0)
+                except queue.Empty:
+                    if self.request.state == State.FINISHED and self.events.empty():
+                        return
+                    continue
+                if ev is None:
+                    if self.error:
+                        raise EngineError(self.error)
+                    return
+                yield ev
+        finally:
+            if self.request.finish is None:
+                self.cancel()  # the visitor stopped listening: free the slot
+
+    def stream(self, wait_every: float = 0.5):
+        """The events, with a `Waiting` item every `wait_every` seconds while the request is still in line
+        (for a page to say "2nd in line, about 3 s")."""
+        it = iter(self)
+        # a request that the worker admits at its next iteration is not "in line": say nothing for the first moment
+        deadline = time.perf_counter() + wait_every
+        while self.position() > 0 and self.request.finish is None and time.perf_counter() < deadline:
+            threading.Event().wait(0.02)
+        waiting = True
+        while waiting:
+            pos = self.position()
+            if pos == 0 or self.request.finish is not None:
+                break
+            yield Waiting(pos, self.eta_s())
+            if self.request.first_token_at is None:
+                threading.Event().wait(wait_every)
+            waiting = self.request.first_token_at is None and self.position() > 0
+        yield from it
+
+    def cancel(self) -> None:
+        self.engine.scheduler.cancel(self.request)
+        self.engine._wake()
+
+    def position(self) -> int:
+        """Place in the waiting line (1 = next); 0 once running."""
+        return self.engine.scheduler.position(self.request)
+
+    def eta_s(self) -> float | None:
+        """Seconds until this request is likely admitted, from the recent token rate (None when unknown)."""
+        return self.engine.eta_s(self.request)
+
+
+class Engine:
+    def __init__(
+        self,
+        lm: LoadedModel,
+        kv_bytes: int | None = None,
+        block_size: int = BLOCK_SIZE,
+        max_batch: int | None = None,
+        max_queue: int = 64,
+        prefill_chunk: int | None = None,
+        request_chunk: int | None = None,
+        policy: Policy | str = Policy.CONTINUOUS,
+        history: int = 4096,
+        background: bool = True,
+        static_batch_size: int | None = None,
+        park: bool = True,
+        prefix_cache: bool = True,
+        max_decode_stall: int = 2,
+    ):
+        from pipeline.cpu.fused import supported
+        from pipeline.engine.paged import PagedKV, PagedStep
+
+        policy = Policy(policy)
+        self.lm, self.background = lm, background
+        self.park = park  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see _forward)
+        budget = kv_bytes or default_kv_bytes(lm)
+        n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
+        self.kv = PagedKV(lm, n_blocks, block_size)
+        ok, self.unsupported = supported(lm)
+        self.step = PagedStep(lm, self.kv) if ok else None
+        self.name = f"engine ({policy} batching)"
+        if not ok:
+            self.name += ", one request at a time: " + self.unsupported
+        gpu = lm.device.type == "cuda"  # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
+        self.scheduler = Scheduler(
+            BlockPool(n_blocks, block_size),
+            # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
+            max_batch=max_batch or (256 if gpu else 16),
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk or (2048 if gpu else 256),
+            request_chunk=request_chunk or (512 if gpu else 64),
+            # prompts that start alike (every chat prompt starts with the template's system turn) share the
+            # blocks already computed; only the paged step writes the pool, so only it can share them
+            prefix_cache=prefix_cache and ok and policy == Policy.CONTINUOUS,
+            # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
+            # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
+            max_decode_stall=max_decode_stall if policy == Policy.CONTINUOUS else 0,
+            policy=policy,
+            static_batch_size=static_batch_size,
+        )
+        self.records: deque[IterationRecord] = deque(maxlen=history)
+        self.t_start = time.perf_counter()
+        self.iterations = 0
+        self.tokens_out: deque[tuple[float, int]] = deque(maxlen=8192)  # (time, tokens) per iteration
+        self._handles: dict[int, Handle] = {}
+        self._gens: dict[int, torch.Generator | None] = {}
+        self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
+        self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
+        self._dec = token_texts(lm.tokenizer)
+        self._step_s: dict[int, float] = {}  # rows' bucket (bit length) -> recent seconds per decode pass (for eta_s)
+        self._served_tokens: deque[int] = deque(maxlen=32)  # tokens of the last finished answers (for eta_s)
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._iter_lock = threading.Lock()
+        _all_engines.add(self)
+
+    # ------------------------------------------------------------------------------------------ visitors
+    def submit(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling = GREEDY, stop_ids=None, name: str = "", arrived: float | None = None
+    ) -> Handle:
+        """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        limit = self.lm.facts.max_positions
+        if limit is not None and len(prompt_ids) + max_new_tokens > limit:
+            raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's context window of {limit:,}.")
+        req = Request(list(prompt_ids), int(max_new_tokens), sampling, frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
+        if arrived is not None:
+            req.arrived = arrived  # time since the request arrived includes tokenizing it
+        h = Handle(self, req)
+        self._handles[req.id] = h
+        self._gens[req.id] = req.sampling.generator()
+        try:
+            self.scheduler.submit(req)
+        except Exception:
+            self._forget(req)
+            raise
+        if self.background:
+            self._ensure_worker()
+        return h
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block over every layer."""
+        return self.kv.block_bytes_per_layer * self.lm.facts.n_layers
+
+    def eta_s(self, req: Request) -> float | None:
+        """Seconds until `req` is likely admitted, from the recent time per admitted request: requests ahead of it
+        (its place in line) over the requests served at once, times what a request took lately (the median answer
+        of the last 32 finished, in tokens, at the step time measured at this many rows). None before anything
+        was measured. (The old estimate, the tokens still to generate over the last 30 s's token rate, said
+        "about 3,430 s" to a burst after a quiet spell that was served in 105 s.)"""
+        k = self.scheduler.position(req)
+        if k == 0:
+            return 0.0
+        q = self.scheduler.snapshot()
+        at_once = max(1, min(self.scheduler.max_batch, q.running + q.waiting))  # rows the scheduler will run together
+        step = self._step_time(at_once)
+        if step is None:
+            return None
+        served = sorted(self._served_tokens)
+        tokens = served[len(served) // 2] if served else min(req.max_new_tokens, 64)
+        return k / at_once * tokens * step
+
+    def _step_time(self, rows: int) -> float | None:
+        """The recent time of an iteration with about `rows` rows (an average per power-of-two bucket). A bucket not
+        measured yet is scaled from the nearest one by (rows ratio)^0.25: a CPU decode step of 1, 8 and 12 rows took
+        28.8, 40.6 and 45.0 ms (pipeline/cpu/matmul.py), a GPU's grows less."""
+        if not self._step_s:
+            return None
+        b = rows.bit_length()
+        near = min(self._step_s, key=lambda x: (abs(x - b), -x))
+        return self._step_s[near] * (2 ** (b - near)) ** 0.25
+
+    def tokens_per_s(self, window_s: float = 60.0) -> float:
+        """Tokens generated per second over the last `window_s` seconds (all requests together)."""
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self.tokens_out) if now - t <= window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    def stats(self) -> EngineStats:
+        q = self.scheduler.snapshot()
+        return EngineStats(
+            **asdict(q),
+            kv_bytes_in_use=q.blocks_used * self.block_bytes,
+            kv_bytes_total=self.kv.nbytes,
+            tokens_per_s_last_minute=self.tokens_per_s(60.0),
+            iterations=self.iterations,
+            engine=self.name,
+        )
+
+    def healthy(self) -> bool:
+        """False when requests are running but no worker is left to run them (a background engine only)."""
+        with self._thread_lock:
+            alive = self._thread is not None and self._thread.is_alive()
+        return alive or not self.background or not self.scheduler.snapshot().running
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def _wake(self):
+        with self.scheduler.lock:
+            self.scheduler.changed.notify_all()
+
+    def _ensure_worker(self):
+        with self._thread_lock:
+            if self._thread is None:
+                # the thread holds the engine weakly between iterations: an engine whose model was dropped is freed,
+                # and its thread ends, however busy it was (a thread holding it strongly kept every model alive)
+                self._thread = threading.Thread(target=_work, args=(weakref.ref(self),), daemon=True, name=f"engine-{self.lm.label}")
+                self._thread.start()
+
+    def iterate(self) -> IterationRecord | None:
+        """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
+        with self._iter_lock:
+            t0 = time.perf_counter()
+            plan = self.scheduler.plan()
+            for r in plan.retired:
+                self._close(r)
+            if plan.empty:
+                return None
+            finished, decoded, padded, first = [], [], [], []
+            try:
+                rows = [r for r in plan.decode if r.state == State.DECODE]
+                batch = len(rows) + len(plan.prefill)
+                with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
+                    first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
+                    parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
+                    outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
+                t_done = time.perf_counter()
+                for j, (r, _) in enumerate(first):
+                    self._emit(r, outs[j], "prefill", t0, t_done, batch, finished)
+                for j, r in enumerate(rows):
+                    if r.finish is not None:  # static batching: a finished row computed as padding
+                        padded.append(r.id)
+                        continue
+                    self._emit(r, outs[len(first) + j], "decode", t0, t_done, batch, finished)
+                    decoded.append(r.id)
+            except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
+                t_done = time.perf_counter()
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                for r in {r.id: r for r in [c.request for c in plan.prefill] + plan.decode}.values():
+                    if r.id in self._handles:
+                        self._handles[r.id].error = msg
+                    r.error = msg
+                    self._retire(r, Finish.ERROR)
+                    finished.append(r.id)
+            for r in self.scheduler.release_static_batch():
+                self._forget(r)
+            self.iterations += 1
+            self.tokens_out.append((t_done, len(first) + len(decoded)))
+            if batch and not plan.prefill:  # decode passes only: a prompt's pass is longer and once per request
+                b = batch.bit_length()
+                old = self._step_s.get(b)
+                self._step_s[b] = (t_done - t0) if old is None else 0.7 * old + 0.3 * (t_done - t0)
+            blocks, waiting = self.scheduler.occupancy()
+            prefilled = [(c.request.id, c.request.prefilled - c.start) for c in plan.prefill]  # 0 for a chunk parked (or failed)
+            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, prefilled, waiting, blocks, finished, padded)
+            self.records.append(rec)
+            return rec
+
+    def _forward(self, chunks: list[Chunk], rows: list[Request]):
+        """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns
+        ([(request whose prompt is now complete, its last logits)], the rows that decoded, their logits [n, vocab]).
+        When a short request arrives during the pass (newcomer_waiting), the decode rows and the chunks of long
+        prompts that are not their last stop at the layer they reached ("parked", engine.paged): the newcomer is
+        prefilled in the next iteration, together with them resuming where they stopped."""
+        if self.step is None:
+            return self._forward_one_by_one(chunks, rows)
+        from pipeline.engine.paged import Seq
+
+        def resumed(r, start):  # the Seq parked at `start` last time, or None
+            p = self._parked.pop(r.id, None)
+            return p if p is not None and p.start == start else None
+
+        seqs = [resumed(r, a) or Seq(r.prompt_ids[a:b], a, r.blocks, parkable=b < len(r.prompt_ids)) for r, a, b in chunks]
+        seqs += [resumed(r, r.context_len - 1) or Seq([r.generated[-1]], r.context_len - 1, r.blocks, parkable=True) for r in rows]
+        interrupt = self.newcomer_waiting if self.park else None
+        logits = self.step.forward(seqs, interrupt=interrupt)
+        first = []
+        for j, (r, _, _) in enumerate(chunks):
+            s = seqs[j]
+            if s.parked:  # K/V written up to s.layer; the rest in a later iteration
+                self._parked[r.id] = s
+                continue
+            r.prefilled = s.end
+            self.scheduler.cache_prompt(r)  # its full blocks, now written in every layer, can be shared
+            if s.end == len(r.prompt_ids):
+                r.state = State.DECODE
+                first.append((r, logits[j]))
+        done = []
+        for j, r in enumerate(rows, len(chunks)):
+            if seqs[j].parked:
+                self._parked[r.id] = seqs[j]
+            else:
+                done.append(j)
+        return first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
+
+    def newcomer_waiting(self) -> bool:
+        """Asked by the forward after every layer: should the parkable rows stop here for a short request that
+        just arrived (the scheduler's answer; see Scheduler.newcomer_fits)."""
+        return self.scheduler.newcomer_fits()
+
+    def _forward_one_by_one(self, chunks: list[Chunk], rows: list[Request]):
+        """Architectures the batched step does not implement: transformers' forward, one request at a time
+        (whole prompts, no chunking)."""
+        from pipeline.generation.decode import TransformersStep
+
+        first = []
+        for r, _, b in chunks:
+            if b < len(r.prompt_ids):
+                r.prefilled = b
+                continue
+            st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
+            r.prefilled, r.state = b, State.DECODE
+            first.append((r, st.prefill(r.prompt_ids).logits))
+        out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
+        return first, rows, torch.stack(out) if out else None
+
+    @staticmethod
+    def _outputs(reqs: list[Request], logits: torch.Tensor) -> list[StepOutput]:
+        """What sampling needs of each row, brought to the host in one transfer where possible: greedy rows only a
+        summary computed on the device for all of them at once ([argmax, logsumexp, top values, top ids]), sampled
+        rows their whole distribution."""
+        greedy = [j for j, r in enumerate(reqs) if r.sampling.greedy]
+        out: list[StepOutput | None] = [None] * len(reqs)
+        if greedy:
+            g = logits[torch.tensor(greedy, device=logits.device)]
+            k = min(max(r.sampling.n_top for r in reqs), g.shape[-1])
+            tv, ti = g.topk(k, dim=-1)
+            summ = torch.cat([g.argmax(-1, keepdim=True).float(), torch.logsumexp(g, -1, keepdim=True), tv, ti.float()], -1).cpu()
+            for row, j in enumerate(greedy):
+                out[j] = StepOutput(summary=summ[row])
+        for j in range(len(reqs)):
+            if out[j] is None:
+                out[j] = StepOutput(logits=logits[j].cpu())
+        return out
+
+    def _emit(self, r: Request, out: StepOutput, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
+        c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
+        ctx = r.context_len
+        r.generated.append(c.token_id)
+        if r.first_token_at is None:
+            r.first_token_at = t_done
+        r.last_token_at = t_done
+        end = Finish.EOS if c.token_id in r.stop_ids else (Finish.LENGTH if len(r.generated) >= r.max_new_tokens else None)
+        if r.cancelled:
+            end = end or Finish.CANCELLED
+        per_layer = [self.kv.block_bytes_per_layer * self.scheduler.pool.blocks_for(ctx + 1)] * self.lm.facts.n_layers
+        ev = StepEvent(
+            index=len(r.generated) - 1,
+            phase=phase,
+            token_id=c.token_id,
+            text=self._dec(c.token_id),
+            top=c.top,
+            top_raw=c.top_raw,
+            p=c.p,
+            p_raw=c.p_raw,
+            step_s=t_done - t0,
+            t_s=t_done - r.arrived,
+            context_len=ctx,
+            kv_bytes_per_layer=per_layer,
+            kv_bytes=sum(per_layer),
+            finished=end,
+            engine=self.name,
+            batch=batch,
+            request_id=r.id,
+            cached_tokens=r.cached if phase == "prefill" else 0,
+        )
+        h = self._handles.get(r.id)
+        if h is not None:
+            h.events.put(ev)
+        if end:
+            if self.scheduler.keeps_finished_rows():
+                r.finish = end  # keeps its slot (padding) until the whole batch is done
+                self._close(r, keep=True)
+            else:
+                self._retire(r, end)
+            finished.append(r.id)
+
+    def _retire(self, r: Request, reason: Finish) -> None:
+        self.scheduler.finish(r, reason)
+        if reason in (Finish.EOS, Finish.LENGTH):
+            self._served_tokens.append(len(r.generated))
+        self._close(r)
+
+    def _close(self, r: Request, keep: bool = False) -> None:
+        h = self._handles.get(r.id)
+        if h is not None:
+            h.events.put(None)
+        if not keep:
+            self._forget(r)
+
+    def _forget(self, r: Request) -> None:
+        self._handles.pop(r.id, None)
+        self._gens.pop(r.id, None)
+        self._parked.pop(r.id, None)
+        st = self._fallback.pop(r.id, None)
+        if st is not None:
+            st.close()
+
+
+def default_kv_bytes(lm: LoadedModel) -> int:
+    if lm.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(lm.device)
+        return min(free // 4, 16 << 30)
+    return DEFAULT_KV_BYTES
+
+
+_exiting = threading.Event()
+_all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _work(ref: weakref.ref) -> None:
+    """An engine's background thread: iterates while the engine lives and has work; after 5 s without work it ends
+    (a later submit starts another). It holds the engine only during an iteration: while it waits it holds the
+    scheduler alone (which knows nothing of the model), so a model dropped by everyone else is freed at once, not
+    after the wait."""
+    eng = ref()
+    if eng is None:
+        return
+    sched = eng.scheduler
+    del eng
+    while not _exiting.is_set():
+        busy = sched.wait_for_work(5.0)
+        eng = ref()
+        if eng is None:
+            return
+        if not busy:
+            with eng._thread_lock:
+                if not sched.wait_for_work(0.0):
+                    eng._thread = None
+                    return
+        try:
+            eng.iterate()
+        except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
+            log.exception("engine iteration failed")
+            time.sleep(0.1)
+        del eng
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """At interpreter exit, let each worker finish its iteration and stop (a thread killed inside a torch call
+    can abort the process: "terminate called without an active exception")."""
+    _exiting.set()
+    for eng in list(_all_engines):
+        eng._wake()
+        t = eng._thread
+        if t is not None:
+            t.join(timeout=10)

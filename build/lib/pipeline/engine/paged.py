@@ -1,0 +1,298 @@
+"""The engine's forward over a paged KV memory: prefill chunks and decode tokens of many requests, one pass.
+
+    kv = PagedKV(lm, n_blocks, block_size)            # K, V: [layers, blocks, KV heads, block_size, head dim]
+    step = PagedStep(lm, kv)
+    logits = step.forward([Seq(tokens, start, table), ...])   # [len(seqs), vocab]: each seq's last token
+
+A Seq is a run of tokens of one request at positions start, start+1, ...: a decode step is one token, a chunk
+of a prompt is many. Every token of every request goes through the layers together, so each matrix
+multiplication reads the weights once per iteration for all of them (the layer math is the fused step's,
+pipeline.cpu.fused, with the token dimension as batch: fused Q/K/V and gate/up, the model's own norms and RoPE
+tables). Keys and values are written into each request's blocks first, then attention reads them back:
+  * a prompt chunk: one causal attention call over its request's blocks (its queries see the earlier prompt
+    and each other up to themselves, a sliding-window layer only its window);
+  * decode tokens: one masked call for all of them when their lengths are close (blocks gathered, padded to
+    the longest, the padding masked), otherwise one call per request over exactly its own tokens.
+
+A pass can be cut short for a visitor who just arrived: `interrupt()`, asked after every layer, says a short
+request is waiting; the seqs marked `parkable` (the engine marks decode tokens and the chunks of long prompts
+that are not their last) then stop at that layer, their hidden state kept in the Seq and their K/V written up
+to there; a prompt that completes in this pass goes on. A later pass carries the parked seqs from the layer
+they stopped at (with the newcomer's prompt from layer 0, or after it: the scheduler's prefill first). On a
+CPU a 64-token chunk costs a pass about 0.25 s of matrix work and a decode pass 0.1-0.15 s: without this, a
+question waited for all of it, then for its own pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.cpu.fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
+from pipeline.cpu.row_step import PagedRows, row_step
+from pipeline.model import LoadedModel
+
+
+@dataclass
+class Seq:
+    tokens: list[int]  # new tokens of one request
+    start: int  # position of the first of them
+    table: list[int]  # the request's KV blocks, in order
+    parkable: bool = False  # it may stop at a layer when interrupt() says so (forward(interrupt=...))
+    layer: int = 0  # the first layer it goes through: > 0 when resumed where it was parked
+    x: torch.Tensor | None = None  # its hidden state entering `layer` [n, 1, d] (parked or resumed)
+    parked: bool = False  # set by the last forward: it stopped at `layer`
+
+    @property
+    def end(self) -> int:  # positions start..end-1
+        return self.start + len(self.tokens)
+
+
+class PagedKV:
+    """The KV pool: `n_blocks` blocks of `block_size` tokens, keys and values of every layer."""
+
+    def __init__(self, lm: LoadedModel, n_blocks: int, block_size: int = 16):
+        f = lm.facts
+        shape = (f.n_layers, n_blocks, f.n_kv_heads, block_size, f.head_dim)
+        self.K = torch.zeros(shape, device=lm.device, dtype=lm.dtype)
+        self.V = torch.zeros(shape, device=lm.device, dtype=lm.dtype)
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self.block_bytes_per_layer = lm.kv_token_bytes * block_size
+
+    @staticmethod
+    def block_bytes(lm: LoadedModel, block_size: int) -> int:
+        """Bytes of one block in every layer (K and V)."""
+        return lm.facts.n_layers * lm.kv_token_bytes * block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.K.numel() * self.K.element_size() * 2
+
+    def read(self, layer: int, blocks: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [KV, hi-lo, D] of positions lo..hi-1 (blocks: the request's block ids, a tensor)."""
+        bs = self.block_size
+        b0, b1 = lo // bs, -(-hi // bs)
+        ids = blocks[b0:b1]
+        KV, D = self.K.shape[2], self.K.shape[4]
+        k = self.K[layer].index_select(0, ids).transpose(0, 1).reshape(KV, -1, D)
+        v = self.V[layer].index_select(0, ids).transpose(0, 1).reshape(KV, -1, D)
+        a = lo - b0 * bs
+        return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
+
+
+class ChunkAttention(NamedTuple):
+    """One prompt chunk's attention call: its rows [row, row + n) attend causally over positions [lo, hi)."""
+
+    row: int
+    n: int
+    table: torch.Tensor  # the request's KV blocks
+    lo: int
+    hi: int
+    masks: dict  # layer window -> [n, hi - lo] bool
+
+
+class GatheredDecode(NamedTuple):
+    """Every decode token in one masked call over their gathered blocks."""
+
+    rows: torch.Tensor  # the tokens' rows in the pass
+    blocks: torch.Tensor  # [tokens, blocks] each token's blocks, padded with its first
+    masks: dict  # layer window -> [tokens, 1, 1, positions] bool
+
+
+class RowDecode(NamedTuple):
+    """One decode token on its own, over exactly its n positions."""
+
+    row: int
+    table: torch.Tensor
+    n: int
+
+
+@dataclass
+class AttentionPlan:
+    """How attention runs in one pass, built once for every layer: a call per prompt chunk, and the decode tokens
+    either gathered into one call or one by one (PagedStep.gather decides)."""
+
+    chunks: list[ChunkAttention] = field(default_factory=list)
+    gather: GatheredDecode | None = None
+    rows: list[RowDecode] = field(default_factory=list)
+
+
+class PagedStep:
+    """One model's batched forward over a PagedKV. The caller holds lm.lock and torch.inference_mode."""
+
+    def __init__(self, lm: LoadedModel, kv: PagedKV):
+        self.lm, self.kv = lm, kv
+        self.layers = fuse_weights(lm)
+        f = lm.facts
+        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
+        self.G = self.H // self.KV
+        self.final_norm = _norm_fn(lm.arch.decoder.norm)
+        self.cos, self.sin, self._rope_len = {}, {}, 0
+        self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
+        self.windows = sorted({ly.window for ly in self.layers if ly.window})
+        self.row = row_step(lm)  # decode-only passes on a CPU (None elsewhere)
+
+    def _rope(self, n: int) -> None:
+        """RoPE tables for positions 0..n-1 at least (grown by doubling, up to the model's limit)."""
+        if n <= self._rope_len:
+            return
+        size = max(256, self._rope_len)
+        while size < n:
+            size *= 2
+        size = min(size, self.lm.facts.max_positions or size)
+        self.cos, self.sin = rope_tables(self.lm, self.layers, size)
+        self._rope_len = size
+
+    def gather(self, lens: list[int]) -> bool:
+        """Attend for all decode tokens in one call (each request's blocks gathered, padded to the longest, the
+        padding masked) when that wastes little, else one call per request over exactly its tokens. One call
+        saves launches (what bounds a GPU, and Python overhead on a CPU); the padding costs reads."""
+        if self.attention != "auto":
+            return self.attention == "gather" and len(lens) > 0
+        return len(lens) > 1 and max(lens) * len(lens) <= 2 * sum(lens)
+
+    def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict:
+        """{window: [n_q, n_k] bool} (fused.window_masks)."""
+        return window_masks(q_pos, k_pos, self.windows)
+
+    def forward(self, seqs: list[Seq], logits: bool = True, interrupt=None) -> torch.Tensor | None:
+        """Every token of every seq through the model; K/V written into the seqs' blocks. Returns the logits of
+        each seq's last token [len(seqs), vocab] float32 on the device (None with logits=False: a prompt chunk
+        that is not the last needs no logits). A seq with layer > 0 enters there with its hidden state x. With
+        `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
+        True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
+        lm, kv = self.lm, self.kv
+        if self.row is not None and logits and all(len(s.tokens) == 1 and not s.layer for s in seqs):
+            return self._decode_rows(seqs, interrupt)  # decode tokens only (the usual pass): the row step
+        dev, bs = lm.device, kv.block_size
+        H, KV, D = self.H, self.KV, self.D
+        positions = [p for s in seqs for p in range(s.start, s.end)]
+        R = len(positions)
+        self._rope(max(s.end for s in seqs))
+        pos = torch.tensor(positions, device=dev)
+        blk = torch.tensor([s.table[p // bs] for s in seqs for p in range(s.start, s.end)], device=dev)
+        off = pos % bs
+        rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
+        core = lm.arch.decoder
+        x = core.embed_tokens(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(R, 1))
+        rows, r = [], 0  # each seq's first row
+        for s in seqs:
+            rows.append(r)
+            s.parked = False
+            if s.layer:
+                x[r : r + len(s.tokens)] = s.x
+            r += len(s.tokens)
+        parked: set[int] = set()
+        views: dict[tuple, tuple] = {}  # active seqs -> (row index or None, blocks, offsets, RoPE, attention plan)
+        n_layers, every = len(self.layers), tuple(range(len(seqs)))
+        resuming = any(s.layer for s in seqs)
+        if not any(s.parkable for s in seqs):
+            interrupt = None
+        for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
+            act = tuple(j for j, s in enumerate(seqs) if s.layer <= i and j not in parked) if resuming or parked else every
+            if not act:
+                continue  # before a resumed chunk's layer, or only parked chunks left
+            if act not in views:
+                if len(act) == len(seqs):
+                    views[act] = (None, blk, off, rope, self._attention_plan(seqs, dev))
+                else:
+                    idx = torch.tensor([rows[j] + t for j in act for t in range(len(seqs[j].tokens))], device=dev)
+                    ro = {lt: (c.index_select(0, idx), sn.index_select(0, idx)) for lt, (c, sn) in rope.items()}
+                    views[act] = (idx, blk[idx], off[idx], ro, self._attention_plan([seqs[j] for j in act], dev))
+            idx, b, o, ro, plan = views[act]
+            xa = x if idx is None else x.index_select(0, idx)
+            q, k, v = project_qkv(ly, xa, H, KV, D, *ro[ly.rope])
+            kv.K[i, b, :, o] = k  # [R, KV, D] into each token's slot
+            kv.V[i, b, :, o] = v
+            att = torch.empty(q.shape[0], H, D, device=dev, dtype=q.dtype)
+            self._attend(i, layer, ly, q, att, plan)
+            xa = finish_layer(layer, ly, xa, att.reshape(-1, 1, H * D))
+            x = xa if idx is None else x.index_copy(0, idx, xa)
+            if interrupt is not None and i + 1 < n_layers and interrupt():  # asked on: a resumed seq may start later
+                for j in act:
+                    s = seqs[j]
+                    if s.parkable:
+                        s.layer, s.x, s.parked = i + 1, x[rows[j] : rows[j] + len(s.tokens)].clone(), True
+                        parked.add(j)
+        if not logits:
+            return None
+        keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
+        last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
+        h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
+        out = _project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
+        out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
+        if not parked:
+            return out
+        full = out.new_full((len(seqs), out.shape[-1]), float("nan"))
+        full[keep] = out
+        return full
+
+    def _decode_rows(self, seqs: list[Seq], interrupt) -> torch.Tensor:
+        """A pass of decode tokens only, on a CPU: pipeline.cpu.row_step (numpy for the small work, each request's
+        attention over exactly its own positions, the weights read once for all rows). Parked as forward parks:
+        every row stops at the layer where `interrupt` said so, its logits NaN."""
+        for s in seqs:
+            s.parked = False
+        if not any(s.parkable for s in seqs):
+            interrupt = None
+        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs], self.gather([s.end for s in seqs]))
+        out = self.row.logits([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, interrupt)
+        if out is not None:
+            return out
+        layer, x = self.row.parked
+        for b, s in enumerate(seqs):
+            s.layer, s.x, s.parked = layer, torch.from_numpy(x[b : b + 1].copy()).view(1, 1, -1), True
+        return torch.full((len(seqs), self.row.vocab), float("nan"))
+
+    def _attention_plan(self, seqs: list[Seq], dev) -> AttentionPlan:
+        """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal
+        call per prompt chunk. Row offsets, block tensors and masks are built once for all layers."""
+        bs = self.kv.block_size
+        rows, r = [], 0
+        for s in seqs:
+            rows.append((r, s))
+            r += len(s.tokens)
+        singles = [(r, s) for r, s in rows if len(s.tokens) == 1]
+        chunks = [(r, s) for r, s in rows if len(s.tokens) > 1]
+        plan = AttentionPlan()
+        for r, s in chunks:
+            # keys from position 0, or (every layer sliding, as in Mistral) from the window's start
+            slides = self.windows and all(ly.window for ly in self.layers)
+            lo = max(0, s.start - max(self.windows)) if slides else 0
+            k_pos = torch.arange(lo, s.end, device=dev)
+            q_pos = torch.arange(s.start, s.end, device=dev)
+            plan.chunks.append(ChunkAttention(r, len(s.tokens), torch.tensor(s.table, device=dev), lo, s.end, self._masks(q_pos, k_pos)))
+        lens = [s.end for _, s in singles]
+        if self.gather(lens):
+            nb = -(-max(lens) // bs)
+            idx = torch.tensor([s.table[:nb] + [s.table[0]] * (nb - len(s.table[:nb])) for _, s in singles], device=dev)
+            q_pos = torch.tensor([s.start for _, s in singles], device=dev)
+            ar = torch.arange(nb * bs, device=dev)
+            masks = {w: m[:, None, None, :] for w, m in window_masks(q_pos, ar, self.windows).items()}
+            plan.gather = GatheredDecode(torch.tensor([r for r, _ in singles], device=dev), idx, masks)
+        else:
+            plan.rows = [RowDecode(r, torch.tensor(s.table, device=dev), s.end) for r, s in singles]
+        return plan
+
+    def _attend(self, i: int, layer, ly, q: torch.Tensor, att: torch.Tensor, plan: AttentionPlan) -> None:
+        """Fill att [R, H, D] for layer i from q [R, H, D] and the KV pool."""
+        kv, KV, D, G, scale = self.kv, self.KV, self.D, self.G, layer.self_attn.scaling
+        for r, n, table, lo, hi, masks in plan.chunks:  # a prompt chunk: causal over its request
+            kk, vv = kv.read(i, table, lo, hi)
+            qq = q[r : r + n].transpose(0, 1)[None]  # [1, H, n, D]
+            o = F.scaled_dot_product_attention(qq, kk[None], vv[None], attn_mask=masks[ly.window], scale=scale, enable_gqa=G > 1)
+            att[r : r + n] = o[0].transpose(0, 1)
+        if plan.gather is not None:  # decode tokens: one masked call
+            rows, idx, masks = plan.gather
+            B = len(rows)
+            kk = kv.K[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+            vv = kv.V[i][idx].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
+            o = F.scaled_dot_product_attention(q[rows].view(B, KV, G, D), kk, vv, attn_mask=masks[ly.window], scale=scale)
+            att[rows] = o.reshape(B, -1, D)
+        for r, table, n in plan.rows:  # decode tokens one by one, exact lengths
+            lo = max(0, n - ly.window) if ly.window else 0
+            kk, vv = kv.read(i, table, lo, n)
+            att[r] = F.scaled_dot_product_attention(q[r].view(1, KV, G, D), kk[None], vv[None], scale=scale).reshape(-1, D)

@@ -1,0 +1,468 @@
+"""Iteration-level scheduling (Orca, OSDI 2022) over a paged KV memory (vLLM's PagedAttention): no model here.
+
+Every engine iteration asks `plan()` what to run:
+  * retire cancelled requests (their blocks go back to the pool at once);
+  * admit waiting requests in arrival order while the batch has room and the pool has the blocks for the
+    request's whole budget (prompt + max new tokens, less the blocks its prompt finds in the prefix cache): a
+    request that does not fit waits; nothing is preempted;
+  * give prefill work: at most `prefill_chunk` prompt tokens per iteration in all and `request_chunk` per request,
+    the shortest remaining prompt first, and prompts that complete this iteration without the chunks of longer
+    ones. A long prompt is prefilled over several iterations while the running requests keep decoding, and a
+    short question arriving meanwhile does not wait for a long chunk: the engine stops that chunk and the decode
+    tokens at the layer they have reached (engine.paged, "parked"), and the question is prefilled the next
+    iteration, before they resume (measured in bench_serving.py's "steady" and "long-prompt" workloads);
+  * decode one token for every request whose prompt is in the cache, except in a pass that gives waiting
+    prompts their first token: those run alone (prefill first), at most `max_decode_stall` passes in a row
+    (the engine asks for 2; bench_serving.py measures it against "engine-mixed", which has it off: a newcomer's
+    first token sooner, for a pause of a pass or two in the answers already streaming).
+`finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
+
+Two policies, as vLLM's SchedulingPolicy: Policy.CONTINUOUS (the above) and Policy.STATIC, the comparison the
+batching page draws: nobody is admitted until the whole batch has arrived (static_batch_size), and rows that
+finish keep their slot (padding) until the longest is done (`release_static_batch()` then retires them all).
+The engine only asks: `plan()`, `finish()`, and questions answered under the lock (`work_ahead`,
+`occupancy`, `newcomer_fits`); it never edits the queues.
+
+Memory: a pool of fixed-size blocks (`block_size` tokens of K and V in every layer). A request reserves the
+blocks for prompt + max_new_tokens when admitted (vLLM allocates block by block and preempts when the pool runs
+out; reserving up front never has to preempt, at the price of holding blocks a request that stops early never
+fills). The waiting queue is bounded: beyond `max_queue` a submission is refused with a clear message.
+
+Prefix cache (vLLM's automatic prefix caching): a request's full prompt blocks, once written in every layer, are
+registered under their tokens (and every token before them); a request admitted later whose prompt starts the
+same way shares those blocks (reference counted) and starts its prefill after them. Every chat prompt starts
+with the template's system turn, so on a class server most of a short question's prefill is already done. A
+cached block nobody holds counts as free and is reused, least recently freed first, when the pool needs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.generation.events import Finish
+
+
+class QueueFull(RuntimeError):
+    """The server is busy: the waiting queue is full. The message is meant for the user."""
+
+
+class TooLarge(ValueError):
+    """A request that could never fit the KV memory, however long it waited."""
+
+
+class State(StrEnum):
+    """Where a request is: waiting -> prefill -> decode -> finished."""
+
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+class Policy(StrEnum):
+    CONTINUOUS = "continuous"  # admit at every iteration (Orca)
+    STATIC = "static"  # admit a whole batch, run it until its longest request is done
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: Sampling = GREEDY
+    stop_ids: frozenset[int] = frozenset()
+    name: str = ""  # who asked (a page, a user in the batching demo)
+    id: int = field(default_factory=lambda: next(_ids))
+    arrived: float = field(default_factory=time.perf_counter)
+    # state, written by the scheduler and the engine
+    state: State = State.WAITING
+    blocks: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the cache so far
+    cached: int = 0  # of them, tokens whose K/V came from the prefix cache (another prompt's blocks, shared)
+    registered: int = 0  # full prompt blocks in the prefix cache (matched or registered by this request)
+    prefix_serial: int = 0  # the prefix cache's serial of the last of them (BlockPool.register)
+    generated: list[int] = field(default_factory=list)
+    finish: Finish | None = None
+    error: str | None = None  # with Finish.ERROR: what went wrong
+    cancelled: bool = False
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None  # retired (static batching: when the whole batch is done)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens whose K/V the request needs room for: prompt + every new token."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    @property
+    def context_len(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+
+class BlockPool:
+    """Fixed-size KV blocks, handed out and taken back (ids only: the tensors live in the engine), with a
+    prefix cache (vLLM's automatic prefix caching): a full block of prompt tokens whose K/V are written can be
+    registered under its tokens and everything before them; a later prompt that starts with the same tokens
+    shares that block instead of computing it again. A block is shared by reference count; when nobody holds a
+    registered block it stays cached (evictable, least recently freed first) until the pool needs it.
+
+    Keys are exact, not hashes: (the key's serial of the block before, this block's tokens), so a block is
+    matched only when every token before it matched too, and no collision can hand one prompt another's K/V."""
+
+    def __init__(self, n_blocks: int, block_size: int):
+        if n_blocks < 1 or block_size < 1:
+            raise ValueError("the KV pool needs at least one block of at least one token")
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self._free = list(range(n_blocks - 1, -1, -1))  # blocks holding nothing anyone can reuse
+        self._refs: dict[int, int] = {}  # block -> requests holding it (blocks handed out)
+        self._cached: dict[tuple, tuple[int, int]] = {}  # (parent serial, tokens) -> (block, serial)
+        self._key_of: dict[int, tuple] = {}  # registered block -> its key
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered blocks nobody holds, oldest first
+        self._serials = itertools.count(1)  # 0: the root (no block before)
+        self.hit_tokens = 0  # prompt tokens served from the cache since the pool was made
+        self.hit_requests = 0
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    @property
+    def n_free(self) -> int:
+        """Blocks a request can take now: empty ones and cached ones nobody holds."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def n_cached(self) -> int:
+        return len(self._key_of)
+
+    def take(self, n: int) -> list[int]:
+        if n > self.n_free:
+            raise RuntimeError(f"{n} blocks asked, {self.n_free} free")
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.pop()
+            else:  # the least recently freed cached block: forgotten, reused
+                b, _ = self._evictable.popitem(last=False)
+                del self._cached[self._key_of.pop(b)]
+            self._refs[b] = 1
+            out.append(b)
+        return out
+
+    def give_back(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):
+            n = self._refs.pop(b, 1) - 1
+            if n > 0:
+                self._refs[b] = n
+            elif b in self._key_of:
+                self._evictable[b] = None  # still cached: a later prompt may start with these tokens
+            else:
+                self._free.append(b)
+
+    def forget_cached(self) -> int:
+        """Drop every cached block nobody holds (the benchmark's fresh start); returns how many."""
+        n = len(self._evictable)
+        for b in self._evictable:
+            del self._cached[self._key_of.pop(b)]
+            self._free.append(b)
+        self._evictable.clear()
+        return n
+
+    def match(self, tokens: list[int]) -> tuple[list[int], int]:
+        """The cached blocks that hold the longest run of `tokens`' full blocks from the start, leaving at least the
+        last token to compute (its logits give the first new token), and the serial of the last of them (0: none)."""
+        bs, out, serial = self.block_size, [], 0
+        for i in range((len(tokens) - 1) // bs):
+            hit = self._cached.get((serial, tuple(tokens[i * bs : (i + 1) * bs])))
+            if hit is None:
+                break
+            out.append(hit[0])
+            serial = hit[1]
+        return out, serial
+
+    def fits(self, n: int, shared: list[int]) -> bool:
+        """Can n new blocks be taken once `shared` (matched, maybe evictable) are held?"""
+        return n + sum(b in self._evictable for b in shared) <= self.n_free
+
+    def share(self, blocks: list[int]) -> None:
+        """Hold matched blocks (one more reference each; a cached block nobody held is no longer evictable)."""
+        for b in blocks:
+            self._evictable.pop(b, None)
+            self._refs[b] = self._refs.get(b, 0) + 1
+
+    def register(self, block: int, parent_serial: int, tokens: list[int]) -> int:
+        """Cache a block whose K/V for `tokens` are written in every layer; returns the key's serial (the next
+        block's parent). When the same tokens are cached already (two prompts computed them at once), the block
+        stays unregistered and the cached entry's serial is returned."""
+        key = (parent_serial, tuple(tokens))
+        hit = self._cached.get(key)
+        if hit is not None:
+            return hit[1]
+        serial = next(self._serials)
+        self._cached[key] = (block, serial)
+        self._key_of[block] = key
+        return serial
+
+
+class Chunk(NamedTuple):
+    """Prompt tokens [start, end) of one request to prefill this iteration."""
+
+    request: Request
+    start: int
+    end: int
+
+
+@dataclass
+class Plan:
+    """One iteration's work."""
+
+    prefill: list[Chunk]
+    decode: list[Request]  # requests that decode one token this iteration
+    retired: list[Request]  # cancelled since the last plan (blocks already freed)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode)
+
+
+class Scheduler:
+    """Thread-safe: submit / cancel come from visitors' threads, plan / finish from the engine's."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_batch: int = 32,
+        max_queue: int = 64,
+        prefill_chunk: int = 256,
+        request_chunk: int | None = None,
+        prefix_cache: bool = True,
+        max_decode_stall: int = 0,
+        policy: Policy = Policy.CONTINUOUS,
+        static_batch_size: int | None = None,
+    ):
+        self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
+        self.prefix_cache = prefix_cache  # admitted prompts share the cached blocks of the prompts they start with
+        self.request_chunk = request_chunk or prefill_chunk
+        self.max_decode_stall, self._stalled = max_decode_stall, 0  # passes in a row the decode rows may sit out
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admitted: prefilling or decoding
+        self.lock = threading.Lock()
+        self.ended: Counter[str] = Counter()  # requests retired, by reason (eos, length, cancelled...)
+        self.changed = threading.Condition(self.lock)
+        self.policy, self.static_batch_size = Policy(policy), static_batch_size
+        self.static_batch: list[Request] = []  # Policy.STATIC: the batch being run
+
+    # -- visitors' side ----------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        need = self.pool.blocks_for(req.n_tokens)
+        if need > self.pool.n_blocks:
+            raise TooLarge(
+                f"This request needs room for {req.n_tokens:,} tokens ({need:,} blocks of "
+                f"{self.pool.block_size}); the server's KV memory holds {self.pool.n_blocks:,} blocks. "
+                "Shorten the prompt or ask for fewer new tokens."
+            )
+        with self.lock:
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(
+                    f"Server busy: {len(self.waiting)} requests are already waiting, the most this server queues. Nothing was started; "
+                    "try again in a few seconds."
+                )
+            self.waiting.append(req)
+            self.changed.notify_all()
+
+    def cancel(self, req: Request) -> None:
+        """Stop a request (Stop pressed, tab closed): it is retired and its blocks freed at the next plan."""
+        with self.lock:
+            req.cancelled = True
+            self.changed.notify_all()
+
+    def position(self, req: Request) -> int:
+        """1 for the next to be admitted, 2 behind it...; 0 once admitted (or finished)."""
+        with self.lock:
+            for i, r in enumerate(self.waiting):
+                if r is req:
+                    return i + 1
+            return 0
+
+    # -- the engine's side -------------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        """This iteration's work under the scheduler's policy."""
+        with self.lock:
+            retired = [r for r in list(self.waiting) + self.running if r.cancelled and r.state != State.FINISHED]
+            for r in retired:
+                self._retire(r, Finish.CANCELLED)
+            return self._plan_static(retired) if self.policy == Policy.STATIC else self._plan_continuous(retired)
+
+    def _plan_continuous(self, retired: list[Request]) -> Plan:
+        now = time.perf_counter()
+        while self.waiting and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            shared, serial = self.pool.match(r.prompt_ids) if self.prefix_cache else ([], 0)
+            need = self.pool.blocks_for(r.n_tokens) - len(shared)
+            if not self.pool.fits(need, shared):
+                break  # first come, first served: nobody overtakes a waiting request
+            self.waiting.popleft()
+            self.pool.share(shared)
+            r.blocks, r.state, r.admitted_at = shared + self.pool.take(need), State.PREFILL, now
+            r.prefilled = r.cached = len(shared) * self.pool.block_size
+            r.registered, r.prefix_serial = len(shared), serial
+            if shared:
+                self.pool.hit_tokens += r.cached
+                self.pool.hit_requests += 1
+            self.running.append(r)
+        budget, prefill = self.prefill_chunk, []
+        # the shortest remaining prompt first: a short question that arrives while a long prompt is being
+        # prefilled chunk by chunk gets its first token next iteration, not after the whole long prompt
+        todo = sorted((r for r in self.running if r.state == State.PREFILL), key=lambda r: len(r.prompt_ids) - r.prefilled)
+        completing = [r for r in todo if len(r.prompt_ids) - r.prefilled <= self.request_chunk]
+        # prompts that finish this iteration go alone: a long prompt's next chunk waits one iteration rather
+        # than lengthen the one that gives the short ones their first token
+        for r in completing or todo:
+            if budget <= 0:
+                break
+            n = min(budget, self.request_chunk, len(r.prompt_ids) - r.prefilled)
+            prefill.append(Chunk(r, r.prefilled, r.prefilled + n))
+            budget -= n
+        decode = [r for r in self.running if r.state == State.DECODE]
+        # prefill first (vLLM's default before chunked prefill), bounded: a pass that gives waiting prompts
+        # their first token runs without the decode rows, at most max_decode_stall passes in a row, so a
+        # visitor who just pressed Enter waits for their own prompt, not for everyone's next token too
+        if decode and completing and self._stalled < self.max_decode_stall:
+            decode, self._stalled = [], self._stalled + 1
+        else:
+            self._stalled = 0
+        return Plan(prefill, decode, retired)
+
+    def _plan_static(self, retired: list[Request]) -> Plan:
+        """Static batching: admit only a whole batch at once (everyone waiting, up to max_batch, once at least
+        static_batch_size are), run it until its longest request is done; rows that finished early stay in the
+        batch as padding."""
+        if not self.static_batch:
+            batch = list(itertools.islice(self.waiting, min(len(self.waiting), self.max_batch)))
+            want = min(self.static_batch_size or 1, self.max_batch)
+            if len(batch) >= want and sum(self.pool.blocks_for(r.n_tokens) for r in batch) <= self.pool.n_free:
+                now = time.perf_counter()
+                for r in batch:
+                    self.waiting.popleft()
+                    r.blocks, r.state, r.admitted_at = self.pool.take(self.pool.blocks_for(r.n_tokens)), State.PREFILL, now
+                    self.running.append(r)
+                self.static_batch = batch
+        prefill = [Chunk(r, 0, len(r.prompt_ids)) for r in self.static_batch if r.state == State.PREFILL]
+        decode = [r for r in self.static_batch if r.state == State.DECODE] if not prefill else []
+        return Plan(prefill, decode, retired)
+
+    def release_static_batch(self) -> list[Request]:
+        """Policy.STATIC: once every row of the batch has ended, retire them all (their blocks back to the pool)
+        and return them; otherwise nothing."""
+        with self.lock:
+            batch = self.static_batch
+            if not batch or not all(r.finish for r in batch):
+                return []
+            for r in batch:
+                self._retire(r, r.finish)
+            self.static_batch = []
+            return batch
+
+    def keeps_finished_rows(self) -> bool:
+        """Whether a request that ended keeps its row until its batch is done (static batching's padding)."""
+        return self.policy == Policy.STATIC
+
+    # -- questions the engine asks (answered under the lock) ----------------------------------------------
+    def work_ahead(self, req: Request) -> int | None:
+        """Tokens still to generate before `req` is admitted (those running, and those waiting ahead of it);
+        None once it is admitted."""
+        with self.lock:
+            for i, r in enumerate(self.waiting):
+                if r is req:
+                    ahead = list(itertools.islice(self.waiting, i))
+                    return sum(r.max_new_tokens - len(r.generated) for r in self.running) + sum(r.max_new_tokens for r in ahead)
+            return None
+
+    def occupancy(self) -> tuple[dict[int, int], list[int]]:
+        """(blocks held per running request id, waiting request ids in order)."""
+        with self.lock:
+            return {r.id: len(r.blocks) for r in self.running}, [r.id for r in self.waiting]
+
+    def newcomer_fits(self) -> bool:
+        """A short request (its prompt one chunk) waits first in line and could be admitted now. Read without the
+        lock: only the engine's thread removes waiting requests, and a stale answer costs one early stop or one
+        wait."""
+        if self.policy != Policy.CONTINUOUS:
+            return False
+        try:
+            r = self.waiting[0]
+        except IndexError:
+            return False
+        return len(r.prompt_ids) <= self.request_chunk and len(self.running) < self.max_batch and self.pool.blocks_for(r.n_tokens) <= self.pool.n_free
+
+    def cache_prompt(self, req: Request) -> None:
+        """Register the request's full prompt blocks whose K/V are now written in every layer (those below
+        req.prefilled) in the prefix cache. Called by the engine after a pass (never for a parked chunk)."""
+        if not self.prefix_cache:
+            return
+        bs = self.pool.block_size
+        with self.lock:
+            while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)):
+                i = req.registered
+                req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
+                req.registered += 1
+
+    def finish(self, req: Request, reason: Finish) -> None:
+        with self.lock:
+            self._retire(req, reason)
+
+    def _retire(self, req: Request, reason: Finish) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.blocks:
+            self.pool.give_back(req.blocks)
+            req.blocks = []
+        if req.state != State.FINISHED:
+            self.ended[reason] += 1
+        req.state, req.finish, req.finished_at = State.FINISHED, reason, time.perf_counter()
+        self.changed.notify_all()
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until something is waiting or running (or timeout); True if there is work."""
+        with self.lock:
+            if not (self.waiting or self.running):
+                self.changed.wait(timeout)
+            return bool(self.waiting or self.running)
+
+    def snapshot(self) -> QueueStats:
+        with self.lock:
+            return QueueStats(
+                running=len(self.running),
+                waiting=len(self.waiting),
+                blocks_used=self.pool.n_blocks - self.pool.n_free,
+                blocks=self.pool.n_blocks,
+                blocks_cached=self.pool.n_cached,
+                prefix_hit_tokens=self.pool.hit_tokens,
+                prefix_hit_requests=self.pool.hit_requests,
+                ended={str(k): v for k, v in self.ended.items()},
+            )
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """The scheduler's side of the engine's stats, at one moment."""
+
+    running: int
+    waiting: int
+    blocks_used: int
+    blocks: int
+    blocks_cached: int
+    prefix_hit_tokens: int
+    prefix_hit_requests: int
+    ended: dict[str, int]  # requests retired so far, by Finish value

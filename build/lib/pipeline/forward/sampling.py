@@ -1,0 +1,137 @@
+"""Logits -> softmax -> temperature -> top-k -> top-p -> min-p -> sample.
+
+The same order and the same tie rules as transformers' logits processors (TemperatureLogitsWarper,
+TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper), so `filter_probs` equals softmax of their output
+on any logits (tests/pipeline/test_sampling.py checks it). Temperature 0 means greedy: all mass on the
+argmax. Every function takes a [vocab] or [batch, vocab] tensor or array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request picks its tokens: the one spelling every path takes (pipeline.generate, the engine and Ray
+    Serve, speculative decoding, the pages' controls). The type's own defaults are greedy (temperature 0: all mass
+    on the argmax), what a caller gets when it asks for nothing; the app's controls start from DEFAULTS."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = 0  # each request has its own generator: reproducible whatever else runs
+    n_top: int = 10  # candidates reported per step
+
+    @property
+    def greedy(self) -> bool:
+        return not (self.temperature and self.temperature > 0)
+
+    def generator(self) -> torch.Generator | None:
+        """This request's own random generator (None without a seed)."""
+        return torch.Generator().manual_seed(int(self.seed)) if self.seed is not None else None
+
+
+GREEDY = Sampling()
+DEFAULTS = Sampling(temperature=0.7, top_k=50, top_p=0.95)  # where the next-token page's sliders, the generation pages and the overview's check start
+
+
+@dataclass
+class FilterStep:
+    name: str  # "softmax", "temperature", "top-k", "top-p", "min-p"
+    probs: np.ndarray  # [vocab] renormalised distribution after this step (zeros where filtered)
+    kept: int  # number of candidates still alive
+    active: bool  # whether this step changed anything (e.g. top_k=0 is off)
+
+
+def _t(x) -> torch.Tensor:
+    return (torch.from_numpy(np.asarray(x)) if not isinstance(x, torch.Tensor) else x).float()
+
+
+def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float, on_step=None) -> torch.Tensor:
+    ninf = -float("inf")
+    if on_step:
+        on_step("softmax", scores, True)
+    if temperature is None or temperature <= 0:  # greedy
+        keep = scores == scores.max(dim=-1, keepdim=True).values
+        first = keep.float().argmax(dim=-1, keepdim=True)
+        scores = torch.full_like(scores, ninf).scatter(-1, first, 0.0)
+        if on_step:
+            on_step("temperature", scores, True)
+        return scores
+    scores = scores / temperature
+    if on_step:
+        on_step("temperature", scores, temperature != 1.0)
+    if top_k and top_k > 0:
+        k = min(int(top_k), scores.size(-1))
+        thresh = torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < thresh, ninf)
+    if on_step:
+        on_step("top-k", scores, bool(top_k and top_k > 0))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # always keep at least one
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, ninf)
+    if on_step:
+        on_step("top-p", scores, top_p is not None and top_p < 1.0)
+    if min_p and min_p > 0:
+        probs = torch.softmax(scores, dim=-1)
+        top_probs = probs.amax(dim=-1, keepdim=True)
+        remove = probs < (min_p * top_probs)
+        sorted_idx = torch.argsort(scores, descending=True, dim=-1)
+        remove_sorted = torch.gather(remove, -1, sorted_idx)
+        remove_sorted[..., :1] = False
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, ninf)
+    if on_step:
+        on_step("min-p", scores, bool(min_p and min_p > 0))
+    return scores
+
+
+def filter_probs(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """The renormalised next-token distribution after all filters; zeros where filtered. Same shape as logits."""
+    return torch.softmax(_filter_scores(_t(logits), temperature, top_k, top_p, min_p), dim=-1)
+
+
+def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> list[FilterStep]:
+    """Each stage's distribution, for drawing which candidates survive which filter ([vocab] logits)."""
+    steps: list[FilterStep] = []
+
+    def on_step(name, scores, active):
+        p = torch.softmax(scores, dim=-1)
+        steps.append(FilterStep(name, p.numpy(), int(torch.isfinite(scores).sum()), bool(active)))
+
+    _filter_scores(_t(logits), temperature, top_k, top_p, min_p, on_step)
+    return steps
+
+
+def sample(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> int:
+    """Draw one token id from the filtered distribution; the same seed gives the same token."""
+    probs = filter_probs(logits, temperature, top_k, top_p, min_p)
+    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+    return int(torch.multinomial(probs.reshape(-1), 1, generator=gen)[0])
+
+
+def entropy_bits(probs) -> float:
+    p = _t(probs)
+    p = p[p > 0]
+    return max(0.0, float(-(p * p.log2()).sum()))
+
+
+def prob_of(logits, token_id: int) -> float:
+    """softmax(logits)[token_id], computed stably in float64 (log-sum-exp)."""
+    x = np.asarray(logits, dtype=np.float64)
+    return float(np.exp(x[token_id] - np.logaddexp.reduce(x)))
+
+
+def top_token(logits) -> tuple[int, float]:
+    """(the most likely token id, its softmax probability)."""
+    i = int(np.asarray(logits).argmax())
+    return i, prob_of(logits, i)

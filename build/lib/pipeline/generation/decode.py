@@ -1,0 +1,177 @@
+"""The decode step, behind one interface, and what a step's logits become: a token and its candidates.
+
+Two implementations of `DecodeStep`, driven by `generation.generate()` (and by the batched engine):
+
+    TransformersStep   transformers' own forward with a dynamic or static cache (or none: every step feeds
+                       the whole context again)
+    FusedStep          our static-shape step (pipeline.cpu.fused): fused matrices, static KV buffers, a CUDA graph
+                       replay per token on a GPU
+
+    step = open_step(lm, "dynamic", n_positions)   # or "static", "fused", "fused+compile", use_cache=False
+    out = step.prefill(prompt_ids)                 # StepOutput for the prompt's last position
+    out = step.step(token_id, position)            # one token at `position`
+    step.kv_bytes_per_layer(); step.close()
+
+The caller holds lm.lock around prefill() / step() (one forward at a time on the shared model) and
+`choose()` turns a StepOutput into the token and the candidates the pages show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from pipeline.common.timing import syncer
+from pipeline.forward.sampling import GREEDY, Sampling, filter_probs
+from pipeline.forward.tokens import text_of
+from pipeline.model import LoadedModel
+
+
+@dataclass
+class StepOutput:
+    """What one forward leaves for sampling. Exactly one of the two is set."""
+
+    logits: torch.Tensor | None = None  # [vocab] float32 on the host
+    summary: torch.Tensor | None = None  # greedy on the device: [argmax, logsumexp, top values..., top ids...]
+
+
+@dataclass
+class Choice:
+    """A sampled token and the distribution it came from (probabilities, most likely first)."""
+
+    token_id: int
+    top: list[tuple[int, str, float]]  # after the filters
+    top_raw: list[tuple[int, str, float]]  # before them (softmax at temperature 1)
+    p: float  # the chosen token's probability after the filters
+    p_raw: float  # ... and before them
+
+
+def kv_bytes(cache) -> list[int]:
+    """Bytes held by each layer's key and value tensors in a transformers cache."""
+    out = []
+    for layer in getattr(cache, "layers", []):
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        out.append(sum(t.numel() * t.element_size() for t in (k, v) if isinstance(t, torch.Tensor)))
+    return out
+
+
+class TransformersStep:
+    """transformers' forward, one call per token. cache: "dynamic" (grows by concatenation), "static"
+    (preallocated, written in place) or None (no cache: each step feeds the whole context)."""
+
+    def __init__(self, lm: LoadedModel, cache: str | None, n_positions: int):
+        from transformers import DynamicCache, StaticCache
+
+        self.lm, self.name, self.on_device = lm, "transformers", False
+        if cache is None:
+            self.cache = None
+        elif cache == "static":
+            self.cache = StaticCache(config=lm.model.config, max_cache_len=n_positions)
+        else:
+            self.cache = DynamicCache(config=lm.model.config)
+        self._sync = syncer(lm.device)
+        self._context: torch.Tensor | None = None  # every token so far, when there is no cache
+
+    def _forward(self, ids: torch.Tensor) -> StepOutput:
+        out = self.lm.model(input_ids=ids, past_key_values=self.cache, use_cache=self.cache is not None, logits_to_keep=1)
+        logits = out.logits[0, -1].float()
+        self._sync()
+        return StepOutput(logits=logits.cpu())
+
+    def prefill(self, prompt_ids: list[int]) -> StepOutput:
+        ids = torch.tensor([prompt_ids], device=self.lm.device)
+        self._context = ids if self.cache is None else None
+        return self._forward(ids)
+
+    def step(self, token_id: int, position: int) -> StepOutput:
+        nxt = torch.tensor([[token_id]], device=self.lm.device)
+        if self.cache is None:
+            self._context = torch.cat([self._context, nxt], dim=1)
+            return self._forward(self._context)
+        return self._forward(nxt)
+
+    def kv_bytes_per_layer(self) -> list[int]:
+        return kv_bytes(self.cache) if self.cache is not None else []
+
+    def close(self):
+        self.cache = self._context = None
+
+
+class FusedStep:
+    """Our static-shape step (pipeline.cpu.fused). With `on_device` (greedy, few candidates) only a summary of the
+    logits comes back to the host: argmax, log-sum-exp and the top candidates."""
+
+    def __init__(self, lm: LoadedModel, n_positions: int, compile: bool = False, on_device: bool = False, n_top: int = 10):
+        from pipeline.cpu.fused import acquire_decoder
+
+        self.lm = lm
+        self.dec = acquire_decoder(lm, n_positions, compile=compile)
+        self.on_device = on_device and n_top <= self.dec.n_top
+        self.name = f"fused step, {self.dec.mode}" + "".join(f" ({p})" for p in self.dec.problems)
+
+    def _out(self, logits, summary) -> StepOutput:
+        return StepOutput(summary=summary.cpu()) if self.on_device else StepOutput(logits=logits.cpu())
+
+    def prefill(self, prompt_ids: list[int]) -> StepOutput:
+        return self._out(*self.dec.prefill(torch.tensor([prompt_ids], device=self.lm.device)))
+
+    def step(self, token_id: int, position: int) -> StepOutput:
+        return self._out(*self.dec.step(token_id, position))
+
+    def kv_bytes_per_layer(self) -> list[int]:
+        return self.dec.kv_bytes_per_layer()
+
+    def close(self):
+        if self.dec is not None:
+            self.dec.release()  # hand the decoder (its buffers, its graph) back at once
+            self.dec = None
+
+
+def open_step(lm: LoadedModel, cache: str = "dynamic", n_positions: int = 0, use_cache: bool = True, greedy: bool = False, n_top: int = 10):
+    """The decode step for a generation of at most n_positions tokens (prompt + new)."""
+    if not use_cache:
+        return TransformersStep(lm, None, n_positions)
+    if cache in ("fused", "fused+compile"):
+        return FusedStep(lm, n_positions, compile=cache == "fused+compile", on_device=greedy, n_top=n_top)
+    return TransformersStep(lm, cache, n_positions)
+
+
+def token_texts(tokenizer):
+    """One token's text (tokens.text_of: a byte piece as `<0xE6>`, never U+FFFD), cached (candidates repeat from
+    step to step)."""
+    return lru_cache(maxsize=65536)(lambda i: text_of(tokenizer, [i]))
+
+
+def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:
+    """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
+    sampling.n_top candidates before and after the filters. `dec(id)` gives a token's text."""
+    n_top = sampling.n_top
+    if out.summary is not None:  # greedy on the device: [argmax, logsumexp, top values, top ids]
+        s = out.summary
+        k = (s.numel() - 2) // 2
+        tok, lse = int(s[0]), float(s[1])
+        top_raw = [(a, dec(a), b) for a, b in zip(s[2 + k : 2 + k + n_top].long().tolist(), torch.exp(s[2 : 2 + n_top] - lse).tolist())]
+        return Choice(tok, [(tok, dec(tok), 1.0)], top_raw, 1.0, float(torch.exp(s[2] - lse)))
+    logits = out.logits
+    if sampling.greedy:  # the filters leave only the top token: skip building the vocabulary
+        tok = int(logits.argmax())  # first maximum, as filter_probs picks it
+        lse = torch.logsumexp(logits, 0)
+        rv, ri = logits.topk(min(n_top, logits.numel()))
+        return Choice(
+            tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
+        )
+    probs = filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    tok = int(torch.multinomial(probs, 1, generator=generator)[0])
+    n = min(n_top, probs.numel())
+    p_top, i_top = probs.topk(n)
+    raw = torch.softmax(logits, -1)
+    r_top, ri_top = raw.topk(n)
+    return Choice(
+        tok,
+        [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0],
+        [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())],
+        float(probs[tok]),
+        float(raw[tok]),
+    )

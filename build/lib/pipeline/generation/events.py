@@ -1,0 +1,52 @@
+"""What a generation streams, whoever runs it (our own loop, the shared engine, a Ray Serve replica): one StepEvent
+per token; and which tokens end an answer. Its own module so that the loop, the engine and the service layer
+depend on it and not on each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pipeline.model import LoadedModel
+
+
+class Finish(StrEnum):
+    """Why an answer ended (a StrEnum: it compares equal to its value, "eos", and prints as it)."""
+
+    EOS = "eos"  # the model wrote an end-of-sequence token
+    LENGTH = "length"  # max_new_tokens reached
+    CANCELLED = "cancelled"  # Stop pressed, tab closed: the request was cancelled in the engine
+    ERROR = "error"  # the engine failed this request (its message is on the handle)
+
+
+@dataclass
+class StepEvent:
+    index: int  # 0 = the first token (prefill), 1.. = decode steps
+    phase: str  # "prefill" | "decode"
+    token_id: int
+    text: str
+    top: list[tuple[int, str, float]]  # (id, text, probability after the filters), most likely first
+    top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
+    p: float  # probability of the chosen token after the filters
+    p_raw: float  # ... and before them
+    step_s: float  # this step's forward + sampling time
+    t_s: float  # time since the request arrived (tokenization included)
+    context_len: int  # tokens the step attended over
+    kv_bytes_per_layer: list[int] = field(default_factory=list)
+    kv_bytes: int = 0
+    finished: Finish | None = None  # on the last event: why the answer ended
+    engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
+    batch: int = 1  # requests in the forward that produced this token (the engine batches)
+    request_id: int = 0  # the engine's id of the request
+    cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    """The tokens that end an answer by default: the generation config's end-of-sequence ids and the tokenizer's."""
+    ids = set()
+    gc = getattr(lm.model, "generation_config", None)
+    e = getattr(gc, "eos_token_id", None)
+    ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids

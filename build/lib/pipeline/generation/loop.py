@@ -1,0 +1,213 @@
+"""The autoregressive loop, our own: prefill once, then decode one token per step, with a KV cache.
+
+`generate(...)` yields one `StepEvent` per generated token: its phase (prefill for the first token, decode
+after), the token, the top candidates after the sampling filters, the step's wall time (device-synchronised
+on GPU), and the KV cache bytes per layer read from the cache tensors themselves. Stops at EOS, at
+max_new_tokens, or when the caller stops iterating. Each step holds the model lock only for its own forward
+pass, so traces from other tabs interleave between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.common.timing import Busy
+from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.forward.tokens import text_of, tokenize
+from pipeline.forward.tracing import TraceError, check_prompt
+from pipeline.generation.decode import choose, open_step, token_texts
+from pipeline.generation.events import Finish, StepEvent, eos_ids
+from pipeline.model import LoadedModel
+
+MAX_NEW_TOKENS = 1024
+
+
+@dataclass(eq=False)
+class GenerationRecord:
+    """One generation as the pages keep it: what was asked, and every event as it arrived (so a Stop, which
+    reruns the page, loses nothing). Six pages read it: generation, prefill/decode, KV cache, hardware,
+    roofline, streaming."""
+
+    prompt: str
+    chat: bool
+    model: str  # label of the model that ran it
+    max_new_tokens: int
+    sampling: Sampling
+    prompt_tokens: int  # tokens of the (templated) prompt
+    use_cache: bool = True
+    events: list = field(default_factory=list)  # [StepEvent], in order
+    done: bool = False  # ran to EOS or the length limit
+    stopped: bool = False  # Stop was pressed: the page moved on, what was generated is kept
+    busy: Busy = field(default_factory=Busy)  # what else the server ran meanwhile (its times are inflated if anything)
+
+    def text(self, tokenizer) -> str:
+        """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
+        return text_of(tokenizer, [e.token_id for e in self.events], specials=False)
+
+    @property
+    def label(self) -> str:
+        s = self.sampling
+        how = "greedy" if s.greedy else f"temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {s.seed}"
+        return f"{self.model}, {'chat' if self.chat else 'plain'} prompt of {self.prompt_tokens} tokens, {how}, up to {self.max_new_tokens} new tokens" + (
+            "" if self.use_cache else ", KV cache off"
+        )
+
+
+@dataclass
+class Prepared:
+    """A prompt ready to generate from, after validation: its tokens, the new tokens it may have (the page shows
+    `notes` on what was capped)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    notes: list[str]
+
+
+def kv_window(lm: LoadedModel) -> tuple[int, int | None]:
+    """(number of sliding-window layers, tokens such a layer keeps). A sliding layer attends to the last
+    `sliding_window` tokens, so its cache keeps sliding_window - 1 past tokens (the new one makes the window)."""
+    a = lm.arch
+    return (a.n_sliding, a.sliding_window - 1) if a.n_sliding and a.sliding_window else (0, None)
+
+
+def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None = None) -> int:
+    """2 (K and V) x KV heads x head dim x bytes per value x tokens, summed over layers; a sliding-window
+    layer holds at most its window (Gemma's local layers)."""
+    f = lm.facts
+    n_sliding, keep = kv_window(lm)
+    per_layer_token = lm.kv_token_bytes * (bytes_per_value or lm.arch.bytes_per_value) // lm.arch.bytes_per_value
+    full = (f.n_layers - n_sliding) * per_layer_token * tokens
+    return full + (n_sliding * per_layer_token * min(tokens, keep) if n_sliding else 0)
+
+
+@dataclass
+class KVCost:
+    """The KV cache of one sequence at a context length, from the config (a computation, not a measurement)."""
+
+    tokens: int
+    bytes: int  # this model (GQA: n_kv_heads key/value heads)
+    bytes_one_kv_per_head: int  # the same if every query head had its own key/value head
+    weight_bytes: int  # the model's weights, for scale
+
+
+def kv_costs(lm: LoadedModel, sizes: list[int]) -> list[KVCost]:
+    f = lm.facts
+    return [
+        KVCost(n, kv_bytes_formula(lm, n), kv_bytes_formula(lm, n) * f.n_heads // f.n_kv_heads, f.n_params * lm.arch.bytes_per_value)
+        for n in sorted(set(sizes))
+    ]
+
+
+def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
+    """Bytes of the cache tensors per token they hold after a step; None once a sliding window is full (the local
+    layers stop growing, so the ratio is no longer per token)."""
+    keep = kv_window(lm)[1]
+    return ev.kv_bytes / ev.context_len if keep is None or ev.context_len <= keep else None
+
+
+def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Prepared:
+    check_prompt(prompt)
+    ids = tokenize(lm.tokenizer, prompt, chat=chat).input_ids
+    notes = []
+    limit = lm.facts.max_positions
+    if limit is not None and len(ids) >= limit:
+        raise TraceError(
+            f"The prompt is {len(ids):,} tokens and fills this model's context window of {limit:,} tokens: there is no room to generate. Shorten it."
+        )
+    n = int(max_new_tokens)
+    if n < 1:
+        n = 1
+        notes.append("max_new_tokens below 1 was raised to 1.")
+    if n > MAX_NEW_TOKENS:
+        notes.append(f"max_new_tokens {max_new_tokens:,} was capped at {MAX_NEW_TOKENS:,}.")
+        n = MAX_NEW_TOKENS
+    if limit is not None and len(ids) + n > limit:
+        n = limit - len(ids)
+        notes.append(f"Capped at {n:,} new tokens: the context window is {limit:,} tokens.")
+    return Prepared(ids, n, notes)
+
+
+def generate(
+    lm: LoadedModel,
+    prompt: str,
+    max_new_tokens: int = 64,
+    sampling: Sampling = GREEDY,
+    use_cache: bool = True,
+    chat: bool = False,
+    request: Prepared | None = None,
+    cache: str = "dynamic",
+    stop_ids: set[int] | None = None,
+):
+    """This request's own loop: yield a StepEvent per generated token (greedy unless `sampling` says otherwise).
+    Raises TraceError on bad prompts. (The shared engine is pipeline.serving.stream's other route.)
+
+    cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
+    place), "fused" (our own static-shape decode step, pipeline.cpu.fused: a CUDA graph replay per step on a GPU;
+    greedy steps then bring only the top candidates back to the host, not the whole vocabulary) or
+    "fused+compile" (the same step compiled by torch.compile first); the step itself is pipeline.generation.decode's.
+    stop_ids: tokens that end the answer (default: the model's end-of-sequence tokens; an empty set generates
+    exactly max_new_tokens)."""
+    t0 = time.perf_counter()
+    req = request or prepare(lm, prompt, max_new_tokens, chat)
+    s = sampling
+    gen = s.generator()
+    stop = eos_ids(lm) if stop_ids is None else set(stop_ids)
+    dec = token_texts(lm.tokenizer)
+    step = open_step(lm, cache, len(req.prompt_ids) + req.max_new_tokens, use_cache, greedy=s.greedy, n_top=s.n_top)
+    n_ctx, tok = len(req.prompt_ids), None
+    try:
+        for i in range(req.max_new_tokens):
+            t_step = time.perf_counter()
+            with lm.lock, torch.inference_mode():
+                out = step.prefill(req.prompt_ids) if i == 0 else step.step(tok, n_ctx - 1)
+            c = choose(out, dec, s, gen)
+            tok = c.token_id
+            t_done = time.perf_counter()
+            per_layer = step.kv_bytes_per_layer()
+            finished = Finish.EOS if tok in stop else (Finish.LENGTH if i == req.max_new_tokens - 1 else None)
+            yield StepEvent(
+                index=i,
+                phase="prefill" if i == 0 else "decode",
+                token_id=tok,
+                text=dec(tok),
+                top=c.top,
+                top_raw=c.top_raw,
+                p=c.p,
+                p_raw=c.p_raw,
+                step_s=t_done - t_step,
+                t_s=t_done - t0,
+                context_len=n_ctx,
+                kv_bytes_per_layer=per_layer,
+                kv_bytes=sum(per_layer),
+                finished=finished,
+                engine=step.name,
+            )
+            if finished:
+                return
+            n_ctx += 1
+    finally:
+        step.close()
+
+
+@dataclass
+class Metrics:
+    n: int
+    ttft_s: float  # request in -> first token out (tokenization included)
+    latency_s: float  # request in -> last token out
+    itl_s: list[float]  # inter-token latency, one per gap
+    tpot_s: float | None  # (latency - TTFT) / (n - 1)
+    tokens_per_s: float | None  # decode rate: (n - 1) / (latency - TTFT)
+
+
+def metrics(events: list[StepEvent]) -> Metrics:
+    """Serving metrics as vLLM / TGI define them, from this run's events."""
+    if not events:
+        raise ValueError("no events")
+    n = len(events)
+    ttft, lat = events[0].t_s, events[-1].t_s
+    itl = [b.t_s - a.t_s for a, b in zip(events, events[1:])]
+    tpot = (lat - ttft) / (n - 1) if n > 1 else None
+    return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None)

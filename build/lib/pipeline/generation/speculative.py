@@ -1,0 +1,326 @@
+"""Speculative decoding, our own draft-then-verify loop (Leviathan et al. 2023; Chen et al. 2023).
+
+A cheap draft proposes gamma tokens; the target model scores all of them in ONE forward pass. Greedy: the
+longest prefix where the target's own argmax agrees is accepted, plus one target token (the correction at the
+first disagreement, or a bonus token when all agree), so the output is exactly plain greedy decoding.
+Sampling: each proposal x is accepted with probability min(1, p(x)/q(x)); at the first rejection a token is
+drawn from norm(max(0, p - q)), which makes the output distributed exactly as sampling from the target.
+
+Drafts: "prompt_lookup" (copy the continuation of the latest earlier match of the last n-gram), "early_exit:K"
+(the target's own first K layers, then its final norm and LM head: shared weights, no extra memory), or a
+LoadedModel sharing the tokenizer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pipeline.common.timing import Ratios
+from pipeline.forward.sampling import GREEDY, Sampling, filter_probs
+from pipeline.generation.events import eos_ids
+from pipeline.generation.loop import prepare
+from pipeline.model import LoadedModel
+from pipeline.model.arch import decoder_of
+
+
+@dataclass
+class SpecStep:
+    proposed: list[int]
+    accepted: int  # how many proposals the target accepted
+    correction: int  # the target's own token appended after them
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]
+    steps: list[SpecStep] = field(default_factory=list)
+    seconds: float = 0.0
+    target_calls: int = 0
+
+    @property
+    def proposed(self) -> int:
+        return sum(len(s.proposed) for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / len(self.steps) if self.steps else 0.0
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """Leviathan et al.: expected tokens per target call (1 - a^(g+1)) / (1 - a)."""
+    if alpha >= 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def _crop(cache, n: int):
+    extra = cache.get_seq_length() - n
+    if extra > 0:
+        cache.crop(-extra)
+
+
+# ------------------------------------------------------------------------------------ drafts
+class PromptLookup:
+    """Propose the tokens that followed the latest earlier occurrence of the context's last n-gram."""
+
+    name = "prompt lookup"
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+
+    def reset(self, lm):
+        pass
+
+    def propose(self, ctx: list[int], gamma: int, **_) -> tuple[list[int], list[torch.Tensor] | None]:
+        for n in range(min(self.max_ngram, len(ctx) - 1), 0, -1):
+            tail = ctx[-n:]
+            for start in range(len(ctx) - n - 1, -1, -1):
+                if ctx[start : start + n] == tail:
+                    cont = ctx[start + n : start + n + gamma]
+                    if cont:
+                        return cont, None
+        return [], None
+
+
+def early_exit_model(lm: LoadedModel, k: int) -> nn.Module:
+    """A causal LM made of the target's first k layers + its final norm + LM head (modules shared, not copied).
+    Built on the meta device, then every module is replaced by the target's, so no weights are allocated."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = lm.model.config.__class__.from_dict(lm.model.config.to_dict())
+    cfg.num_hidden_layers = k
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:k]
+    with torch.device("meta"):
+        draft = AutoModelForCausalLM.from_config(cfg)
+    src, dst = lm.arch.decoder, decoder_of(draft)
+    for name, module in src.named_children():
+        if name == "layers":
+            dst.layers = nn.ModuleList(list(src.layers)[:k])
+        else:
+            setattr(dst, name, module)
+    draft.lm_head = lm.model.lm_head
+    draft.config._attn_implementation = lm.model.config._attn_implementation
+    return draft.eval()
+
+
+class ModelDraft:
+    """A causal LM that proposes greedily (or by sampling), keeping its own KV cache."""
+
+    def __init__(self, model: nn.Module, name: str):
+        self.model, self.name = model, name
+        self.cache, self.seen = None, 0
+
+    def reset(self, lm):
+        from transformers import DynamicCache
+
+        self.cache, self.seen = DynamicCache(config=self.model.config), 0
+
+    def propose(self, ctx: list[int], gamma: int, device=None, sample_fn=None):
+        out, dists = [], []
+        _crop(self.cache, min(self.seen, len(ctx) - 1))
+        self.seen = self.cache.get_seq_length()
+        feed = ctx[self.seen :]
+        for _ in range(gamma):
+            with torch.inference_mode():
+                o = self.model(input_ids=torch.tensor([feed], device=device), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            logits = o.logits[0, -1].float().cpu()
+            tok, q = sample_fn(logits)
+            out.append(tok)
+            dists.append(q)
+            feed = [tok]
+        self.seen = self.cache.get_seq_length()  # = len(ctx) + gamma - 1 (the last proposal is not fed)
+        return out, dists
+
+
+def make_draft(lm: LoadedModel, kind, gamma: int = 4):
+    if isinstance(kind, LoadedModel):
+        if kind.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+            raise ValueError(f"{kind.label} does not share {lm.label}'s tokenizer, so it cannot draft for it.")
+        return ModelDraft(kind.model, kind.label)
+    if kind == "prompt_lookup":
+        return PromptLookup()
+    if isinstance(kind, str) and kind.startswith("early_exit:"):
+        k = int(kind.split(":")[1])
+        if not 0 < k < lm.facts.n_layers:
+            raise ValueError(f"early exit needs 0 < k < {lm.facts.n_layers}")
+        return ModelDraft(early_exit_model(lm, k), f"early exit after {k} of {lm.facts.n_layers} layers")
+    raise ValueError(f"unknown draft {kind!r}")
+
+
+# --------------------------------------------------------------------------------- acceptance
+def accept_greedy(ps: list[torch.Tensor], proposal: list[int], stop: set[int]) -> tuple[int, int | None]:
+    """Greedy verification of a draft's proposal against the target's distributions ps[i] ([vocab], the
+    target's next-token distribution after proposal[:i]). Accept while the target's argmax agrees; at the first
+    disagreement the target's argmax is the correction. Returns (accepted, correction), correction None when
+    every proposal was accepted or an accepted one was EOS."""
+    for i, x in enumerate(proposal):
+        best = int(ps[i].argmax())
+        if best != x:
+            return i, best
+        if x in stop:
+            return i + 1, None
+    return len(proposal), None
+
+
+def accept_sampled(
+    ps: list[torch.Tensor], qs: list[torch.Tensor] | None, proposal: list[int], stop: set[int], gen: torch.Generator | None
+) -> tuple[int, int | None]:
+    """Speculative sampling (Leviathan et al., Algorithm 1): accept proposal x with probability
+    min(1, p(x) / q(x)) (q = the draft's distribution; a deterministic draft such as prompt lookup has q = 1 on
+    x); at the first rejection draw the correction from norm(max(0, p - q)). The output is then distributed
+    exactly as sampling from the target. Random draws come from `gen`, in order, one per examined proposal."""
+    for i, x in enumerate(proposal):
+        p = ps[i]
+        q = qs[i] if qs is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).float()
+        if torch.rand(1, generator=gen).item() >= min(1.0, float(p[x]) / max(float(q[x]), 1e-20)):
+            resid = (p - q).clamp(min=0)
+            resid = resid / resid.sum() if resid.sum() > 0 else p
+            return i, int(torch.multinomial(resid, 1, generator=gen)[0])
+        if x in stop:
+            return i + 1, None
+    return len(proposal), None
+
+
+# --------------------------------------------------------------------------------- the loop
+def speculative_generate(
+    lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64, sampling: Sampling = GREEDY, chat: bool = False
+) -> SpecResult:
+    """Generate with a draft; returns the tokens and one record per target call."""
+    from transformers import DynamicCache
+
+    t0 = time.perf_counter()
+    req = prepare(lm, prompt, max_new_tokens, chat)
+    d = draft if hasattr(draft, "propose") else make_draft(lm, draft, gamma)
+    d.reset(lm)
+    gen, greedy = sampling.generator(), sampling.greedy
+    stop = eos_ids(lm)
+    dev = lm.device
+
+    def dist(logits):
+        return filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+
+    def pick(logits):
+        p = dist(logits)
+        tok = int(p.argmax()) if greedy else int(torch.multinomial(p, 1, generator=gen)[0])
+        return tok, p
+
+    ctx = list(req.prompt_ids)
+    out: list[int] = []
+    res = SpecResult(tokens=out)
+    cache = DynamicCache(config=lm.model.config)
+    with lm.lock, torch.inference_mode():  # prefill: the first token comes from the target
+        o = lm.model(input_ids=torch.tensor([ctx], device=dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    res.target_calls += 1
+    tok, _ = pick(o.logits[0, -1].float().cpu())
+    out.append(tok)
+    ctx.append(tok)
+    while len(out) < req.max_new_tokens and out[-1] not in stop:
+        room = req.max_new_tokens - len(out)
+        t_d = time.perf_counter()
+        with lm.lock:
+            proposal, qs = d.propose(ctx, min(gamma, room - 1) if room > 1 else 0, device=dev, sample_fn=pick)
+        draft_s = time.perf_counter() - t_d
+        proposal = proposal[: max(0, room - 1)]
+        t_v = time.perf_counter()
+        _crop(cache, len(ctx) - 1)  # the cache holds everything but the last token
+        feed = [ctx[-1]] + proposal
+        with lm.lock, torch.inference_mode():
+            o = lm.model(input_ids=torch.tensor([feed], device=dev), past_key_values=cache, use_cache=True)
+        res.target_calls += 1
+        logits = o.logits[0].float().cpu()  # [1 + len(proposal), vocab]
+        ps = [dist(logits[i]) for i in range(len(proposal))]
+        accepted, correction = accept_greedy(ps, proposal, stop) if greedy else accept_sampled(ps, qs, proposal, stop, gen)
+        new = proposal[:accepted]
+        if correction is None and not (new and new[-1] in stop):
+            correction, _ = pick(logits[accepted])  # bonus token after a fully accepted proposal
+        if correction is not None:
+            new = new + [correction]
+        # stop at EOS inside the accepted run
+        for j, t in enumerate(new):
+            if t in stop:
+                new = new[: j + 1]
+                break
+        out.extend(new)
+        ctx.extend(new)
+        res.steps.append(SpecStep(proposal, accepted, correction if correction is not None else -1, draft_s, time.perf_counter() - t_v))
+    del out[req.max_new_tokens :]
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+@dataclass
+class SpecComparison:
+    """Plain decoding and speculative decoding of the same request, same settings, interleaved repeats."""
+
+    draft: str  # what drafted
+    gamma: int
+    sampling: Sampling
+    plain_tokens: list[int]
+    plain_runs_s: list[float]  # wall time of plain decoding, each repeat (s)
+    spec_runs_s: list[float]  # wall time of speculative decoding, each repeat (s)
+    spec: SpecResult  # the last speculative run (its calls are drawn)
+
+    @property
+    def plain_s(self) -> float:
+        return statistics.median(self.plain_runs_s)
+
+    @property
+    def speedups(self) -> Ratios:
+        """plain time / speculative time, one per repeat (both timed next to each other)."""
+        return Ratios(tuple(p / s for p, s in zip(self.plain_runs_s, self.spec_runs_s) if s))
+
+    @property
+    def speedup(self) -> float:
+        return self.speedups.median or 0.0
+
+    @property
+    def identical(self) -> bool:
+        """Greedy speculative output equals plain greedy output (the guarantee; not expected when sampling)."""
+        return self.spec.tokens == self.plain_tokens
+
+
+def compare_with_plain(
+    lm: LoadedModel,
+    prompt: str,
+    draft="prompt_lookup",
+    gamma: int = 4,
+    max_new_tokens: int = 64,
+    sampling: Sampling = GREEDY,
+    chat: bool = False,
+    reps: int = 5,
+    progress=None,
+) -> SpecComparison:
+    """Decode `prompt` plainly (our loop) and with the draft, `reps` times, the order alternating each repeat:
+    tokens, wall times, every verify call of the last speculative run."""
+    from pipeline.generation.loop import generate
+
+    plain_s, spec_s, plain, res = [], [], [], None
+    for r in range(reps):
+        for which in ("plain", "spec") if r % 2 == 0 else ("spec", "plain"):
+            if progress:
+                progress((2 * r + (which == "spec")) / (2 * reps), f"repeat {r + 1}/{reps}: {which}")
+            t = time.perf_counter()
+            if which == "plain":
+                plain = [e.token_id for e in generate(lm, prompt, max_new_tokens, sampling, chat=chat)]
+                plain_s.append(time.perf_counter() - t)
+            else:
+                res = speculative_generate(lm, prompt, draft, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, chat=chat)
+                spec_s.append(res.seconds)
+    name = draft if isinstance(draft, str) else getattr(draft, "label", "a model")
+    return SpecComparison(name, gamma, sampling, plain, plain_s, spec_s, res)

@@ -1,0 +1,131 @@
+"""The architecture facts of one loaded model, worked out once at load time (`LoadedModel.arch`).
+
+Everything else asks this adapter instead of probing the transformers model again: where the decoder and its
+layers are, which norm feeds each feed-forward network, each layer's attention window, bytes per value, the
+final logit softcap, the text config, and how close two computations in this dtype must agree.
+
+    arch.decoder            the decoder stack (`model.model` for Llama / Gemma): embed_tokens, layers, norm
+    arch.layers             [L] decoder layers
+    arch.layer_types        [L] "full_attention" | "sliding_attention"
+    arch.windows            [L] tokens a layer attends to (the new one included), None = every earlier token
+    arch.pre_ffn_norm(i)    the norm whose INPUT is the residual after attention
+    arch.bytes_per_value    bytes of one weight / activation / KV value in the model's dtype
+    arch.softcap            final logit softcapping (Gemma 2) or None
+    arch.tols               how closely two computations of the same numbers agree in this dtype (arch.tol: logits)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FP32_TOL = 1e-3  # two float32 computations of the same logits agree to this (different kernels)
+HALF_TOL = 5e-2  # bf16 / fp16
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a causal LM (the one place that knows where transformers keeps it)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
+def bytes_per_value(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """How closely two computations of the same numbers agree in one dtype: the one place the checks read them."""
+
+    logits: float  # the same logits through different kernels (fused step, engine, SDPA backends)
+    trace_logits: float  # the hooked trace (eager attention, hooks) against transformers' default forward (SDPA)
+    hidden: float  # hidden states after many layers (residual values of tens to hundreds, so absolute error grows)
+
+
+def tolerances(dtype: torch.dtype) -> Tolerances:
+    base = FP32_TOL if bytes_per_value(dtype) >= 4 else HALF_TOL
+    return Tolerances(logits=base, trace_logits=50 * base, hidden=100 * base)
+
+
+@dataclass
+class Arch:
+    model: torch.nn.Module = field(repr=False)
+    decoder: torch.nn.Module = field(repr=False)
+    layers: list = field(repr=False)
+    text_config: object = field(repr=False)
+    model_type: str
+    layer_types: list[str]  # [L]
+    windows: list[int | None]  # [L] tokens attended (the new one included); None = all earlier tokens
+    sliding_window: int | None  # the config's window (tokens), when any layer slides
+    bytes_per_value: int  # bytes per value in the model's dtype
+    softcap: float | None  # final logit softcapping
+    tols: Tolerances  # agreement expected between two computations of the same numbers
+
+    @property
+    def tol(self) -> float:
+        """Two computations of the same logits through different kernels agree to this."""
+        return self.tols.logits
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> Arch:
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        dec = decoder_of(model)
+        layers = list(getattr(dec, "layers", None) or getattr(dec, "h", None) or [])
+        mt = getattr(cfg, "model_type", "?")
+        sw = getattr(cfg, "sliding_window", None)
+        types = list(getattr(cfg, "layer_types", None) or [])
+        if len(types) != len(layers):
+            types = ["full_attention"] * len(layers)
+        windows: list[int | None] = []
+        for layer, t in zip(layers, types):
+            w = getattr(getattr(layer, "self_attn", None), "sliding_window", None) or sw
+            # Mistral slides every layer by its config; Gemma / Qwen2 only the layers typed as sliding
+            windows.append(w if (t == "sliding_attention" or mt == "mistral") and w else None)
+        return cls(
+            model=model,
+            decoder=dec,
+            layers=layers,
+            text_config=cfg,
+            model_type=mt,
+            layer_types=types,
+            windows=windows,
+            sliding_window=sw if any(windows) else None,
+            bytes_per_value=bytes_per_value(dtype),
+            softcap=getattr(model.config, "final_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None),
+            tols=tolerances(dtype),
+        )
+
+    @property
+    def n_sliding(self) -> int:
+        return sum(w is not None for w in self.windows)
+
+    def pre_ffn_norm(self, i: int) -> torch.nn.Module:
+        """The norm whose INPUT is the residual after attention: Llama `post_attention_layernorm`, Gemma
+        `pre_feedforward_layernorm` (Gemma's post_attention_layernorm normalises attention's output)."""
+        layer = self.layers[i]
+        return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+
+    def sandwich(self, i: int) -> bool:
+        """Gemma-style layer: norms before and after both attention and the feed-forward network."""
+        return hasattr(self.layers[i], "pre_feedforward_layernorm")
+
+    def layer_kind(self, i: int) -> str:
+        """'' for uniform models; Gemma-style models alternate local (sliding-window) and global layers."""
+        if len(set(self.layer_types)) < 2:
+            return ""
+        if self.windows[i]:
+            return f"a local layer: attends to the last {self.windows[i]:,} tokens only"
+        return "a global layer: attends to every earlier token"
+
+    def inv_freq(self, layer: int = 0):
+        """[D/2] RoPE rotation frequencies of `layer` (a tensor), or None for models without RoPE."""
+        rot = getattr(self.decoder, "rotary_emb", None)
+        if rot is None:
+            return None
+        if hasattr(rot, "inv_freq"):
+            return rot.inv_freq
+        name = f"{self.layer_types[layer]}_inv_freq" if layer < len(self.layer_types) else None
+        return getattr(rot, name, None) if name else None
+
+    def apply_softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits

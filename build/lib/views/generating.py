@@ -1,0 +1,166 @@
+"""The generation pages' controls and their one generation controller: sampling settings bound to the link, a
+request streamed into the page (pipeline.serving.stream decides who serves it), every event kept in the session
+as it arrives so a Stop loses nothing, and the live panel of the shared engine."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import appstate
+import demo
+import pipeline
+from pipeline import serving
+from pipeline.forward.sampling import Sampling
+from pipeline.forward.tracing import TraceError
+from pipeline.generation import GenerationRecord, prepare
+from pipeline.serving import ENGINE
+from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
+from views.loading import model_key
+from views.render import verbatim
+
+# prompts the embedded model answers well when generating (greedy, 48 tokens: no loop, a real answer); the
+# completion-style default ("The capital of France is") is made for the single next token of the pages before generation
+GENERATION_PRESETS = {
+    "Why is the sky blue?": ("Why is the sky blue?", True),
+    "A haiku": ("Write a haiku about the sea.", True),
+    "Python code": ("Write a Python function that adds two numbers.", True),
+}
+
+
+def _use_preset(name: str) -> None:
+    st.session_state["prompt"], st.session_state["chat"] = GENERATION_PRESETS[name]
+    st.session_state["preset"] = "—"
+
+
+def generation_presets(where=None) -> None:
+    """One-click prompts that generate well on the embedded model (they set the sidebar's prompt and chat mode)."""
+    w = where or st
+    cols = w.columns(len(GENERATION_PRESETS) + 1)
+    cols[0].caption("Prompts that generate well:")
+    for c, name in zip(cols[1:], GENERATION_PRESETS):
+        c.button(name, key=f"genpreset_{name}", on_click=_use_preset, args=(name,), type="tertiary", icon=":material/edit_note:")
+
+
+def generation_prompt() -> str | None:
+    """The sidebar's prompt for a generation page; None (with a message in the page) when it is empty."""
+    prompt = st.session_state.get("prompt", "") or ""
+    if not prompt.strip():
+        st.info("The sidebar's prompt is empty: type one (or pick a preset) to generate.")
+        return None
+    return prompt
+
+
+def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, Sampling]:
+    """(max new tokens, Sampling): max new tokens / temperature / top-k / top-p / seed in one row, starting from the
+    app's one set of defaults (pipeline.forward.sampling.DEFAULTS, as the Next token page and the overview), each bound to the URL."""
+    d = pipeline.forward.sampling.DEFAULTS
+    c = st.columns(5)
+    q = dict(bind="query-params")
+    n = c[0].number_input(
+        "Max new tokens",
+        0,
+        cap("new_tokens", 100_000),
+        min(48, cap("new_tokens", 48)),
+        key=f"{prefix}_n",
+        help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
+        **q,
+    )
+    return n, Sampling(
+        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
+        top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
+        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
+        seed=c[4].number_input("Seed", 0, 2**31 - 1, d.seed, key=f"{prefix}_seed", **q),
+    )
+
+
+def run_generation(
+    lm, prompt: str, chat: bool, max_new_tokens: int, sampling: Sampling, slot: str, out=None, sampler=None, use_cache: bool = True, route: str = ENGINE
+) -> GenerationRecord | None:
+    """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
+    arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
+    route "engine": the request joins the shared engine (every visitor's requests batched together); while it
+    waits in line the page says where it stands. Other routes: this request's own loop (pipeline.serving)."""
+    try:
+        req = prepare(lm, prompt, max_new_tokens, chat)
+    except TraceError as e:
+        st.warning(str(e))
+        return None
+    if not tokens_fit(len(req.prompt_ids)) or not allowed("generating"):
+        return None
+    try:
+        with address_slot():
+            return _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route)
+    except demo.Busy as e:
+        st.warning(str(e))
+        return None
+
+
+def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route) -> GenerationRecord | None:
+    for note in req.notes:
+        st.info(note)
+    rec = GenerationRecord(
+        prompt=prompt, chat=chat, model=lm.label, max_new_tokens=req.max_new_tokens, sampling=sampling, prompt_tokens=len(req.prompt_ids), use_cache=use_cache
+    )
+    try:
+        events = serving.stream(lm, req, sampling, route, use_cache)
+    except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
+        st.warning(str(e))
+        return None
+    t_start = events.t0
+    appstate.remember(st.session_state, slot, model_key(), rec)
+    try:
+        for ev in events:
+            if rec.stopped:  # Stop was pressed: the page has moved on, keep what it showed (the engine
+                break  # request is cancelled as the stream closes)
+            if isinstance(ev, serving.Waiting):
+                if out is not None:
+                    out.info(f"Waiting in line: {ev}. Your request starts as soon as a slot is free.")
+                continue
+            rec.events.append(ev)
+            if sampler is not None:
+                sampler.mark(
+                    "prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s
+                )
+            if out is not None:
+                verbatim(rec.text(lm.tokenizer), out, cursor=True)
+    except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept
+        st.warning(str(e))
+        rec.stopped = True
+    finally:
+        events.close()
+        rec.busy = events.busy  # what else ran meanwhile
+    rec.done = not rec.stopped
+    if out is not None:
+        verbatim(rec.text(lm.tokenizer), out)
+    return rec
+
+
+def last_generation(slot: str, lm) -> GenerationRecord | None:
+    """This session's last generation in `slot` for the loaded model, if it produced anything."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    return rec if rec is not None and rec.model == lm.label and rec.events else None
+
+
+def stop_generation(slot: str) -> None:
+    """The Stop button: the running generation in `slot` stops after its current token, keeping what it made."""
+    rec = appstate.recall(st.session_state, slot, model_key())
+    if rec is not None and not rec.done:
+        rec.stopped = True
+
+
+@st.fragment(run_every="2s")
+def engine_panel(lm):
+    """What the shared engine is serving for this app right now (every visitor's generations), refreshed."""
+    s = pipeline.engine.engine_for(lm).stats()
+    st.subheader("Live: this server's engine")
+    c = st.columns(4)
+    c[0].metric("Requests running", s.running)
+    c[1].metric("Waiting in line", s.waiting)
+    c[2].metric("Tokens/s, last minute", f"{s.tokens_per_s_last_minute:.1f}")
+    c[3].metric("KV memory in use", f"{s.kv_bytes_in_use / 2**20:,.1f} of {s.kv_bytes_total / 2**20:,.0f} MiB", help=f"{s.blocks_used} of {s.blocks} blocks")
+    hits = s.prefix_hit_requests
+    st.caption(
+        f"{s.engine}: every visitor's generations on the generation, hardware and streaming pages go through it. {s.iterations:,} iterations so far. "
+        f"Prefix cache: {hits:,} {'prompt' if hits == 1 else 'prompts'} started like an earlier one and reused "
+        f"{s.prefix_hit_tokens:,} tokens of K/V instead of computing them ({s.blocks_cached:,} blocks cached)."
+    )

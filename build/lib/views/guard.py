@@ -1,0 +1,148 @@
+"""A demo server's policy, in the page: caps on controls, the limits on starting a run (per browser, per client
+address, the fair line for heavy experiments), the operator's password guard, and errors said without details.
+Outside demo mode every check passes and every run just runs (timed, so other times measured meanwhile say so).
+The policy itself and its data structures live in demo.py, which knows nothing of Streamlit."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import demo
+import pipeline
+from views.session import client_address, session_key
+
+
+def policy() -> demo.Policy:
+    """Demo mode's policy: LLM_EXPLORER_DEMO=1 or a [demo] section in .streamlit/secrets.toml (read each run:
+    cheap, and a test can switch it per server)."""
+    try:
+        secrets = st.secrets.to_dict() if st.secrets.load_if_toml_exists() else {}
+    except Exception:  # noqa: BLE001 - a malformed secrets file must not take the app down
+        secrets = {}
+    return demo.load_policy(secrets)
+
+
+def cap(name: str, page_max: int | None = None) -> int | None:
+    """A control's maximum: the page's own, or the demo server's cap when lower (None: no limit at all)."""
+    limits = [x for x in (page_max, getattr(policy().caps, name)) if x is not None]
+    return min(limits) if limits else None
+
+
+def cap_note(name: str, unit: str = "") -> str:
+    """ " Demo server: at most N unit." next to a capped control (empty outside demo mode)."""
+    p = policy()
+    return f" Demo server: at most {getattr(p.caps, name):,}{' ' + unit if unit else ''}." if p.enabled else ""
+
+
+@st.cache_resource(show_spinner=False)
+def _errors() -> demo.ErrorLog:
+    return demo.ErrorLog()
+
+
+@st.cache_resource(show_spinner=False)
+def _limiter() -> demo.RateLimiter:
+    return demo.RateLimiter(0)
+
+
+@st.cache_resource(show_spinner=False)
+def _heavy_line(at_once: int) -> demo.FairQueue:
+    return demo.FairQueue(at_once)
+
+
+@st.cache_resource(show_spinner=False)
+def _sessions() -> demo.Sessions:
+    return demo.Sessions()
+
+
+@st.cache_resource(show_spinner=False)
+def _address_limiter() -> demo.RateLimiter:
+    return demo.RateLimiter(0)
+
+
+@st.cache_resource(show_spinner=False)
+def _address_slots() -> demo.AddressSlots:
+    return demo.AddressSlots()
+
+
+@st.cache_resource(show_spinner=False)
+def password_guard() -> demo.PasswordGuard:
+    """The operator page's guard against guessing: one per server process, its locks per client address."""
+    return demo.PasswordGuard()
+
+
+def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
+    """An unexpected error, said in the page: type and message on one's own machine; on a demo server only a
+    request id (the details, paths and traceback are logged on the server, never shown to a visitor)."""
+    w = where or st
+    if policy().enabled:
+        rid = _errors().record(e, what)
+        getattr(w, level)(f"Could not {what}. The server logged the details under request id **{rid}**: quote it to whoever runs this server.")
+    else:
+        getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
+
+
+def refusal(browser: str, address: str, what: str) -> str | None:
+    """Why a demo server refuses `browser` at `address` a new run now (None: allowed, and the run is counted against
+    both). Streamlit-free in its inputs, so a download's deferred callable (an export) can ask it too. The address
+    is asked first without recording anything: a refusal for the address does not spend the browser's quota."""
+    p = policy()
+    if not p.enabled:
+        return None
+    wait = _limiter().wait(browser, p.caps.requests_per_minute)
+    if wait:
+        return (
+            f"Refused: too many runs from this browser. This demo server allows {p.caps.requests_per_minute} a minute per browser "
+            f"(model runs, generations, sweeps, tokenizing and exports all count). Try {what} again in {wait:.0f} s."
+        )
+    wait = _address_limiter().wait(address, p.caps.address_per_minute)
+    if wait:
+        return (
+            f"Refused: too many runs from your network address ({p.caps.address_per_minute} a minute is the most one address may start "
+            f"on this demo server). Try {what} again in {wait:.0f} s."
+        )
+    _limiter().allow(browser, p.caps.requests_per_minute)
+    _address_limiter().allow(address, p.caps.address_per_minute)
+    return None
+
+
+def allowed(what: str) -> bool:
+    """A demo server's limits on starting a run (always True elsewhere): per browser (requests_per_minute) and per
+    client address (address_per_minute, whatever sessions or cookies it sheds); says in the page what was refused
+    and when to try again."""
+    why = refusal(session_key(), client_address(), what)
+    if why:
+        st.warning(why)
+    return why is None
+
+
+def address_slot():
+    """A context manager holding one of this client address's places for a run queued or running (a demo server's
+    address_at_once); raises demo.Busy, with a message for the page, when the address has none left."""
+    p = policy()
+    return _address_slots().hold(client_address(), p.caps.address_at_once if p.enabled else 0)
+
+
+def sweep_lengths(offered: list[int], key: str) -> list[int]:
+    """A sweep's prompt lengths: those within a demo server's cap, up to the visitor's "Longest prompt" (bound to
+    the link, so a shared link reruns the same sweep)."""
+    top = cap("sweep_tokens")
+    offered = [n for n in offered if top is None or n <= top]
+    longest = st.select_slider(
+        "Longest prompt", offered, value=offered[-1], key=key, bind="query-params", help="Shorter sweeps finish sooner." + cap_note("sweep_tokens")
+    )
+    return [n for n in offered if n <= longest]
+
+
+def tokens_fit(n_tokens: int, whose: str = "The prompt") -> bool:
+    """A demo server's prompt-token cap (the one check every page makes before running a prompt it does not trace;
+    traces pass it to pipeline.trace as max_tokens); says so in the page when over."""
+    limit = cap("prompt_tokens")
+    if limit is not None and n_tokens > limit:
+        st.warning(f"{whose} is {n_tokens:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it.")
+        return False
+    return True
+
+
+def prompt_fits(lm, prompt: str, chat: bool) -> bool:
+    """tokens_fit for a prompt as it will be run (templated in chat mode)."""
+    return cap("prompt_tokens") is None or tokens_fit(len(pipeline.tokenize(lm.tokenizer, prompt, chat=chat).input_ids))

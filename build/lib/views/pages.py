@@ -1,0 +1,128 @@
+"""Every page of the explorer, defined once: its slug (the link's path), its stage number, its name, the heading it
+opens with, its one-sentence takeaway, its icon, its file, and whether the lesson handout computes its section from
+the prompt (`handout="trace"` or `"run"`) or recalls the figures this session drew there (None). app.py's navigation,
+the page header (its heading, the presentation mode's previous/next links), the handout, the exports and the tests
+read this table: renaming or renumbering a page is one edit here. No Streamlit in here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    slug: str  # the link's path ("" for the overview, the app's front page)
+    number: int | None  # the stage's number in the article's order (None: not a stage)
+    name: str
+    icon: str
+    takeaway: str
+    heading: str = ""  # the page's h1 (after its number) when it says more than its name
+    handout: str | None = None  # "trace" / "run": the handout computes this stage from the prompt; None: recalled figures
+    hidden: bool = False  # reachable by its link only (the operator page)
+    summary: str = ""  # the article's words for the stage (the overview's list)
+
+    @property
+    def title(self) -> str:
+        """The navigation's label: "3 · Attention"."""
+        return self.name if self.number is None else f"{self.number} · {self.name}"
+
+    @property
+    def short(self) -> str:
+        """The presentation mode's previous/next label: the number (one line at 1280 px)."""
+        return self.name if self.number is None else str(self.number)
+
+    @property
+    def h1(self) -> str:
+        """The page's heading: the title, or the number with the longer heading."""
+        if not self.heading:
+            return self.title
+        return self.heading if self.number is None else f"{self.number} · {self.heading}"
+
+    @property
+    def file(self) -> str:
+        """The page's script, relative to the app's folder (named by its slug, so a renumbered page keeps its file)."""
+        return f"views/stages/{(self.slug or 'overview').replace('-', '_')}.py"
+
+    @property
+    def stage(self) -> str:
+        """The overview's line for it: "3 · Attention: query, key, value, heads"."""
+        return f"{self.number} · {self.summary}" if self.number is not None else self.name
+
+
+def _p(slug, number, name, icon, takeaway, heading="", handout=None, hidden=False, summary="") -> PageSpec:
+    return PageSpec(slug, number, name, f":material/{icon}:", takeaway, heading, handout, hidden, summary or name)
+
+
+# in the article's order of stages
+STAGES: tuple[PageSpec, ...] = (
+    _p("", None, "Overview", "explore",
+       "A real model runs on your prompt; every number on these pages is measured on that very run, and each page shows how we know it is right.",
+       heading="What happens between Enter and the first token"),
+    _p("tokens", 1, "Prompt & tokens", "content_cut",
+       "The model never sees letters or words: your text becomes a list of token ids, wrapped in a chat template.", handout="trace",
+       summary="Tokenize: pieces, ids, special tokens, chat template"),
+    _p("embeddings", 2, "Embeddings & positions", "scatter_plot",
+       "Each token id picks one row of a big matrix: a vector of numbers; RoPE then rotates it by its position.", handout="trace",
+       summary="Embeddings and positions (RoPE)"),
+    _p("attention", 3, "Attention", "visibility",
+       "Each token looks back at the tokens before it and takes a weighted mix of what they carry; each head looks for something else.",
+       handout="trace",
+       summary="Attention: query, key, value, heads"),
+    _p("layer", 4, "Inside a layer", "layers",
+       "Every layer adds what attention and the feed-forward network found to a running sum, and the answer forms layer by layer.",
+       handout="trace",
+       summary="Inside a layer: norm, feed-forward, residual, logit lens"),
+    _p("next-token", 5, "Next token", "casino",
+       "The last layer gives a score to every token in the vocabulary; softmax, temperature and top-k/top-p turn the scores into one choice.",
+       handout="trace",
+       summary="Logits → softmax → temperature → top-k / top-p → sample"),
+    _p("generation", 6, "Generation", "autorenew",
+       "The chosen token is appended and the model runs again, one token at a time, until it stops.",
+       heading="Generation: the autoregressive loop", handout="run",
+       summary="The autoregressive loop"),
+    _p("prefill-decode", 7, "Prefill vs decode", "speed",
+       "Prefill reads the whole prompt in one pass; each decode step then pays mostly for reading the weights, for one token.", handout="run"),
+    _p("kv-cache", 8, "KV cache", "memory",
+       "Keys and values of past tokens are kept, so each step computes only the newest: memory that grows with every token.",
+       heading="The KV cache", handout="run",
+       summary="The KV cache"),
+    _p("hardware", 9, "Hardware", "developer_board",
+       "Generation is mostly matrix multiplication; at batch 1 it waits on memory, not on arithmetic.",
+       summary="GPU vs CPU, matrix multiplication"),
+    _p("roofline", 10, "Roofline", "show_chart",
+       "Prefill is compute-bound, decode is memory-bound: the ridge point of this device says where one turns into the other.",
+       heading="Roofline: compute-bound or memory-bound?",
+       summary="Compute-bound or memory-bound"),
+    _p("attention-kernels", 11, "Attention kernels", "bolt",
+       "Fused attention kernels give the same numbers without writing the T×T score matrix to memory.",
+       heading='Attention kernels ("FlashAttention")',
+       summary="FlashAttention-style kernels"),
+    _p("production", 12, "Production mode", "factory",
+       "A static cache and a fused step cut the overheads around the same arithmetic.",
+       heading="Production mode: static cache, fused step, CUDA graph"),
+    _p("speculative", 13, "Speculative decoding", "fast_forward",
+       "A cheap draft guesses several tokens, the big model checks them all in one pass: same output, fewer passes."),
+    _p("streaming-sharding", 14, "Streaming & sharding", "lan",
+       "Tokens are sent the moment they are sampled; a model too big for one device is split across several.", handout="run",
+       summary="Streaming, tensor parallelism and sharding"),
+    _p("batching", 15, "Continuous batching", "groups",
+       "One engine serves everyone: requests join and leave the batch at every step, so nobody waits for the longest answer.",
+       heading="Continuous batching: serving many users",
+       summary="Continuous batching of many users"),
+    _p("misconceptions", 16, "Misconceptions, tested", "fact_check",
+       "It writes one token at a time, reads tokens not words, knows no more when hotter, pays for every token of context, and forgets you.",
+       heading="Common misconceptions, tested", handout="trace",
+       summary="Common misconceptions, tested"),
+)  # fmt: skip
+OPERATOR = _p("operator", None, "Operator", "admin_panel_settings", "", hidden=True)
+ALL: tuple[PageSpec, ...] = (*STAGES, OPERATOR)
+BY_SLUG: dict[str, PageSpec] = {p.slug: p for p in ALL}
+BY_TITLE: dict[str, PageSpec] = {p.title: p for p in ALL}
+
+
+def neighbours(spec: PageSpec) -> tuple[PageSpec | None, PageSpec | None]:
+    """The previous and next stage in the article's order (None at either end, and for a hidden page)."""
+    if spec not in STAGES:
+        return None, None
+    at = STAGES.index(spec)
+    return (STAGES[at - 1] if at > 0 else None), (STAGES[at + 1] if at + 1 < len(STAGES) else None)

@@ -1,0 +1,281 @@
+"""How a page draws what it measured: figures ready for slides (each joins the page's ZIP export), tables, verbatim
+text, metrics of repeated measurements, claims only where the repeats agree, busy notes, the "How do we know?"
+boxes. The page header and presentation mode's layout are views.header's. Nothing here runs the model."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import appstate
+import pipeline
+from components import export, fmt
+from views import guard
+from views.loading import model_key, recall
+
+
+# Widget callbacks: never a function or lambda defined in a page script. Streamlit keeps each widget's
+# format_func / on_change in the session's widget metadata, and a page-level function holds the page's whole
+# namespace (its trace, its results) through __globals__; a widget whose options change with the prompt gets a
+# new entry per prompt, so one session used to keep every trace it ever saw (~210 MB per long prompt). These
+# helpers close over plain data only.
+def labeller(labels) -> callable:
+    """format_func for options 0..n-1 (or the keys of a dict) that shows labels[option]."""
+    return (list(labels) if not isinstance(labels, dict) else dict(labels)).__getitem__
+
+
+def on_choice(select_key: str, table: dict, targets: tuple[str, ...]) -> callable:
+    """on_change for a selectbox `select_key` whose choice fills other widgets: table[choice] -> one value per
+    target session-state key (a single target takes the value itself)."""
+
+    def fill():
+        vals = table[st.session_state[select_key]]
+        st.session_state.update({targets[0]: vals} if len(targets) == 1 else dict(zip(targets, vals)))
+
+    return fill
+
+
+def verbatim(text: str, where=None, cursor: bool = False, max_lines: int = 0):
+    """Text a visitor or the model wrote, exactly as written: a code block keeps newlines and indentation and
+    never reads Markdown or HTML (a generated "# heading" stays a line of code). The one way whole texts are
+    drawn on every page; short pieces inside a sentence go through components.tokens.lit."""
+    lines = text.count("\n") + 1
+    height = 24 * max_lines + 16 if max_lines and lines > max_lines else "content"
+    (where or st).code(text + (" ▌" if cursor else ""), language=None, wrap_lines=True, height=height)
+
+
+class PageExports:
+    """What the page drew in this run, for "Export this page": figures (with the note that goes inside their
+    image), tables, images and non-Plotly views."""
+
+    def __init__(self, title: str):
+        self.title, self.figures, self.tables, self.html, self.images = title, [], {}, {}, {}
+        # who asks, read now: the ZIP is made later, when the button is clicked, outside this page run
+        self._who = (guard.session_key(), guard.client_address())
+        self._stem = export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
+
+    def stem(self) -> str:
+        return self._stem
+
+    def zip(self) -> bytes:
+        """The page's ZIP, made on the click. On a demo server it counts as a run (the browser's and the address's
+        limits); a refused export is a ZIP holding only REFUSED.txt, which says why and when to try again. Its
+        images are drawn one at a time through the one image exporter, so another visitor's export runs between
+        this one's figures instead of waiting for all of them."""
+        why = guard.refusal(*self._who, "the export")
+        if why:
+            return export.refused_zip(self._stem, why)
+        return export.page_zip(self._stem, self.figures, self.tables, self.html, images=self.images)
+
+
+# query parameters that are not a view's settings: the prompt and model are named on their own, the rest is plumbing
+NOT_SETTINGS = ("prompt", "model_choice", "present", "p", "view", "s", "chat")
+_LABELS: dict[str, str] = {}  # model key -> its label (a folder's label never changes)
+
+
+def context_note(settings: dict | None = None) -> str:
+    """What shaped this page's figures, for the line inside every exported image: the model, the prompt
+    (shortened), chat mode and the view's settings (its widgets bound to the link, and the page's own)."""
+    key = model_key()
+    if key not in _LABELS:
+        _LABELS.update({m.key: m.label for m in pipeline.available_models()})
+    model = _LABELS.get(key, key)
+    prompt = " ".join((st.session_state.get("prompt") or "").split())
+    prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
+    parts = [model, f"prompt “{prompt}”" + (" (chat template)" if st.session_state.get("chat") else "")]
+    # only the view's own settings: a parameter that no widget of this page is bound to (a typo, or text someone
+    # put in a link: "?zz=Visit evil.example") never reaches an image
+    view = {k: st.query_params.get(k) for k in st.query_params if k not in NOT_SETTINGS and k in st.session_state}
+    view |= {k: v for k, v in (settings or {}).items() if v is not None}
+    if view:
+        parts.append(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in view.items()))
+    return " · ".join(parts)
+
+
+def _exports() -> PageExports:
+    return st.session_state.get("_exports") or PageExports("page")
+
+
+def presenting() -> bool:
+    return bool(st.session_state.get("present"))
+
+
+PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
+
+
+def figure(fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None) -> None:
+    """A Plotly figure, ready for slides: SVG and 3x PNG buttons under it, named after the page, figure and prompt
+    (drawn on click, with the title, the model, the prompt and the settings inside the image), and it joins the
+    page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
+    numbers are drawn on the figure: no hover needed). Its text alternative is its title and the numbers behind
+    it. `main`: the page's main figure, which presentation mode shows first, sized for the first screen.
+    `settings`: what shaped it beyond the view's linked widgets (named in the exported image)."""
+    reg = _exports()
+    title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
+    present = presenting()
+    fig = export.labelled(fig) if present else type(fig)(fig)
+    export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
+    if present and main:
+        fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
+    stem = export.slug(reg.title, title, (st.session_state.get("prompt") or "")[:40])
+    w = where or st
+    if main:
+        w = w.container(key="main_figure")
+    # no camera button: it would save the figure without the note that says what it shows (the buttons below do)
+    config = {"modeBarButtonsToRemove": ["toImage"], "displaylogo": False}
+    # theme=None: the figure's own template, as exported (Streamlit's theme would redraw its text at 12 px)
+    w.plotly_chart(fig, width="stretch", key=key, config=config, alt=export.alt_text(fig, title), theme=None)
+    note = context_note(settings)
+    reg.figures.append((title, fig, note))
+    n = len(reg.figures)
+    row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
+    for kind, label, mime, what in (("svg", "SVG", "image/svg+xml", "a vector image"), ("png", "PNG ×3", "image/png", "a 3x PNG")):
+        row.download_button(
+            label,
+            _image_of(fig, kind, note, title),
+            f"{stem}.{kind}",
+            mime,
+            key=f"{kind}_{n}_{key or ''}",
+            icon=":material/download:",
+            type="tertiary",
+            on_click="ignore",
+            help=f"{title} as {what} for a slide, the model, prompt and settings inside",
+        )
+
+
+def _image_of(fig, fmt: str, note: str, title: str):
+    """Deferred: the image is drawn only when its button is clicked (a closure over the figure and its note)."""
+    return lambda: export.image(fig, fmt, note=note, title=title)
+
+
+def image(img, name: str, caption: str, where=None) -> None:
+    """A picture the page computed (an RGB array), shown with its caption as its text alternative, and saved as
+    PNG in the page's ZIP export."""
+    _exports().images[name] = img
+    (where or st).image(img, caption=caption, width="stretch", alt=f"{name}: {caption}")
+
+
+def intro(text: str) -> None:
+    """A page's opening explanation: read on the page; in presentation mode folded away (the teacher tells it),
+    so the first screen holds the takeaway and the main figure."""
+    if presenting():
+        with st.expander("What this page explains"):
+            st.markdown(text)
+    else:
+        st.markdown(text)
+
+
+TABLE_ROWS = 40  # up to this many rows a table is plain HTML (read by screen readers, copied, projected as is)
+
+
+def table(name: str, df, where=None, **kw) -> None:
+    """A table (a DataFrame or a list of row dicts), saved as CSV in the page's ZIP export. Short tables are an HTML
+    table (accessible: real cells, headers, one id each); long ones a scrolling data grid."""
+    import pandas as pd
+
+    df = df if isinstance(df, pd.DataFrame) else pd.DataFrame(df)
+    _exports().tables[name] = df
+    w = where or st
+    if len(df) <= TABLE_ROWS and not set(kw) - {"hide_index", "width"}:
+        floats = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
+        shown = df.style.format(fmt.number, subset=floats) if floats else df  # 10, not 10.0000; the export keeps every digit
+        w.table(shown, alt=f"Table: {name}, {len(df)} rows", **kw)
+    else:
+        w.dataframe(df, **kw)
+
+
+def html_view(body: str, name: str, where=None, main: bool = False) -> None:
+    """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export.
+    `main`: the page's main view, which presentation mode shows first."""
+    _exports().html[name] = body
+    w = where or st
+    if main:  # in presentation mode a tall view scrolls inside the first screen (PRESENT_CSS: max-height)
+        w = w.container(key="main_figure")
+    w.html(body)
+
+
+PASS, FAIL, SKIP = (":green[:material/check_circle:]", ":red[:material/cancel:]", ":gray[:material/remove_circle: not run]")
+
+
+def verdict(ok: bool | None) -> str:
+    """A pass / fail / not-run mark drawn with Streamlit's bundled icon font (no emoji font needed)."""
+    return SKIP if ok is None else (PASS if ok else FAIL)
+
+
+def _check_results() -> appstate.CheckResults:
+    return st.session_state.setdefault("_checks", appstate.CheckResults())
+
+
+def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks on this run", ask: bool = False):
+    """An expander that runs `checks_fn()` -> [Check] once per `tr` (a trace, or a run's result object) and shows
+    each measured discrepancy. Results live in the session (appstate.CheckResults), never on the shared trace.
+    Checks that need extra forward passes on long prompts (or, with `ask`, always) wait for a click."""
+    with st.expander(label):
+        store = _check_results()
+        results = store.get(key, tr)
+        if results is None:
+            T = getattr(tr, "T", 0)
+            if (ask or T > 256) and not st.button("Run the cross-checks", key=f"chk_{key}", help="They re-run the model: seconds"):
+                st.caption(
+                    "The cross-checks re-run the model, so they wait for a click."
+                    if ask
+                    else f"{T} tokens: the cross-checks re-run the model, so they wait for a click."
+                )
+                return
+            try:
+                results = checks_fn()
+            except Exception as e:  # noqa: BLE001 - a failed check is shown, the page keeps serving
+                guard.fail(e, "run a check", level="error")
+                return
+            store.put(key, tr, results)
+        show_checks(results)
+
+
+def evidence(checks, label="How do we know? Cross-checks on this run") -> None:
+    """The "How do we know?" box for checks already computed (cheap arithmetic on a run's own numbers, or a
+    comparison the page ran anyway)."""
+    with st.expander(label):
+        show_checks(checks)
+
+
+def show_checks(checks) -> None:
+    """Each check as one line: its verdict, what was compared, the measured discrepancy."""
+    for c in checks:
+        st.markdown(f"{verdict(c.ok)} **{c.name}** — {c.detail}")
+
+
+def metric_of(col, label: str, samples, scale: float = 1000.0, unit: str = "ms", digits: int = 0, help: str | None = None) -> None:
+    """A metric for repeated measurements: the median as its value (short enough never to be cut), the range of
+    the repeats under it."""
+    f = lambda x: f"{x * scale:,.{digits}f}"  # noqa: E731
+    col.metric(
+        label,
+        f"{f(samples.median)} {unit}".strip(),
+        f"range {f(samples.lo)}–{f(samples.hi)} {unit}".strip() if len(samples.values) > 1 else None,
+        delta_color="off",
+        delta_arrow="off",
+        help=help,
+    )
+
+
+def claim_or_doubt(verdict, where=None) -> None:
+    """A measured trend as the page may state it (pipeline.generation.Verdict): the claim when every repeat holds
+    it, else why this machine could not tell."""
+    w = where or st
+    if verdict.claim:
+        w.caption(verdict.claim)
+    else:
+        w.warning(verdict.doubt, icon=":material/help:")
+
+
+def busy_note(busy, where=None) -> None:
+    """What else this server ran while a time shown was measured (a Busy, or the slot of a heavy experiment's
+    result): a warning that the time is inflated, or a one-line caption that nothing else ran."""
+    if isinstance(busy, str):
+        busy = recall(busy + "/busy")
+    if busy is None:
+        return
+    w = where or st
+    if busy:
+        w.warning(str(busy), icon=":material/groups:")
+    else:
+        w.caption(str(busy))

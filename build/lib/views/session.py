@@ -1,0 +1,198 @@
+"""Who a visitor is, and what a link carries: the browser's own runs (a cookie, never the address), a frozen copy
+of them for a link (?view=), a long prompt kept on the server under an id (?p=), every id from an address checked.
+The state itself lives in appstate (RunStore, SharedTexts); this module only wires it to Streamlit. Design:
+docs/architecture.md, "Who a visitor is"."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import streamlit as st
+
+import appstate
+
+MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat apps cut: shared another way
+
+
+@st.cache_resource(show_spinner=False)
+def _shared_texts() -> appstate.SharedTexts:
+    return appstate.SharedTexts()
+
+
+ID12 = re.compile(r"[0-9a-f]{12}")  # a shared prompt's or a frozen view's id: 12 hex digits, nothing else
+BROWSER_COOKIE = "llm_explorer_browser"  # this browser's id: its runs and its rate limit, never in a link
+BROWSER_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def client_address() -> str:
+    """The connection's address ("local" for localhost, where Streamlit gives none)."""
+    try:
+        ip = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no client context (a bare script run)
+        ip = None
+    return ip if isinstance(ip, str) and ip else "local"  # AppTest gives a mock
+
+
+def link_id(name: str) -> str | None:
+    """A ?p= / ?view= id from the address: returned when it is 12 hex digits; anything else is removed from the
+    address and said in the page as plain text (never echoed: a link's text is never rendered)."""
+    v = st.query_params.get(name)
+    if v is None:
+        return None
+    if ID12.fullmatch(v):
+        return v
+    del st.query_params[name]
+    st.sidebar.warning(f"This link's ?{name}= is not a valid id (12 hex digits), so it was ignored.")
+    return None
+
+
+def shared_prompt() -> bool:
+    """Links carry the prompt (?prompt=...) up to MAX_URL_PROMPT_CHARS; a longer one is kept on this server and
+    the link carries its id (?p=...). Opens a link's stored prompt once; returns whether the prompt is long."""
+    pid = link_id("p")
+    if pid and st.session_state.get("_shared_id") != pid:
+        st.session_state["_shared_id"] = pid
+        text = _shared_texts().get(pid)
+        if text is None:
+            st.sidebar.warning(
+                "This link's prompt is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
+            )
+        else:
+            st.session_state["prompt"] = text
+            st.rerun()  # the widgets are drawn from the restored prompt (drawn in this first run, the box could stay blank)
+    prompt = st.session_state.get("prompt") or ""
+    long = len(prompt) > MAX_URL_PROMPT_CHARS
+    if long:
+        try:
+            st.session_state["_shared_id"] = key = _shared_texts().put(prompt, session_key(), client_address())
+        except appstate.Full as e:
+            st.session_state["_shared_id"] = None
+            st.session_state["_shared_full"] = str(e)
+            if "p" in st.query_params:
+                del st.query_params["p"]
+            return long
+        st.session_state["_shared_full"] = None
+        if st.query_params.get("p") != key:  # written only when it changes: each write is a message to the browser
+            st.query_params["p"] = key
+    elif "p" in st.query_params:
+        del st.query_params["p"]
+    return long
+
+
+def _freeze_view() -> None:
+    try:
+        st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6), client_address())
+        st.session_state["_frozen_full"] = None
+    except appstate.Full as e:
+        st.session_state["_frozen"] = None
+        st.session_state["_frozen_full"] = str(e)
+
+
+def share_note(sb, long: bool) -> None:
+    with sb.popover("Share this view", icon=":material/link:", width="stretch"):
+        st.markdown(
+            "The address bar holds this view: model, prompt, chat mode and this page's settings. Copy it to open "
+            "the same view in another browser; a refresh keeps it. It never carries who you are: whoever opens it "
+            "starts with their own runs, and nothing they do reaches yours."
+        )
+        st.button("Add a copy of my results to the link", key="share_freeze", on_click=_freeze_view, icon=":material/content_copy:")
+        vid = st.session_state.get("_frozen")
+        if vid:
+            from urllib.parse import urlencode
+
+            query = {k: st.query_params.get(k) for k in st.query_params if k not in ("view", "s")} | {"view": vid}
+            st.code(f"{st.context.url or ''}?{urlencode(query)}", language=None, wrap_lines=True)
+            store = _run_store()
+            st.caption(
+                "This link carries a frozen copy of your finished runs as they are now: whoever opens it gets their own copy "
+                "of that copy. Your own address is unchanged; runs you make later are not in the copy. The copy stays on this "
+                f"server for at least {store.KEEP_VIEW_S / appstate.DAY:.0f} days, whatever other visitors do (until the server "
+                f"restarts); this browser keeps its {store.views_per_browser} most recent copies."
+            )
+        elif st.session_state.get("_frozen_full"):
+            st.warning(f"No copy was made: {st.session_state['_frozen_full']}. Share the view without results, or try again later.")
+        if long and st.session_state.get("_shared_id"):
+            n = len(st.session_state.get("prompt") or "")
+            st.markdown(
+                f"This prompt ({n:,} characters) is too long for a link, so it is kept on this server and the link "
+                f"carries its id (`p={st.session_state['_shared_id']}`) for at least {appstate.SharedTexts.KEEP_S / appstate.DAY:.0f} "
+                "days (until the server restarts). For another server, share the prompt itself:"
+            )
+            st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
+        elif long:
+            st.warning(
+                f"This prompt is too long for a link and this server could not keep it ({st.session_state.get('_shared_full')}): "
+                "the link carries the view without the prompt. Share the prompt itself:"
+            )
+            st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl2", on_click="ignore")
+
+
+@st.cache_resource(show_spinner=False)
+def _run_store() -> appstate.RunStore:
+    return appstate.RunStore()
+
+
+def _browser_id() -> str | None:
+    return _cookie(BROWSER_COOKIE, BROWSER_ID)
+
+
+SERVER_COOKIE = "llm_explorer_server"  # which server process this browser last saw (to say when it restarted)
+
+
+@st.cache_resource(show_spinner=False)
+def _server_start() -> tuple[str, float]:
+    """This server process's id (16 hex digits) and start time."""
+    import time
+
+    return secrets.token_hex(8), time.time()
+
+
+def _cookie(name: str, pattern: re.Pattern) -> str | None:
+    try:
+        v = st.context.cookies.get(name)
+    except Exception:  # noqa: BLE001 - no client context (AppTest)
+        return None
+    return v if isinstance(v, str) and pattern.fullmatch(v) else None
+
+
+def keep_runs() -> None:
+    """A page's runs belong to this browser and survive a refresh: they are kept under the browser's id, a cookie
+    set on its first visit (the address never carries it). A link's frozen view (?view=) is copied into them once.
+    A browser that last saw another server process is told, once, that the server restarted and what was lost."""
+    cookie = _browser_id()
+    first_run = "_sid" not in st.session_state
+    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8), client_address())
+    server, started = _server_start()
+    seen = _cookie(SERVER_COOKIE, BROWSER_ID)
+    if first_run and cookie and seen and seen != server and not st.session_state.get("_restart_said"):
+        import time
+
+        st.session_state["_restart_said"] = True
+        st.warning(
+            f"This server restarted at {time.strftime('%H:%M', time.localtime(started))} since your last visit: the runs it kept for this "
+            "browser, and any answer that was being generated, were lost. Your link still holds the view (model, prompt, settings): "
+            "press the page's button again to run it.",
+            icon=":material/restart_alt:",
+        )
+    if cookie != sid or seen != server:  # a first visit (or cookies refused), or the first visit to this server process
+        st.sidebar.html(
+            f"<script>document.cookie='{BROWSER_COOKIE}={sid}; path=/; max-age=2592000; SameSite=Lax';"
+            f"document.cookie='{SERVER_COOKIE}={server}; path=/; max-age=2592000; SameSite=Lax'</script>",
+            unsafe_allow_javascript=True,  # both are 16 hex digits of our own making, never text from a visitor
+            width="content",
+        )
+    if "s" in st.query_params:  # older links carried a session id: it is never honoured
+        del st.query_params["s"]
+    vid = link_id("view")
+    if vid and st.session_state.get("_thawed") != vid:
+        st.session_state["_thawed"] = vid
+        if not _run_store().thaw(st.session_state, vid):
+            st.sidebar.info("This link's copy of someone's results is not on this server any more: the view opens without them.")
+        del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
+
+
+def session_key() -> str:
+    """This browser's id (its cookie; a new one for a browser that has none yet): what its runs and its rate limit
+    are kept under. Never in the address, so a link hands it to nobody."""
+    return st.session_state.get("_sid") or "?"

@@ -1,0 +1,98 @@
+"""The sidebar every page shares: the model, a preset or typed prompt, chat mode, sharing the view, the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+import appstate
+import pipeline
+from pipeline.model import available_models
+from views import session
+from views.guard import _sessions, cap_note, policy
+from views.loading import LOCAL
+from views.session import session_key
+
+PRESETS = {
+    "Why is the sky blue?": ("Why is the sky blue?", True),
+    "The capital of France is": ("The capital of France is", False),
+    "Apple released a new chip.": ("Apple released a new chip.", False),
+    "Apple fell from the tree.": ("Apple fell from the tree.", False),
+    "Dog bites man.": ("Dog bites man.", False),
+    "Man bites dog.": ("Man bites dog.", False),
+    "The cat sat on the mat because it was warm.": ("The cat sat on the mat because it was warm.", False),
+    "Emoji, Hindi and code": ("Hi 👋🏽! नमस्ते दुनिया\ndef add(a, b):\n    return a + b", False),
+}
+
+
+DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
+
+
+def _init_state():
+    for k, v in DEFAULTS.items():
+        st.session_state.setdefault(k, v)
+
+
+def _prompt_edited():
+    """A typed prompt is no longer the preset: the preset box says so."""
+    name = st.session_state.get("preset")
+    if name in PRESETS and PRESETS[name][0] != st.session_state.get("prompt"):
+        st.session_state["preset"] = "—"
+
+
+def _apply_preset():
+    name = st.session_state.get("preset")
+    if name in PRESETS:
+        st.session_state["prompt"], st.session_state["chat"] = PRESETS[name]
+
+
+def sidebar():
+    _init_state()
+    session.keep_runs()
+    long = session.shared_prompt()
+    sb = st.sidebar
+    pol = policy()
+    _sessions().seen(session_key())
+    if pol.enabled:  # only the operator's allowlist; nothing a visitor types is ever a server path
+        known = {m.key: m for m in available_models()}
+        choices = [known.get(k) or pipeline.model.ModelChoice(k, Path(k).name, True) for k in pol.models]
+        keys = [m.key for m in choices]
+        if st.session_state.get("model_choice") not in keys:
+            st.session_state["model_choice"] = keys[0]
+        helptext = "The models this demo server offers (chosen by its operator). Nothing is ever downloaded."
+    else:
+        choices = available_models()
+        keys = [m.key for m in choices] + [LOCAL]
+        helptext = (
+            "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded."
+        )
+    labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
+    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=lambda k: labels.get(k, k), help=helptext)
+    if st.session_state["model_choice"] == LOCAL:
+        roots = ", ".join(str(r) for r in appstate.models_roots())
+        sb.text_input(
+            "Folder path", key="local_path", placeholder=f"{roots}/my-model", help=f"A Hugging Face model folder under {roots} (config.json + *.safetensors)."
+        )
+    sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
+    sb.text_area(
+        "Prompt",
+        key="prompt",
+        height=110,
+        max_chars=200_000,
+        on_change=_prompt_edited,
+        bind=None if long else "query-params",
+        help="Any text: it is shown as typed, never read as Markdown or HTML." + cap_note("prompt_tokens", "tokens"),
+    )
+    sb.toggle(
+        "Chat mode (wrap in the chat template)",
+        key="chat",
+        bind="query-params",
+        help="One switch for every page: the prompt wrapped in the model's chat template (instruct models answer "
+        "questions in chat mode; a completion such as 'The capital of France is' reads better without it).",
+    )
+    session.share_note(sb, long)
+    info = st.session_state.get("_device_label")
+    if info:
+        sb.caption(f"**Device:** {info}")
+    st.session_state["_run_caption"] = sb.empty()  # one "This run" line, however many traces a page reads

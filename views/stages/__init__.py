@@ -1,0 +1,1 @@
+"""The page scripts, one per row of views/pages.py (Streamlit runs each as a script)."""
