@@ -3,6 +3,7 @@ vendored JavaScript; every module imports from the installed copy (not this chec
 point and takes the same settings as `make run`."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys

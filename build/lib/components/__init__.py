@@ -1,1 +1,0 @@
-"""Plain data -> Plotly figures, HTML and images. No model calls here."""

@@ -1,1 +1,0 @@
-"""The page scripts, one per row of views/pages.py (Streamlit runs each as a script)."""
