@@ -32,8 +32,6 @@ from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 
-from pipeline.engine.core import ordinal  # noqa: F401  (the pages say "2nd in line" the engine's way)
-
 log = logging.getLogger("llm_explorer")
 
 

@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
         out["cluster_up_s"] = round(time.time() - t0, 1)
 
         from pipeline.engine import ray_serve
-        from pipeline.engine.core import EngineError
+        from pipeline.engine import EngineError
 
         key = pipeline.EMBEDDED
         ray_serve._connected = f"127.0.0.1:{port}"

@@ -71,7 +71,7 @@ def main():
     lat = []
     for s in settings:
         t = time.perf_counter()
-        steps = sampling.filter_steps(tr.next_logits, *s)
+        steps = sampling.filter_steps(tr.next_logits, sampling.Sampling(*s))
         order = np.argsort(-steps[0].probs)[:15]
         _ = [st.probs[order] for st in steps]
         lat.append((time.perf_counter() - t) * 1000)

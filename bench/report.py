@@ -36,9 +36,12 @@ ABOUT = {
     ),
     "class_term": (
         "A term's worth of load: the demo server (SmolLM2 and Gemma-3) under a class for 30 minutes, 4 Chromium tabs whose "
-        "visitors switch model every other visit and 28 engine-API visitors (one in four cancelling): errors, answers equal "
-        "to the same request alone, the server's RSS peak by quarter.",
-        "bench/bench_class.py --minutes 30 --switch --out class_term",
+        "visitors switch model every other visit (every twelfth runs page 7's sweep) and 28 engine-API visitors (one in four "
+        "cancelling): errors, answers equal to the same request alone, the server's RSS peak by quarter. The shared trace "
+        "cache's budget is 150 MB here, so that it fills in the first quarter (every visitor's prompt is new, 3-9 MB a trace): "
+        "after it, RSS must stay level (the last quarter's peak within 100 MB of the second's). The default budget, 1,200 MB, "
+        "fills after ~200 distinct prompts.",
+        "bench/bench_class.py --minutes 30 --switch --trace-budget-mb 150 --out class_term",
     ),
     "first_visit": (
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",

@@ -50,12 +50,12 @@ def cmd_tokens(args, out):
 
 
 def cmd_next(args, out):
-    from pipeline.forward.sampling import entropy_bits, filter_probs
+    from pipeline.forward.sampling import Sampling, entropy_bits, filter_probs
     from pipeline.forward.tracing import trace
 
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
-    p = filter_probs(tr.next_logits, args.temperature, args.top_k, args.top_p, args.min_p).numpy()
+    p = filter_probs(tr.next_logits, Sampling(args.temperature, args.top_k, args.top_p, args.min_p)).numpy()
     order = np.argsort(-p)[: args.n]
     cands = [{"id": int(i), "text": text_of(lm.tokenizer, [int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
     res = {

@@ -10,9 +10,9 @@ import appstate
 import demo
 import pipeline
 from pipeline import serving
-from pipeline.forward.sampling import Sampling
+from pipeline.forward.sampling import DEFAULTS, Sampling
 from pipeline.forward.tracing import TraceError
-from pipeline.generation import GenerationRecord, prepare
+from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, prepare
 from pipeline.serving import ENGINE
 from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
 from views.loading import model_key
@@ -50,27 +50,35 @@ def generation_prompt() -> str | None:
     return prompt
 
 
+def sampling_sliders(cols, keys: tuple[str, str, str, str, str], seed_col=None, greedy_default: bool = False) -> Sampling:
+    """The one set of sampling controls (the Next token page and the generation pages): temperature / top-k / top-p
+    / min-p in `cols`, the seed in `seed_col` (default the fifth column), starting from the app's one set of defaults
+    (pipeline.forward.sampling.DEFAULTS), each bound to the link under its key in `keys`."""
+    d, q = DEFAULTS, dict(bind="query-params")
+    kt, kk, kp, km, ks = keys
+    return Sampling(
+        temperature=cols[0].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=kt, help="0 = greedy", **q),
+        top_k=cols[1].slider("Top-k (0 = off)", 0, 200, d.top_k, key=kk, **q),
+        top_p=cols[2].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=kp, **q),
+        min_p=cols[3].slider("Min-p (0 = off)", 0.0, 0.5, d.min_p, 0.01, key=km, **q),
+        seed=int((seed_col if seed_col is not None else cols[4]).number_input("Seed", 0, 2**31 - 1, d.seed, key=ks, **q)),
+    )
+
+
 def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, Sampling]:
-    """(max new tokens, Sampling): max new tokens / temperature / top-k / top-p / seed in one row, starting from the
-    app's one set of defaults (pipeline.forward.sampling.DEFAULTS, as the Next token page and the overview), each bound to the URL."""
-    d = pipeline.forward.sampling.DEFAULTS
-    c = st.columns(5)
-    q = dict(bind="query-params")
+    """(max new tokens, Sampling): max new tokens, then the sampling controls, in one row."""
+    c = st.columns(6)
     n = c[0].number_input(
         "Max new tokens",
         0,
-        cap("new_tokens", 100_000),
-        min(48, cap("new_tokens", 48)),
+        cap("new_tokens", MAX_NEW_TOKENS),
+        min(48, cap("new_tokens", MAX_NEW_TOKENS)),
         key=f"{prefix}_n",
-        help=f"Capped at {pipeline.generation.MAX_NEW_TOKENS:,}." + cap_note("new_tokens"),
-        **q,
+        help=f"Capped at {cap('new_tokens', MAX_NEW_TOKENS):,}." + cap_note("new_tokens"),
+        bind="query-params",
     )
-    return n, Sampling(
-        temperature=c[1].slider("Temperature", 0.0, 2.0, 0.0 if greedy_default else d.temperature, 0.05, key=f"{prefix}_t", help="0 = greedy", **q),
-        top_k=c[2].slider("Top-k (0 = off)", 0, 200, d.top_k, key=f"{prefix}_k", **q),
-        top_p=c[3].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key=f"{prefix}_p", **q),
-        seed=c[4].number_input("Seed", 0, 2**31 - 1, d.seed, key=f"{prefix}_seed", **q),
-    )
+    keys = (f"{prefix}_t", f"{prefix}_k", f"{prefix}_p", f"{prefix}_minp", f"{prefix}_seed")
+    return n, sampling_sliders(c[1:], keys, greedy_default=greedy_default)
 
 
 def run_generation(

@@ -123,7 +123,7 @@ def _stage_layer(lm, tr):
 
 def _stage_next(lm, tr):
     d = sampling.DEFAULTS
-    steps = sampling.filter_steps(tr.next_logits, d.temperature, d.top_k, d.top_p, d.min_p)
+    steps = sampling.filter_steps(tr.next_logits, d)
     order = np.argsort(-steps[0].probs)[:12]
     cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r}") for i in order]
     fig = sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps])
@@ -136,7 +136,7 @@ def _stage_next(lm, tr):
     return (
         _table(numbers)
         + _figure(fig, "softmax, temperature, top-k, top-p")
-        + _checks([checks.check_filters(tr.next_logits, d.temperature, d.top_k, d.top_p, d.min_p), *checks.check_logits(lm, tr)[:1]])
+        + _checks([checks.check_filters(tr.next_logits, d), *checks.check_logits(lm, tr)[:1]])
     )
 
 

@@ -13,6 +13,7 @@ import demo
 import pipeline
 from components.tokens import lit
 from pipeline.common.timing import ACTIVITY
+from pipeline.engine.handle import ordinal
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import TraceError, check_prompt
 from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap, policy
@@ -183,7 +184,7 @@ def heavy(what: str, slot: str | None = None):
     try:
         try:
             ticket = line.turn(
-                session_key(), what, on_wait=lambda pos: note.info(f"The server runs one heavy experiment at a time: you are {demo.ordinal(pos)} in line.")
+                session_key(), what, on_wait=lambda pos: note.info(f"The server runs one heavy experiment at a time: you are {ordinal(pos)} in line.")
             )
             ticket.__enter__()
         except demo.Busy as e:

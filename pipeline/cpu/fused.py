@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from pipeline.common.timing import ids_of_length, sync, syncer
 from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, _norm_fn, fuse_weights, rope_tables, supported  # noqa: F401 - re-exported
 from pipeline.cpu.matmul import linear
+from pipeline.forward.sampling import GreedySummary
 from pipeline.model import LoadedModel
 
 MIN_BUCKET = 256
@@ -206,9 +207,8 @@ class FusedDecoder:
         logits = self.lm.arch.apply_softcap(_project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
-    def _summary(self, logits):
-        tv, ti = logits.topk(self.n_top)
-        return torch.cat([logits.argmax().float().view(1), torch.logsumexp(logits, 0).view(1), tv, ti.float()])
+    def _summary(self, logits) -> GreedySummary:
+        return GreedySummary.of(logits, self.n_top)
 
     def _capture(self):
         t = time.perf_counter()
@@ -414,14 +414,14 @@ def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bo
         ids = ids_of_length(lm, context)
         with lm.lock, torch.inference_mode():
             _, summary = dec.prefill(ids)
-            tok = int(summary[0])
+            tok = summary.token
             for p in range(context, context + 3):  # warm
                 _, summary = dec.step(tok, p)
             sync()
             t = time.perf_counter()
             for p in range(context + 3, context + 3 + steps):
                 dec.pos.fill_(p)
-                dec.tok.copy_(summary[0:1].long())  # argmax of the last step, on device
+                dec.tok.copy_(summary.argmax.view(1))  # argmax of the last step, on device
                 if dec.graph is not None:
                     dec.graph.replay()
                 else:

@@ -1,13 +1,18 @@
 """The serving engine: one per loaded model per process, shared by every visitor (see core.py); which one serves a
 model (in-process or Ray Serve) is registry.py's decision."""
 
-from pipeline.engine.core import BLOCK_SIZE, Engine, EngineError, EngineStats, Handle, IterationRecord, Waiting
+from pipeline.engine.blocks import BlockPool
+from pipeline.engine.core import BLOCK_SIZE, Engine, EngineConfig
+from pipeline.engine.handle import EngineError, EngineStats, Handle, IterationRecord, Waiting
 from pipeline.engine.registry import engine_for, use_remote
-from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.engine.scheduler import Chunk, PassOutput, Plan, Policy, QueueFull, Request, Scheduler, State, TooLarge
 from pipeline.forward.sampling import Sampling
 
 __all__ = [
     "Engine",
+    "EngineConfig",
+    "PassOutput",
+    "Plan",
     "EngineError",
     "EngineStats",
     "Handle",

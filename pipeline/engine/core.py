@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from pipeline.common.timing import ACTIVITY
-from pipeline.engine.scheduler import BlockPool, Chunk, Policy, QueueStats, Request, Scheduler, State
-from pipeline.forward.sampling import GREEDY, Sampling
+from pipeline.engine.blocks import BlockPool
+from pipeline.engine.handle import EngineStats, Handle, IterationRecord
+from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
+from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling
 from pipeline.generation.decode import StepOutput, choose, token_texts
 from pipeline.generation.events import Finish, StepEvent, eos_ids
 from pipeline.model import LoadedModel
@@ -48,163 +49,72 @@ DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the 
 BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
 
 
-class EngineError(RuntimeError):
-    """A request ended with an error; the message is meant for the user."""
-
-
-@dataclass
-class IterationRecord:
-    """What one engine iteration did (the batching page's Gantt and occupancy come from these)."""
-
-    index: int
-    t0: float  # seconds since the engine started
-    t1: float
-    decode: list[int]  # request ids that decoded one token
-    prefill: list[tuple[int, int]]  # (request id, prompt tokens prefilled this iteration)
-    waiting: list[int]  # request ids still queued after admission
-    blocks: dict[int, int]  # request id -> KV blocks it holds
-    finished: list[int]  # request ids retired this iteration
-    padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
-
-
 @dataclass(frozen=True)
-class EngineStats(QueueStats):
-    """What an engine is serving at one moment (the operator page, the live panel, Ray Serve's replicas)."""
+class EngineConfig:
+    """How an engine serves, with the CPU and GPU defaults in one place (`for_device`). None: the device's default."""
 
-    kv_bytes_in_use: int = 0
-    kv_bytes_total: int = 0
-    tokens_per_s_last_minute: float = 0.0
-    iterations: int = 0
-    engine: str = ""  # what it is (and, from Ray Serve, which replica answered)
+    kv_bytes: int | None = None  # the KV pool: 256 MiB on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
+    block_size: int = BLOCK_SIZE
+    # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
+    max_batch: int | None = None
+    max_queue: int = 64
+    # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
+    prefill_chunk: int | None = None
+    request_chunk: int | None = None
+    policy: Policy = Policy.CONTINUOUS
+    static_batch_size: int | None = None  # Policy.STATIC: the batch it waits for
+    history: int = 4096  # iteration records kept (the batching page's Gantt)
+    background: bool = True  # a worker thread iterates (False: the caller drives iterate())
+    park: bool = True  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see Engine._forward)
+    # prompts that start alike (every chat prompt starts with the template's system turn) share the blocks already
+    # computed; only the paged step writes the pool, so only it can share them
+    prefix_cache: bool = True
+    # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
+    # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
+    max_decode_stall: int = 2
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th... (a place in line)."""
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
-
-
-@dataclass
-class Waiting:
-    """A request still in line."""
-
-    position: int  # 1 = next to be admitted
-    eta_s: float | None  # about how long until it is (None: no recent rate to go by)
-
-    def __str__(self) -> str:
-        return f"{ordinal(self.position)} in line" + (f", about {self.eta_s:.0f} s" if self.eta_s is not None else "")
-
-
-class Handle:
-    """A submitted request, as its visitor sees it: an iterator of StepEvents."""
-
-    def __init__(self, engine: Engine, req: Request):
-        self.engine, self.request = engine, req
-        self.events: queue.Queue = queue.Queue()
-        self.error: str | None = None
-
-    def __iter__(self):
-        try:
-            while True:
-                try:
-                    ev = self.events.get(timeout=1.0)
-                except queue.Empty:
-                    if self.request.state == State.FINISHED and self.events.empty():
-                        return
-                    continue
-                if ev is None:
-                    if self.error:
-                        raise EngineError(self.error)
-                    return
-                yield ev
-        finally:
-            if self.request.finish is None:
-                self.cancel()  # the visitor stopped listening: free the slot
-
-    def stream(self, wait_every: float = 0.5):
-        """The events, with a `Waiting` item every `wait_every` seconds while the request is still in line
-        (for a page to say "2nd in line, about 3 s")."""
-        it = iter(self)
-        # a request that the worker admits at its next iteration is not "in line": say nothing for the first moment
-        deadline = time.perf_counter() + wait_every
-        while self.position() > 0 and self.request.finish is None and time.perf_counter() < deadline:
-            threading.Event().wait(0.02)
-        waiting = True
-        while waiting:
-            pos = self.position()
-            if pos == 0 or self.request.finish is not None:
-                break
-            yield Waiting(pos, self.eta_s())
-            if self.request.first_token_at is None:
-                threading.Event().wait(wait_every)
-            waiting = self.request.first_token_at is None and self.position() > 0
-        yield from it
-
-    def cancel(self) -> None:
-        self.engine.scheduler.cancel(self.request)
-        self.engine._wake()
-
-    def position(self) -> int:
-        """Place in the waiting line (1 = next); 0 once running."""
-        return self.engine.scheduler.position(self.request)
-
-    def eta_s(self) -> float | None:
-        """Seconds until this request is likely admitted, from the recent token rate (None when unknown)."""
-        return self.engine.eta_s(self.request)
+    def for_device(self, lm: LoadedModel) -> EngineConfig:
+        """Every None filled with this model's device's default."""
+        gpu = lm.device.type == "cuda"
+        return replace(
+            self,
+            policy=Policy(self.policy),
+            kv_bytes=self.kv_bytes or default_kv_bytes(lm),
+            max_batch=self.max_batch or (256 if gpu else 16),
+            prefill_chunk=self.prefill_chunk or (2048 if gpu else 256),
+            request_chunk=self.request_chunk or (512 if gpu else 64),
+        )
 
 
 class Engine:
-    def __init__(
-        self,
-        lm: LoadedModel,
-        kv_bytes: int | None = None,
-        block_size: int = BLOCK_SIZE,
-        max_batch: int | None = None,
-        max_queue: int = 64,
-        prefill_chunk: int | None = None,
-        request_chunk: int | None = None,
-        policy: Policy | str = Policy.CONTINUOUS,
-        history: int = 4096,
-        background: bool = True,
-        static_batch_size: int | None = None,
-        park: bool = True,
-        prefix_cache: bool = True,
-        max_decode_stall: int = 2,
-    ):
+    def __init__(self, lm: LoadedModel, config: EngineConfig | None = None, **settings):
+        """`config` (or its fields as keywords: Engine(lm, max_batch=4, background=False))."""
         from pipeline.cpu.fused import supported
         from pipeline.engine.paged import PagedKV, PagedStep
 
-        policy = Policy(policy)
-        self.lm, self.background = lm, background
-        self.park = park  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see _forward)
-        budget = kv_bytes or default_kv_bytes(lm)
-        n_blocks = max(1, budget // PagedKV.block_bytes(lm, block_size))
-        self.kv = PagedKV(lm, n_blocks, block_size)
+        cfg = self.config = replace(config or EngineConfig(), **settings).for_device(lm)
+        policy = cfg.policy
+        self.lm, self.background, self.park = lm, cfg.background, cfg.park
+        n_blocks = max(1, cfg.kv_bytes // PagedKV.block_bytes(lm, cfg.block_size))
+        self.kv = PagedKV(lm, n_blocks, cfg.block_size)
         ok, self.unsupported = supported(lm)
         self.step = PagedStep(lm, self.kv) if ok else None
         self.name = f"engine ({policy} batching)"
         if not ok:
             self.name += ", one request at a time: " + self.unsupported
-        gpu = lm.device.type == "cuda"  # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
+        continuous = policy == Policy.CONTINUOUS
         self.scheduler = Scheduler(
-            BlockPool(n_blocks, block_size),
-            # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
-            max_batch=max_batch or (256 if gpu else 16),
-            max_queue=max_queue,
-            prefill_chunk=prefill_chunk or (2048 if gpu else 256),
-            request_chunk=request_chunk or (512 if gpu else 64),
-            # prompts that start alike (every chat prompt starts with the template's system turn) share the
-            # blocks already computed; only the paged step writes the pool, so only it can share them
-            prefix_cache=prefix_cache and ok and policy == Policy.CONTINUOUS,
-            # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
-            # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
-            max_decode_stall=max_decode_stall if policy == Policy.CONTINUOUS else 0,
+            BlockPool(n_blocks, cfg.block_size),
+            max_batch=cfg.max_batch,
+            max_queue=cfg.max_queue,
+            prefill_chunk=cfg.prefill_chunk,
+            request_chunk=cfg.request_chunk,
+            prefix_cache=cfg.prefix_cache and ok and continuous,
+            max_decode_stall=cfg.max_decode_stall if continuous else 0,
             policy=policy,
-            static_batch_size=static_batch_size,
+            static_batch_size=cfg.static_batch_size,
         )
-        self.records: deque[IterationRecord] = deque(maxlen=history)
+        self.records: deque[IterationRecord] = deque(maxlen=cfg.history)
         self.t_start = time.perf_counter()
         self.iterations = 0
         self.tokens_out: deque[tuple[float, int]] = deque(maxlen=8192)  # (time, tokens) per iteration
@@ -306,8 +216,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ the loop
     def _wake(self):
-        with self.scheduler.lock:
-            self.scheduler.changed.notify_all()
+        self.scheduler.wake()
 
     def _ensure_worker(self):
         with self._thread_lock:
@@ -318,7 +227,9 @@ class Engine:
                 self._thread.start()
 
     def iterate(self) -> IterationRecord | None:
-        """One iteration: admit, prefill chunks, one batched decode, sample, retire. None when idle."""
+        """One iteration: the scheduler's plan, ONE batched forward, a token sampled for each row, and the report
+        back to the scheduler (`update`), which moves the requests along and retires those that ended; then their
+        visitors get the events. None when idle."""
         with self._iter_lock:
             t0 = time.perf_counter()
             plan = self.scheduler.plan()
@@ -326,32 +237,37 @@ class Engine:
                 self._close(r)
             if plan.empty:
                 return None
-            finished, decoded, padded, first = [], [], [], []
+            rows = [r for r in plan.decode if r.state in (State.DECODE, State.PADDING)]
+            batch = len(rows) + len(plan.prefill)
+            ended, decoded, padded, first = {}, [], [], []
             try:
-                rows = [r for r in plan.decode if r.state == State.DECODE]
-                batch = len(rows) + len(plan.prefill)
                 with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
-                    first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
+                    prefilled, first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
                     parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
                     outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
-                for j, (r, _) in enumerate(first):
-                    self._emit(r, outs[j], "prefill", t0, t_done, batch, finished)
-                for j, r in enumerate(rows):
-                    if r.finish is not None:  # static batching: a finished row computed as padding
+                live = [(r, "prefill") for r, _ in first] + [(r, "decode") for r in rows]
+                choices = {}
+                for (r, phase), out in zip(live, outs):
+                    if r.state == State.PADDING:  # static batching: a finished row computed as padding
                         padded.append(r.id)
                         continue
-                    self._emit(r, outs[len(first) + j], "decode", t0, t_done, batch, finished)
-                    decoded.append(r.id)
+                    choices[r.id] = (r, phase, r.context_len, choose(out, self._dec, r.sampling, self._gens.get(r.id)))
+                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: c[3].token_id for rid, c in choices.items()}, t_done))
+                for rid, (r, phase, ctx, c) in choices.items():
+                    self._emit(r, c, phase, ctx, t0, t_done, batch, ended[rid])
+                    if phase == "decode":
+                        decoded.append(rid)
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                for r in {r.id: r for r in [c.request for c in plan.prefill] + plan.decode}.values():
+                failed = [r for r in plan.requests().values() if r.state != State.FINISHED]
+                self.scheduler.fail(failed)
+                for r in failed:
                     if r.id in self._handles:
                         self._handles[r.id].error = msg
-                    r.error = msg
-                    self._retire(r, Finish.ERROR)
-                    finished.append(r.id)
+                    self._close(r)
+                ended = {r.id: Finish.ERROR for r in failed}
             for r in self.scheduler.release_static_batch():
                 self._forget(r)
             self.iterations += 1
@@ -361,17 +277,29 @@ class Engine:
                 old = self._step_s.get(b)
                 self._step_s[b] = (t_done - t0) if old is None else 0.7 * old + 0.3 * (t_done - t0)
             blocks, waiting = self.scheduler.occupancy()
-            prefilled = [(c.request.id, c.request.prefilled - c.start) for c in plan.prefill]  # 0 for a chunk parked (or failed)
-            rec = IterationRecord(self.iterations, t0 - self.t_start, t_done - self.t_start, decoded, prefilled, waiting, blocks, finished, padded)
+            done = [c.request.prefilled - c.start for c in plan.prefill]  # 0 for a chunk parked (or failed)
+            rec = IterationRecord(
+                self.iterations,
+                t0 - self.t_start,
+                t_done - self.t_start,
+                decoded,
+                [(c.request.id, max(0, n)) for c, n in zip(plan.prefill, done)],
+                waiting,
+                blocks,
+                [rid for rid, end in ended.items() if end is not None],
+                padded,
+            )
             self.records.append(rec)
             return rec
 
     def _forward(self, chunks: list[Chunk], rows: list[Request]):
         """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns
-        ([(request whose prompt is now complete, its last logits)], the rows that decoded, their logits [n, vocab]).
-        When a short request arrives during the pass (newcomer_waiting), the decode rows and the chunks of long
-        prompts that are not their last stop at the layer they reached ("parked", engine.paged): the newcomer is
-        prefilled in the next iteration, together with them resuming where they stopped."""
+        ({request id: prompt tokens now in the cache, for each chunk not parked}, [(request whose prompt is now
+        complete, its last logits)], the rows that decoded, their logits [n, vocab]). It changes no request: what it
+        did goes to the scheduler (`update`). When a short request arrives during the pass (newcomer_waiting), the
+        decode rows and the chunks of long prompts that are not their last stop at the layer they reached ("parked",
+        engine.paged): the newcomer is prefilled in the next iteration, together with them resuming where they
+        stopped."""
         if self.step is None:
             return self._forward_one_by_one(chunks, rows)
         from pipeline.engine.paged import Seq
@@ -384,16 +312,14 @@ class Engine:
         seqs += [resumed(r, r.context_len - 1) or Seq([r.generated[-1]], r.context_len - 1, r.blocks, parkable=True) for r in rows]
         interrupt = self.newcomer_waiting if self.park else None
         logits = self.step.forward(seqs, interrupt=interrupt)
-        first = []
+        prefilled, first = {}, []
         for j, (r, _, _) in enumerate(chunks):
             s = seqs[j]
             if s.parked:  # K/V written up to s.layer; the rest in a later iteration
                 self._parked[r.id] = s
                 continue
-            r.prefilled = s.end
-            self.scheduler.cache_prompt(r)  # its full blocks, now written in every layer, can be shared
+            prefilled[r.id] = s.end
             if s.end == len(r.prompt_ids):
-                r.state = State.DECODE
                 first.append((r, logits[j]))
         done = []
         for j, r in enumerate(rows, len(chunks)):
@@ -401,7 +327,7 @@ class Engine:
                 self._parked[r.id] = seqs[j]
             else:
                 done.append(j)
-        return first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
+        return prefilled, first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
 
     def newcomer_waiting(self) -> bool:
         """Asked by the forward after every layer: should the parkable rows stop here for a short request that
@@ -413,47 +339,37 @@ class Engine:
         (whole prompts, no chunking)."""
         from pipeline.generation.decode import TransformersStep
 
-        first = []
+        prefilled, first = {}, []
         for r, _, b in chunks:
+            prefilled[r.id] = b
             if b < len(r.prompt_ids):
-                r.prefilled = b
                 continue
             st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
-            r.prefilled, r.state = b, State.DECODE
             first.append((r, st.prefill(r.prompt_ids).logits))
         out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
-        return first, rows, torch.stack(out) if out else None
+        return prefilled, first, rows, torch.stack(out) if out else None
 
     @staticmethod
     def _outputs(reqs: list[Request], logits: torch.Tensor) -> list[StepOutput]:
         """What sampling needs of each row, brought to the host in one transfer where possible: greedy rows only a
-        summary computed on the device for all of them at once ([argmax, logsumexp, top values, top ids]), sampled
-        rows their whole distribution."""
+        GreedySummary computed on the device for all of them at once, sampled rows their whole distribution."""
         greedy = [j for j, r in enumerate(reqs) if r.sampling.greedy]
         out: list[StepOutput | None] = [None] * len(reqs)
         if greedy:
-            g = logits[torch.tensor(greedy, device=logits.device)]
-            k = min(max(r.sampling.n_top for r in reqs), g.shape[-1])
-            tv, ti = g.topk(k, dim=-1)
-            summ = torch.cat([g.argmax(-1, keepdim=True).float(), torch.logsumexp(g, -1, keepdim=True), tv, ti.float()], -1).cpu()
+            k = max(reqs[j].sampling.n_top for j in greedy)
+            summ = GreedySummary.of(logits[torch.tensor(greedy, device=logits.device)], k).cpu()
             for row, j in enumerate(greedy):
-                out[j] = StepOutput(summary=summ[row])
+                out[j] = StepOutput(summary=summ.row(row))
         for j in range(len(reqs)):
             if out[j] is None:
                 out[j] = StepOutput(logits=logits[j].cpu())
         return out
 
-    def _emit(self, r: Request, out: StepOutput, phase: str, t0: float, t_done: float, batch: int, finished: list) -> None:
-        c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
-        ctx = r.context_len
-        r.generated.append(c.token_id)
-        if r.first_token_at is None:
-            r.first_token_at = t_done
-        r.last_token_at = t_done
-        end = Finish.EOS if c.token_id in r.stop_ids else (Finish.LENGTH if len(r.generated) >= r.max_new_tokens else None)
-        if r.cancelled:
-            end = end or Finish.CANCELLED
-        per_layer = [self.kv.block_bytes_per_layer * self.scheduler.pool.blocks_for(ctx + 1)] * self.lm.facts.n_layers
+    def _emit(self, r: Request, c, phase: str, ctx: int, t0: float, t_done: float, batch: int, end: Finish | None) -> None:
+        """The step's event to the request's visitor; an ended request's stream is closed (and, once retired,
+        forgotten)."""
+        reserved = self.kv.block_bytes_per_layer * self.scheduler.blocks_for(ctx + 1)
+        per_layer = [reserved] * self.lm.facts.n_layers
         ev = StepEvent(
             index=len(r.generated) - 1,
             phase=phase,
@@ -477,19 +393,10 @@ class Engine:
         h = self._handles.get(r.id)
         if h is not None:
             h.events.put(ev)
-        if end:
-            if self.scheduler.keeps_finished_rows():
-                r.finish = end  # keeps its slot (padding) until the whole batch is done
-                self._close(r, keep=True)
-            else:
-                self._retire(r, end)
-            finished.append(r.id)
-
-    def _retire(self, r: Request, reason: Finish) -> None:
-        self.scheduler.finish(r, reason)
-        if reason in (Finish.EOS, Finish.LENGTH):
-            self._served_tokens.append(len(r.generated))
-        self._close(r)
+        if end is not None:
+            if end in (Finish.EOS, Finish.LENGTH):
+                self._served_tokens.append(len(r.generated))
+            self._close(r, keep=r.state == State.PADDING)  # a padding row keeps its slot until its batch is done
 
     def _close(self, r: Request, keep: bool = False) -> None:
         h = self._handles.get(r.id)

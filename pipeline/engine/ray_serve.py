@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from pipeline.engine.core import EngineError, EngineStats, Waiting
+from pipeline.engine.handle import EngineError, EngineStats, Waiting
 from pipeline.engine.scheduler import QueueFull, TooLarge
 from pipeline.forward.sampling import GREEDY, Sampling
 from pipeline.generation.events import StepEvent

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.common.telemetry import Sampler
-from pipeline.engine.core import Engine, IterationRecord
+from pipeline.engine.core import Engine
+from pipeline.engine.handle import IterationRecord
 from pipeline.forward.sampling import GREEDY
 from pipeline.generation import prepare
 from pipeline.model import LoadedModel

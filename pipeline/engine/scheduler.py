@@ -15,13 +15,19 @@ Every engine iteration asks `plan()` what to run:
     prompts their first token: those run alone (prefill first), at most `max_decode_stall` passes in a row
     (the engine asks for 2; bench_serving.py measures it against "engine-mixed", which has it off: a newcomer's
     first token sooner, for a pause of a pass or two in the answers already streaming).
-`finish()` retires a request the same iteration it ends (EOS, length, cancel, error).
+After the pass the engine reports what it did, `update(plan, outputs)`: the prompt tokens now in the cache and
+the token sampled for each request. The scheduler moves each request along its life (State: waiting -> prefill ->
+decode -> finished, or padding under static batching), registers full prompt blocks in the prefix cache, decides
+which requests ended (EOS, length, cancelled) and retires them the same iteration, their blocks back to the pool;
+`fail()` retires the requests of a pass that failed. A request's life is its `state` and, once it ended, `finish`
+(why); nobody else writes them.
 
 Two policies, as vLLM's SchedulingPolicy: Policy.CONTINUOUS (the above) and Policy.STATIC, the comparison the
 batching page draws: nobody is admitted until the whole batch has arrived (static_batch_size), and rows that
 finish keep their slot (padding) until the longest is done (`release_static_batch()` then retires them all).
-The engine only asks: `plan()`, `finish()`, and questions answered under the lock (`work_ahead`,
-`occupancy`, `newcomer_fits`); it never edits the queues.
+The engine asks and reports, nothing more: `plan()`, `update()`, `fail()`, `release_static_batch()`, and questions
+answered under the lock (`work_ahead`, `occupancy`, `newcomer_fits`, `blocks_for`); it never edits the queues, a
+request's state or the block pool.
 
 Memory: a pool of fixed-size blocks (`block_size` tokens of K and V in every layer). A request reserves the
 blocks for prompt + max_new_tokens when admitted (vLLM allocates block by block and preempts when the pool runs
@@ -40,11 +46,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from pipeline.engine.blocks import BlockPool
 from pipeline.forward.sampling import GREEDY, Sampling
 from pipeline.generation.events import Finish
 
@@ -58,11 +65,13 @@ class TooLarge(ValueError):
 
 
 class State(StrEnum):
-    """Where a request is: waiting -> prefill -> decode -> finished."""
+    """Where a request is in its life: waiting -> prefill -> decode -> finished (`Request.finish` says why). Under
+    static batching a request that ended keeps its row as padding until its whole batch is done."""
 
     WAITING = "waiting"
     PREFILL = "prefill"
     DECODE = "decode"
+    PADDING = "padding"
     FINISHED = "finished"
 
 
@@ -83,7 +92,7 @@ class Request:
     name: str = ""  # who asked (a page, a user in the batching demo)
     id: int = field(default_factory=lambda: next(_ids))
     arrived: float = field(default_factory=time.perf_counter)
-    # state, written by the scheduler and the engine
+    # its life, written by the scheduler alone
     state: State = State.WAITING
     blocks: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens in the cache so far
@@ -91,9 +100,7 @@ class Request:
     registered: int = 0  # full prompt blocks in the prefix cache (matched or registered by this request)
     prefix_serial: int = 0  # the prefix cache's serial of the last of them (BlockPool.register)
     generated: list[int] = field(default_factory=list)
-    finish: Finish | None = None
-    error: str | None = None  # with Finish.ERROR: what went wrong
-    cancelled: bool = False
+    finish: Finish | None = None  # why it ended (set with State.FINISHED or State.PADDING)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -107,110 +114,6 @@ class Request:
     @property
     def context_len(self) -> int:
         return len(self.prompt_ids) + len(self.generated)
-
-
-class BlockPool:
-    """Fixed-size KV blocks, handed out and taken back (ids only: the tensors live in the engine), with a
-    prefix cache (vLLM's automatic prefix caching): a full block of prompt tokens whose K/V are written can be
-    registered under its tokens and everything before them; a later prompt that starts with the same tokens
-    shares that block instead of computing it again. A block is shared by reference count; when nobody holds a
-    registered block it stays cached (evictable, least recently freed first) until the pool needs it.
-
-    Keys are exact, not hashes: (the key's serial of the block before, this block's tokens), so a block is
-    matched only when every token before it matched too, and no collision can hand one prompt another's K/V."""
-
-    def __init__(self, n_blocks: int, block_size: int):
-        if n_blocks < 1 or block_size < 1:
-            raise ValueError("the KV pool needs at least one block of at least one token")
-        self.n_blocks, self.block_size = n_blocks, block_size
-        self._free = list(range(n_blocks - 1, -1, -1))  # blocks holding nothing anyone can reuse
-        self._refs: dict[int, int] = {}  # block -> requests holding it (blocks handed out)
-        self._cached: dict[tuple, tuple[int, int]] = {}  # (parent serial, tokens) -> (block, serial)
-        self._key_of: dict[int, tuple] = {}  # registered block -> its key
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered blocks nobody holds, oldest first
-        self._serials = itertools.count(1)  # 0: the root (no block before)
-        self.hit_tokens = 0  # prompt tokens served from the cache since the pool was made
-        self.hit_requests = 0
-
-    def blocks_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.block_size)
-
-    @property
-    def n_free(self) -> int:
-        """Blocks a request can take now: empty ones and cached ones nobody holds."""
-        return len(self._free) + len(self._evictable)
-
-    @property
-    def n_cached(self) -> int:
-        return len(self._key_of)
-
-    def take(self, n: int) -> list[int]:
-        if n > self.n_free:
-            raise RuntimeError(f"{n} blocks asked, {self.n_free} free")
-        out = []
-        for _ in range(n):
-            if self._free:
-                b = self._free.pop()
-            else:  # the least recently freed cached block: forgotten, reused
-                b, _ = self._evictable.popitem(last=False)
-                del self._cached[self._key_of.pop(b)]
-            self._refs[b] = 1
-            out.append(b)
-        return out
-
-    def give_back(self, blocks: list[int]) -> None:
-        for b in reversed(blocks):
-            n = self._refs.pop(b, 1) - 1
-            if n > 0:
-                self._refs[b] = n
-            elif b in self._key_of:
-                self._evictable[b] = None  # still cached: a later prompt may start with these tokens
-            else:
-                self._free.append(b)
-
-    def forget_cached(self) -> int:
-        """Drop every cached block nobody holds (the benchmark's fresh start); returns how many."""
-        n = len(self._evictable)
-        for b in self._evictable:
-            del self._cached[self._key_of.pop(b)]
-            self._free.append(b)
-        self._evictable.clear()
-        return n
-
-    def match(self, tokens: list[int]) -> tuple[list[int], int]:
-        """The cached blocks that hold the longest run of `tokens`' full blocks from the start, leaving at least the
-        last token to compute (its logits give the first new token), and the serial of the last of them (0: none)."""
-        bs, out, serial = self.block_size, [], 0
-        for i in range((len(tokens) - 1) // bs):
-            hit = self._cached.get((serial, tuple(tokens[i * bs : (i + 1) * bs])))
-            if hit is None:
-                break
-            out.append(hit[0])
-            serial = hit[1]
-        return out, serial
-
-    def fits(self, n: int, shared: list[int]) -> bool:
-        """Can n new blocks be taken once `shared` (matched, maybe evictable) are held?"""
-        return n + sum(b in self._evictable for b in shared) <= self.n_free
-
-    def share(self, blocks: list[int]) -> None:
-        """Hold matched blocks (one more reference each; a cached block nobody held is no longer evictable)."""
-        for b in blocks:
-            self._evictable.pop(b, None)
-            self._refs[b] = self._refs.get(b, 0) + 1
-
-    def register(self, block: int, parent_serial: int, tokens: list[int]) -> int:
-        """Cache a block whose K/V for `tokens` are written in every layer; returns the key's serial (the next
-        block's parent). When the same tokens are cached already (two prompts computed them at once), the block
-        stays unregistered and the cached entry's serial is returned."""
-        key = (parent_serial, tuple(tokens))
-        hit = self._cached.get(key)
-        if hit is not None:
-            return hit[1]
-        serial = next(self._serials)
-        self._cached[key] = (block, serial)
-        self._key_of[block] = key
-        return serial
 
 
 class Chunk(NamedTuple):
@@ -232,6 +135,19 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.prefill or self.decode)
+
+    def requests(self) -> dict[int, Request]:
+        """The plan's requests by id (prefill chunks first)."""
+        return {r.id: r for r in [c.request for c in self.prefill] + self.decode}
+
+
+@dataclass
+class PassOutput:
+    """What the engine's pass did for a plan, reported back to the scheduler (`update`)."""
+
+    prefilled: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens now in the cache (chunks not parked)
+    tokens: dict[int, int] = field(default_factory=dict)  # request id -> the token sampled for it, in the order sampled
+    at: float = 0.0  # when the pass ended (time.perf_counter)
 
 
 class Scheduler:
@@ -260,6 +176,7 @@ class Scheduler:
         self.changed = threading.Condition(self.lock)
         self.policy, self.static_batch_size = Policy(policy), static_batch_size
         self.static_batch: list[Request] = []  # Policy.STATIC: the batch being run
+        self._cancelled: set[int] = set()  # asked to stop (from a visitor's thread), retired at the next plan or token
 
     # -- visitors' side ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -282,7 +199,13 @@ class Scheduler:
     def cancel(self, req: Request) -> None:
         """Stop a request (Stop pressed, tab closed): it is retired and its blocks freed at the next plan."""
         with self.lock:
-            req.cancelled = True
+            if req.state != State.FINISHED:
+                self._cancelled.add(req.id)
+            self.changed.notify_all()
+
+    def wake(self) -> None:
+        """Wake the engine's worker (a cancel or a new request it should see now)."""
+        with self.lock:
             self.changed.notify_all()
 
     def position(self, req: Request) -> int:
@@ -297,7 +220,7 @@ class Scheduler:
     def plan(self) -> Plan:
         """This iteration's work under the scheduler's policy."""
         with self.lock:
-            retired = [r for r in list(self.waiting) + self.running if r.cancelled and r.state != State.FINISHED]
+            retired = [r for r in list(self.waiting) + self.running if r.id in self._cancelled and r.state != State.FINISHED]
             for r in retired:
                 self._retire(r, Finish.CANCELLED)
             return self._plan_static(retired) if self.policy == Policy.STATIC else self._plan_continuous(retired)
@@ -357,7 +280,7 @@ class Scheduler:
                     self.running.append(r)
                 self.static_batch = batch
         prefill = [Chunk(r, 0, len(r.prompt_ids)) for r in self.static_batch if r.state == State.PREFILL]
-        decode = [r for r in self.static_batch if r.state == State.DECODE] if not prefill else []
+        decode = [r for r in self.static_batch if r.state in (State.DECODE, State.PADDING)] if not prefill else []
         return Plan(prefill, decode, retired)
 
     def release_static_batch(self) -> list[Request]:
@@ -365,7 +288,7 @@ class Scheduler:
         and return them; otherwise nothing."""
         with self.lock:
             batch = self.static_batch
-            if not batch or not all(r.finish for r in batch):
+            if not batch or not all(r.finish is not None for r in batch):
                 return []
             for r in batch:
                 self._retire(r, r.finish)
@@ -404,17 +327,60 @@ class Scheduler:
             return False
         return len(r.prompt_ids) <= self.request_chunk and len(self.running) < self.max_batch and self.pool.blocks_for(r.n_tokens) <= self.pool.n_free
 
-    def cache_prompt(self, req: Request) -> None:
+    def blocks_for(self, n_tokens: int) -> int:
+        """KV blocks that n_tokens tokens take."""
+        return self.pool.blocks_for(n_tokens)
+
+    def update(self, plan: Plan, outputs: PassOutput) -> dict[int, Finish | None]:
+        """The engine's report of one pass: move each request along its life. A chunk not parked advances the
+        request's prefill (its full prompt blocks join the prefix cache; a complete prompt moves it to decode); a
+        sampled token is appended, and the request ends at its stop token, at its length, or when it was cancelled
+        meanwhile: retired at once (blocks back to the pool), or kept as padding under static batching. Returns, for
+        every request that got a token, why it ended (None: it goes on)."""
+        by_id = plan.requests()
+        ended: dict[int, Finish | None] = {}
+        with self.lock:
+            for rid, end in outputs.prefilled.items():
+                r = by_id[rid]
+                if r.state != State.PREFILL:
+                    continue
+                r.prefilled = end
+                self._cache_prompt(r)
+                if end >= len(r.prompt_ids):
+                    r.state = State.DECODE
+            for rid, tok in outputs.tokens.items():
+                r = by_id[rid]
+                r.generated.append(tok)
+                if r.first_token_at is None:
+                    r.first_token_at = outputs.at
+                r.last_token_at = outputs.at
+                end = Finish.EOS if tok in r.stop_ids else (Finish.LENGTH if len(r.generated) >= r.max_new_tokens else None)
+                if r.id in self._cancelled:
+                    end = end or Finish.CANCELLED
+                if end is not None:
+                    if self.policy == Policy.STATIC:
+                        r.state, r.finish = State.PADDING, end  # keeps its slot until the whole batch is done
+                    else:
+                        self._retire(r, end)
+                ended[rid] = end
+        return ended
+
+    def fail(self, requests: list[Request]) -> None:
+        """A pass failed (out of memory, a bad state): its requests end with Finish.ERROR, their blocks freed."""
+        with self.lock:
+            for r in requests:
+                self._retire(r, Finish.ERROR)
+
+    def _cache_prompt(self, req: Request) -> None:
         """Register the request's full prompt blocks whose K/V are now written in every layer (those below
-        req.prefilled) in the prefix cache. Called by the engine after a pass (never for a parked chunk)."""
+        req.prefilled) in the prefix cache (under the lock)."""
         if not self.prefix_cache:
             return
         bs = self.pool.block_size
-        with self.lock:
-            while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)):
-                i = req.registered
-                req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
-                req.registered += 1
+        while (req.registered + 1) * bs <= min(req.prefilled, len(req.prompt_ids)):
+            i = req.registered
+            req.prefix_serial = self.pool.register(req.blocks[i], req.prefix_serial, req.prompt_ids[i * bs : (i + 1) * bs])
+            req.registered += 1
 
     def finish(self, req: Request, reason: Finish) -> None:
         with self.lock:
@@ -430,6 +396,7 @@ class Scheduler:
             req.blocks = []
         if req.state != State.FINISHED:
             self.ended[reason] += 1
+        self._cancelled.discard(req.id)
         req.state, req.finish, req.finished_at = State.FINISHED, reason, time.perf_counter()
         self.changed.notify_all()
 

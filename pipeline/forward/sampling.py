@@ -95,12 +95,13 @@ def _filter_scores(scores: torch.Tensor, temperature: float, top_k: int, top_p: 
     return scores
 
 
-def filter_probs(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
-    """The renormalised next-token distribution after all filters; zeros where filtered. Same shape as logits."""
-    return torch.softmax(_filter_scores(_t(logits), temperature, top_k, top_p, min_p), dim=-1)
+def filter_probs(logits, sampling: Sampling = GREEDY) -> torch.Tensor:
+    """The renormalised next-token distribution after all of `sampling`'s filters; zeros where filtered. Same shape
+    as logits."""
+    return torch.softmax(_filter_scores(_t(logits), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p), dim=-1)
 
 
-def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> list[FilterStep]:
+def filter_steps(logits, sampling: Sampling = GREEDY) -> list[FilterStep]:
     """Each stage's distribution, for drawing which candidates survive which filter ([vocab] logits)."""
     steps: list[FilterStep] = []
 
@@ -108,15 +109,46 @@ def filter_steps(logits, temperature: float = 1.0, top_k: int = 0, top_p: float 
         p = torch.softmax(scores, dim=-1)
         steps.append(FilterStep(name, p.numpy(), int(torch.isfinite(scores).sum()), bool(active)))
 
-    _filter_scores(_t(logits), temperature, top_k, top_p, min_p, on_step)
+    _filter_scores(_t(logits), sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, on_step)
     return steps
 
 
-def sample(logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None) -> int:
-    """Draw one token id from the filtered distribution; the same seed gives the same token."""
-    probs = filter_probs(logits, temperature, top_k, top_p, min_p)
-    gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-    return int(torch.multinomial(probs.reshape(-1), 1, generator=gen)[0])
+def sample(logits, sampling: Sampling = GREEDY) -> int:
+    """Draw one token id from the filtered distribution with the request's own generator: the same seed gives the
+    same token."""
+    gen = sampling.generator()
+    return int(torch.multinomial(filter_probs(logits, sampling).reshape(-1), 1, generator=gen)[0])
+
+
+@dataclass
+class GreedySummary:
+    """What a greedy step needs of a row's logits, computed where the logits are (on the device) so that only a few
+    numbers travel to the host: the argmax, the log-sum-exp (probabilities without the whole softmax) and the top-k
+    values and ids. For one row ([vocab] logits) or many ([rows, vocab]); `row(i)` picks one."""
+
+    argmax: torch.Tensor  # [] or [rows], long
+    logsumexp: torch.Tensor  # [] or [rows]
+    values: torch.Tensor  # [k] or [rows, k]
+    ids: torch.Tensor  # [k] or [rows, k], long
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, k: int) -> GreedySummary:
+        values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+        return cls(logits.argmax(-1), torch.logsumexp(logits, -1), values, ids)
+
+    def cpu(self) -> GreedySummary:
+        return GreedySummary(self.argmax.cpu(), self.logsumexp.cpu(), self.values.cpu(), self.ids.cpu())
+
+    def row(self, i: int) -> GreedySummary:
+        return GreedySummary(self.argmax[i], self.logsumexp[i], self.values[i], self.ids[i])
+
+    @property
+    def token(self) -> int:
+        return int(self.argmax)
+
+    def top(self, n: int) -> list[tuple[int, float]]:
+        """The n most likely (id, probability)."""
+        return list(zip(self.ids[:n].tolist(), torch.exp(self.values[:n] - self.logsumexp).tolist()))
 
 
 def entropy_bits(probs) -> float:

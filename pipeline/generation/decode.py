@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from pipeline.common.timing import syncer
-from pipeline.forward.sampling import GREEDY, Sampling, filter_probs
+from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, filter_probs
 from pipeline.forward.tokens import text_of
 from pipeline.model import LoadedModel
 
@@ -34,7 +34,7 @@ class StepOutput:
     """What one forward leaves for sampling. Exactly one of the two is set."""
 
     logits: torch.Tensor | None = None  # [vocab] float32 on the host
-    summary: torch.Tensor | None = None  # greedy on the device: [argmax, logsumexp, top values..., top ids...]
+    summary: GreedySummary | None = None  # greedy: what the device computed of the logits (argmax, log-sum-exp, top-k)
 
 
 @dataclass
@@ -148,12 +148,10 @@ def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.G
     """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
     sampling.n_top candidates before and after the filters. `dec(id)` gives a token's text."""
     n_top = sampling.n_top
-    if out.summary is not None:  # greedy on the device: [argmax, logsumexp, top values, top ids]
+    if out.summary is not None:  # greedy, summarised on the device
         s = out.summary
-        k = (s.numel() - 2) // 2
-        tok, lse = int(s[0]), float(s[1])
-        top_raw = [(a, dec(a), b) for a, b in zip(s[2 + k : 2 + k + n_top].long().tolist(), torch.exp(s[2 : 2 + n_top] - lse).tolist())]
-        return Choice(tok, [(tok, dec(tok), 1.0)], top_raw, 1.0, float(torch.exp(s[2] - lse)))
+        tok, top = s.token, s.top(n_top)
+        return Choice(tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in top], 1.0, top[0][1])
     logits = out.logits
     if sampling.greedy:  # the filters leave only the top token: skip building the vocabulary
         tok = int(logits.argmax())  # first maximum, as filter_probs picks it
@@ -162,7 +160,7 @@ def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.G
         return Choice(
             tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
         )
-    probs = filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    probs = filter_probs(logits, sampling)
     tok = int(torch.multinomial(probs, 1, generator=generator)[0])
     n = min(n_top, probs.numel())
     p_top, i_top = probs.topk(n)

@@ -213,7 +213,7 @@ def speculative_generate(
     dev = lm.device
 
     def dist(logits):
-        return filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+        return filter_probs(logits, sampling)
 
     def pick(logits):
         p = dist(logits)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.forward.sampling import DEFAULTS, filter_probs, prob_of, top_token
+from pipeline.forward.sampling import DEFAULTS, Sampling, filter_probs, prob_of, top_token
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import Trace
 from pipeline.model import LoadedModel
@@ -135,8 +135,9 @@ def hf_processed_probs(logits, temperature: float, top_k: int, top_p: float, min
     return torch.softmax(procs(torch.zeros(1, 1, dtype=torch.long), scores), dim=-1)[0]
 
 
-def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> Check:
-    mine = filter_probs(logits, temperature, top_k, top_p, min_p).reshape(-1)
+def check_filters(logits, sampling: Sampling) -> Check:
+    temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+    mine = filter_probs(logits, sampling).reshape(-1)
     ref = hf_processed_probs(logits, temperature, top_k, top_p, min_p)
     d = float((mine - ref).abs().max())
     same = bool(((mine > 0) == (ref > 0)).all())
@@ -149,9 +150,9 @@ def check_filters(logits, temperature: float, top_k: int, top_p: float, min_p: f
     )
 
 
-def all_checks(lm: LoadedModel, tr: Trace, temperature=DEFAULTS.temperature, top_k=DEFAULTS.top_k, top_p=DEFAULTS.top_p, min_p=DEFAULTS.min_p) -> list[Check]:
+def all_checks(lm: LoadedModel, tr: Trace, sampling: Sampling = DEFAULTS) -> list[Check]:
     """Every check on one trace; the filters with typical settings (every filter active), as the next-token page would."""
-    return [check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr) + [check_filters(tr.next_logits, temperature, top_k, top_p, min_p)]
+    return [check_tokens(tr)] + check_logits(lm, tr) + check_attention(lm, tr) + [check_filters(tr.next_logits, sampling)]
 
 
 def check_rope(lm: LoadedModel, tr: Trace, demo, token_index: int) -> list[Check]:

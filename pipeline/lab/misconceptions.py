@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.forward.sampling import entropy_bits, filter_probs
+from pipeline.forward.sampling import Sampling, entropy_bits, filter_probs
 from pipeline.forward.tokens import text_of
 from pipeline.lab.checks import Check
 from pipeline.model import LoadedModel
@@ -133,12 +133,12 @@ def temperature_sweep(logits: torch.Tensor, temperatures: list[float] | None = N
     logits = torch.as_tensor(logits).float()
     rows = []
     for t in temperatures or TEMPERATURES:
-        p = filter_probs(logits, t, 0, 1.0, 0.0).reshape(-1)
+        p = filter_probs(logits, Sampling(temperature=t)).reshape(-1)
         s, _ = p.sort(descending=True)
         rows.append(TemperatureRow(t, int(p.argmax()), float(p.max()), entropy_bits(p), int((s.cumsum(0) < 0.9).sum()) + 1))
     order = logits.reshape(-1).argsort(descending=True)[:20]
     same_rank = all(
-        torch.equal(filter_probs(logits, t, 0, 1.0, 0.0).reshape(-1)[order].argsort(descending=True), torch.arange(len(order)))
+        torch.equal(filter_probs(logits, Sampling(temperature=t)).reshape(-1)[order].argsort(descending=True), torch.arange(len(order)))
         for t in temperatures or TEMPERATURES
     )
     return TemperatureSweep(

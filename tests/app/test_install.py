@@ -50,8 +50,14 @@ def test_the_launcher_has_make_runs_settings():
 
 @pytest.mark.model
 def test_the_wheel_carries_every_file_and_imports_from_where_it_is_installed(tmp_path):
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)], check=True, timeout=600)
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # built from a copy of the checkout's files (pip builds in the source folder: build/ and *.egg-info stay out of it)
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)], check=True, timeout=600)
     (wheel,) = wheels.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = project_files() - names

@@ -276,7 +276,7 @@ def test_the_wait_said_to_a_burst_after_a_quiet_spell_is_within_2x_of_the_real_w
     """One request alone (the quiet spell), then 24 at once on an engine that serves 8 at a time: the first wait each
     queued request is told (after the moment in which an admitted request is told nothing) against how long it
     really waited. Before: "about 3,430 s" for a burst served in 105 s."""
-    from pipeline.engine.core import Engine, Waiting
+    from pipeline.engine import Engine, Waiting
     from pipeline.generation import prepare
 
     eng = Engine(smol, max_batch=8, prefix_cache=False)

@@ -1,16 +1,30 @@
-"""The scheduler without a model: admission, the KV budget in blocks, the queue bound, cancel, finish."""
+"""The scheduler without a model: admission, the KV budget in blocks, the queue bound, cancel, finish, and the
+request's life moved by the engine's reports (`update`) alone."""
 
+import itertools
 import threading
 
 import pytest
 
-from pipeline.engine.scheduler import BlockPool, QueueFull, Request, Scheduler, TooLarge
+from pipeline.engine.blocks import BlockPool
+from pipeline.engine.scheduler import Chunk, PassOutput, Plan, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.generation.events import Finish
 
 pytestmark = pytest.mark.unit
 
 
 def req(prompt=10, new=6, name=""):
-    return Request(list(range(1, prompt + 1)), new, name=name)
+    """A request whose prompt shares no block with another's (the prefix cache would serve it otherwise)."""
+    start = next(_starts)
+    return Request(list(range(start, start + prompt)), new, name=name)
+
+
+_starts = itertools.count(1, 1000)
+
+
+def done(s, r, upto):
+    """The engine's report of a pass that wrote r's prompt into the cache up to token `upto`."""
+    s.update(Plan([Chunk(r, r.prefilled, upto)], [], []), PassOutput(prefilled={r.id: upto}))
 
 
 def test_blocks_cover_prompt_and_new_tokens_and_come_back():
@@ -80,14 +94,14 @@ def test_chunked_prefill_shares_a_token_budget_per_iteration_shortest_remaining_
     s.submit(long)
     p = s.plan()
     assert p.prefill == [(long, 0, 64)]  # a long prompt is prefilled in chunks of the budget
-    long.prefilled = 64
+    done(s, long, 64)
     s.submit(short)  # a short question arrives meanwhile: it is not stuck behind the long prompt
     p = s.plan()
     assert p.prefill == [(short, 0, 20)]  # it completes this iteration: alone, the long one waits one iteration
-    short.prefilled, short.state = 20, "decode"
+    done(s, short, 20)
     p = s.plan()
     assert p.prefill == [(long, 64, 128)] and p.decode == [short]
-    long.prefilled = 128
+    done(s, long, 128)
     p = s.plan()
     assert p.prefill == [(long, 128, 150)]
 
@@ -99,7 +113,7 @@ def test_request_chunk_caps_each_prompt_so_iterations_stay_short():
         s.submit(r)
     p = s.plan()
     assert p.prefill == [(b, 0, 30)]  # b completes: alone
-    b.prefilled, b.state = 30, "decode"
+    done(s, b, 30)
     p = s.plan()
     assert p.prefill == [(c, 0, 64), (a, 0, 64)]  # nobody completes: 128 of the 256, no request above 64
 
@@ -110,7 +124,7 @@ def test_cancel_frees_the_slot_and_blocks_at_the_next_plan():
     s.submit(a)
     s.submit(b)
     s.plan()
-    a.state = "decode"
+    done(s, a, len(a.prompt_ids))
     s.cancel(a)
     p = s.plan()
     assert p.retired == [a] and a.finish == "cancelled" and a.blocks == []
@@ -128,7 +142,7 @@ def test_decode_rows_are_requests_whose_prompt_is_in():
     s.submit(a)
     s.submit(b)
     s.plan()
-    a.state = "decode"
+    done(s, a, len(a.prompt_ids))
     p = s.plan()
     assert p.decode == [a] and [x[0] for x in p.prefill] == [b]
 
@@ -138,14 +152,14 @@ def test_prefill_first_the_decode_rows_sit_out_at_most_max_decode_stall_passes_i
     a = req()
     s.submit(a)
     s.plan()
-    a.prefilled, a.state = 10, "decode"
+    done(s, a, 10)
     seen = []
     for _ in range(5):  # a newcomer before every pass: each pass could give one its first token
         s.submit(r := req())
         p = s.plan()
         seen.append(p.decode == [a])
         assert [x[0] for x in p.prefill] == [r]
-        r.prefilled, r.state = 10, "decode"
+        done(s, r, 10)
         s.finish(r, "eos")
     assert seen == [False, False, True, False, False]  # two passes for newcomers, then a's next token
     assert s.plan().decode == [a]  # nobody waiting: a decodes
@@ -190,11 +204,9 @@ def test_a_prompt_that_starts_like_a_cached_one_shares_its_blocks_and_skips_thei
     a = Request(list(range(1, 11)), 2)  # 10 prompt tokens: 2 full blocks and 2 tokens of a third
     s.submit(a)
     s.plan()
-    a.prefilled = 6  # a chunk of 6 done: only the first block is written in every layer
-    s.cache_prompt(a)
+    done(s, a, 6)  # a chunk of 6 done: only the first block is written in every layer
     assert a.registered == 1 and s.pool.n_cached == 1
-    a.prefilled, a.state = 10, "decode"
-    s.cache_prompt(a)
+    done(s, a, 10)
     assert a.registered == 2 and s.pool.n_cached == 2  # the third block (2 prompt tokens, then decode) is not
     b = Request(list(range(1, 9)) + [50, 51, 52], 2)  # the same first 8 tokens, then its own
     s.submit(b)
@@ -217,8 +229,7 @@ def test_cached_blocks_give_way_when_the_pool_needs_them():
     a = Request(list(range(1, 10)), 3)  # 12 tokens: 3 blocks, 2 of them cached when done
     s.submit(a)
     s.plan()
-    a.prefilled = 9
-    s.cache_prompt(a)
+    done(s, a, 9)
     s.finish(a, "eos")
     big = Request(list(range(100, 113)), 3)  # 16 tokens: every block of the pool, cached ones included
     s.submit(big)
@@ -231,8 +242,50 @@ def test_no_prefix_cache_no_sharing():
     a, b = Request(list(range(1, 11)), 2), Request(list(range(1, 11)), 2)
     s.submit(a)
     s.plan()
-    a.prefilled = 10
-    s.cache_prompt(a)
+    done(s, a, 10)
     s.submit(b)
     s.plan()
     assert s.pool.n_cached == 0 and b.cached == 0 and not set(a.blocks) & set(b.blocks)
+
+
+def test_the_engines_report_moves_a_request_along_its_life_and_ends_it():
+    s = Scheduler(BlockPool(20, 4), max_batch=8)
+    a, b, c = Request([1, 2, 3], 3, stop_ids=frozenset({99})), Request([4, 5], 2), Request([6, 7], 5)
+    for r in (a, b, c):
+        s.submit(r)
+    p = s.plan()
+    assert [r.state for r in (a, b, c)] == [State.PREFILL] * 3
+    ended = s.update(p, PassOutput(prefilled={a.id: 3, b.id: 2, c.id: 2}, tokens={a.id: 10, b.id: 11, c.id: 12}, at=1.0))
+    assert ended == {a.id: None, b.id: None, c.id: None} and all(r.state == State.DECODE for r in (a, b, c))
+    assert a.generated == [10] and a.first_token_at == a.last_token_at == 1.0
+    s.cancel(c)  # Stop pressed while its token is being computed
+    p = s.plan()  # retired at the next plan: its blocks come back before the pass
+    assert p.retired == [c] and c.finish == Finish.CANCELLED and c.blocks == []
+    ended = s.update(p, PassOutput(tokens={a.id: 99, b.id: 13}, at=2.0))
+    assert ended == {a.id: Finish.EOS, b.id: Finish.LENGTH}  # a stop token; b's second and last token
+    assert all(r.state == State.FINISHED and not r.blocks for r in (a, b)) and s.pool.n_free == 20 and not s.running
+    assert s.snapshot().ended == {"eos": 1, "length": 1, "cancelled": 1}
+
+
+def test_a_failed_pass_ends_its_requests_with_an_error_and_frees_their_blocks():
+    s = Scheduler(BlockPool(8, 4))
+    s.submit(a := req(10, 6))
+    s.plan()
+    s.fail([a])
+    assert a.state == State.FINISHED and a.finish == Finish.ERROR and s.pool.n_free == 8
+
+
+def test_static_batching_keeps_an_ended_row_as_padding_until_its_batch_is_done():
+    s = Scheduler(BlockPool(20, 4), policy=Policy.STATIC, static_batch_size=2)
+    a, b = Request([1, 2], 1), Request([3, 4], 3)
+    s.submit(a)
+    assert s.plan().empty  # waits for the whole batch
+    s.submit(b)
+    p = s.plan()
+    s.update(p, PassOutput(prefilled={a.id: 2, b.id: 2}, tokens={a.id: 5, b.id: 6}))
+    assert a.state == State.PADDING and a.finish == Finish.LENGTH and a.blocks  # ended, its row kept
+    p = s.plan()
+    assert p.decode == [a, b] and s.release_static_batch() == []  # padding computed with b
+    s.update(p, PassOutput(tokens={b.id: 7}))
+    s.update(s.plan(), PassOutput(tokens={b.id: 8}))
+    assert b.finish == Finish.LENGTH and s.release_static_batch() == [a, b] and s.pool.n_free == 20

@@ -43,7 +43,7 @@ def test_smollm_paris_probability(smol):
 
 def test_cross_checks_pass(lm):
     tr = pipeline.trace(lm, "Apple fell from the tree. 👋🏽", chat=True)
-    for c in checks.all_checks(lm, tr, 0.7, 40, 0.9, 0.02):
+    for c in checks.all_checks(lm, tr, pipeline.Sampling(0.7, 40, 0.9, 0.02)):
         assert c.ok, c
 
 

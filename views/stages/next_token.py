@@ -7,7 +7,7 @@ from components.tokens import lit, plot_text, visible
 from pipeline.forward import sampling
 from pipeline.forward.tokens import text_of
 from pipeline.lab import checks
-from views import loading, render, runs
+from views import generating, loading, render, runs
 
 render.intro(
     "The last layer's vector is multiplied by the output matrix: one score, a **logit**, for every token in the "
@@ -18,15 +18,12 @@ render.intro(
     "run's cached logits; the model is not run again."
 )
 lm, tr = runs.get_trace()
-c = st.columns(5)
-d = sampling.DEFAULTS  # the same defaults as the generation pages and the overview's check
-temperature = c[0].slider("Temperature", 0.0, 2.0, d.temperature, 0.05, key="temperature", bind="query-params")
-top_k = c[1].slider("Top-k (0 = off)", 0, 200, d.top_k, key="top_k", bind="query-params")
-top_p = c[2].slider("Top-p (1 = off)", 0.0, 1.0, d.top_p, 0.01, key="top_p", bind="query-params")
-min_p = c[3].slider("Min-p (0 = off)", 0.0, 0.5, d.min_p, 0.01, key="min_p", bind="query-params")
-n_show = c[4].slider("Candidates shown", 5, 40, 15, key="n_show", bind="query-params")
+c = st.columns(6)
+# the generation pages' controls, from the same defaults (pipeline.forward.sampling.DEFAULTS)
+chosen = generating.sampling_sliders(c, ("temperature", "top_k", "top_p", "min_p", "seed"))
+n_show = c[5].slider("Candidates shown", 5, 40, 15, key="n_show", bind="query-params")
 
-steps = sampling.filter_steps(tr.next_logits, temperature, top_k, top_p, min_p)
+steps = sampling.filter_steps(tr.next_logits, chosen)
 first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r} ({int(i)})") for i in order]
@@ -44,14 +41,13 @@ st.caption(
     "✗ marks a candidate filtered out at that stage; the bars are renormalised over the survivors. "
     f"Logits range {tr.next_logits.min():.1f} … {tr.next_logits.max():.1f}."
 )
-if steps[-1].kept == 1 and temperature > 0:
+if steps[-1].kept == 1 and not chosen.greedy:
     st.info("Only one candidate survives these filters, so sampling always draws it. Raise the temperature or top-p to let more through.")
 
 s1, s2 = st.columns([1, 3])
-seed = s1.number_input("Seed", 0, 2**31 - 1, d.seed, key="seed", bind="query-params")
-if s1.button("Sample", type="primary"):
-    tid = sampling.sample(tr.next_logits, temperature, top_k, top_p, min_p, seed=int(seed))
-    loading.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), int(seed)))
+if s1.button("Sample", type="primary", help=f"Draw one token from the filtered distribution with seed {chosen.seed}"):
+    tid = sampling.sample(tr.next_logits, chosen)
+    loading.remember("sampled", (tr.text, tid, float(last[tid]), float(first[tid]), chosen.seed))
 sampled = loading.recall("sampled")
 if sampled is not None and sampled[0] == tr.text:
     _, tid, p, p_raw, sd = sampled
@@ -61,7 +57,7 @@ if sampled is not None and sampled[0] == tr.text:
     render.verbatim(text_of(lm.tokenizer, [*tr.input_ids, tid]), s2, max_lines=8)
 
 render.how_do_we_know(
-    lambda: [checks.check_filters(tr.next_logits, temperature, top_k, top_p, min_p), checks.check_logits(lm, tr)[0]],
-    f"next{temperature}-{top_k}-{top_p}-{min_p}",
+    lambda: [checks.check_filters(tr.next_logits, chosen), checks.check_logits(lm, tr)[0]],
+    f"next{chosen.temperature}-{chosen.top_k}-{chosen.top_p}-{chosen.min_p}",
     tr,
 )
