@@ -44,26 +44,31 @@ class Caps:
     sweep_tokens: int | None = 1024  # the longest prompt of a sweep (the prefill/decode, roofline and attention-kernels pages)
     repeats: int | None = 3  # timed repeats of a sweep point
     users: int | None = 8  # users in the batching page's scene
-    requests_per_minute: int = 20  # runs one browser may start per minute (generations, sweeps, traces, tokenizing)
-    address_at_once: int = 40  # runs one client address may have queued or running at once (a class behind one NAT fits)
-    address_per_minute: int = 400  # runs one client address may start per minute, whatever its sessions or cookies
+    requests_per_minute: int | None = 20  # runs one browser may start per minute (generations, sweeps, traces, tokenizing)
+    address_at_once: int | None = 40  # runs one client address may have queued or running at once (a class behind one NAT fits)
+    address_per_minute: int | None = 400  # runs one client address may start per minute, whatever its sessions or cookies
     tokenize_chars: int | None = 20_000  # characters the tokens page tokenizes (outside demo mode: the prompt box's 200,000)
-    heavy_at_once: int = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
+    heavy_at_once: int | None = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
     compile: bool = False  # production mode's torch.compile (a minute of the whole server's CPU)
     draft_folders: bool = False  # speculative decoding with a draft model from a typed folder
 
 
-UNCAPPED = Caps(  # outside demo mode: None = no limit; 0 = the limiter is off
+def unlimited(limit: int | None) -> bool:
+    """None is "no limit", the one spelling of it in Caps (an operator's 0 in secrets.toml reads the same)."""
+    return limit is None or limit <= 0
+
+
+UNCAPPED = Caps(  # outside demo mode: no limit on anything
     prompt_tokens=None,
     new_tokens=None,
     sweep_tokens=None,
     repeats=None,
     users=None,
-    requests_per_minute=0,
-    address_at_once=0,
-    address_per_minute=0,
+    requests_per_minute=None,
+    address_at_once=None,
+    address_per_minute=None,
     tokenize_chars=None,
-    heavy_at_once=0,
+    heavy_at_once=None,
     compile=True,
     draft_folders=True,
 )
@@ -99,29 +104,32 @@ def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) 
     return Policy(True, tuple(canonical_key(str(m).strip()) for m in listed), caps, password)
 
 
-class RateLimiter:
-    """At most `per_minute` starts per session in any sliding minute (0: no limit)."""
+OWN = object()  # RateLimiter: the limit given at construction
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096):
+
+class RateLimiter:
+    """At most `per_minute` starts per session in any sliding minute (None: no limit)."""
+
+    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096):
         self.per_minute, self.clock, self.max_sessions = per_minute, clock, max_sessions
         self._seen: OrderedDict[str, deque] = OrderedDict()
         self._lock = threading.Lock()
 
-    def wait(self, session: str, per_minute: int | None = None) -> float:
+    def wait(self, session: str, per_minute: int | None | object = OWN) -> float:
         """Seconds until `session` may start a run (0: now), recording nothing."""
-        limit = self.per_minute if per_minute is None else per_minute
-        if limit <= 0:
+        limit = self.per_minute if per_minute is OWN else per_minute
+        if unlimited(limit):
             return 0.0
         now = self.clock()
         with self._lock:
             q = [t for t in self._seen.get(session, ()) if now - t < 60.0]
             return 60.0 - (now - q[0]) if len(q) >= limit else 0.0
 
-    def allow(self, session: str, per_minute: int | None = None) -> float:
+    def allow(self, session: str, per_minute: int | None | object = OWN) -> float:
         """Record a start and return 0, or return the seconds until one is allowed (nothing recorded).
         `per_minute` overrides the limit given at construction (the policy can change; the record stays)."""
-        limit = self.per_minute if per_minute is None else per_minute
-        if limit <= 0:
+        limit = self.per_minute if per_minute is OWN else per_minute
+        if unlimited(limit):
             return 0.0
         now = self.clock()
         with self._lock:
@@ -138,7 +146,7 @@ class RateLimiter:
 
 
 class AddressSlots:
-    """At most `limit` runs queued or running at once per client address (0: no limit): a script that opens a new
+    """At most `limit` runs queued or running at once per client address (None: no limit): a script that opens a new
     session for every run sheds its cookie and its session, never its address.
 
         slots = AddressSlots(); with slots.hold(address, limit): ...   # raises Busy when the address is full
@@ -153,8 +161,8 @@ class AddressSlots:
             return self._held.get(address, 0)
 
     @contextmanager
-    def hold(self, address: str, limit: int):
-        if limit > 0:
+    def hold(self, address: str, limit: int | None):
+        if not unlimited(limit):
             with self._lock:
                 n = self._held.get(address, 0)
                 if n >= limit:
@@ -166,7 +174,7 @@ class AddressSlots:
         try:
             yield
         finally:
-            if limit > 0:
+            if not unlimited(limit):
                 with self._lock:
                     self._held[address] -= 1
                     if not self._held[address]:
@@ -187,11 +195,11 @@ class _Ticket:
 
 class FairQueue:
     """Heavy experiments (sweeps, kernel runs, production mode, speculative comparisons, long traces) wait here,
-    `at_once` running at a time (0: no queue), served round-robin over sessions: one per session in line, so a
+    `at_once` running at a time (None: no queue), served round-robin over sessions: one per session in line, so a
     visitor who starts ten gets no more turns than one who starts one. `turn()` tells the waiting visitor where
     they stand; a tab that leaves while waiting (the page's script stops) leaves the line."""
 
-    def __init__(self, at_once: int = 1):
+    def __init__(self, at_once: int | None = 1):
         self.at_once = at_once
         self._waiting: list[_Ticket] = []
         self._running: list[_Ticket] = []
@@ -221,7 +229,7 @@ class FairQueue:
     def turn(self, session: str, what: str, on_wait: Callable[[int], None] | None = None, poll_s: float = 0.5):
         """Wait for a turn (calling on_wait(position) while in line), run the body, give the turn back.
         Raises Busy when this session already holds a place."""
-        if self.at_once <= 0:
+        if unlimited(self.at_once):
             yield
             return
         t = _Ticket(session, what)

@@ -13,7 +13,8 @@ from common import ROOT, write
 def main():
 
     import pipeline
-    from components.figures import attention_heads, labels_of, mosaic_image
+    from components.attention_figures import attention_heads, mosaic_image
+    from components.figures import labels_of
     from pipeline.common.telemetry import PeakMemory
 
     lm = pipeline.load_model()

@@ -96,8 +96,7 @@ def main(argv=None) -> dict:
         wait_for("two nodes", lambda: len([n for n in ray.nodes() if n["Alive"]]) >= 2, 120)
         out["cluster_up_s"] = round(time.time() - t0, 1)
 
-        from pipeline.engine import ray_serve
-        from pipeline.engine import EngineError
+        from pipeline.engine import EngineError, ray_serve
 
         key = pipeline.EMBEDDED
         ray_serve._connected = f"127.0.0.1:{port}"

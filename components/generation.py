@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from pipeline.generation.decode import CacheMode
+
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
 from .tokens import lit, plot_text, visible
 
@@ -303,12 +305,12 @@ def roofline_figure(r) -> go.Figure:
 
 
 MODE_LABELS = {
-    "dynamic": "dynamic cache (transformers)",
-    "static": "static cache (transformers)",
-    "fused": "fused step",
-    "fused+compile": "fused step, torch.compile",
+    CacheMode.DYNAMIC: "dynamic cache (transformers)",
+    CacheMode.STATIC: "static cache (transformers)",
+    CacheMode.FUSED: "fused step",
+    CacheMode.FUSED_COMPILE: "fused step, torch.compile",
 }
-MODE_COLORS = {"dynamic": BLUE, "static": GREEN, "fused": ORANGE, "fused+compile": RED}
+MODE_COLORS = {CacheMode.DYNAMIC: BLUE, CacheMode.STATIC: GREEN, CacheMode.FUSED: ORANGE, CacheMode.FUSED_COMPILE: RED}
 
 
 def cache_modes_figure(results: dict) -> go.Figure:
@@ -316,7 +318,7 @@ def cache_modes_figure(results: dict) -> go.Figure:
     fig = go.Figure()
     for m, r in results.items():
         ev = r.events
-        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if m.startswith("fused") else "")
+        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if CacheMode(m).fused else "")
         fig.add_trace(
             go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines", name=name, line=dict(color=MODE_COLORS.get(m, GREY)))
         )
@@ -338,3 +340,26 @@ def launches_figure(counts) -> go.Figure:
         fig.add_trace(go.Bar(x=names, y=ys, name=name, marker_color=color, text=ys, textposition="outside"))
     fig.update_yaxes(title="per decode step", rangemode="tozero")
     return _layout(fig, "What one decode step asks of the host (counted by torch.profiler)", height=340, barmode="group", legend=dict(orientation="h", y=-0.25))
+
+
+def cache_modes_table(res, util_col: str):
+    """Page 12's table of a CacheModeComparison: one row per mode (its speed, its ratio to the dynamic cache with the
+    repeats' range, the K/V memory it set aside, the device's utilisation, whether its greedy tokens agree)."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        [
+            {
+                "mode": MODE_LABELS.get(m, m),
+                "ran as": r.engine.split(" (")[0],
+                "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
+                "runs": " / ".join(f"{x:.1f}" for x in r.runs),
+                "× dynamic (median, range)": None if m == CacheMode.DYNAMIC else str(res.ratios(m)),
+                "KV MiB set aside": round(r.events[-1].kv_reserved_bytes / 2**20, 2),
+                util_col: None if r.utilisation is None else round(r.utilisation),
+                "warm-up s": round(r.warmup_s, 2),
+                "same tokens": res.same_tokens(m),
+            }
+            for m, r in res.modes.items()
+        ]
+    )

@@ -11,15 +11,33 @@ iterate what `stream()` returns.
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 
 from pipeline.common.timing import ACTIVITY, Busy
 from pipeline.engine import Waiting, engine_for
 from pipeline.forward.sampling import Sampling
 from pipeline.generation import Prepared, generate
+from pipeline.generation.decode import CacheMode
 from pipeline.generation.events import StepEvent
 from pipeline.model import LoadedModel
 
-ENGINE = "engine"  # the route through the shared engine; any other route is one of generation's cache modes
+
+class Route(StrEnum):
+    """Who serves a request: the shared engine, or its own loop with one of the loop's cache modes (CacheMode)."""
+
+    ENGINE = "engine"
+    DYNAMIC = CacheMode.DYNAMIC.value
+    STATIC = CacheMode.STATIC.value
+    FUSED = CacheMode.FUSED.value
+    FUSED_COMPILE = CacheMode.FUSED_COMPILE.value
+
+    @property
+    def cache(self) -> CacheMode | None:
+        """The own loop's cache mode (None: the engine)."""
+        return None if self == Route.ENGINE else CacheMode(self.value)
+
+
+ENGINE = Route.ENGINE
 
 
 class Stream:
@@ -27,14 +45,16 @@ class Stream:
     early (a Stop, a closed tab) cancels the request. `busy` says, once it has ended, what else the server ran
     while it ran (the engine's own steps counted this request in their batch; its own loop is one generation)."""
 
-    def __init__(self, lm: LoadedModel, request: Prepared, sampling: Sampling, route: str, use_cache: bool, arrived: float):
-        self.route = ENGINE if route == ENGINE and use_cache else route
+    def __init__(self, lm: LoadedModel, request: Prepared, sampling: Sampling, route: Route | str, use_cache: bool, arrived: float):
+        route = Route(route)
+        # without a KV cache the engine cannot serve it: its own loop, recomputing the context each step
+        self.route = Route.DYNAMIC if route == Route.ENGINE and not use_cache else route
         self.t0, self.busy = arrived, Busy()
-        if self.route == ENGINE:
+        if self.route == Route.ENGINE:
             self._events = engine_for(lm).submit(request.prompt_ids, request.max_new_tokens, sampling, arrived=arrived).stream()
             self._own = None
         else:
-            self._events = generate(lm, "", sampling=sampling, use_cache=use_cache, request=request, cache=route)
+            self._events = generate(lm, "", sampling=sampling, use_cache=use_cache, request=request, cache=self.route.cache)
             self._own = ACTIVITY.start("generation")
 
     def __iter__(self):
@@ -55,7 +75,9 @@ class Stream:
             self.busy = ACTIVITY.during(self.t0, time.perf_counter()).less_one("generation")
 
 
-def stream(lm: LoadedModel, request: Prepared, sampling: Sampling, route: str = ENGINE, use_cache: bool = True, arrived: float | None = None) -> Stream:
+def stream(
+    lm: LoadedModel, request: Prepared, sampling: Sampling, route: Route | str = Route.ENGINE, use_cache: bool = True, arrived: float | None = None
+) -> Stream:
     """Serve one request: through the shared engine (route "engine", the default) or its own loop (route = a cache
     mode of pipeline.generate; use_cache=False always runs its own loop, recomputing the whole context each step).
     Through the engine, a full queue (QueueFull, "Server busy: ..."), a request too large for the KV memory
@@ -63,4 +85,4 @@ def stream(lm: LoadedModel, request: Prepared, sampling: Sampling, route: str = 
     return Stream(lm, request, sampling, route, use_cache, time.perf_counter() if arrived is None else arrived)
 
 
-__all__ = ["ENGINE", "Stream", "StepEvent", "Waiting", "stream"]
+__all__ = ["ENGINE", "Route", "Stream", "StepEvent", "Waiting", "stream"]

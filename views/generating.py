@@ -13,7 +13,7 @@ from pipeline import serving
 from pipeline.forward.sampling import DEFAULTS, Sampling
 from pipeline.forward.tracing import TraceError
 from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, prepare
-from pipeline.serving import ENGINE
+from pipeline.serving import Route
 from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
 from views.loading import model_key
 from views.render import verbatim
@@ -82,7 +82,7 @@ def sampling_controls(prefix: str, greedy_default: bool = False) -> tuple[int, S
 
 
 def run_generation(
-    lm, prompt: str, chat: bool, max_new_tokens: int, sampling: Sampling, slot: str, out=None, sampler=None, use_cache: bool = True, route: str = ENGINE
+    lm, prompt: str, chat: bool, max_new_tokens: int, sampling: Sampling, slot: str, out=None, sampler=None, use_cache: bool = True, route: Route = Route.ENGINE
 ) -> GenerationRecord | None:
     """Stream one generation into `out` (a placeholder), keeping every event in the session's `slot` as it
     arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.

@@ -45,7 +45,7 @@ def _limiter() -> demo.RateLimiter:
 
 
 @st.cache_resource(show_spinner=False)
-def _heavy_line(at_once: int) -> demo.FairQueue:
+def _heavy_line(at_once: int | None) -> demo.FairQueue:
     return demo.FairQueue(at_once)
 
 
@@ -119,7 +119,7 @@ def address_slot():
     """A context manager holding one of this client address's places for a run queued or running (a demo server's
     address_at_once); raises demo.Busy, with a message for the page, when the address has none left."""
     p = policy()
-    return _address_slots().hold(client_address(), p.caps.address_at_once if p.enabled else 0)
+    return _address_slots().hold(client_address(), p.caps.address_at_once if p.enabled else None)
 
 
 def sweep_lengths(offered: list[int], key: str) -> list[int]:

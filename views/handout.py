@@ -22,7 +22,8 @@ from plotly.offline import get_plotlyjs
 
 import pipeline
 from components import export
-from components.figures import attention_heads, labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
+from components.attention_figures import attention_heads
+from components.figures import labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
 from components.fmt import prob
 from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible

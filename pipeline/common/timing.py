@@ -118,6 +118,10 @@ class Samples:
         """Every repeat of this one is more than `factor` times every repeat of the other (needs 2 repeats)."""
         return len(self.values) >= 2 and len(other.values) >= 2 and self.lo > factor * other.hi
 
+    def tells_apart(self, other: Samples) -> bool:
+        """Whether the repeats separate the two (one above the other); False: within the machine's noise."""
+        return self.above(other) or other.above(self)
+
 
 def interleaved(fns: dict[str, Callable[[], float]], repeats: int, progress: Callable[[float, str], None] | None = None) -> dict[str, Samples]:
     """Each fn() returns one measurement; every repeat runs all of them, in an order rotated each repeat, so a

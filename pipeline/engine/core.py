@@ -30,60 +30,21 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import torch
 
 from pipeline.common.timing import ACTIVITY
 from pipeline.engine.blocks import BlockPool
+from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
 from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
 from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling
 from pipeline.generation.decode import StepOutput, choose, token_texts
-from pipeline.generation.events import Finish, StepEvent, eos_ids
+from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model import LoadedModel
 
 log = logging.getLogger(__name__)
-
-DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
-BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How an engine serves, with the CPU and GPU defaults in one place (`for_device`). None: the device's default."""
-
-    kv_bytes: int | None = None  # the KV pool: 256 MiB on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
-    block_size: int = BLOCK_SIZE
-    # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
-    max_batch: int | None = None
-    max_queue: int = 64
-    # a GPU pass costs about the same for 64 tokens as for 512; a CPU's grows with them
-    prefill_chunk: int | None = None
-    request_chunk: int | None = None
-    policy: Policy = Policy.CONTINUOUS
-    static_batch_size: int | None = None  # Policy.STATIC: the batch it waits for
-    history: int = 4096  # iteration records kept (the batching page's Gantt)
-    background: bool = True  # a worker thread iterates (False: the caller drives iterate())
-    park: bool = True  # decode tokens and long prompts' chunks may stop at a layer for a newcomer (see Engine._forward)
-    # prompts that start alike (every chat prompt starts with the template's system turn) share the blocks already
-    # computed; only the paged step writes the pool, so only it can share them
-    prefix_cache: bool = True
-    # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
-    # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
-    max_decode_stall: int = 2
-
-    def for_device(self, lm: LoadedModel) -> EngineConfig:
-        """Every None filled with this model's device's default."""
-        gpu = lm.device.type == "cuda"
-        return replace(
-            self,
-            policy=Policy(self.policy),
-            kv_bytes=self.kv_bytes or default_kv_bytes(lm),
-            max_batch=self.max_batch or (256 if gpu else 16),
-            prefill_chunk=self.prefill_chunk or (2048 if gpu else 256),
-            request_chunk=self.request_chunk or (512 if gpu else 64),
-        )
 
 
 class Engine:
@@ -246,17 +207,18 @@ class Engine:
                     parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
                     outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
-                live = [(r, "prefill") for r, _ in first] + [(r, "decode") for r in rows]
+                live = [(r, Phase.PREFILL) for r, _ in first] + [(r, Phase.DECODE) for r in rows]
                 choices = {}
                 for (r, phase), out in zip(live, outs):
                     if r.state == State.PADDING:  # static batching: a finished row computed as padding
                         padded.append(r.id)
                         continue
-                    choices[r.id] = (r, phase, r.context_len, choose(out, self._dec, r.sampling, self._gens.get(r.id)))
-                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: c[3].token_id for rid, c in choices.items()}, t_done))
-                for rid, (r, phase, ctx, c) in choices.items():
-                    self._emit(r, c, phase, ctx, t0, t_done, batch, ended[rid])
-                    if phase == "decode":
+                    c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
+                    choices[r.id] = (r, phase, r.context_len, len(r.blocks), c)
+                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: ch[-1].token_id for rid, ch in choices.items()}, t_done))
+                for rid, (r, phase, ctx, held, c) in choices.items():
+                    self._emit(r, c, phase, ctx, held, t0, t_done, batch, ended[rid])
+                    if phase == Phase.DECODE:
                         decoded.append(rid)
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
@@ -365,11 +327,10 @@ class Engine:
                 out[j] = StepOutput(logits=logits[j].cpu())
         return out
 
-    def _emit(self, r: Request, c, phase: str, ctx: int, t0: float, t_done: float, batch: int, end: Finish | None) -> None:
-        """The step's event to the request's visitor; an ended request's stream is closed (and, once retired,
-        forgotten)."""
-        reserved = self.kv.block_bytes_per_layer * self.scheduler.blocks_for(ctx + 1)
-        per_layer = [reserved] * self.lm.facts.n_layers
+    def _emit(self, r: Request, c, phase: Phase, ctx: int, blocks: int, t0: float, t_done: float, batch: int, end: Finish | None) -> None:
+        """The step's event to the request's visitor (`blocks`: the KV blocks it held for the step); an ended
+        request's stream is closed (and, once retired, forgotten)."""
+        per_layer = self.lm.kv_layer_bytes(ctx)
         ev = StepEvent(
             index=len(r.generated) - 1,
             phase=phase,
@@ -384,11 +345,12 @@ class Engine:
             context_len=ctx,
             kv_bytes_per_layer=per_layer,
             kv_bytes=sum(per_layer),
+            kv_reserved_bytes=blocks * self.block_bytes,
             finished=end,
             engine=self.name,
             batch=batch,
             request_id=r.id,
-            cached_tokens=r.cached if phase == "prefill" else 0,
+            cached_tokens=r.cached if phase == Phase.PREFILL else 0,
         )
         h = self._handles.get(r.id)
         if h is not None:
@@ -412,13 +374,6 @@ class Engine:
         st = self._fallback.pop(r.id, None)
         if st is not None:
             st.close()
-
-
-def default_kv_bytes(lm: LoadedModel) -> int:
-    if lm.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(lm.device)
-        return min(free // 4, 16 << 30)
-    return DEFAULT_KV_BYTES
 
 
 _exiting = threading.Event()

@@ -17,15 +17,50 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from pipeline.common.telemetry import Sampler
 from pipeline.engine.core import Engine
 from pipeline.engine.handle import IterationRecord
+from pipeline.engine.scheduler import Policy
 from pipeline.forward.sampling import GREEDY
 from pipeline.generation import prepare
 from pipeline.model import LoadedModel
 
-POLICIES = ("one after another", "static", "continuous")
+# the article's class: Alice, Bob, Charlie and Diana send requests to the same model ((name, arrives after s, prompt,
+# max new tokens) per user)
+SCENES = {
+    "One long answer, three short ones": [
+        ("Alice", 0.0, "Why is the sky blue?", 48),
+        ("Bob", 0.2, "The capital of France is", 8),
+        ("Charlie", 0.4, "Dog bites man.", 8),
+        ("Diana", 0.6, "Apple released a new chip.", 8),
+    ],
+    "Staggered arrivals": [
+        ("Alice", 0.0, "Why is the sky blue?", 24),
+        ("Bob", 1.0, "The capital of France is", 24),
+        ("Charlie", 2.0, "Dog bites man.", 24),
+        ("Diana", 3.0, "Apple released a new chip.", 24),
+    ],
+    "Everyone at once, same length": [
+        ("Alice", 0.0, "Why is the sky blue?", 24),
+        ("Bob", 0.0, "The capital of France is", 24),
+        ("Charlie", 0.0, "Dog bites man.", 24),
+        ("Diana", 0.0, "Apple released a new chip.", 24),
+    ],
+}
+SCENE_MAX_NEW_TOKENS = 128  # a user's answer in the scene: long enough to see the batch change, short enough for a CPU
+
+
+class ScenePolicy(StrEnum):
+    """The batching page's three ways to serve the scene: the engine's two policies and a batch of one."""
+
+    ONE_BY_ONE = "one after another"
+    STATIC = "static"
+    CONTINUOUS = "continuous"
+
+
+POLICIES = tuple(ScenePolicy)
 # eight visitors' questions (the serving benchmark and the browser load test send these)
 VISITOR_PROMPTS = [
     "Why is the sky blue?",
@@ -104,15 +139,17 @@ class SceneRun:
         return sum(len(r.padded) for r in self.records)
 
 
-def engine_for_policy(lm: LoadedModel, policy: str, n_users: int, kv_bytes: int | None = None) -> Engine:
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}")
+def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, kv_bytes: int | None = None) -> Engine:
+    try:
+        policy = ScenePolicy(policy)
+    except ValueError:
+        raise ValueError(f"policy must be one of {[str(p) for p in ScenePolicy]}") from None
     return Engine(
         lm,
         kv_bytes=kv_bytes,
-        max_batch=1 if policy == "one after another" else max(1, n_users),
+        max_batch=1 if policy == ScenePolicy.ONE_BY_ONE else max(1, n_users),
         max_queue=max(4, n_users),
-        policy="static" if policy == "static" else "continuous",
+        policy=Policy.STATIC if policy == ScenePolicy.STATIC else Policy.CONTINUOUS,
         background=False,
         static_batch_size=n_users,
         # the three policies differ in batching alone: none reuses another user's prompt K/V, and the running

@@ -10,7 +10,7 @@ Two implementations of `DecodeStep`, driven by `generation.generate()` (and by t
     step = open_step(lm, "dynamic", n_positions)   # or "static", "fused", "fused+compile", use_cache=False
     out = step.prefill(prompt_ids)                 # StepOutput for the prompt's last position
     out = step.step(token_id, position)            # one token at `position`
-    step.kv_bytes_per_layer(); step.close()
+    step.kv_bytes_per_layer(tokens); step.kv_reserved_bytes(); step.close()
 
 The caller holds lm.lock around prefill() / step() (one forward at a time on the shared model) and
 `choose()` turns a StepOutput into the token and the candidates the pages show.
@@ -19,6 +19,7 @@ The caller holds lm.lock around prefill() / step() (one forward at a time on the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 
 import torch
@@ -61,16 +62,17 @@ class TransformersStep:
     """transformers' forward, one call per token. cache: "dynamic" (grows by concatenation), "static"
     (preallocated, written in place) or None (no cache: each step feeds the whole context)."""
 
-    def __init__(self, lm: LoadedModel, cache: str | None, n_positions: int):
+    def __init__(self, lm: LoadedModel, cache: CacheMode | str | None, n_positions: int):
         from transformers import DynamicCache, StaticCache
 
         self.lm, self.name, self.on_device = lm, "transformers", False
         if cache is None:
             self.cache = None
-        elif cache == "static":
+        elif cache == CacheMode.STATIC:
             self.cache = StaticCache(config=lm.model.config, max_cache_len=n_positions)
         else:
             self.cache = DynamicCache(config=lm.model.config)
+        self.preallocated = cache == CacheMode.STATIC
         self._sync = syncer(lm.device)
         self._context: torch.Tensor | None = None  # every token so far, when there is no cache
 
@@ -92,8 +94,15 @@ class TransformersStep:
             return self._forward(self._context)
         return self._forward(nxt)
 
-    def kv_bytes_per_layer(self) -> list[int]:
-        return kv_bytes(self.cache) if self.cache is not None else []
+    def kv_bytes_per_layer(self, tokens: int) -> list[int]:
+        """The context's K/V per layer: read from the dynamic cache's tensors (a measurement), the formula for the
+        static cache (its buffer is preallocated)."""
+        if self.cache is None:
+            return []
+        return kv_bytes(self.cache) if not self.preallocated else self.lm.kv_layer_bytes(tokens)
+
+    def kv_reserved_bytes(self) -> int:
+        return sum(kv_bytes(self.cache)) if self.cache is not None else 0
 
     def close(self):
         self.cache = self._context = None
@@ -120,8 +129,11 @@ class FusedStep:
     def step(self, token_id: int, position: int) -> StepOutput:
         return self._out(*self.dec.step(token_id, position))
 
-    def kv_bytes_per_layer(self) -> list[int]:
-        return self.dec.kv_bytes_per_layer()
+    def kv_bytes_per_layer(self, tokens: int) -> list[int]:
+        return self.lm.kv_layer_bytes(tokens)
+
+    def kv_reserved_bytes(self) -> int:
+        return sum(self.dec.kv_bytes_per_layer())
 
     def close(self):
         if self.dec is not None:
@@ -129,12 +141,26 @@ class FusedStep:
             self.dec = None
 
 
-def open_step(lm: LoadedModel, cache: str = "dynamic", n_positions: int = 0, use_cache: bool = True, greedy: bool = False, n_top: int = 10):
+class CacheMode(StrEnum):
+    """How our own loop keeps keys and values (a StrEnum: "dynamic" in a link or a config still reads)."""
+
+    DYNAMIC = "dynamic"  # transformers' cache, grown by concatenation each step
+    STATIC = "static"  # transformers' preallocated cache, written in place
+    FUSED = "fused"  # our static-shape step (pipeline.cpu.fused): a CUDA graph replay per step on a GPU
+    FUSED_COMPILE = "fused+compile"  # the same step compiled by torch.compile first
+
+    @property
+    def fused(self) -> bool:
+        return self in (CacheMode.FUSED, CacheMode.FUSED_COMPILE)
+
+
+def open_step(lm: LoadedModel, cache: CacheMode | str = CacheMode.DYNAMIC, n_positions: int = 0, use_cache: bool = True, greedy: bool = False, n_top: int = 10):
     """The decode step for a generation of at most n_positions tokens (prompt + new)."""
     if not use_cache:
         return TransformersStep(lm, None, n_positions)
-    if cache in ("fused", "fused+compile"):
-        return FusedStep(lm, n_positions, compile=cache == "fused+compile", on_device=greedy, n_top=n_top)
+    cache = CacheMode(cache)
+    if cache.fused:
+        return FusedStep(lm, n_positions, compile=cache == CacheMode.FUSED_COMPILE, on_device=greedy, n_top=n_top)
     return TransformersStep(lm, cache, n_positions)
 
 

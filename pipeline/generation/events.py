@@ -10,6 +10,13 @@ from enum import StrEnum
 from pipeline.model import LoadedModel
 
 
+class Phase(StrEnum):
+    """Which pass made a token: the prompt's (its first token) or one decode step."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
 class Finish(StrEnum):
     """Why an answer ended (a StrEnum: it compares equal to its value, "eos", and prints as it)."""
 
@@ -22,7 +29,7 @@ class Finish(StrEnum):
 @dataclass
 class StepEvent:
     index: int  # 0 = the first token (prefill), 1.. = decode steps
-    phase: str  # "prefill" | "decode"
+    phase: Phase
     token_id: int
     text: str
     top: list[tuple[int, str, float]]  # (id, text, probability after the filters), most likely first
@@ -32,8 +39,11 @@ class StepEvent:
     step_s: float  # this step's forward + sampling time
     t_s: float  # time since the request arrived (tokenization included)
     context_len: int  # tokens the step attended over
+    # the keys and values of the context's tokens after this step, per layer and in all (LoadedModel.kv_layer_bytes:
+    # the same meaning on every path; on the dynamic cache read from its tensors)
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes: int = 0
+    kv_reserved_bytes: int = 0  # what the path set aside for this request: a preallocated buffer, whole KV blocks
     finished: Finish | None = None  # on the last event: why the answer ended
     engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
     batch: int = 1  # requests in the forward that produced this token (the engine batches)

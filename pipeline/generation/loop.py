@@ -18,8 +18,8 @@ from pipeline.common.timing import Busy
 from pipeline.forward.sampling import GREEDY, Sampling
 from pipeline.forward.tokens import text_of, tokenize
 from pipeline.forward.tracing import TraceError, check_prompt
-from pipeline.generation.decode import choose, open_step, token_texts
-from pipeline.generation.events import Finish, StepEvent, eos_ids
+from pipeline.generation.decode import CacheMode, choose, open_step, token_texts
+from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model import LoadedModel
 
 MAX_NEW_TOKENS = 1024
@@ -76,11 +76,7 @@ def kv_window(lm: LoadedModel) -> tuple[int, int | None]:
 def kv_bytes_formula(lm: LoadedModel, tokens: int, bytes_per_value: int | None = None) -> int:
     """2 (K and V) x KV heads x head dim x bytes per value x tokens, summed over layers; a sliding-window
     layer holds at most its window (Gemma's local layers)."""
-    f = lm.facts
-    n_sliding, keep = kv_window(lm)
-    per_layer_token = lm.kv_token_bytes * (bytes_per_value or lm.arch.bytes_per_value) // lm.arch.bytes_per_value
-    full = (f.n_layers - n_sliding) * per_layer_token * tokens
-    return full + (n_sliding * per_layer_token * min(tokens, keep) if n_sliding else 0)
+    return sum(lm.kv_layer_bytes(tokens, bytes_per_value))
 
 
 @dataclass
@@ -138,7 +134,7 @@ def generate(
     use_cache: bool = True,
     chat: bool = False,
     request: Prepared | None = None,
-    cache: str = "dynamic",
+    cache: CacheMode | str = CacheMode.DYNAMIC,
     stop_ids: set[int] | None = None,
 ):
     """This request's own loop: yield a StepEvent per generated token (greedy unless `sampling` says otherwise).
@@ -166,11 +162,11 @@ def generate(
             c = choose(out, dec, s, gen)
             tok = c.token_id
             t_done = time.perf_counter()
-            per_layer = step.kv_bytes_per_layer()
+            per_layer = step.kv_bytes_per_layer(n_ctx)
             finished = Finish.EOS if tok in stop else (Finish.LENGTH if i == req.max_new_tokens - 1 else None)
             yield StepEvent(
                 index=i,
-                phase="prefill" if i == 0 else "decode",
+                phase=Phase.PREFILL if i == 0 else Phase.DECODE,
                 token_id=tok,
                 text=dec(tok),
                 top=c.top,
@@ -182,6 +178,7 @@ def generate(
                 context_len=n_ctx,
                 kv_bytes_per_layer=per_layer,
                 kv_bytes=sum(per_layer),
+                kv_reserved_bytes=step.kv_reserved_bytes(),
                 finished=finished,
                 engine=step.name,
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
 from torch import nn
@@ -148,18 +149,45 @@ class ModelDraft:
         return out, dists
 
 
-def make_draft(lm: LoadedModel, kind, gamma: int = 4):
+class DraftKind(StrEnum):
+    PROMPT_LOOKUP = "prompt_lookup"  # copy the continuation of the latest earlier match of the last n-gram
+    EARLY_EXIT = "early_exit"  # the target's own first layers (EarlyExit says how many)
+
+
+@dataclass(frozen=True)
+class EarlyExit:
+    """The early-exit draft: the target's first `layers` layers, then its final norm and LM head."""
+
+    layers: int
+    kind: DraftKind = DraftKind.EARLY_EXIT
+
+
+Draft = DraftKind | EarlyExit | LoadedModel
+
+
+def parse_draft(text: str) -> DraftKind | EarlyExit:
+    """The CLI's spelling: "prompt_lookup" or "early_exit:K"."""
+    name, _, k = text.partition(":")
+    if name == DraftKind.EARLY_EXIT and k.isdigit():
+        return EarlyExit(int(k))
+    if name == DraftKind.PROMPT_LOOKUP and not k:
+        return DraftKind.PROMPT_LOOKUP
+    raise ValueError(f"unknown draft {text!r}: prompt_lookup or early_exit:K")
+
+
+def make_draft(lm: LoadedModel, kind: Draft | str, gamma: int = 4):
     if isinstance(kind, LoadedModel):
         if kind.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
             raise ValueError(f"{kind.label} does not share {lm.label}'s tokenizer, so it cannot draft for it.")
         return ModelDraft(kind.model, kind.label)
-    if kind == "prompt_lookup":
+    if isinstance(kind, str):
+        kind = parse_draft(kind)
+    if kind == DraftKind.PROMPT_LOOKUP:
         return PromptLookup()
-    if isinstance(kind, str) and kind.startswith("early_exit:"):
-        k = int(kind.split(":")[1])
-        if not 0 < k < lm.facts.n_layers:
+    if isinstance(kind, EarlyExit):
+        if not 0 < kind.layers < lm.facts.n_layers:
             raise ValueError(f"early exit needs 0 < k < {lm.facts.n_layers}")
-        return ModelDraft(early_exit_model(lm, k), f"early exit after {k} of {lm.facts.n_layers} layers")
+        return ModelDraft(early_exit_model(lm, kind.layers), f"early exit after {kind.layers} of {lm.facts.n_layers} layers")
     raise ValueError(f"unknown draft {kind!r}")
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.common.timing import Ratios, Samples, ids_of_length, syncer
+from pipeline.generation.decode import CacheMode
 from pipeline.generation.events import StepEvent
 from pipeline.generation.loop import generate, metrics, prepare
 from pipeline.model import LoadedModel
@@ -171,7 +172,8 @@ def cache_verdict(rows: list[CacheRow]) -> Verdict:
     )
 
 
-CACHE_MODES = ("dynamic", "static", "fused")
+CACHE_MODES = tuple(CacheMode)  # every mode; compare_cache_modes runs the quick three unless asked
+QUICK_MODES = (CacheMode.DYNAMIC, CacheMode.STATIC, CacheMode.FUSED)
 
 
 @dataclass
@@ -220,7 +222,7 @@ class CacheModeComparison:
 
 
 def compare_cache_modes(
-    lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 5, modes: tuple[str, ...] = CACHE_MODES, progress=None
+    lm: LoadedModel, prompt: str, n: int, chat: bool = False, reps: int = 5, modes: tuple[CacheMode | str, ...] = QUICK_MODES, progress=None
 ) -> CacheModeComparison:
     """Greedy decoding of the same request in each mode, interleaved `reps` times after a warm-up of each
     (which also builds buffers, captures graphs, compiles); the order alternates every repeat (forward, then
@@ -234,7 +236,7 @@ def compare_cache_modes(
     for j, m in enumerate(modes):
         if progress:
             what = {
-                "fused+compile": " (torch.compile compiles the step once: about a minute)",
+                CacheMode.FUSED_COMPILE: " (torch.compile compiles the step once: about a minute)",
                 "fused": " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda" else ")"),
             }.get(m, "")
             progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}{what}")

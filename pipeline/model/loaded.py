@@ -199,6 +199,13 @@ class LoadedModel:
         f = self.facts
         return 2 * f.n_kv_heads * f.head_dim * self.arch.bytes_per_value
 
+    def kv_layer_bytes(self, tokens: int, bytes_per_value: int | None = None) -> list[int]:
+        """Each layer's K and V bytes for a context of `tokens` tokens (what `StepEvent.kv_bytes_per_layer` means on
+        every path): kv_token_bytes per token; a sliding-window layer keeps at most its window less the new token
+        (Gemma's local layers)."""
+        per = self.kv_token_bytes * (bytes_per_value or self.arch.bytes_per_value) // self.arch.bytes_per_value
+        return [per * (min(tokens, w - 1) if w else tokens) for w in self.arch.windows]
+
     def run(self, fn: Callable, *args, progress: ProgressFn | None = None, **kw):
         """`fn(*args, progress=..., **kw)` on this model's own long-lived thread, waited for here; `progress` is
         called from THIS thread with the latest (fraction, message) the work reported (so a page's progress bar

@@ -18,7 +18,7 @@ import pytest
 import explorer
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipeline", "components", "views")
+PACKAGES = ("pipeline", "components", "views", "appstate")
 
 
 def free_port() -> int:
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def project_files() -> set[str]:
     """Every file the app needs at run time, as paths inside the wheel."""
-    files = {f"{m}.py" for m in ("app", "appstate", "demo", "explorer")}
+    files = {f"{m}.py" for m in ("app", "demo", "explorer")}
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".js", ".png"):
@@ -69,7 +69,7 @@ def test_the_wheel_carries_every_file_and_imports_from_where_it_is_installed(tmp
         ".".join(Path(n).with_suffix("").parts).removesuffix(".__init__")
         for n in names
         if n.endswith(".py") and n.split("/")[0] in PACKAGES and "/stages/" not in n and not n.endswith("__main__.py")
-    ) + ["appstate", "demo", "explorer"]
+    ) + ["demo", "explorer"]
     code = (
         "import importlib, sys\n"
         f"site = {str(site)!r}\n"

@@ -123,9 +123,9 @@ def test_nothing_from_an_address_is_rendered_or_fetched_on_any_page(demo_server,
     url, hits = tracker
     hostile = f"![x]({url}/pixel.png) [Operator login]({url}/phish) <img src='{url}/img.png'> <a href='{url}/a'>a</a>"
     keys = set()
-    for f in (ROOT / "views").glob("*.py"):
+    for f in (ROOT / "views").rglob("*.py"):
         keys |= set(re.findall(r'key="(\w+)"', f.read_text()))
-    keys |= {f"{p}_{s}" for p in ("gen", "hw", "sse", "myth") for s in ("n", "t", "k", "p", "seed")}
+    keys |= {f"{p}_{s}" for p in ("gen", "hw", "sse", "myth") for s in ("n", "t", "k", "p", "minp", "seed")}
     query = {k: hostile for k in sorted(keys)} | {"p": hostile, "prompt": hostile, "view": hostile, "s": hostile}
     outside = []
     for path in PAGES:

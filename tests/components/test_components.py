@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from components import bertviz_offline
-from components.figures import attention_heads, drift_figure, lens_figure, mosaic_image, pca_figure, sampling_figure, timings_bar
+from components.attention_figures import attention_heads, mosaic_image
+from components.figures import drift_figure, lens_figure, pca_figure, sampling_figure, timings_bar
 from components.tokens import chips_html, lit, token_rows, visible
 from pipeline.forward.tokens import Segment, Token
 

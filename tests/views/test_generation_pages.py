@@ -41,7 +41,7 @@ def rec_tokenizer():
 
 
 def common_pass():
-    from views.render import PASS
+    from views.proof import PASS
 
     return PASS
 

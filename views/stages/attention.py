@@ -2,11 +2,12 @@ import numpy as np
 import streamlit as st
 
 from components import bertviz_offline
-from components.figures import ATTENTION_SCALES, attention_heads, gqa_figure, labels_of, matrix_heatmap, mosaic_image, token_texts, without_sink
+from components.attention_figures import ATTENTION_SCALES, attention_heads, gqa_figure, mosaic_image, without_sink
+from components.figures import labels_of, matrix_heatmap, token_texts
 from pipeline.forward import analysis
 from pipeline.forward.tracing import display_maps
 from pipeline.lab import checks
-from views import render, runs
+from views import proof, render, runs
 
 render.intro(
     "In every layer each token asks which earlier tokens matter to it. It makes a **query** (what am I "
@@ -102,4 +103,4 @@ else:
         st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")
 
 
-render.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs), f"attn{layer}-{head}", tr)
+proof.how_do_we_know(lambda: checks.check_attention(lm, tr) + checks.check_head_softmax(tr, hs), f"attn{layer}-{head}", tr)

@@ -4,7 +4,7 @@ import streamlit as st
 from components.generation import kernels_figure
 from pipeline.lab import checks
 from pipeline.lab.attention_kernels import available_kernels, kernel_sweep, sweep_doubts
-from views import guard, loading, render, runs
+from views import guard, loading, proof, render, runs
 
 render.intro(
     "Plain (**eager**) attention computes the full T × T matrix of query·key scores in every layer, applies the "
@@ -43,7 +43,7 @@ if doubts:
     )
 render.busy_note("kernels")
 agree = checks.check_kernels_agree(rows, lm.arch.tol)
-st.markdown(render.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
+st.markdown(proof.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
 errors = [r for r in rows if r.error]
 for r in errors:
     st.warning(f"{r.kernel} at {r.tokens} tokens did not run: {r.error}")
@@ -67,4 +67,4 @@ render.table(
     width="stretch",
 )
 st.caption(f"Memory: {rows[0].memory_method}.")
-render.evidence([agree])
+proof.evidence([agree])

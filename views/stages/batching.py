@@ -7,10 +7,10 @@ from components.batching import gantt_figure, kv_figure, latency_figure, occupan
 from components.generation import telemetry_figure
 from components.tokens import lit
 from pipeline.common.timing import Samples
-from pipeline.engine.scene import POLICIES, User, run_alone, run_scene, run_transformers_batch
+from pipeline.engine.scene import POLICIES, SCENE_MAX_NEW_TOKENS, SCENES, ScenePolicy, User, run_alone, run_scene, run_transformers_batch
 from pipeline.forward.tokens import text_of
 from pipeline.lab import checks
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 render.intro(
     "Alice, Bob, Charlie and Diana send requests to the same model. Served **one after another**, each waits "
@@ -23,34 +23,14 @@ render.intro(
 )
 lm = loading.get_model()
 
-PRESETS = {
-    "One long answer, three short ones": [
-        ("Alice", 0.0, "Why is the sky blue?", 48),
-        ("Bob", 0.2, "The capital of France is", 8),
-        ("Charlie", 0.4, "Dog bites man.", 8),
-        ("Diana", 0.6, "Apple released a new chip.", 8),
-    ],
-    "Staggered arrivals": [
-        ("Alice", 0.0, "Why is the sky blue?", 24),
-        ("Bob", 1.0, "The capital of France is", 24),
-        ("Charlie", 2.0, "Dog bites man.", 24),
-        ("Diana", 3.0, "Apple released a new chip.", 24),
-    ],
-    "Everyone at once, same length": [
-        ("Alice", 0.0, "Why is the sky blue?", 24),
-        ("Bob", 0.0, "The capital of France is", 24),
-        ("Charlie", 0.0, "Dog bites man.", 24),
-        ("Diana", 0.0, "Apple released a new chip.", 24),
-    ],
-}
 COLUMNS = ["user", "arrives after (s)", "prompt", "max new tokens"]
 
 
-load_preset = render.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in PRESETS.items()}, ("batch_users",))
+load_preset = render.on_choice("batch_preset", {k: pd.DataFrame(v, columns=COLUMNS) for k, v in SCENES.items()}, ("batch_users",))
 if "batch_users" not in st.session_state:
-    st.session_state["batch_preset"] = next(iter(PRESETS))
+    st.session_state["batch_preset"] = next(iter(SCENES))
     load_preset()
-st.selectbox("Scene", list(PRESETS), key="batch_preset", on_change=load_preset)
+st.selectbox("Scene", list(SCENES), key="batch_preset", on_change=load_preset)
 table = st.data_editor(
     st.session_state["batch_users"],
     num_rows="dynamic",
@@ -60,7 +40,10 @@ table = st.data_editor(
     column_config={
         "arrives after (s)": st.column_config.NumberColumn(min_value=0.0, max_value=30.0, step=0.1),
         "max new tokens": st.column_config.NumberColumn(
-            min_value=1, max_value=guard.cap("new_tokens", 128), step=1, help="At most 128." + guard.cap_note("new_tokens")
+            min_value=1,
+            max_value=guard.cap("new_tokens", SCENE_MAX_NEW_TOKENS),
+            step=1,
+            help=f"At most {guard.cap('new_tokens', SCENE_MAX_NEW_TOKENS)}." + guard.cap_note("new_tokens"),
         ),
     },
 )
@@ -99,7 +82,7 @@ def _users() -> list[User] | None:
                     name or f"user {len(users) + 1}",
                     float(row["arrives after (s)"] or 0.0),
                     prompt,
-                    max(1, min(guard.cap("new_tokens", 128), int(row["max new tokens"] or 1))),
+                    max(1, min(guard.cap("new_tokens", SCENE_MAX_NEW_TOKENS), int(row["max new tokens"] or 1))),
                 )
             )
         except (TypeError, ValueError):
@@ -119,7 +102,7 @@ if st.button("Run the three policies", type="primary", key="batch_go"):
     users = _users()
     if users:
         with runs.heavy("the batching scene", slot="scene"):
-            bar = st.progress(0.0, text="one after another")
+            bar = st.progress(0.0, text=ScenePolicy.ONE_BY_ONE)
             reps, pols = guard.cap("repeats", 3), list(POLICIES)
             last, tps, lat = {}, {}, {}
             try:
@@ -153,7 +136,7 @@ if got is None:
 else:
     users, chat_run, eos_run, runs, library, spread = got
     by = {r.policy: r for r in runs}
-    seq, static, cont = by["one after another"], by["static"], by["continuous"]
+    seq, static, cont = by[ScenePolicy.ONE_BY_ONE], by[ScenePolicy.STATIC], by[ScenePolicy.CONTINUOUS]
     tps = {p: s[0] for p, s in spread.items()}
     lat = {p: s[1] for p, s in spread.items()}
     n_reps = len(tps[cont.policy].values)
@@ -236,7 +219,7 @@ else:
         "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
         "where a small batch costs about the same as one request."
     )
-    if any("noise" in better(a, b) for a, b in ((c_t, q_t), (c_t, s_t), (c_l, q_l), (c_l, s_l))):
+    if not all(a.tells_apart(b) for a, b in ((c_t, q_t), (c_t, s_t), (c_l, q_l), (c_l, s_l))):
         st.warning(
             "Where the repeats overlap this machine was too noisy to tell the policies apart: other work shared the processor "
             "(or the repeats were too few). Run the scene again when it is quieter.",
@@ -260,7 +243,7 @@ else:
             out.append(checks.check_same_tokens("transformers generate_batch: every answer = the same request alone", library.token_ids, alone))
         return out
 
-    render.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
+    proof.how_do_we_know(scene_checks, "scene", runs[0], label="How do we know? Each answer against the same request alone", ask=True)
 
 
 generating.engine_panel(lm)

@@ -4,7 +4,7 @@ from components.figures import drift_figure, learned_positions_figure, pca_figur
 from components.tokens import plot_text, visible
 from pipeline.forward import analysis
 from pipeline.lab import checks
-from views import render, runs
+from views import proof, render, runs
 
 render.intro(
     "Each token id selects one **row of the embedding matrix**: a vector of numbers that is the token's "
@@ -112,7 +112,7 @@ if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
         f"Head 0 of layer {layer}: this run's query of the last token and key of the first token, placed at "
         "every distance. Moving both by 100 positions gives the same curve: only the distance matters."
     )
-    render.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
+    proof.how_do_we_know(lambda: checks.check_rope(lm, tq, rd, i), f"rope{layer}-{i}", tq)
 else:
     pe = analysis.learned_positions(lm, max(64, tr.T))
     if pe is not None:

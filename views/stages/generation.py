@@ -5,7 +5,7 @@ from components.generation import distribution_figure, step_times_figure, token_
 from components.tokens import lit, visible
 from pipeline.generation import metrics
 from pipeline.lab import checks
-from views import generating, loading, render, runs
+from views import generating, loading, proof, render, runs
 
 render.intro(
     "After the first token the loop begins: the chosen token is appended to the input and the model runs "
@@ -67,4 +67,4 @@ if pick is not None:
     )
     render.figure(distribution_figure(e), "distribution")
 render.figure(step_times_figure(ev), "step times", main=True)
-render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)
+proof.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True)

@@ -5,7 +5,7 @@ from pipeline.common.telemetry import Sampler
 from pipeline.forward.sampling import GREEDY
 from pipeline.generation import metrics
 from pipeline.lab import checks, hardware
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 render.intro(
     "What the processor is doing while the model generates, sampled in the background during a real run. A "
@@ -97,4 +97,4 @@ if timeline is not None:
         )
     )
 if found:
-    render.evidence(found)
+    proof.evidence(found)

@@ -6,7 +6,8 @@ from pipeline.forward.sampling import GREEDY
 from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
 from pipeline.lab import checks
 from pipeline.lab.checks import check_kv_bytes
-from views import generating, loading, render, runs
+from pipeline.serving import Route
+from views import generating, loading, proof, render, runs
 
 render.intro(
     "Every layer keeps the **keys** and **values** of every token seen so far, so a decode step only computes "
@@ -27,7 +28,7 @@ rec = generating.last_generation("kv", lm)
 source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:
     with st.spinner("Generating 16 tokens to measure the cache…"):
-        rec = generating.run_generation(lm, prompt, chat, 16, GREEDY, "kv", route="dynamic")
+        rec = generating.run_generation(lm, prompt, chat, 16, GREEDY, "kv", route=Route.DYNAMIC)
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
@@ -78,7 +79,7 @@ st.caption(
     "smaller than with one KV head per query head. Per user: with many users (batching) each one needs "
     "its own cache."
 )
-render.evidence([agree])
-render.how_do_we_know(
+proof.evidence([agree])
+proof.how_do_we_know(
     lambda: checks.generation_checks(lm, rec), "kv_gen", rec, ask=True, label="How do we know the tokens are right? This page's run vs transformers"
 )

@@ -6,7 +6,7 @@ from components.tokens import plot_text, visible
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import LENS_GRID_MAX, lens_grid
 from pipeline.lab import checks
-from views import render, runs
+from views import proof, render, runs
 
 render.intro(
     "Each transformer layer reads the **residual stream** (one vector per token), adds what **attention** "
@@ -66,4 +66,4 @@ if auto or st.button(
     render.figure(lens_figure(ids, probs, texts, [labels[p] for p in positions]), "lens")
 
 
-render.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)
+proof.how_do_we_know(lambda: checks.check_logits(lm, tr) + [checks.check_lens(lm, tr)], "layer", tr)

@@ -4,7 +4,7 @@ import streamlit as st
 from components.tokens import lit, marked_html, visible
 from pipeline.forward.tokens import text_of
 from pipeline.lab import misconceptions as mc
-from views import guard, loading, render, runs
+from views import guard, loading, proof, render, runs
 
 render.intro(
     "The article ends by separating popular myths from what really happens. Each one below is put to the test "
@@ -54,7 +54,7 @@ if forced is not None:
         main=True,
     )
     render.busy_note("myth_force")
-    render.show_checks(forced.checks)
+    proof.show_checks(forced.checks)
 else:
     st.caption("Press the button: two short greedy generations (seconds on a CPU).")
 
@@ -67,7 +67,7 @@ render.table(
     hide_index=True,
     width="stretch",
 )
-render.show_checks(words.checks)
+proof.show_checks(words.checks)
 
 # 3 ------------------------------------------------------------------------------------------------------
 myth('"A higher temperature makes the model smarter."', "Temperature changes randomness, not knowledge: a model at temperature 2.0 does not know more.")
@@ -89,7 +89,7 @@ render.table(
     width="stretch",
 )
 st.caption(f"The next token after the sidebar's prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
-render.show_checks(temps.checks)
+proof.show_checks(temps.checks)
 
 # 4 ------------------------------------------------------------------------------------------------------
 myth(
@@ -105,7 +105,7 @@ cost = loading.recall("myth_ctx")
 if cost is not None:
     render.table("context cost", cost.rows, hide_index=True, width="stretch")
     render.busy_note("myth_ctx")
-    render.show_checks(cost.checks)
+    proof.show_checks(cost.checks)
 else:
     st.caption("Press the button (seconds on a CPU).")
 
@@ -121,4 +121,4 @@ if mem is None or mem[0] != tr.text:  # three forward passes: once per prompt, n
     loading.remember("myth_mem", mem)
 mem = mem[1]
 st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
-render.show_checks(mem.checks)
+proof.show_checks(mem.checks)

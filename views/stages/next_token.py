@@ -7,7 +7,7 @@ from components.tokens import lit, plot_text, visible
 from pipeline.forward import sampling
 from pipeline.forward.tokens import text_of
 from pipeline.lab import checks
-from views import generating, loading, render, runs
+from views import generating, loading, proof, render, runs
 
 render.intro(
     "The last layer's vector is multiplied by the output matrix: one score, a **logit**, for every token in the "
@@ -56,7 +56,7 @@ if sampled is not None and sampled[0] == tr.text:
     )
     render.verbatim(text_of(lm.tokenizer, [*tr.input_ids, tid]), s2, max_lines=8)
 
-render.how_do_we_know(
+proof.how_do_we_know(
     lambda: [checks.check_filters(tr.next_logits, chosen), checks.check_logits(lm, tr)[0]],
     f"next{chosen.temperature}-{chosen.top_k}-{chosen.top_p}-{chosen.min_p}",
     tr,

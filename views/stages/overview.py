@@ -3,7 +3,7 @@ import streamlit as st
 import pipeline
 from components.figures import timings_bar
 from pipeline.forward.tokens import text_of
-from views import guard, loading, pages, render, runs
+from views import guard, loading, pages, proof, render, runs
 
 lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
 render.intro(
@@ -86,4 +86,4 @@ st.caption(
     "extra read-out this explorer adds; a plain model does not compute it."
 )
 
-render.how_do_we_know(lambda: pipeline.lab.checks.all_checks(lm, tr), "overview", tr)
+proof.how_do_we_know(lambda: pipeline.lab.checks.all_checks(lm, tr), "overview", tr)

@@ -5,7 +5,7 @@ import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
 from pipeline.generation import cache_off_sweep, cache_verdict, metrics, prefill_decode_sweep, sweep_verdict
 from pipeline.lab import checks
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 render.intro(
     "Generation has two phases. **Prefill** runs the whole prompt through the model in one forward pass: "
@@ -134,6 +134,6 @@ if rows is not None:
         )
     )
 if rec is not None:
-    render.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? The Generation page's run, cross-checked")
+    proof.how_do_we_know(lambda: checks.generation_checks(lm, rec), "gen", rec, ask=True, label="How do we know? The Generation page's run, cross-checked")
 if found:
-    render.evidence(found, "How do we know? The sweep and the cache experiment")
+    proof.evidence(found, "How do we know? The sweep and the cache experiment")

@@ -1,12 +1,13 @@
 import pandas as pd
 import streamlit as st
 
-from components.generation import MODE_LABELS, cache_modes_figure, launches_figure
+from components.generation import MODE_LABELS, cache_modes_figure, cache_modes_table, launches_figure
 from pipeline.cpu import fused, precision
 from pipeline.forward.tokens import text_of
 from pipeline.generation import compare_cache_modes, prepare
+from pipeline.generation.decode import CacheMode
 from pipeline.lab import checks
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 render.intro(
     "The loop on the Generation page calls transformers' forward once per token. That forward is general: every step it "
@@ -47,7 +48,7 @@ compile_step = (
         help=None if guard.policy().caps.compile else "Off on this demo server: compiling holds the whole server for a minute.",
     )
 )
-modes = ("dynamic", "static") + (("fused",) if ok else ()) + (("fused+compile",) if compile_step else ())
+modes = (CacheMode.DYNAMIC, CacheMode.STATIC) + ((CacheMode.FUSED,) if ok else ()) + ((CacheMode.FUSED_COMPILE,) if compile_step else ())
 if not ok:
     st.info(f"The fused step is not available for this model: {why}")
 st.caption(
@@ -144,18 +145,18 @@ if got is None:
     _precision()
     st.stop()
 res, counts = got
-ref_tokens = res.modes["dynamic"].token_ids
+ref_tokens = res.modes[CacheMode.DYNAMIC].token_ids
 cols = st.columns(len(res.modes))
 untold = []
 for c, (m, r) in zip(cols, res.modes.items()):
     ratios = res.ratios(m)
-    head = res.headline(m) if m != "dynamic" else None
-    if m != "dynamic" and ratios.values and head is None:
+    head = res.headline(m) if m != CacheMode.DYNAMIC else None
+    if m != CacheMode.DYNAMIC and ratios.values and head is None:
         untold.append(f"{MODE_LABELS.get(m, m)} (ratios {ratios.spread[0]:.2f}–{ratios.spread[1]:.2f}×)")
     c.metric(
         MODE_LABELS.get(m, m),
         f"{r.tokens_per_s:.1f} tok/s" if r.tokens_per_s else "—",
-        (head or "vs dynamic: too noisy to tell") if ratios.values and m != "dynamic" else None,
+        (head or "vs dynamic: too noisy to tell") if ratios.values and m != CacheMode.DYNAMIC else None,
         delta_color="off",
         delta_arrow="off",
         help=f"tok/s: the median of {len(r.runs)} runs ({min(r.runs, default=0):.1f}–{max(r.runs, default=0):.1f}). The ratio: the median of the "
@@ -174,35 +175,15 @@ for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
 render.figure(cache_modes_figure(res.modes), "cache modes", main=True)
-util_of = res.modes["dynamic"].utilisation_of
+util_of = res.modes[CacheMode.DYNAMIC].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"
-render.table(
-    "cache modes",
-    pd.DataFrame(
-        [
-            {
-                "mode": MODE_LABELS.get(m, m),
-                "ran as": r.engine.split(" (")[0],
-                "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
-                "runs": " / ".join(f"{x:.1f}" for x in r.runs),
-                "× dynamic (median, range)": None if m == "dynamic" else str(res.ratios(m)),
-                "KV MiB": round(r.events[-1].kv_bytes / 2**20, 2),
-                util_col: None if r.utilisation is None else round(r.utilisation),
-                "warm-up s": round(r.warmup_s, 2),
-                "same tokens": res.same_tokens(m),
-            }
-            for m, r in res.modes.items()
-        ]
-    ),
-    hide_index=True,
-    width="stretch",
-)
+render.table("cache modes", cache_modes_table(res, util_col), hide_index=True, width="stretch")
 st.caption(
     f"Request: {len(res.prompt_ids)} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
     "(tokens − 1) / (time from first to last token), the median of the 5 runs listed (interleaved, the order "
     "alternating, after a warm-up of each mode). A ratio is flagged noisy when its repeats spread wider than its "
     "distance from 1x: a shared machine moves by 10-20 % between runs. "
-    f"{util_col}: {util_of}, mean over the last run. KV MiB: the dynamic cache grows to what it holds; the static "
+    f"{util_col}: {util_of}, mean over the last run. KV MiB set aside: the dynamic cache grows to what it holds; the static "
     "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
     f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
     "output to the dynamic loop."
@@ -244,11 +225,11 @@ def _checks():
             )
         )
     for m, rr in res.modes.items():
-        if m != "dynamic":
+        if m != CacheMode.DYNAMIC:
             out.append(
                 checks.Check(f"{MODE_LABELS.get(m, m)}: same greedy tokens as the dynamic loop", res.same_tokens(m), f"{len(rr.events)} tokens compared")
             )
     return out
 
 
-render.how_do_we_know(_checks, "production", res)
+proof.how_do_we_know(_checks, "production", res)

@@ -5,7 +5,7 @@ from components.generation import roofline_figure
 from pipeline.generation import metrics
 from pipeline.lab import checks
 from pipeline.lab.roofline import roofline
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 render.intro(
     "Every operation does some arithmetic (FLOPs) and moves some bytes. Its **arithmetic intensity** is FLOPs "
@@ -109,4 +109,4 @@ if wide:
         + ": the repeats differ by more than 2×. Read their points as rough; measure again when the server is quieter.",
         icon=":material/help:",
     )
-render.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])
+proof.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])

@@ -4,9 +4,9 @@ import pipeline
 from components.speculative import legend_html, steps_html
 from pipeline.forward.sampling import Sampling
 from pipeline.forward.tokens import text_of
-from pipeline.generation.speculative import compare_with_plain, expected_tokens_per_call
+from pipeline.generation.speculative import DraftKind, EarlyExit, compare_with_plain, expected_tokens_per_call
 from pipeline.lab import checks
-from views import generating, guard, loading, render, runs
+from views import generating, guard, loading, proof, render, runs
 
 COPY_PROMPT = "Rewrite this code with better names:\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n"
 
@@ -38,9 +38,9 @@ else:
 chat = runs.chat_mode(lm, c2)
 L = lm.facts.n_layers
 kinds = {
-    "prompt lookup (n-gram copy)": "prompt_lookup",
-    f"early exit: first {max(1, L // 4)} layers": f"early_exit:{max(1, L // 4)}",
-    f"early exit: first {L // 2} layers": f"early_exit:{L // 2}",
+    "prompt lookup (n-gram copy)": DraftKind.PROMPT_LOOKUP,
+    f"early exit: first {max(1, L // 4)} layers": EarlyExit(max(1, L // 4)),
+    f"early exit: first {L // 2} layers": EarlyExit(L // 2),
 }
 if guard.policy().caps.draft_folders:  # a typed folder is a server path: not on a demo server
     kinds["a local model folder…"] = "folder"
@@ -136,7 +136,7 @@ st.markdown("**Output:**")
 render.verbatim(text_of(lm.tokenizer, res.tokens, specials=False))
 if got.sampling.greedy:
     st.markdown(
-        render.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
+        proof.verdict(got.identical) + f" **Greedy output identical to plain greedy decoding**: "
         f"{len(res.tokens)} vs {len(got.plain_tokens)} tokens, {'all equal' if got.identical else 'they differ'}."
     )
 else:
@@ -155,4 +155,4 @@ if got.sampling.greedy:
             "speculative greedy output = plain greedy decoding (the target's own argmax at every position)", {"s": res.tokens}, {"s": got.plain_tokens}
         ),
     )
-render.evidence(found)
+proof.evidence(found)

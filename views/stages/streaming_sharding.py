@@ -8,7 +8,7 @@ from pipeline.forward.tokens import text_of
 from pipeline.generation import metrics
 from pipeline.lab import checks
 from pipeline.lab.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
-from views import generating, loading, render, runs
+from views import generating, loading, proof, render, runs
 
 render.intro(
     "**Streaming.** A server does not wait for the whole answer: each token is sent the moment it is sampled, "
@@ -95,4 +95,4 @@ for issue in tp.issues:
 found = [checks.check_plan_params(lm, plan)]
 if rec:
     found.insert(0, checks.check_sse(ev, lines, "".join(e.text for e in ev)))
-render.evidence(found)
+proof.evidence(found)

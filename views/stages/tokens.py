@@ -2,7 +2,7 @@ import streamlit as st
 
 import pipeline
 from components.tokens import chips_html, template_html, token_rows
-from views import loading, render, runs
+from views import loading, proof, render, runs
 
 render.intro(
     "A model never sees characters. The **tokenizer** cuts your text into subword **pieces** from a fixed "
@@ -69,4 +69,4 @@ for m in pipeline.available_models():
         except Exception:
             pass
 
-render.how_do_we_know(lambda: pipeline.lab.checks.token_checks(lm.tokenizer, tr), "tokens", tr)
+proof.how_do_we_know(lambda: pipeline.lab.checks.token_checks(lm.tokenizer, tr), "tokens", tr)
