@@ -91,15 +91,14 @@ def _truthy(v) -> bool:
 
 def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) -> Policy:
     """The policy from the environment and the `[demo]` section of the secrets (either can switch it on)."""
-    from pipeline import EMBEDDED
-    from pipeline.model import canonical_key
+    from pipeline.model import DEFAULT, canonical_key
 
     env = os.environ if environ is None else environ
     sec = dict((secrets or {}).get("demo", {}) or {})
     password = sec.get("operator_password") or env.get("LLM_EXPLORER_OPERATOR_PASSWORD") or None
     if not (_truthy(env.get("LLM_EXPLORER_DEMO", "")) or _truthy(sec.get("enabled", False))):
         return Policy(operator_password=password)
-    listed = sec.get("models") or [m for m in env.get("LLM_EXPLORER_MODELS", "").split(",") if m.strip()] or [EMBEDDED]
+    listed = sec.get("models") or [m for m in env.get("LLM_EXPLORER_MODELS", "").split(",") if m.strip()] or [DEFAULT]
     caps = replace(Caps(), **{f.name: type(getattr(Caps(), f.name))(sec[f.name]) for f in fields(Caps) if f.name in sec})
     return Policy(True, tuple(canonical_key(str(m).strip()) for m in listed), caps, password)
 

@@ -27,7 +27,6 @@ def main():
 
     import pipeline
     from pipeline.cpu import matmul as cpu_matmul
-    from pipeline.cpu import row_step
     from pipeline.engine import Engine
     from pipeline.engine.paged import Seq
 
@@ -50,7 +49,7 @@ def main():
     }
     # (cpu_matmul's kernel choice on, the row step for decode-only passes on)
     layouts = {"cpu_matmul + row step": (True, True), "cpu_matmul, torch step": (True, False), "F.linear": (False, False)}
-    defaults = (cpu_matmul.KERNELS, row_step.ROW_STEP)
+    defaults = (cpu_matmul.KERNELS, True)
     row = step.row
     times = {(c, k): [] for c in cases for k in layouts}
     diff = {}

@@ -67,13 +67,6 @@ def _font_paths(fig: go.Figure):
             yield marker.colorbar.tickfont
 
 
-def font_sizes(fig: go.Figure) -> list[float]:
-    """Every text size the figure draws (px): each explicit size, and the layout's size that the rest inherit."""
-    sizes = [fig.layout.font.size or 12]
-    sizes += [f.size for f in _font_paths(fig) if f is not None and f.size is not None and not isinstance(f.size, (list, tuple))]
-    return sizes
-
-
 def floor_fonts(fig: go.Figure, px: int = MIN_FONT) -> go.Figure:
     """The figure (in place) with no text smaller than `px`: the layout's font, every explicit size below it
     raised, and bar labels that would be shrunk to fit hidden instead (Plotly scales them down otherwise)."""

@@ -49,7 +49,7 @@ def warm() -> None:
 
 
 def model_key() -> str:
-    choice = st.session_state.get("model_choice") or pipeline.EMBEDDED
+    choice = st.session_state.get("model_choice") or pipeline.model.DEFAULT
     pol = policy()
     if pol.enabled:
         return choice if choice in pol.models else pol.models[0]
@@ -66,7 +66,7 @@ def get_model():
     if not key:
         st.info("Type the path of a local Hugging Face model folder in the sidebar.")
         st.stop()
-    if key not in (pipeline.EMBEDDED, pipeline.GEMMA):
+    if pipeline.model.builtin(key) is None:  # a local folder: checked before anything loads
         try:
             check_local(key)
         except ModelLoadError as e:

@@ -20,8 +20,6 @@ from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, 
 from views.loading import _loader, _loaders, get_model, model_key, remember
 from views.session import session_key
 
-LOCAL = "Local folder…"
-
 
 @st.cache_resource(show_spinner=False)
 def _traces() -> appstate.TraceCache:
@@ -113,11 +111,6 @@ def get_tokens():
     except TraceError as e:
         msg = str(e)
     return lm, tk, msg
-
-
-@st.cache_resource(show_spinner="Loading tokenizer…")
-def tokenizer_for(key: str):
-    return pipeline.model.load_tokenizer(key)
 
 
 def layer_with_qkv(tr, label: str, key: str, default: int | None = None):

@@ -26,7 +26,7 @@ PRESETS = {
 }
 
 
-DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.EMBEDDED, "local_path": ""}
+DEFAULTS = {"prompt": "The capital of France is", "chat": False, "model_choice": pipeline.model.DEFAULT, "local_path": ""}
 
 
 def _init_state():

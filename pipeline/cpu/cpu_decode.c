@@ -290,8 +290,9 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
 }
 
 /* ------------------------------------------------------------------------------------------------------------
-   The step's two small elementwise stages, one call each instead of ~6 numpy operations (measured: 35 µs per
-   norm of one row in numpy, mostly per-operation overhead; ~2 µs here).
+   The step's two small elementwise stages, one call each instead of ~6 numpy operations (measured 2026-12-03 for
+   one 576-wide row: numpy's six operations 11.4 µs, this function through the checked Python call 6.8 µs, most of
+   it the call and its checks).
 
    rms_norm: y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * scale (scale = the module's weight, or 1 + weight for
    Gemma: the caller passes it ready). silu_mul: y = g / (1 + e^-g) * u, the SwiGLU MLP's middle. */

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.common.timing import ids_of_length, sync, syncer
-from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, _norm_fn, fuse_weights, rope_tables, supported  # noqa: F401 - re-exported
+from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, fuse_weights, norm_fn, rope_tables, supported  # noqa: F401 - re-exported
 from pipeline.cpu.matmul import linear
 from pipeline.forward.sampling import GreedySummary
 from pipeline.model import LoadedModel
@@ -63,7 +63,7 @@ VIEW_OPS = {
 }
 
 
-def _project(mod, x: torch.Tensor) -> torch.Tensor:
+def project(mod, x: torch.Tensor) -> torch.Tensor:
     """A model's own projection (o_proj, down_proj) through `linear` when it is a plain nn.Linear."""
     return linear(x, mod.weight, mod.bias) if type(mod) is torch.nn.Linear else mod(x)
 
@@ -83,7 +83,7 @@ def project_qkv(ly: _Layer, x: torch.Tensor, H: int, KV: int, D: int, cos: torch
 def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
     """The rest of a layer after attention: att [B, 1, H*D] through the output projection into the residual
     stream x [B, 1, d], then the feed-forward network (fused gate/up), with Llama's or Gemma's norms."""
-    o = _project(layer.self_attn.o_proj, att)
+    o = project(layer.self_attn.o_proj, att)
     if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
         x = x + ly.norm_mid(o)
         h = ly.norm_ff(x)
@@ -91,7 +91,7 @@ def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch
         x = x + o
         h = ly.norm_mid(x)
     g, u = linear(h, ly.wgu).chunk(2, dim=-1)
-    m = _project(layer.mlp.down_proj, layer.mlp.act_fn(g) * u)
+    m = project(layer.mlp.down_proj, layer.mlp.act_fn(g) * u)
     return x + (ly.norm_out(m) if ly.norm_out is not None else m)
 
 
@@ -140,7 +140,7 @@ class FusedDecoder:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.final_norm = _norm_fn(core.norm)
+        self.final_norm = norm_fn(core.norm)
         self._run = self._body
         self.graph = None
         self.compiled = False
@@ -204,7 +204,7 @@ class FusedDecoder:
                 q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=layer.self_attn.scaling
             )
             x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
-        logits = self.lm.arch.apply_softcap(_project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
+        logits = self.lm.arch.apply_softcap(project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
     def _summary(self, logits) -> GreedySummary:

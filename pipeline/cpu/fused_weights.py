@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.model import LoadedModel
+from pipeline.model.arch import norm_spec
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -60,22 +61,17 @@ def _fuse(mods: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | Non
     )
 
 
-LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
-
-
-def _norm_fn(mod):
+def norm_fn(mod):
     """The module's RMSNorm as one fused `F.rms_norm` kernel plus casts (8 kernels -> 3-4 on a GPU), with the
     module's own semantics: Llama-style `w * normalise(x in fp32).to(dtype)`; Gemma `normalise(x) * (1 + w)` in
     fp32. Other norms: the module itself."""
-    name, w = type(mod).__name__, mod.weight
-    d = w.shape[0]
-    if name in LLAMA_NORMS and hasattr(mod, "variance_epsilon"):
-        eps = mod.variance_epsilon
-        return lambda x: w * F.rms_norm(x.float(), (d,), eps=eps).to(x.dtype)
-    if name == "Gemma3RMSNorm":
-        eps, w1 = mod.eps, (1.0 + w.detach().float())
-        return lambda x: F.rms_norm(x.float(), (d,), weight=w1, eps=eps).type_as(x)
-    return mod
+    spec = norm_spec(mod)  # the adapter's formula (pipeline.model.arch)
+    if spec is None:
+        return mod
+    d, eps, scale = mod.weight.shape[0], spec.eps, spec.scale
+    if spec.kind == "weight":
+        return lambda x: scale * F.rms_norm(x.float(), (d,), eps=eps).to(x.dtype)
+    return lambda x: F.rms_norm(x.float(), (d,), weight=scale, eps=eps).type_as(x)
 
 
 @dataclass
@@ -115,12 +111,12 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
                     wgu,
                     arch.windows[i],
                     arch.layer_types[i],
-                    _norm_fn(layer.input_layernorm),
-                    _norm_fn(layer.post_attention_layernorm),
-                    _norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
-                    _norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
-                    _norm_fn(a.q_norm) if hasattr(a, "q_norm") else None,
-                    _norm_fn(a.k_norm) if hasattr(a, "k_norm") else None,
+                    norm_fn(layer.input_layernorm),
+                    norm_fn(layer.post_attention_layernorm),
+                    norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
+                    norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
+                    norm_fn(a.q_norm) if hasattr(a, "q_norm") else None,
+                    norm_fn(a.k_norm) if hasattr(a, "k_norm") else None,
                 )
             )
         _fused[lm.model] = out

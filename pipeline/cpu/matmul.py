@@ -51,7 +51,6 @@ import torch.nn.functional as F
 
 KERNELS = True  # bench/bench_linear.py turns it off to measure what the choice gives
 PANEL_MAX_ROWS = 64  # 1..64 rows: pipeline/cpu/cpu_decode.c (or, without it, 1 row OpenBLAS and 2..64 oneDNN)
-PACKED_MAX_ROWS = PANEL_MAX_ROWS
 TALL_MAX_ROWS = 128  # 65..128 rows: MKL's W @ xᵀ; above: F.linear (252 prompt rows: W @ xᵀ ran 0.89x as fast)
 PACK_HINT = 16  # the batch size oneDNN lays the weight out for (8-32 rows within 5% of their own hint)
 _PACKED = "_onednn_packed"  # the attribute under which a weight keeps its packed copy
@@ -421,7 +420,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if rows == 1:
         return matvec(x, w, b).reshape(*lead, w.shape[0])
     x2 = x.reshape(rows, -1)
-    if rows <= PACKED_MAX_ROWS and ONEDNN:
+    if rows <= PANEL_MAX_ROWS and ONEDNN:
         out = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed(w), b, "none", [], "")
     elif rows <= TALL_MAX_ROWS:
         out = torch.mm(w, x2.t()).t().contiguous()

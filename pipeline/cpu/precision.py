@@ -124,6 +124,7 @@ class PrecisionRun:
     first_flip: int | None  # the first such position
     max_logit_diff: float  # largest |logit - fp32 logit| over the answer's positions
     positions: int
+    max_diff_vs_forward: float = 0.0  # largest |logit - a plain transformers forward's| (the independent reference)
 
 
 def compare(lm: LoadedModel, prompt_ids: list[int], n_new: int = 24, kinds=KINDS, progress=None) -> tuple[list[int], list[PrecisionRun]]:
@@ -163,10 +164,25 @@ def compare(lm: LoadedModel, prompt_ids: list[int], n_new: int = 24, kinds=KINDS
         lg = torch.stack(logits)
         if ref is None:
             ref = lg
+            with lm.lock, torch.inference_mode():  # transformers' own forward over the prompt and fp32's answer
+                ids = torch.tensor([list(prompt_ids) + answer[:-1]], device=lm.device)
+                forward = lm.model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float().cpu()
         picks = lg.argmax(-1).tolist()
         flips = [i for i, (a, b) in enumerate(zip(picks, answer)) if a != b]
         ms = sorted(t * 1000 for t in times[1:]) or [times[0] * 1000]
-        out.append(PrecisionRun(kind, 1000 / ms[len(ms) // 2], ms, nbytes, len(flips), flips[0] if flips else None, float((lg - ref).abs().max()), len(answer)))
+        out.append(
+            PrecisionRun(
+                kind,
+                1000 / ms[len(ms) // 2],
+                ms,
+                nbytes,
+                len(flips),
+                flips[0] if flips else None,
+                float((lg - ref).abs().max()),
+                len(answer),
+                float((lg - forward).abs().max()),
+            )
+        )
         del step
         give_back_freed_memory()  # the variant's bf16/int8 copies: ~0.4 GB a run that malloc would otherwise keep
     return answer, out

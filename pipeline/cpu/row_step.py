@@ -59,8 +59,7 @@ from pipeline.cpu.fused_weights import fuse_weights, rope_tables, supported
 from pipeline.cpu.matmul import PANEL_MAX_ROWS, linear, native, panel_rows
 from pipeline.cpu.threads import PLAN
 from pipeline.model import LoadedModel
-
-LLAMA_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+from pipeline.model.arch import norm_spec
 
 
 def _arr(t: torch.Tensor) -> np.ndarray:
@@ -72,13 +71,10 @@ class Norm:
     """An RMSNorm with the module's own formula: Llama `w * (x / rms(x))`, Gemma `(x / rms(x)) * (1 + w)`."""
 
     def __init__(self, mod):
-        name = type(mod).__name__
-        if name in LLAMA_NORMS:
-            self.eps, self.scale = mod.variance_epsilon, _arr(mod.weight)
-        elif name == "Gemma3RMSNorm":
-            self.eps, self.scale = mod.eps, (1.0 + mod.weight.detach().float()).numpy()
-        else:
-            raise ValueError(f"no row-step norm for {name}")
+        spec = norm_spec(mod)  # the adapter's formula (pipeline.model.arch)
+        if spec is None:
+            raise ValueError(f"no row-step norm for {type(mod).__name__}")
+        self.eps, self.scale = spec.eps, _arr(spec.scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu/cpu_decode.c's rms_norm
@@ -228,13 +224,9 @@ class RowStep:
 
 def usable(lm: LoadedModel) -> bool:
     """On a CPU in fp32, for the architectures the fused step implements (its Norms included)."""
-    if lm.device.type != "cpu" or lm.dtype != torch.float32 or not ROW_STEP or not supported(lm)[0]:
+    if lm.device.type != "cpu" or lm.dtype != torch.float32 or not supported(lm)[0]:
         return False
-    names = {type(getattr(layer, n)).__name__ for layer in lm.arch.layers for n in ("input_layernorm", "post_attention_layernorm")}
-    return names <= LLAMA_NORMS | {"Gemma3RMSNorm"}
-
-
-ROW_STEP = True
+    return all(norm_spec(getattr(layer, n)) is not None for layer in lm.arch.layers for n in ("input_layernorm", "post_attention_layernorm"))
 
 
 def row_step(lm: LoadedModel) -> RowStep | None:

@@ -7,12 +7,8 @@ import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 from pipeline.engine.scheduler import QueueStats, Request, State
-
-if TYPE_CHECKING:
-    from pipeline.engine.core import Engine
 
 
 class EngineError(RuntimeError):
@@ -67,7 +63,8 @@ class Waiting:
 class Handle:
     """A submitted request, as its visitor sees it: an iterator of StepEvents."""
 
-    def __init__(self, engine: Engine, req: Request):
+    def __init__(self, engine, req: Request):
+        """`engine`: the Engine serving it (core.py; not imported here: the engine imports this module)."""
         self.engine, self.request = engine, req
         self.events: queue.Queue = queue.Queue()
         self.error: str | None = None

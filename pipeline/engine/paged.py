@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused import _norm_fn, _project, finish_layer, fuse_weights, project_qkv, rope_tables, window_masks
+from pipeline.cpu.fused import finish_layer, fuse_weights, norm_fn, project, project_qkv, rope_tables, window_masks
 from pipeline.cpu.row_step import PagedRows, row_step
 from pipeline.model import LoadedModel
 
@@ -129,7 +129,7 @@ class PagedStep:
         f = lm.facts
         self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
         self.G = self.H // self.KV
-        self.final_norm = _norm_fn(lm.arch.decoder.norm)
+        self.final_norm = norm_fn(lm.arch.decoder.norm)
         self.cos, self.sin, self._rope_len = {}, {}, 0
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
@@ -222,7 +222,7 @@ class PagedStep:
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = _project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
+        out = project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out

@@ -265,11 +265,11 @@ def remote_engine(model_key: str, address: str) -> RemoteEngine:
 def main(argv=None) -> int:
     import argparse
 
-    from pipeline import EMBEDDED
+    from pipeline.model import DEFAULT
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.engine.ray_serve")
     ap.add_argument("command", choices=["deploy"])
-    ap.add_argument("--model", default=EMBEDDED)
+    ap.add_argument("--model", default=DEFAULT)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--max-replicas", type=int, default=None)
     ap.add_argument("--gpus-per-replica", type=float, default=0.0)

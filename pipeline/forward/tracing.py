@@ -6,7 +6,11 @@ layer and its pre-feed-forward norm, plus the capture attention (see capture.py)
 
     embeddings      [T, d]             float32  output of the embedding lookup (Gemma's sqrt(d) scale included)
     hidden_states   [L+1, T, d]        float32  residual stream entering layer 0 ... leaving layer L-1
-    attn_delta      [L, T, d] norms    what attention adds to the residual, per layer and position
+    resid_norm      [L+1, T]           float32  |residual stream| entering each layer and after the last
+    attn_norm       [L, T]             float32  |what attention adds to the residual|, per layer and position
+    ffn_norm        [L, T]             float32  |what the feed-forward network adds|
+    normed_norm     [L, T]             float32  |the input to attention after the layer's norm|
+    attn_last_row   [L, H, T]          float32  every head's attention from the last position (full resolution)
     attentions      [L, H, T', T']     float16  T' = ceil(T / attn_block); full resolution when attn_block == 1
     attn_full       {layer: [H, T, T]} float16  full-resolution maps for the layers kept in full
     qkv             {layer: {q: [H, T, D], k: [Hkv, T, D], v: [Hkv, T, D]}}  after RoPE

@@ -129,3 +129,29 @@ class Arch:
 
     def apply_softcap(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
+
+
+# The RMSNorms our own steps re-implement (the row step, the fused step), by module type: "weight" scales the
+# normalised row by w (Llama, Mistral, Qwen), "one_plus_weight" by (1 + w) in fp32 (Gemma 3). Another norm: the
+# steps are not offered (pipeline.cpu.fused.supported), the model runs through transformers' forward.
+NORM_KINDS = {"LlamaRMSNorm": "weight", "MistralRMSNorm": "weight", "Qwen2RMSNorm": "weight", "Qwen3RMSNorm": "weight", "Gemma3RMSNorm": "one_plus_weight"}
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """An RMSNorm module's formula: normalise(x) * scale, with `eps`; `scale` is w or (1 + w) in fp32."""
+
+    kind: str
+    eps: float
+    scale: torch.Tensor
+
+
+def norm_spec(mod) -> NormSpec | None:
+    """The module's RMSNorm formula (None: not one our steps implement)."""
+    kind = NORM_KINDS.get(type(mod).__name__)
+    if kind is None:
+        return None
+    w = mod.weight
+    if kind == "one_plus_weight":
+        return NormSpec(kind, float(mod.eps), 1.0 + w.detach().float())
+    return NormSpec(kind, float(getattr(mod, "variance_epsilon", getattr(mod, "eps", 1e-6))), w)

@@ -11,10 +11,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from ui import ROOT, no_exception, settled, visit, wait_idle
 
+from views import pages
+
 pytestmark = pytest.mark.browser
 
-SLUGS = ["", "tokens", "embeddings", "attention", "layer", "next-token", "generation", "prefill-decode", "kv-cache", "hardware", "roofline",
-         "attention-kernels", "production", "speculative", "streaming-sharding", "batching", "misconceptions"]  # fmt: skip
+SLUGS = [p.slug for p in pages.STAGES]  # every page (views/pages.py): a new page is walked without an edit here
 PROMPT = "Why is the sky blue?"
 QUICK = {"generation": "Generate", "misconceptions": "Generate, then force one token"}  # main figures a click away, seconds each
 EVERY = QUICK | {  # and the experiments that take up to a minute each on a CPU (the load tier)

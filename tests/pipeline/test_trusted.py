@@ -164,3 +164,17 @@ def test_two_processes_building_at_once_build_once(dirs):
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outs == ["42", "42"] and log.read_text().count("x") == 1
+
+
+@pytest.mark.unit
+def test_the_native_kernel_is_built_wherever_it_can_be():
+    """A machine with gcc and AVX2 + FMA must run pipeline/cpu/cpu_decode.c, not the fallback: the kernel tests that
+    skip without it would otherwise pass silently over a failed build (CI runs this on its machine)."""
+    import shutil
+
+    from pipeline.cpu import matmul as cm
+
+    cc = shutil.which(os.environ.get("CC", "gcc"))
+    if cc is None or not cm._cpu_has_avx2_fma() or os.environ.get("LLM_EXPLORER_PANEL", "1") == "0":
+        pytest.skip(f"no C compiler or no AVX2/FMA here: the fallback kernels serve (cc={cc})")
+    assert cm.native() is not None, "gcc and AVX2 are here, but pipeline/cpu/cpu_decode.c did not build or load: see the log"
