@@ -91,7 +91,7 @@ def _truthy(v) -> bool:
 
 def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) -> Policy:
     """The policy from the environment and the `[demo]` section of the secrets (either can switch it on)."""
-    from pipeline.model import DEFAULT, canonical_key
+    from pipeline.model.registry import DEFAULT, canonical_key
 
     env = os.environ if environ is None else environ
     sec = dict((secrets or {}).get("demo", {}) or {})
@@ -387,7 +387,8 @@ def warm(out=None) -> int:
     visitor waits for the one-time conversion). Exit status 1 if a model cannot load."""
     import sys
 
-    from pipeline.model import ModelLoadError, load_model
+    from pipeline.model.loaded import load_model
+    from pipeline.model.registry import ModelLoadError
 
     out = out or sys.stdout
     policy = load_policy(secrets_file(), {**os.environ, "LLM_EXPLORER_DEMO": "1"})

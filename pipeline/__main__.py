@@ -15,14 +15,13 @@ from pipeline.forward.tokens import text_of
 
 
 def _load(args):
-    from pipeline.model import load_model
+    from pipeline.model.loaded import load_model
 
     return load_model(args.model)
 
 
 def cmd_tokens(args, out):
     from pipeline.forward.tokens import tokenize
-    from pipeline.model import load_model  # noqa: F401
 
     lm = _load(args)
     tk = tokenize(lm.tokenizer, args.prompt, chat=args.chat)
@@ -127,7 +126,7 @@ def cmd_trace(args, out):
 def cmd_generate(args, out):
     from pipeline.engine import engine_for
     from pipeline.forward.sampling import Sampling
-    from pipeline.generation import prepare
+    from pipeline.generation.loop import prepare
     from pipeline.serving import Waiting, stream
 
     lm = _load(args)
@@ -191,7 +190,7 @@ def main(argv=None, out=None) -> int:
             print(f"error: the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding", file=sys.stderr)
             return 2
     from pipeline.forward.tracing import TraceError
-    from pipeline.model import ModelLoadError
+    from pipeline.model.registry import ModelLoadError
 
     try:
         args.fn(args, out)

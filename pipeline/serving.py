@@ -16,10 +16,10 @@ from enum import StrEnum
 from pipeline.common.timing import ACTIVITY, Busy
 from pipeline.engine import Waiting, engine_for
 from pipeline.forward.sampling import Sampling
-from pipeline.generation import Prepared, generate
 from pipeline.generation.decode import CacheMode
 from pipeline.generation.events import StepEvent
-from pipeline.model import LoadedModel
+from pipeline.generation.loop import Prepared, generate
+from pipeline.model.loaded import LoadedModel
 
 
 class Route(StrEnum):

@@ -12,7 +12,8 @@ import pipeline
 from pipeline import serving
 from pipeline.forward.sampling import DEFAULTS, Sampling
 from pipeline.forward.tracing import TraceError
-from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, prepare
+from pipeline.generation.events import Phase
+from pipeline.generation.loop import MAX_NEW_TOKENS, GenerationRecord, prepare
 from pipeline.serving import Route
 from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
 from views.loading import model_key
@@ -126,9 +127,8 @@ def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, rout
                 continue
             rec.events.append(ev)
             if sampler is not None:
-                sampler.mark(
-                    "prefill" if ev.phase == "prefill" else "decode", t_start if ev.phase == "prefill" else t_start + ev.t_s - ev.step_s, t_start + ev.t_s
-                )
+                first = ev.phase == Phase.PREFILL
+                sampler.mark(str(ev.phase), t_start if first else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
             if out is not None:
                 verbatim(rec.text(lm.tokenizer), out, cursor=True)
     except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept

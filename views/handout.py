@@ -30,7 +30,7 @@ from components.tokens import chips_html, plot_text, template_html, visible
 from pipeline.forward import analysis, sampling
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import display_maps
-from pipeline.generation import kv_bytes_formula, metrics
+from pipeline.generation.loop import kv_bytes_formula, metrics
 from pipeline.lab import checks
 from views.pages import PageSpec
 

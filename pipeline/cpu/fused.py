@@ -33,9 +33,10 @@ import torch.nn.functional as F
 
 from pipeline.common.timing import ids_of_length, sync, syncer
 from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, fuse_weights, norm_fn, rope_tables, supported  # noqa: F401 - re-exported
+from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
 from pipeline.forward.sampling import GreedySummary
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 MIN_BUCKET = 256
 # operators that only make a new view of existing memory (no kernel on a GPU)
@@ -100,8 +101,7 @@ def window_masks(q_pos: torch.Tensor, k_pos: torch.Tensor, windows) -> dict:
     [..., n_q, n_k] bool. A query at q_pos sees a key at k_pos <= q_pos (and > q_pos - w on a sliding-window
     layer). The one definition the fused step and the engine's batched step share."""
     q, k = q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)
-    allowed = k <= q
-    return {None: allowed} | {w: allowed & (k > q - w) for w in windows}
+    return {None: visible(q, k, None)} | {w: visible(q, k, w) for w in windows}
 
 
 def _rotate_half(x):

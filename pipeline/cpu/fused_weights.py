@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipeline.model import LoadedModel
 from pipeline.model.arch import norm_spec
+from pipeline.model.loaded import LoadedModel
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -136,3 +136,35 @@ def rope_tables(lm: LoadedModel, layers: list[_Layer], n_positions: int) -> tupl
             cs, sn = core.rotary_emb(dummy, pos_ids, *args)
             cos[lt], sin[lt] = cs[0].contiguous(), sn[0].contiguous()
     return cos, sin
+
+
+class RopeTables:
+    """A step's RoPE tables (rope_tables), grown on demand: by doubling from 256 positions, never past the model's
+    context window, under a lock (two threads stepping at once never see a half-grown table). `upto(n)` returns
+    the torch tables {layer type: [positions, D]} for positions 0..n-1 at least; `numpy(n)` the same as numpy views.
+    The one growth rule the engine's batched step and the CPU row step share."""
+
+    def __init__(self, lm: LoadedModel, layers: list[_Layer]):
+        self.lm, self.layers = lm, layers
+        self.size = 0
+        self.cos: dict = {}
+        self.sin: dict = {}
+        self._np: tuple[dict, dict] = ({}, {})
+        self._lock = threading.Lock()
+
+    def upto(self, n: int) -> tuple[dict, dict]:
+        if n > self.size:
+            with self._lock:
+                if n > self.size:
+                    size = max(256, self.size)
+                    while size < n:
+                        size *= 2
+                    size = min(size, self.lm.facts.max_positions or size)
+                    cos, sin = rope_tables(self.lm, self.layers, size)
+                    self._np = ({k: v.numpy() for k, v in cos.items()}, {k: v.numpy() for k, v in sin.items()}) if self.lm.device.type == "cpu" else ({}, {})
+                    self.cos, self.sin, self.size = cos, sin, size
+        return self.cos, self.sin
+
+    def numpy(self, n: int) -> tuple[dict, dict]:
+        self.upto(n)
+        return self._np

@@ -113,7 +113,7 @@ def library_name() -> str:
 
 def kernels_dir() -> Path:
     """Where the built library is kept: `<cache>/kernels`, or LLM_EXPLORER_KERNELS."""
-    from pipeline.model import cache_dir
+    from pipeline.model.registry import cache_dir
 
     return Path(os.environ.get("LLM_EXPLORER_KERNELS") or cache_dir() / "kernels")
 

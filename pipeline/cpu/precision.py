@@ -36,7 +36,7 @@ from pipeline.common.memo import give_back_freed_memory
 from pipeline.cpu.fused import bucket
 from pipeline.cpu.matmul import native, packed_panels, panel_product
 from pipeline.cpu.row_step import BufferKV, RowStep, usable
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 KINDS = ("fp32", "bf16", "int8")
 LABELS = {"fp32": "fp32 (default)", "bf16": "bf16", "int8": "int8 weight-only"}

@@ -48,18 +48,18 @@ request's included.
 
 from __future__ import annotations
 
-import threading
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from pipeline.cpu import matmul as cpu_matmul
-from pipeline.cpu.fused_weights import fuse_weights, rope_tables, supported
+from pipeline.cpu.fused_weights import RopeTables, fuse_weights, supported
+from pipeline.cpu.kv_layout import block_span, visible, window_start
 from pipeline.cpu.matmul import PANEL_MAX_ROWS, linear, native, panel_rows
 from pipeline.cpu.threads import PLAN
-from pipeline.model import LoadedModel
 from pipeline.model.arch import norm_spec
+from pipeline.model.loaded import LoadedModel
 
 
 def _arr(t: torch.Tensor) -> np.ndarray:
@@ -157,28 +157,11 @@ class RowStep:
         self.head.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.head.t.items()}
         self.vocab = head.weight.shape[0]
         self._layers_fused = layers
-        self._rope_len = 0
-        self._rope_lock = threading.Lock()
-        self.cos: dict[str, np.ndarray] = {}
-        self.sin: dict[str, np.ndarray] = {}
-
-    def _rope(self, n: int) -> None:
-        if n <= self._rope_len:
-            return
-        with self._rope_lock:
-            size = max(256, self._rope_len)
-            while size < n:
-                size *= 2
-            size = min(size, self.lm.facts.max_positions or size)
-            cos, sin = rope_tables(self.lm, self._layers_fused, size)
-            self.cos = {k: v.numpy() for k, v in cos.items()}
-            self.sin = {k: v.numpy() for k, v in sin.items()}
-            self._rope_len = size
+        self.rope = RopeTables(lm, layers)
 
     def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
         """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
         `interrupt` stopped the pass (see the class)."""
-        self._rope(max(positions) + 1)
         self.parked = None
         # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu.threads); the
         # native kernels and several rows keep torch's (they degrade with the load, measured in the bench)
@@ -190,7 +173,8 @@ class RowStep:
         half = D // 2
         pos = np.asarray(positions)
         x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
-        tables = {lt: (self.cos[lt][pos][:, None], self.sin[lt][pos][:, None]) for lt in self.cos}
+        cos_t, sin_t = self.rope.numpy(int(pos.max()) + 1)
+        tables = {lt: (cos_t[lt][pos][:, None], sin_t[lt][pos][:, None]) for lt in cos_t}
         for i, ly in enumerate(self.layers):
             qkv = ly.project("qkv", ly.norm_in(x)).reshape(-1, H + 2 * KV, D)
             qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
@@ -276,7 +260,7 @@ class BufferKV:
         self.V[i, :, self.pos] = v[0]
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
-        lo, hi = (max(0, self.pos + 1 - window) if window else 0), self.pos + 1
+        lo, hi = window_start(self.pos + 1, window), self.pos + 1
         if native() is not None:
             rng = np.array([lo, hi], dtype=np.int32)
             return native_attend(q, self.K[i], self.V[i], _ONE_BLOCK, rng[:1], rng[1:], self.K.shape[2], scale)
@@ -323,25 +307,20 @@ class PagedRows:
         """[B, 1, 1, positions] True where a row may attend: its own positions (and within its window)."""
         m = self._masks.get(window)
         if m is None:
-            ok = self.k_pos[None] <= self.pos[:, None]
-            if window:
-                ok &= self.k_pos[None] > self.pos[:, None] - window
+            ok = visible(self.pos[:, None], self.k_pos[None], window)
             m = self._masks[window] = torch.from_numpy(ok)[:, None, None, :]
         return m
 
     def _read(self, i: int, table: list[int], lo: int, hi: int):
-        bs = self.bs
-        b0, b1 = lo // bs, -(-hi // bs)
-        ids = table[b0:b1]
+        ids, a = block_span(table, lo, hi, self.bs)
         KV, D = self.K.shape[2], self.K.shape[4]
         k = self.K[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
         v = self.V[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
-        a = lo - b0 * bs
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
         if native() is not None:
-            lo = np.maximum(self.hi - window, 0).astype(np.int32) if window else np.zeros_like(self.hi)
+            lo = window_start(self.hi, window).astype(np.int32)
             return native_attend(q, self.K[i], self.V[i], self.table_arr, lo, self.hi, self.bs, scale)
         if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)
             B, KV, G, D = q.shape
@@ -351,5 +330,5 @@ class PagedRows:
             return o.reshape(B, -1).numpy()
         out = np.empty((q.shape[0], q[0].size), dtype=np.float32)
         for b, (t, p) in enumerate(zip(self.tables, self.pos.tolist())):
-            out[b] = attend(q[b], *self._read(i, t, max(0, p + 1 - window) if window else 0, p + 1), scale)
+            out[b] = attend(q[b], *self._read(i, t, window_start(p + 1, window), p + 1), scale)
         return out

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pipeline.engine.scheduler import Policy
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
 BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)

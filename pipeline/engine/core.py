@@ -40,9 +40,10 @@ from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOC
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
 from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
 from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling
-from pipeline.generation.decode import StepOutput, choose, token_texts
+from pipeline.forward.tokens import token_texts
+from pipeline.generation.decode import StepOutput, choose
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused import finish_layer, fuse_weights, norm_fn, project, project_qkv, rope_tables, window_masks
+from pipeline.cpu.fused import finish_layer, fuse_weights, norm_fn, project, project_qkv, window_masks
+from pipeline.cpu.fused_weights import RopeTables
+from pipeline.cpu.kv_layout import block_span, window_start
 from pipeline.cpu.row_step import PagedRows, row_step
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 @dataclass
@@ -73,13 +75,10 @@ class PagedKV:
 
     def read(self, layer: int, blocks: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [KV, hi-lo, D] of positions lo..hi-1 (blocks: the request's block ids, a tensor)."""
-        bs = self.block_size
-        b0, b1 = lo // bs, -(-hi // bs)
-        ids = blocks[b0:b1]
+        ids, a = block_span(blocks, lo, hi, self.block_size)
         KV, D = self.K.shape[2], self.K.shape[4]
         k = self.K[layer].index_select(0, ids).transpose(0, 1).reshape(KV, -1, D)
         v = self.V[layer].index_select(0, ids).transpose(0, 1).reshape(KV, -1, D)
-        a = lo - b0 * bs
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
 
 
@@ -130,21 +129,10 @@ class PagedStep:
         self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
         self.G = self.H // self.KV
         self.final_norm = norm_fn(lm.arch.decoder.norm)
-        self.cos, self.sin, self._rope_len = {}, {}, 0
+        self.rope = RopeTables(lm, self.layers)
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
         self.row = row_step(lm)  # decode-only passes on a CPU (None elsewhere)
-
-    def _rope(self, n: int) -> None:
-        """RoPE tables for positions 0..n-1 at least (grown by doubling, up to the model's limit)."""
-        if n <= self._rope_len:
-            return
-        size = max(256, self._rope_len)
-        while size < n:
-            size *= 2
-        size = min(size, self.lm.facts.max_positions or size)
-        self.cos, self.sin = rope_tables(self.lm, self.layers, size)
-        self._rope_len = size
 
     def gather(self, lens: list[int]) -> bool:
         """Attend for all decode tokens in one call (each request's blocks gathered, padded to the longest, the
@@ -171,11 +159,11 @@ class PagedStep:
         H, KV, D = self.H, self.KV, self.D
         positions = [p for s in seqs for p in range(s.start, s.end)]
         R = len(positions)
-        self._rope(max(s.end for s in seqs))
+        cos_t, sin_t = self.rope.upto(max(s.end for s in seqs))
         pos = torch.tensor(positions, device=dev)
         blk = torch.tensor([s.table[p // bs] for s in seqs for p in range(s.start, s.end)], device=dev)
         off = pos % bs
-        rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
+        rope = {lt: (cos_t[lt].index_select(0, pos), sin_t[lt].index_select(0, pos)) for lt in cos_t}
         core = lm.arch.decoder
         x = core.embed_tokens(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(R, 1))
         rows, r = [], 0  # each seq's first row
@@ -293,6 +281,6 @@ class PagedStep:
             o = F.scaled_dot_product_attention(q[rows].view(B, KV, G, D), kk, vv, attn_mask=masks[ly.window], scale=scale)
             att[rows] = o.reshape(B, -1, D)
         for r, table, n in plan.rows:  # decode tokens one by one, exact lengths
-            lo = max(0, n - ly.window) if ly.window else 0
+            lo = window_start(n, ly.window)
             kk, vv = kv.read(i, table, lo, n)
             att[r] = F.scaled_dot_product_attention(q[r].view(1, KV, G, D), kk[None], vv[None], scale=scale).reshape(-1, D)

@@ -46,7 +46,7 @@ class EngineReplica:
 
     def __init__(self, model_key: str, kv_bytes: int | None = None):
         from pipeline.engine.core import Engine
-        from pipeline.model import load_model
+        from pipeline.model.loaded import load_model
 
         self.lm = load_model(model_key)
         self.engine = Engine(self.lm, kv_bytes=kv_bytes)
@@ -265,7 +265,7 @@ def remote_engine(model_key: str, address: str) -> RemoteEngine:
 def main(argv=None) -> int:
     import argparse
 
-    from pipeline.model import DEFAULT
+    from pipeline.model.registry import DEFAULT
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.engine.ray_serve")
     ap.add_argument("command", choices=["deploy"])

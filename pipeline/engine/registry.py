@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from pipeline.engine.core import Engine
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 ENV = "LLM_EXPLORER_ENGINE"
 

@@ -24,8 +24,8 @@ from pipeline.engine.core import Engine
 from pipeline.engine.handle import IterationRecord
 from pipeline.engine.scheduler import Policy
 from pipeline.forward.sampling import GREEDY
-from pipeline.generation import prepare
-from pipeline.model import LoadedModel
+from pipeline.generation.loop import prepare
+from pipeline.model.loaded import LoadedModel
 
 # the article's class: Alice, Bob, Charlie and Diana send requests to the same model ((name, arrives after s, prompt,
 # max new tokens) per user)
@@ -208,7 +208,7 @@ def run_scene(
 
 def run_alone(lm: LoadedModel, user: User, chat: bool = False, stop_at_eos: bool = False) -> list[int]:
     """The reference: the same request generated alone by transformers' own loop (greedy)."""
-    from pipeline.generation import generate
+    from pipeline.generation.loop import generate
 
     req = prepare(lm, user.prompt, user.max_new_tokens, chat)
     return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache="dynamic", stop_ids=None if stop_at_eos else set())]

@@ -13,7 +13,7 @@ import torch
 from pipeline.common.memo import per_object
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import Trace
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 # ------------------------------------------------------------------------------- embeddings

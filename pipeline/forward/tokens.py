@@ -265,3 +265,9 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
     return Tokenized(
         text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments), exact=exact, prompt_start=len(parts[0][0]) if chat else 0
     )
+
+
+def token_texts(tokenizer):
+    """One token's text (text_of: a byte piece as `<0xE6>`, never U+FFFD) as a function of its id, cached
+    (candidates repeat from step to step): what a generation's events carry."""
+    return lru_cache(maxsize=65536)(lambda i: text_of(tokenizer, [i]))

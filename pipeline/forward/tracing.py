@@ -33,8 +33,8 @@ import torch
 
 from pipeline.common.timing import ACTIVITY, Busy, syncer
 from pipeline.forward.tokens import Segment, Token, Tokenized, tokenize
-from pipeline.model import LoadedModel, ModelFacts, threads_for
 from pipeline.model.capture import Capture, capturing
+from pipeline.model.loaded import LoadedModel, ModelFacts, threads_for
 
 ATTN_FULL_BUDGET = 256 << 20  # bytes of full-resolution float16 attention maps kept per trace
 ATTN_OVERVIEW_MAX = 256  # the all-layers overview is pooled to at most this many positions

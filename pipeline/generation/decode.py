@@ -20,14 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
 
 import torch
 
 from pipeline.common.timing import syncer
 from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, filter_probs
-from pipeline.forward.tokens import text_of
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 @dataclass
@@ -162,12 +160,6 @@ def open_step(lm: LoadedModel, cache: CacheMode | str = CacheMode.DYNAMIC, n_pos
     if cache.fused:
         return FusedStep(lm, n_positions, compile=cache == CacheMode.FUSED_COMPILE, on_device=greedy, n_top=n_top)
     return TransformersStep(lm, cache, n_positions)
-
-
-def token_texts(tokenizer):
-    """One token's text (tokens.text_of: a byte piece as `<0xE6>`, never U+FFFD), cached (candidates repeat from
-    step to step)."""
-    return lru_cache(maxsize=65536)(lambda i: text_of(tokenizer, [i]))
 
 
 def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:

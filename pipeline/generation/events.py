@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 class Phase(StrEnum):

@@ -16,11 +16,11 @@ import torch
 
 from pipeline.common.timing import Busy
 from pipeline.forward.sampling import GREEDY, Sampling
-from pipeline.forward.tokens import text_of, tokenize
+from pipeline.forward.tokens import text_of, token_texts, tokenize
 from pipeline.forward.tracing import TraceError, check_prompt
-from pipeline.generation.decode import CacheMode, choose, open_step, token_texts
+from pipeline.generation.decode import CacheMode, choose, open_step
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 MAX_NEW_TOKENS = 1024
 

@@ -25,8 +25,8 @@ from pipeline.common.timing import Ratios
 from pipeline.forward.sampling import GREEDY, Sampling, filter_probs
 from pipeline.generation.events import eos_ids
 from pipeline.generation.loop import prepare
-from pipeline.model import LoadedModel
 from pipeline.model.arch import decoder_of
+from pipeline.model.loaded import LoadedModel
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pipeline.common.timing import Ratios, Samples, ids_of_length, syncer
 from pipeline.generation.decode import CacheMode
 from pipeline.generation.events import StepEvent
 from pipeline.generation.loop import generate, metrics, prepare
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 def long_prompt(lm: LoadedModel, n_tokens: int) -> str:

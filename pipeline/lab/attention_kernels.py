@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline.common.telemetry import PeakMemory
 from pipeline.common.timing import Samples, ids_of_length, syncer
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 BACKENDS = {
     "sdpa: math": SDPBackend.MATH,

@@ -14,7 +14,7 @@ import torch
 from pipeline.forward.sampling import DEFAULTS, Sampling, filter_probs, prob_of, top_token
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import Trace
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 EAGER_CHECK_MAX_T = 512
 
@@ -207,7 +207,7 @@ def check_lens(lm: LoadedModel, tr: Trace) -> Check:
 
 def check_kv_bytes(lm: LoadedModel, events) -> Check:
     """The bytes held by the real cache tensors after every step = the formula at that context length."""
-    from pipeline.generation import kv_bytes_formula
+    from pipeline.generation.loop import kv_bytes_formula
 
     bad = [e for e in events if e.kv_bytes != kv_bytes_formula(lm, e.context_len)]
     return Check(
@@ -258,8 +258,8 @@ def generation_checks(lm: LoadedModel, rec) -> list[Check]:
     """The generation page's run (a GenerationRecord): greedy against transformers; a sampled run against a second run of our
     own loop with the same seed (pipeline.generate, the request alone, not through the shared engine); the
     headline metrics recomputed from the raw event times."""
-    from pipeline.generation import generate, metrics, prepare
     from pipeline.generation.events import eos_ids
+    from pipeline.generation.loop import generate, metrics, prepare
 
     toks = [e.token_id for e in rec.events]
     req = prepare(lm, rec.prompt, len(toks), rec.chat)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.common.timing import Samples, best_of, ids_of_length, sync
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 MATMUL_OPS = (
     "aten::mm",

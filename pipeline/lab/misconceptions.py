@@ -18,7 +18,7 @@ import torch
 from pipeline.forward.sampling import Sampling, entropy_bits, filter_probs
 from pipeline.forward.tokens import text_of
 from pipeline.lab.checks import Check
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 # ---------------------------------------------------------------- 1. "it writes the whole answer, then streams it"
@@ -36,7 +36,7 @@ class ForcedToken:
 def force_token(lm: LoadedModel, prompt: str, n: int = 12, at: int = 2, chat: bool = False) -> ForcedToken:
     """Generate n greedy tokens; then put the runner-up token at step `at` and let the model go on greedily.
     If the answer were written ahead of time, the rest would not change; it does, from the very next token."""
-    from pipeline.generation import generate, prepare
+    from pipeline.generation.loop import generate, prepare
 
     req = prepare(lm, prompt, n, chat)
     events = list(generate(lm, prompt, n, chat=chat, request=req, cache="dynamic", stop_ids=set()))
@@ -168,7 +168,8 @@ class ContextCost:
 
 def context_cost(lm: LoadedModel, lengths: list[int]) -> ContextCost:
     """Prefill time and KV cache bytes measured against the context length."""
-    from pipeline.generation import kv_bytes_formula, prefill_decode_sweep
+    from pipeline.generation.loop import kv_bytes_formula
+    from pipeline.generation.sweeps import prefill_decode_sweep
 
     sweep = prefill_decode_sweep(lm, lengths, decode_steps=4, repeats=3)
     rows = [

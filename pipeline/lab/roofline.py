@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.common.timing import Samples, best_of, interleaved
-from pipeline.generation import kv_bytes_formula
+from pipeline.generation.loop import kv_bytes_formula
 from pipeline.lab.hardware import matmul_probe
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 @dataclass

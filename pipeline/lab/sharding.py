@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.model import LoadedModel
+from pipeline.model.loaded import LoadedModel
 
 
 def sse_lines(events) -> list[str]:

@@ -142,7 +142,9 @@ def test_static_cache_gives_the_same_greedy_tokens(lm):
 
     res = compare_cache_modes(lm, "The capital of France is", 12, reps=1)
     assert res.modes["dynamic"].token_ids == res.modes["static"].token_ids and res.same_tokens("static")
-    assert res.modes["static"].events[0].kv_bytes == res.modes["static"].events[-1].kv_bytes  # preallocated
+    static = res.modes["static"].events
+    assert static[0].kv_reserved_bytes == static[-1].kv_reserved_bytes > static[-1].kv_bytes  # preallocated, set aside whole
+    assert [e.kv_bytes for e in static] == [e.kv_bytes for e in res.modes["dynamic"].events]  # one meaning on every path
 
 
 @pytest.mark.unit

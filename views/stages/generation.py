@@ -3,7 +3,7 @@ import streamlit as st
 from components.fmt import prob
 from components.generation import distribution_figure, step_times_figure, token_labels
 from components.tokens import lit, visible
-from pipeline.generation import metrics
+from pipeline.generation.loop import metrics
 from pipeline.lab import checks
 from views import generating, loading, proof, render, runs
 

@@ -3,7 +3,7 @@ import streamlit as st
 from components.generation import ops_figure, telemetry_figure
 from pipeline.common.telemetry import Sampler
 from pipeline.forward.sampling import GREEDY
-from pipeline.generation import metrics
+from pipeline.generation.loop import metrics
 from pipeline.lab import checks, hardware
 from views import generating, guard, loading, proof, render, runs
 

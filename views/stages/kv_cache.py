@@ -3,7 +3,7 @@ import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
 from pipeline.forward.sampling import GREEDY
-from pipeline.generation import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
+from pipeline.generation.loop import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
 from pipeline.lab import checks
 from pipeline.lab.checks import check_kv_bytes
 from pipeline.serving import Route

@@ -4,8 +4,9 @@ import streamlit as st
 from components.generation import MODE_LABELS, cache_modes_figure, cache_modes_table, launches_figure
 from pipeline.cpu import fused, precision
 from pipeline.forward.tokens import text_of
-from pipeline.generation import compare_cache_modes, prepare
 from pipeline.generation.decode import CacheMode
+from pipeline.generation.loop import prepare
+from pipeline.generation.sweeps import compare_cache_modes
 from pipeline.lab import checks
 from views import generating, guard, loading, proof, render, runs
 

@@ -2,7 +2,7 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import roofline_figure
-from pipeline.generation import metrics
+from pipeline.generation.loop import metrics
 from pipeline.lab import checks
 from pipeline.lab.roofline import roofline
 from views import generating, guard, loading, proof, render, runs
