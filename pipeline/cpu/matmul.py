@@ -408,21 +408,35 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     return KERNELS and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous()
 
 
+def kernel_for(rows: int) -> str:
+    """THE choice of kernel for `rows` rows times a weight on this CPU, measured fastest (the table above): "panel"
+    (pipeline/cpu/cpu_decode.c, 1-64 rows), else "sgemv" (one row, OpenBLAS), "onednn" (2-64 rows, packed once),
+    "tall" (65-128 rows, MKL's W @ xᵀ) or "torch" (F.linear). `linear` and the row step both ask it."""
+    if rows <= PANEL_MAX_ROWS and not torch.compiler.is_compiling() and native() is not None:
+        return "panel"
+    if rows == 1:
+        return "sgemv"
+    if rows <= PANEL_MAX_ROWS and ONEDNN:
+        return "onednn"
+    return "tall" if rows <= TALL_MAX_ROWS else "torch"
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b) for x [..., in], through the kernel measured fastest for its number of rows (above)."""
+    """F.linear(x, w, b) for x [..., in], through the kernel measured fastest for its number of rows (kernel_for)."""
     rows = x.numel() // max(1, x.shape[-1])
     if not usable(x, w) or rows == 0:
         return F.linear(x, w, b)
     lead = x.shape[:-1]
-    if rows <= PANEL_MAX_ROWS and not torch.compiler.is_compiling() and native() is not None:
+    kernel = kernel_for(rows)
+    if kernel == "panel":
         y = panel_rows(x.detach().reshape(rows, -1).numpy(), w, b)
         return torch.from_numpy(y).reshape(*lead, w.shape[0])
-    if rows == 1:
+    if kernel == "sgemv":
         return matvec(x, w, b).reshape(*lead, w.shape[0])
     x2 = x.reshape(rows, -1)
-    if rows <= PANEL_MAX_ROWS and ONEDNN:
+    if kernel == "onednn":
         out = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed(w), b, "none", [], "")
-    elif rows <= TALL_MAX_ROWS:
+    elif kernel == "tall":
         out = torch.mm(w, x2.t()).t().contiguous()
         if b is not None:
             out = out + b

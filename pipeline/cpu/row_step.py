@@ -56,7 +56,7 @@ import torch
 from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu.fused_weights import RopeTables, fuse_weights, supported
 from pipeline.cpu.kv_layout import block_span, visible, window_start
-from pipeline.cpu.matmul import PANEL_MAX_ROWS, linear, native, panel_rows
+from pipeline.cpu.matmul import kernel_for, linear, native, panel_rows
 from pipeline.cpu.threads import PLAN
 from pipeline.model.arch import norm_spec
 from pipeline.model.loaded import LoadedModel
@@ -121,9 +121,10 @@ class _RowLayer:
         if self.custom is not None:
             return self.custom[name](x)
         w, b = self.t[name]
-        if x.shape[0] <= PANEL_MAX_ROWS and native() is not None:
+        kernel = kernel_for(x.shape[0])  # the one choice (pipeline.cpu.matmul), over numpy views here
+        if kernel == "panel":
             return panel_rows(x, w, b)
-        if x.shape[0] == 1:
+        if kernel == "sgemv":
             w, b = self.n[name]
             y = (w @ x[0])[None]
             if b is not None:
