@@ -1,4 +1,8 @@
-"""Command line: `python -m pipeline tokens|next|trace|generate "prompt" [--json]` (for scripts and handouts).
+"""Command line: `python -m pipeline tokens|next|trace|generate|explain "prompt" [--json]` (for scripts and handouts).
+
+`explain` takes the next token's logit apart (direct logit attribution: the embedding, every head, every
+feed-forward block; their sum is the logit) and, with --ablate, switches components off and shows the distribution
+before and after.
 
 `generate` goes through the model's serving engine (pipeline.engine), as the app's pages do; several prompts
 (repeat the argument) are served together, continuously batched."""
@@ -154,6 +158,76 @@ def cmd_generate(args, out):
             out.write(f"{r['prompt']!r} -> {r['text']!r} ({len(r['tokens'])} tokens, {r['finished']})\n")
 
 
+def _token(lm, text: str) -> int:
+    """A candidate typed as text (" Paris") -> its one token id; an error naming the pieces when it is several."""
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"{text!r} is {len(ids)} tokens for this model ({[text_of(lm.tokenizer, [i]) for i in ids]}): name one token")
+    return ids[0]
+
+
+def cmd_explain(args, out):
+    from pipeline.forward.attribution import ablate, attribute
+    from pipeline.generation.loop import prepare
+
+    lm = _load(args)
+    ids = prepare(lm, args.prompt, 1, chat=args.chat).prompt_ids
+    keep = _load_parts(args.ablate, lm) if args.ablate else None
+    target = _token(lm, args.target) if args.target else int(ablate(lm, ids).before.argmax())
+    versus = _token(lm, args.versus) if args.versus else None
+    a = attribute(lm, ids, target, versus)
+    res = {
+        "model": lm.label,
+        "target": text_of(lm.tokenizer, [target]),
+        "versus": text_of(lm.tokenizer, [versus]) if versus is not None else None,
+        "logit": a.logit,
+        "sum_of_shares": a.total,
+        "embedding": a.embedding,
+        "largest": [{"component": n, "share": v} for n, v in a.largest(args.n)],
+    }
+    if keep is not None:
+        d = ablate(lm, ids, heads=keep[0], ffn=keep[1], mode=args.mode)
+        res["ablation"] = {
+            "mode": args.mode,
+            "switched_off": args.ablate,
+            "token": text_of(lm.tokenizer, [d.token]),
+            "p_before": float(d.before[d.token]),
+            "p_after": float(d.after[d.token]),
+            "rank_after": d.new_rank,
+            "kl_nats": d.kl,
+            "top_after": [{"text": text_of(lm.tokenizer, [int(i)]), "p": float(d.after[i])} for i in d.after.topk(5).indices],
+        }
+    if args.json:
+        json.dump(res, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+        return
+    vs = f" - logit({res['versus']!r})" if versus is not None else ""
+    out.write(f"{lm.label}: logit({res['target']!r}){vs} = {a.logit:.4f}; the shares sum to {a.total:.4f}\n")
+    for r in res["largest"]:
+        out.write(f"  {r['component']:<12} {r['share']:+.4f}\n")
+    if keep is not None:
+        ab = res["ablation"]
+        out.write(
+            f"without {args.ablate} ({args.mode}): {ab['token']!r} p {ab['p_before']:.3f} -> {ab['p_after']:.3f}, rank {ab['rank_after']}, "
+            f"KL {ab['kl_nats']:.3f} nats\n"
+        )
+
+
+def _load_parts(text: str, lm) -> tuple[list[tuple[int, int]], list[int]]:
+    """ "L5H3,L7FFN" -> ([(5, 3)], [7])."""
+    import re
+
+    heads, ffn = [], []
+    for part in text.replace(" ", "").split(","):
+        if m := re.fullmatch(r"L(\d+)H(\d+)", part, re.I):
+            heads.append((int(m[1]), int(m[2])))
+        elif m := re.fullmatch(r"L(\d+)FFN", part, re.I):
+            ffn.append(int(m[1]))
+        elif part:
+            raise ValueError(f"{part!r}: name a head as L5H3 and a feed-forward block as L7FFN")
+    return heads, ffn
+
+
 def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
@@ -171,6 +245,16 @@ def main(argv=None, out=None) -> int:
             p.add_argument("--top-p", type=float, default=1.0)
             p.add_argument("--min-p", type=float, default=0.0)
             p.add_argument("-n", type=int, default=10, help="how many candidates to print")
+    p = sub.add_parser("explain", help="why this token: direct logit attribution, and ablation with --ablate")
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--target", default=None, help="the candidate to explain, as text (default: the most likely next token)")
+    p.add_argument("--versus", default=None, help="explain logit(target) - logit(this candidate)")
+    p.add_argument("-n", type=int, default=10, help="how many of the largest shares to print")
+    p.add_argument("--ablate", default=None, help="components to switch off: L5H3,L7FFN")
+    p.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
     p.add_argument("prompts", nargs="+")
     p.add_argument("--chat", action="store_true")

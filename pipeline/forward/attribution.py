@@ -1,0 +1,196 @@
+"""Why this token: the next-token logit taken apart, and the model changed to test what the parts claim.
+
+    a = attribute(lm, prompt_ids, target)            # direct logit attribution at the last position
+    a.embedding, a.heads [L, H], a.ffn [L], a.bias [L]   # each component's share of the logit
+    a.total == a.logit                               # exact: the shares sum to the model's own logit
+    a = attribute(lm, prompt_ids, " Paris", versus=" London")   # the difference of two candidates
+    d = ablate(lm, prompt_ids, heads=[(5, 3)], ffn=[7], mode="zero")   # the next-token distribution without them
+
+Direct logit attribution: the residual stream at the last position is the embedding plus what every layer's
+attention and feed-forward block add. The final norm divides that sum by its root mean square and scales it; with
+the root mean square frozen at this run's value the logit of a token is a linear function of the stream, so each
+component's share is that component dotted with (the token's output row x the norm's scale / rms). Attention's
+output is the sum over heads of each head's slice of o_proj applied to that head's output, so heads split exactly
+too. Gemma-3's sandwich norms (a norm on attention's and on the feed-forward network's output before they join the
+stream) are frozen the same way, at this run's root mean square of that output. The shares then sum to the
+model's own logit (before a final soft-cap, which is reported beside it), checked against the logits of the same
+forward pass. GQA needs nothing special: o_proj's input is one slice per query head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.model.arch import norm_spec
+from pipeline.model.loaded import LoadedModel
+
+
+@dataclass
+class Attribution:
+    """Shares of one target's logit (or of the difference of two targets' logits) at the last position."""
+
+    target: int
+    versus: int | None  # the second candidate (the shares are then of logit(target) - logit(versus))
+    logit: float  # the model's own value: logit(target), or the difference (before any final soft-cap)
+    embedding: float
+    heads: np.ndarray  # [L, H]
+    ffn: np.ndarray  # [L]
+    bias: np.ndarray  # [L]: o_proj's and down_proj's biases (0 for models without them)
+    final_rms: float  # the final norm's root mean square in this run (frozen in every share)
+
+    @property
+    def total(self) -> float:
+        return float(self.embedding + self.heads.sum() + self.ffn.sum() + self.bias.sum())
+
+    def largest(self, n: int = 10) -> list[tuple[str, float]]:
+        """The n components with the largest |share|, largest first: ("L5 H3", x), ("L7 FFN", x), ("embedding", x)."""
+        items = [("embedding", self.embedding)]
+        items += [(f"L{i} H{h}", float(v)) for (i, h), v in np.ndenumerate(self.heads)]
+        items += [(f"L{i} FFN", float(v)) for i, v in enumerate(self.ffn)]
+        items += [(f"L{i} bias", float(v)) for i, v in enumerate(self.bias) if v]
+        return sorted(items, key=lambda kv: -abs(kv[1]))[:n]
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.sqrt(x.float().pow(2).mean() + eps)
+
+
+def _last_position_parts(lm: LoadedModel, prompt_ids: list[int]):
+    """One forward pass that keeps, at the last position: the stream entering layer 0, each layer's o_proj input
+    (the heads' outputs side by side) and output, its feed-forward output, the stream entering the final norm, and
+    the logits."""
+    arch, keep, hooks = lm.arch, {"z": {}, "attn": {}, "ffn": {}}, []
+    layers = arch.layers
+
+    def pre(store, i):
+        def hook(_mod, args):
+            store[i] = args[0][0, -1].detach().float().clone()
+
+        return hook
+
+    def post(store, i):
+        def hook(_mod, _args, out):
+            store[i] = (out[0] if isinstance(out, tuple) else out)[0, -1].detach().float().clone()
+
+        return hook
+
+    try:
+
+        def first(_mod, args, kwargs):  # the stream entering layer 0: the embeddings (Gemma's scale included)
+            x = args[0] if args else kwargs["hidden_states"]
+            keep["emb"] = x[0, -1].detach().float().clone()
+
+        hooks.append(layers[0].register_forward_pre_hook(first, with_kwargs=True))
+        for i, layer in enumerate(layers):
+            hooks.append(layer.self_attn.o_proj.register_forward_pre_hook(pre(keep["z"], i)))
+            hooks.append(layer.self_attn.o_proj.register_forward_hook(post(keep["attn"], i)))
+            hooks.append(layer.mlp.register_forward_hook(post(keep["ffn"], i)))
+        hooks.append(arch.decoder.norm.register_forward_pre_hook(lambda _m, args: keep.__setitem__("final", args[0][0, -1].detach().float().clone())))
+        with lm.lock, torch.inference_mode():
+            out = lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False)
+        keep["logits"] = out.logits[0, -1].detach().float().cpu()
+    finally:
+        for h in hooks:
+            h.remove()
+    return keep
+
+
+def attribute(lm: LoadedModel, prompt_ids: list[int], target: int, versus: int | None = None) -> Attribution:
+    """Direct logit attribution of `target`'s logit (minus `versus`'s) at the last position of `prompt_ids`."""
+    arch, f = lm.arch, lm.facts
+    keep = _last_position_parts(lm, prompt_ids)
+    spec = norm_spec(arch.decoder.norm)
+    if spec is None:
+        raise ValueError(f"{type(arch.decoder.norm).__name__}: no known formula for the final norm of this architecture")
+    final = keep["final"].cpu()
+    rms = _rms(final, spec.eps)
+    W_U = lm.model.lm_head.weight.detach().float().cpu()
+    row = W_U[target] - (W_U[versus] if versus is not None else 0)
+    u = row * spec.scale.detach().float().cpu() / rms  # the logit is u . stream (the final norm frozen)
+    H, D = f.n_heads, f.head_dim
+    heads = np.zeros((f.n_layers, H))
+    ffn, bias = np.zeros(f.n_layers), np.zeros(f.n_layers)
+    for i, layer in enumerate(arch.layers):
+        attn_scale, ffn_scale = 1.0, 1.0
+        if arch.sandwich(i):  # Gemma: the block's output is normalised before it joins the stream (frozen here)
+            pa, pf = norm_spec(layer.post_attention_layernorm), norm_spec(layer.post_feedforward_layernorm)
+            attn_scale = pa.scale.detach().float().cpu() / _rms(keep["attn"][i].cpu(), pa.eps)
+            ffn_scale = pf.scale.detach().float().cpu() / _rms(keep["ffn"][i].cpu(), pf.eps)
+        W_o = layer.self_attn.o_proj.weight.detach().float().cpu()  # [d, H * D]
+        z = keep["z"][i].cpu().view(H, D)
+        per_head = torch.einsum("dhk,hk->hd", W_o.view(-1, H, D), z)  # [H, d]: each head's slice of o_proj
+        heads[i] = ((per_head * attn_scale) @ u).numpy()
+        b_o = layer.self_attn.o_proj.bias
+        b_f = getattr(layer.mlp.down_proj, "bias", None)
+        if b_o is not None:
+            bias[i] += float((b_o.detach().float().cpu() * attn_scale) @ u)
+        mlp_out = keep["ffn"][i].cpu()
+        if b_f is not None:  # the bias is shown on its own; the feed-forward share is the rest
+            mlp_out = mlp_out - b_f.detach().float().cpu()
+            bias[i] += float((b_f.detach().float().cpu() * ffn_scale) @ u)
+        ffn[i] = float((mlp_out * ffn_scale) @ u)
+    logits = keep["logits"]
+    logit = float(logits[target] - (logits[versus] if versus is not None else 0))
+    if arch.softcap:  # the shares add up to the logit before the soft-cap: undo it on the model's value
+        raw = lambda x: float(arch.softcap * np.arctanh(np.clip(float(x) / arch.softcap, -1 + 1e-7, 1 - 1e-7)))  # noqa: E731
+        logit = raw(logits[target]) - (raw(logits[versus]) if versus is not None else 0.0)
+    return Attribution(target, versus, logit, float(keep["emb"].cpu() @ u), heads, ffn, bias, float(rms))
+
+
+@dataclass
+class Ablated:
+    """The next-token distribution before and after switching components off."""
+
+    before: torch.Tensor  # [vocab] probabilities
+    after: torch.Tensor
+    kl: float  # KL(before || after), nats
+    token: int  # the original most likely token
+    new_rank: int  # its rank after (0 = still first)
+
+
+def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str = "zero") -> Ablated:
+    """Switch off attention heads [(layer, head)] and feed-forward blocks [layer] by `mode`: "zero" (their output
+    set to 0) or "mean" (replaced by its mean over the prompt's positions), at every position; the next-token
+    distribution before and after."""
+    if mode not in ("zero", "mean"):
+        raise ValueError("mode is 'zero' or 'mean'")
+    arch, f = lm.arch, lm.facts
+    H, D = f.n_heads, f.head_dim
+    by_layer: dict[int, list[int]] = {}
+    for i, h in heads:
+        if not (0 <= i < f.n_layers and 0 <= h < H):
+            raise ValueError(f"no head {h} in layer {i} (this model has {f.n_layers} layers of {H} heads)")
+        by_layer.setdefault(i, []).append(h)
+    for i in ffn:
+        if not 0 <= i < f.n_layers:
+            raise ValueError(f"no layer {i} (this model has {f.n_layers})")
+    ids = torch.tensor([prompt_ids], device=lm.device)
+
+    def off_heads(hs):
+        def hook(_mod, args):
+            x = args[0].clone()
+            z = x.view(*x.shape[:-1], H, D)
+            for h in hs:
+                z[..., h, :] = 0 if mode == "zero" else z[..., h, :].mean(dim=-2, keepdim=True)
+            return (x,) + tuple(args[1:])
+
+        return hook
+
+    def off_ffn(_mod, _args, out):
+        return torch.zeros_like(out) if mode == "zero" else out.mean(dim=-2, keepdim=True).expand_as(out).clone()
+
+    with lm.lock, torch.inference_mode():
+        before = torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1).cpu()
+        hooks = [arch.layers[i].self_attn.o_proj.register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
+        hooks += [arch.layers[i].mlp.register_forward_hook(off_ffn) for i in set(ffn)]
+        try:
+            after = torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1).cpu()
+        finally:
+            for h in hooks:
+                h.remove()
+    token = int(before.argmax())
+    kl = float((before * (before.clamp_min(1e-30).log() - after.clamp_min(1e-30).log())).sum())
+    return Ablated(before, after, kl, token, int((after > after[token]).sum()))

@@ -1,0 +1,93 @@
+"""Why this token (pipeline.forward.attribution, `python -m pipeline explain`): the shares of the logit sum to the
+model's own logit on both architectures (Gemma-3's sandwich norms included), and switching a component off through
+hooks equals a plain forward of the model with that component's weights zeroed (an independent computation)."""
+
+import io
+import json
+
+import pytest
+import torch
+
+from pipeline.__main__ import main
+from pipeline.forward.attribution import ablate, attribute
+from pipeline.generation.loop import prepare
+
+pytestmark = pytest.mark.model
+PROMPT = "The capital of France is"
+
+
+def one(lm, text):
+    (i,) = lm.tokenizer.encode(text, add_special_tokens=False)
+    return i
+
+
+def test_the_shares_sum_to_the_logit_for_a_token_and_for_a_difference(lm):
+    ids = prepare(lm, PROMPT, 1).prompt_ids
+    paris, london = one(lm, " Paris"), one(lm, " London")
+    a = attribute(lm, ids, paris)
+    assert a.heads.shape == (lm.facts.n_layers, lm.facts.n_heads) and a.ffn.shape == (lm.facts.n_layers,)
+    assert abs(a.total - a.logit) < 1e-3 * max(1.0, abs(a.logit)), (a.total, a.logit)
+    d = attribute(lm, ids, paris, versus=london)
+    assert abs(d.total - d.logit) < 1e-3 * max(1.0, abs(d.logit))
+    b = attribute(lm, ids, london)
+    assert abs(d.logit - (a.logit - b.logit)) < 1e-3 and abs(d.heads - (a.heads - b.heads)).max() < 1e-4  # linear in the target
+    name, share = a.largest(1)[0]
+    assert abs(share) == max(abs(a.embedding), abs(a.heads).max(), abs(a.ffn).max())
+
+
+def test_switching_a_head_off_equals_zeroing_its_slice_of_o_proj(lm):
+    ids = prepare(lm, PROMPT, 1).prompt_ids
+    layer, head, D = lm.facts.n_layers // 2, 1, lm.facts.head_dim
+    got = ablate(lm, ids, heads=[(layer, head)])
+    W = lm.arch.layers[layer].self_attn.o_proj.weight
+    saved = W.detach().clone()
+    try:
+        with lm.lock, torch.no_grad():
+            W[:, head * D : (head + 1) * D] = 0
+            ref = torch.softmax(lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+    finally:
+        with torch.no_grad():
+            W.copy_(saved)
+    assert (got.after - ref).abs().max() < 1e-6 and got.kl > 0
+    assert torch.equal(ablate(lm, ids).after, got.before)  # nothing switched off: nothing changes
+
+
+def test_switching_a_feed_forward_block_off_equals_zeroing_its_down_projection(lm):
+    ids = prepare(lm, PROMPT, 1).prompt_ids
+    layer = lm.facts.n_layers - 1
+    got = ablate(lm, ids, ffn=[layer])
+    W = lm.arch.layers[layer].mlp.down_proj.weight
+    saved = W.detach().clone()
+    try:
+        with lm.lock, torch.no_grad():
+            W.zero_()
+            ref = torch.softmax(lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+    finally:
+        with torch.no_grad():
+            W.copy_(saved)
+    assert (got.after - ref).abs().max() < 1e-6
+
+
+def test_mean_ablation_of_a_one_token_prompt_changes_nothing(smol):
+    """The mean over a single position is that position's own value."""
+    ids = [smol.tokenizer.encode("Dog", add_special_tokens=False)[0]]
+    d = ablate(smol, ids, heads=[(3, 2)], ffn=[5], mode="mean")
+    assert (d.after - d.before).abs().max() < 1e-6 and d.new_rank == 0
+
+
+def test_bad_components_are_refused_with_a_clear_message(smol):
+    ids = prepare(smol, PROMPT, 1).prompt_ids
+    with pytest.raises(ValueError, match="no head 99 in layer 0"):
+        ablate(smol, ids, heads=[(0, 99)])
+    with pytest.raises(ValueError, match="mode"):
+        ablate(smol, ids, mode="random")
+    err = io.StringIO()
+    assert main(["explain", PROMPT, "--ablate", "layer five"], out=err) == 2
+
+
+def test_the_cli_explains_paris(smol):
+    out = io.StringIO()
+    assert main(["explain", PROMPT, "--versus", " London", "--ablate", "L29FFN", "--json"], out=out) == 0
+    res = json.loads(out.getvalue())
+    assert res["target"] == " Paris" and abs(res["sum_of_shares"] - res["logit"]) < 1e-3
+    assert res["ablation"]["token"] == " Paris" and res["ablation"]["p_after"] < res["ablation"]["p_before"]
