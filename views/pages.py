@@ -113,6 +113,9 @@ STAGES: tuple[PageSpec, ...] = (
        "It writes one token at a time, reads tokens not words, knows no more when hotter, pays for every token of context, and forgets you.",
        heading="Common misconceptions, tested", handout="trace",
        summary="Common misconceptions, tested"),
+    _p("why", 17, "Why this token", "psychology",
+       "Every head and feed-forward block adds a share to the chosen token's logit; switching the largest off shows which ones the answer needs.",
+       summary="Why this token: attribution and interventions"),
 )  # fmt: skip
 OPERATOR = _p("operator", None, "Operator", "admin_panel_settings", "", hidden=True)
 ALL: tuple[PageSpec, ...] = (*STAGES, OPERATOR)

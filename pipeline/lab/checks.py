@@ -371,3 +371,37 @@ def check_plan_params(lm: LoadedModel, stages) -> Check:
         abs(planned - model_mb) <= 0.01 * model_mb + 0.1,
         f"{planned:,.1f} MiB planned vs {model_mb:,.1f} MiB of parameters (tied embeddings counted once)",
     )
+
+
+def check_attribution(a) -> Check:
+    """The shares of a direct logit attribution sum to the model's own logit (pipeline.forward.attribution)."""
+    d = abs(a.total - a.logit)
+    return Check(
+        "the shares (embedding + every head + every feed-forward block + biases) sum to the model's own logit",
+        d < 1e-3 * max(1.0, abs(a.logit)),
+        f"sum {a.total:.5f} vs logit {a.logit:.5f}: difference {d:.1e}",
+        d,
+    )
+
+
+def check_ablation(lm: LoadedModel, prompt_ids: list[int], layer: int, head: int) -> Check:
+    """Switching a head off through hooks = a plain forward of the model with that head's slice of o_proj zeroed."""
+    from pipeline.forward.attribution import ablate
+
+    got = ablate(lm, prompt_ids, heads=[(layer, head)]).after
+    D = lm.facts.head_dim
+    W = lm.arch.layers[layer].self_attn.o_proj.weight
+    with lm.lock, torch.no_grad():
+        saved = W.detach().clone()
+        try:
+            W[:, head * D : (head + 1) * D] = 0
+            ref = torch.softmax(lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device)).logits[0, -1].float(), -1).cpu()
+        finally:
+            W.copy_(saved)
+    d = float((got - ref).abs().max())
+    return Check(
+        f"switching L{layer} H{head} off = the model with that head's columns of o_proj set to zero (a plain forward)",
+        d < 1e-5,
+        f"largest difference of the next-token probabilities {d:.1e}",
+        d,
+    )

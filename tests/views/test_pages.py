@@ -199,3 +199,22 @@ def test_exported_images_carry_only_the_views_known_settings():
     notes = [entry[2] for entry in reg.figures if len(entry) > 2]
     assert notes and all("evil" not in n and "zz" not in n for n in notes), notes
     assert all("SmolLM2" in n for n in notes), notes
+
+
+def test_why_this_token_page_explains_paris_and_switches_heads_off():
+    """The shares sum to the logit on the page, the heatmap and the head's attention are drawn, and switching the
+    preset heads off shows the distribution before and after; the cross-checks pass."""
+    at = run("views/stages/why.py", prompt="The capital of France is", chat=False)
+    assert not at.exception and not at.error, at.exception or [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    logit = next(float(v) for k, v in metrics.items() if k.startswith("The model's logit"))
+    assert abs(float(metrics["Sum of the shares"]) - logit) < 2e-3
+    assert "Paris" in next(k for k in metrics if k.startswith("The model's logit"))
+    assert at.multiselect(key="why_off").value, "the preset: the heads with the largest shares"
+    at.button(key="why_go").click().run()
+    assert not at.exception, at.exception
+    assert any(m.label == "KL divergence" for m in at.metric)
+    from views.proof import FAIL, PASS
+
+    checks = [m.value for m in at.markdown if PASS in m.value or FAIL in m.value]
+    assert len(checks) == 2 and all(PASS in c for c in checks), checks  # the sum, and the switch against zeroed weights

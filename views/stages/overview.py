@@ -16,8 +16,9 @@ render.intro(
 )
 with st.expander("The stages, in order: each opens on this model and prompt", expanded=True):
     cols = st.columns(2)
-    for i, spec in enumerate(pages.STAGES[1:]):
-        cols[i // 8].page_link(spec.file, label=spec.stage)
+    stages = pages.STAGES[1:]
+    for i, spec in enumerate(stages):
+        cols[i * 2 // len(stages)].page_link(spec.file, label=spec.stage)
 f = tr.facts
 nxt = int(tr.next_logits.argmax())
 c = st.columns(4)

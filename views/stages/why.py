@@ -1,0 +1,104 @@
+import numpy as np
+import streamlit as st
+
+from components.tokens import lit, plot_text, visible
+from components.why import before_after_figure, head_row_figure, largest_figure, shares_heatmap
+from pipeline.forward.attribution import ablate, attribute
+from pipeline.forward.tokens import text_of
+from pipeline.lab import checks
+from views import guard, loading, proof, render, runs
+
+render.intro(
+    "Why did the model pick this token? The last position's residual stream is the embedding plus what every "
+    "attention head and every feed-forward block added, and the logit of a token is (after the final norm, "
+    "whose scale is frozen at this run's value) a sum of one **share** per component. The shares below add up "
+    "exactly to the model's own logit. Which heads and blocks carry the answer? Then **switch them off** and see "
+    "whether the answer really changes: a large share is a claim, switching it off is the test."
+)
+lm, tr = runs.get_trace()
+ids = list(tr.input_ids)
+probs = np.exp(tr.next_logits - tr.next_logits.max())
+probs /= probs.sum()
+top = [int(i) for i in np.argsort(-probs)[:10]]
+name = {t: f"{visible(text_of(lm.tokenizer, [t]))!r} (p = {probs[t]:.3f})" for t in top}
+c = st.columns(2)
+target = c[0].selectbox(
+    "Explain the logit of", top, format_func=render.labeller(name), key="why_target", help="The most likely next token, or another candidate"
+)
+others = [None] + [t for t in top if t != target]
+versus = c[1].selectbox(
+    "… minus the logit of",
+    others,
+    format_func=render.labeller({None: "(nothing: the logit itself)"} | name),
+    key="why_versus",
+    help="Explain why one candidate beats another: the shares of logit(target) − logit(this one)",
+)
+
+key = ("why", lm.label, tuple(ids), target, versus)
+a = st.session_state.get("_why") if st.session_state.get("_why_key") == key else None
+if a is None:
+    if not guard.allowed("explaining the token"):
+        st.stop()
+    a = lm.run(lambda progress=None: attribute(lm, ids, target, versus))
+    st.session_state["_why"], st.session_state["_why_key"] = a, key
+what = f"logit({visible(text_of(lm.tokenizer, [target]))!r})" + (f" − logit({visible(text_of(lm.tokenizer, [versus]))!r})" if versus is not None else "")
+m = st.columns(3)
+m[0].metric(f"The model's {what}", f"{a.logit:.3f}")
+m[1].metric("Sum of the shares", f"{a.total:.3f}", help="Embedding + every head + every feed-forward block (+ biases): equal to the logit")
+m[2].metric("Final norm's rms (frozen)", f"{a.final_rms:.2f}")
+render.figure(shares_heatmap(a.heads, a.ffn, f"Each component's share of {what}"), "shares", main=True, settings={"target": what})
+render.figure(largest_figure(a.largest(15), "The 15 largest shares (the embedding's included)"), "largest")
+st.caption(f"The embedding's own share: {a.embedding:+.3f}. Red adds to {what}, blue takes from it.")
+
+st.subheader("Where a head looked")
+heads = [(i, h) for i in range(a.heads.shape[0]) for h in range(a.heads.shape[1])]
+best = max(heads, key=lambda ih: abs(a.heads[ih]))
+pick = st.selectbox(
+    "Head",
+    heads,
+    index=heads.index(best),
+    format_func=render.labeller({ih: f"layer {ih[0]}, head {ih[1]} (share {a.heads[ih]:+.3f})" for ih in heads}),
+    key="why_head",
+    help="Starts at the head with the largest share",
+)
+labels = [plot_text(f"{i}:{visible(t.text)[:12]}") for i, t in enumerate(tr.tokens)]
+render.figure(head_row_figure(tr.attn_last_row[pick[0], pick[1]], labels, f"Layer {pick[0]}, head {pick[1]}: attention from the last position"), "head row")
+st.caption("Attention says where a head read from, not that what it read decided the answer: the switch below is the test.")
+
+st.subheader("Switch components off")
+parts = [n for n, _ in a.largest(30) if n != "embedding" and "bias" not in n]
+presets = {"the 5 heads with the largest shares": [n for n in parts if "H" in n and "FFN" not in n][:5]}
+chosen = st.multiselect("Components", parts, default=presets["the 5 heads with the largest shares"], key="why_off", help="Among the 30 largest shares")
+mode = st.radio(
+    "Switched off to",
+    ["zero", "mean"],
+    horizontal=True,
+    key="why_mode",
+    help="zero: their output set to 0; mean: replaced by its mean over the prompt's positions",
+)
+if st.button("Switch them off", type="primary", key="why_go", disabled=not chosen) and guard.allowed("an intervention"):
+    hs = [(int(n.split()[0][1:]), int(n.split()[1][1:])) for n in chosen if "FFN" not in n]
+    ff = [int(n.split()[0][1:]) for n in chosen if "FFN" in n]
+    loading.remember("why_ablation", (key, tuple(chosen), mode, lm.run(lambda progress=None: ablate(lm, ids, heads=hs, ffn=ff, mode=mode))))
+got = loading.recall("why_ablation")
+if got is not None and got[0] == key:
+    _, off, md, d = got
+    cands = [int(i) for i in np.argsort(-(d.before.numpy() + d.after.numpy()))[:8]]
+    tok = lit(repr(visible(text_of(lm.tokenizer, [d.token]))))
+    r = st.columns(3)
+    r[0].metric(f"p({tok})", f"{float(d.after[d.token]):.3f}", f"{float(d.after[d.token] - d.before[d.token]):+.3f}")
+    r[1].metric("Its rank now", d.new_rank + 1, help="1 = still the most likely")
+    r[2].metric("KL divergence", f"{d.kl:.3f} nats", help="How far the whole distribution moved")
+    render.figure(
+        before_after_figure(
+            [plot_text(repr(visible(text_of(lm.tokenizer, [t])))) for t in cands],
+            d.before.numpy()[cands],
+            d.after.numpy()[cands],
+            f"Next token with {len(off)} component(s) switched off ({md})",
+        ),
+        "ablation",
+        settings={"switched off": ", ".join(off), "mode": md},
+    )
+
+first_head = next(((int(n.split()[0][1:]), int(n.split()[1][1:])) for n in parts if "FFN" not in n), (0, 0))
+proof.how_do_we_know(lambda: [checks.check_attribution(a), checks.check_ablation(lm, ids, *first_head)], "why", a)
