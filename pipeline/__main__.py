@@ -58,7 +58,13 @@ def cmd_next(args, out):
 
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
-    p = filter_probs(tr.next_logits, Sampling(args.temperature, args.top_k, args.top_p, args.min_p)).numpy()
+    logits = tr.next_logits
+    if args.ablate:  # those heads' outputs (their slice of o_proj's input) or feed-forward blocks set to zero
+        from pipeline.forward.attribution import ablate, parse_components
+
+        heads, ffn = parse_components(args.ablate)
+        logits = ablate(lm, list(tr.input_ids), heads=heads, ffn=ffn).logits_after
+    p = filter_probs(logits, Sampling(args.temperature, args.top_k, args.top_p, args.min_p)).numpy()
     order = np.argsort(-p)[: args.n]
     cands = [{"id": int(i), "text": text_of(lm.tokenizer, [int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
     res = {
@@ -70,6 +76,7 @@ def cmd_next(args, out):
         "min_p": args.min_p,
         "candidates_kept": int((p > 0).sum()),
         "entropy_bits": entropy_bits(p),
+        "ablated": args.ablate,
         "top": cands,
     }
     if args.json:
@@ -159,7 +166,13 @@ def cmd_generate(args, out):
 
 
 def _token(lm, text: str) -> int:
-    """A candidate typed as text (" Paris") -> its one token id; an error naming the pieces when it is several."""
+    """A token given as an id ("7042") or as text (" Paris": one token) -> its id; an error that says why not."""
+    vocab = lm.model.lm_head.weight.shape[0]
+    if text.strip().isdigit():
+        i = int(text)
+        if not 0 <= i < vocab:
+            raise ValueError(f"token id {i} is outside this model's vocabulary of {vocab:,}")
+        return i
     ids = lm.tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
         raise ValueError(f"{text!r} is {len(ids)} tokens for this model ({[text_of(lm.tokenizer, [i]) for i in ids]}): name one token")
@@ -167,26 +180,28 @@ def _token(lm, text: str) -> int:
 
 
 def cmd_explain(args, out):
-    from pipeline.forward.attribution import ablate, attribute
+    from pipeline.forward.attribution import ablate, attribute, parse_components
+    from pipeline.forward.tracing import check_prompt
     from pipeline.generation.loop import prepare
 
+    check_prompt(args.prompt)
     lm = _load(args)
     ids = prepare(lm, args.prompt, 1, chat=args.chat).prompt_ids
-    keep = _load_parts(args.ablate, lm) if args.ablate else None
-    target = _token(lm, args.target) if args.target else int(ablate(lm, ids).before.argmax())
+    parts = parse_components(args.ablate) if args.ablate else None
+    target = _token(lm, args.token) if args.token else int(ablate(lm, ids).before.argmax())
     versus = _token(lm, args.versus) if args.versus else None
     a = attribute(lm, ids, target, versus)
     res = {
         "model": lm.label,
-        "target": text_of(lm.tokenizer, [target]),
-        "versus": text_of(lm.tokenizer, [versus]) if versus is not None else None,
+        "prompt": args.prompt,
+        "token": {"id": target, "text": text_of(lm.tokenizer, [target])},
+        "versus": {"id": versus, "text": text_of(lm.tokenizer, [versus])} if versus is not None else None,
         "logit": a.logit,
-        "sum_of_shares": a.total,
-        "embedding": a.embedding,
-        "largest": [{"component": n, "share": v} for n, v in a.largest(args.n)],
+        "sum": a.total,
+        "components": a.components(),
     }
-    if keep is not None:
-        d = ablate(lm, ids, heads=keep[0], ffn=keep[1], mode=args.mode)
+    if parts is not None:
+        d = ablate(lm, ids, heads=parts[0], ffn=parts[1], mode=args.mode)
         res["ablation"] = {
             "mode": args.mode,
             "switched_off": args.ablate,
@@ -195,37 +210,21 @@ def cmd_explain(args, out):
             "p_after": float(d.after[d.token]),
             "rank_after": d.new_rank,
             "kl_nats": d.kl,
-            "top_after": [{"text": text_of(lm.tokenizer, [int(i)]), "p": float(d.after[i])} for i in d.after.topk(5).indices],
         }
     if args.json:
         json.dump(res, out, ensure_ascii=False, indent=1)
         out.write("\n")
         return
-    vs = f" - logit({res['versus']!r})" if versus is not None else ""
-    out.write(f"{lm.label}: logit({res['target']!r}){vs} = {a.logit:.4f}; the shares sum to {a.total:.4f}\n")
-    for r in res["largest"]:
-        out.write(f"  {r['component']:<12} {r['share']:+.4f}\n")
-    if keep is not None:
+    vs = f" - logit({res['versus']['text']!r})" if versus is not None else ""
+    out.write(f"{lm.label}: logit({res['token']['text']!r}){vs} = {a.logit:.4f}; the shares sum to {a.total:.4f}\n")
+    for c in res["components"][: args.n]:
+        out.write(f"  {c['name']:<12} {c['contribution']:+.4f}\n")
+    if parts is not None:
         ab = res["ablation"]
         out.write(
             f"without {args.ablate} ({args.mode}): {ab['token']!r} p {ab['p_before']:.3f} -> {ab['p_after']:.3f}, rank {ab['rank_after']}, "
             f"KL {ab['kl_nats']:.3f} nats\n"
         )
-
-
-def _load_parts(text: str, lm) -> tuple[list[tuple[int, int]], list[int]]:
-    """ "L5H3,L7FFN" -> ([(5, 3)], [7])."""
-    import re
-
-    heads, ffn = [], []
-    for part in text.replace(" ", "").split(","):
-        if m := re.fullmatch(r"L(\d+)H(\d+)", part, re.I):
-            heads.append((int(m[1]), int(m[2])))
-        elif m := re.fullmatch(r"L(\d+)FFN", part, re.I):
-            ffn.append(int(m[1]))
-        elif part:
-            raise ValueError(f"{part!r}: name a head as L5H3 and a feed-forward block as L7FFN")
-    return heads, ffn
 
 
 def main(argv=None, out=None) -> int:
@@ -245,14 +244,15 @@ def main(argv=None, out=None) -> int:
             p.add_argument("--top-p", type=float, default=1.0)
             p.add_argument("--min-p", type=float, default=0.0)
             p.add_argument("-n", type=int, default=10, help="how many candidates to print")
+            p.add_argument("--ablate", default=None, help="switch heads or feed-forward blocks off (zeroed) first: 5.3,7.mlp")
     p = sub.add_parser("explain", help="why this token: direct logit attribution, and ablation with --ablate")
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--target", default=None, help="the candidate to explain, as text (default: the most likely next token)")
+    p.add_argument("--token", default=None, help="the candidate to explain: an id, or its text (default: the most likely next token)")
     p.add_argument("--versus", default=None, help="explain logit(target) - logit(this candidate)")
     p.add_argument("-n", type=int, default=10, help="how many of the largest shares to print")
-    p.add_argument("--ablate", default=None, help="components to switch off: L5H3,L7FFN")
+    p.add_argument("--ablate", default=None, help="components to switch off: 5.3,7.mlp (or L5H3,L7FFN)")
     p.add_argument("--mode", choices=("zero", "mean"), default="zero")
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")

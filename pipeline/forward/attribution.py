@@ -45,6 +45,15 @@ class Attribution:
     def total(self) -> float:
         return float(self.embedding + self.heads.sum() + self.ffn.sum() + self.bias.sum())
 
+    def components(self) -> list[dict]:
+        """Every component with its share, largest |share| first: {"name", "kind": "embed"|"head"|"mlp"|"bias",
+        "layer", "head", "contribution"} (the CLI's and a notebook's form)."""
+        out = [{"name": "embedding", "kind": "embed", "layer": None, "head": None, "contribution": float(self.embedding)}]
+        out += [{"name": f"L{i} H{h}", "kind": "head", "layer": i, "head": h, "contribution": float(v)} for (i, h), v in np.ndenumerate(self.heads)]
+        out += [{"name": f"L{i} FFN", "kind": "mlp", "layer": i, "head": None, "contribution": float(v)} for i, v in enumerate(self.ffn)]
+        out += [{"name": f"L{i} bias", "kind": "bias", "layer": i, "head": None, "contribution": float(v)} for i, v in enumerate(self.bias) if v]
+        return sorted(out, key=lambda c: -abs(c["contribution"]))
+
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
         """The n components with the largest |share|, largest first: ("L5 H3", x), ("L7 FFN", x), ("embedding", x)."""
         items = [("embedding", self.embedding)]
@@ -146,6 +155,7 @@ class Ablated:
 
     before: torch.Tensor  # [vocab] probabilities
     after: torch.Tensor
+    logits_after: torch.Tensor  # [vocab]: the logits with the components switched off
     kl: float  # KL(before || after), nats
     token: int  # the original most likely token
     new_rank: int  # its rank after (0 = still first)
@@ -167,6 +177,11 @@ def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str =
     for i in ffn:
         if not 0 <= i < f.n_layers:
             raise ValueError(f"no layer {i} (this model has {f.n_layers})")
+    if sum(len(set(hs)) for hs in by_layer.values()) == f.n_layers * H:
+        raise ValueError(
+            f"That switches off every one of the {f.n_layers * H} heads: the model then reads no other token at all, so nothing is "
+            "left to compare. Keep at least one head."
+        )
     ids = torch.tensor([prompt_ids], device=lm.device)
 
     def off_heads(hs):
@@ -184,13 +199,30 @@ def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str =
 
     with lm.lock, torch.inference_mode():
         before = torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1).cpu()
+        logits = None
         hooks = [arch.layers[i].self_attn.o_proj.register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
         hooks += [arch.layers[i].mlp.register_forward_hook(off_ffn) for i in set(ffn)]
         try:
-            after = torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1).cpu()
+            logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu()
+            after = torch.softmax(logits, -1)
         finally:
             for h in hooks:
                 h.remove()
     token = int(before.argmax())
     kl = float((before * (before.clamp_min(1e-30).log() - after.clamp_min(1e-30).log())).sum())
-    return Ablated(before, after, kl, token, int((after > after[token]).sum()))
+    return Ablated(before, after, logits, kl, token, int((after > after[token]).sum()))
+
+
+def parse_components(text: str) -> tuple[list[tuple[int, int]], list[int]]:
+    """ "L5H3,L7FFN" or "5.3,7.mlp" -> ([(5, 3)], [7]): heads as (layer, head), feed-forward blocks as layers."""
+    import re
+
+    heads, ffn = [], []
+    for part in text.replace(" ", "").split(","):
+        if m := re.fullmatch(r"L?(\d+)[.H](\d+)", part, re.I):
+            heads.append((int(m[1]), int(m[2])))
+        elif m := re.fullmatch(r"L?(\d+)\.?(FFN|MLP)", part, re.I):
+            ffn.append(int(m[1]))
+        elif part:
+            raise ValueError(f"{part!r}: name a head as 5.3 (or L5H3) and a feed-forward block as 7.mlp (or L7FFN)")
+    return heads, ffn

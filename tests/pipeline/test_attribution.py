@@ -81,13 +81,51 @@ def test_bad_components_are_refused_with_a_clear_message(smol):
         ablate(smol, ids, heads=[(0, 99)])
     with pytest.raises(ValueError, match="mode"):
         ablate(smol, ids, mode="random")
-    err = io.StringIO()
-    assert main(["explain", PROMPT, "--ablate", "layer five"], out=err) == 2
+    assert main(["explain", PROMPT, "--ablate", "layer five"], out=io.StringIO()) == 2
+    assert main(["explain", PROMPT, "--token", "999999999"], out=io.StringIO()) == 2  # outside the vocabulary
+    assert main(["explain", "", "--json"], out=io.StringIO()) == 2  # an empty prompt
 
 
 def test_the_cli_explains_paris(smol):
     out = io.StringIO()
-    assert main(["explain", PROMPT, "--versus", " London", "--ablate", "L29FFN", "--json"], out=out) == 0
+    assert main(["explain", PROMPT, "--token", " Paris", "--versus", " London", "--ablate", "29.mlp", "--json"], out=out) == 0
     res = json.loads(out.getvalue())
-    assert res["target"] == " Paris" and abs(res["sum_of_shares"] - res["logit"]) < 1e-3
+    assert res["token"] == {"id": one(smol, " Paris"), "text": " Paris"} and abs(res["sum"] - res["logit"]) < 1e-3
+    kinds = {c["kind"] for c in res["components"]}
+    assert kinds <= {"embed", "head", "mlp", "bias"} and len(res["components"]) >= smol.facts.n_layers * (smol.facts.n_heads + 1) + 1
+    assert abs(sum(c["contribution"] for c in res["components"]) - res["logit"]) < 1e-3
     assert res["ablation"]["token"] == " Paris" and res["ablation"]["p_after"] < res["ablation"]["p_before"]
+    out = io.StringIO()
+    assert main(["explain", PROMPT, "--token", str(one(smol, " Paris")), "--json"], out=out) == 0  # an id works too
+    assert json.loads(out.getvalue())["token"]["text"] == " Paris"
+
+
+def test_next_with_heads_switched_off_equals_transformers_with_them_zeroed(smol):
+    """`next --ablate 5.3,7.mlp` at temperature 1: the softmax of a transformers forward in which a hook zeroes head
+    3's slice of layer 5's o_proj input and layer 7's feed-forward output (probabilities within 1e-4)."""
+    out = io.StringIO()
+    assert main(["next", PROMPT, "--ablate", "5.3,7.mlp", "-n", "5", "--json"], out=out) == 0
+    top = json.loads(out.getvalue())["top"]
+    D = smol.facts.head_dim
+
+    def head_off(_m, args):
+        x = args[0].clone()
+        x[..., 3 * D : 4 * D] = 0
+        return (x,)
+
+    hooks = [smol.arch.layers[5].self_attn.o_proj.register_forward_pre_hook(head_off)]
+    hooks.append(smol.arch.layers[7].mlp.register_forward_hook(lambda _m, _a, o: torch.zeros_like(o)))
+    try:
+        with smol.lock, torch.no_grad():
+            ref = torch.softmax(smol.model(input_ids=torch.tensor([prepare(smol, PROMPT, 1).prompt_ids])).logits[0, -1].float(), -1)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert all(abs(c["p"] - float(ref[c["id"]])) < 1e-4 for c in top), [(c["p"], float(ref[c["id"]])) for c in top]
+
+
+def test_switching_every_head_off_is_refused(smol):
+    ids = prepare(smol, PROMPT, 1).prompt_ids
+    every = [(i, h) for i in range(smol.facts.n_layers) for h in range(smol.facts.n_heads)]
+    with pytest.raises(ValueError, match="every one of the"):
+        ablate(smol, ids, heads=every)
