@@ -2,12 +2,10 @@
 
     html = build(lm, trace, stages=views.pages.STAGES[1:], recalled={slug: [(name, figure), …]})
 
-Every stage of the article in its order, each with its takeaway, its main figure (Plotly, drawn by the plotly.js
-inlined once in the file), the numbers behind it and its "How do we know?" cross-checks, all measured on this
-run. The stages before the first token and the autoregressive loop are computed here (one trace, one short greedy
-generation, their checks: seconds on a CPU); the experiments that take a minute (hardware, roofline, kernels,
-production, speculative, batching) are included as this session last ran them, or named with the page that
-runs them. Streamlit-free: the page's download button calls it, and so does a test."""
+Every stage in the article's order with its takeaway, main figure (Plotly, its plotly.js inlined once), numbers and
+"How do we know?" cross-checks, measured on this run. The stages up to the autoregressive loop are computed here
+(one trace, one short greedy generation: seconds on a CPU); the minute-long experiments are included as this
+session last ran them, or named with the page that runs them. Streamlit-free: the header's button and a test call it."""
 
 from __future__ import annotations
 
