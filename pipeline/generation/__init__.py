@@ -33,6 +33,7 @@ from pipeline.generation.sweeps import (
 )
 
 __all__ = [
+    "Finish", "Phase", "StepEvent",
     "MAX_NEW_TOKENS", "GenerationRecord", "KVCost", "Metrics", "Prepared", "generate", "kv_bytes_formula", "kv_costs", "kv_window",
     "measured_kv_per_token", "metrics", "prepare", "CACHE_MODES", "CacheModeComparison", "CacheRow", "ModeRun", "SweepRow", "Verdict",
     "cache_off_sweep", "cache_verdict", "compare_cache_modes", "growth", "long_prompt", "prefill_decode_sweep", "sweep_verdict",

@@ -46,7 +46,7 @@ def ids(lm, prompt):
 
 def test_remote_answers_equal_the_same_request_alone_and_the_events_are_the_same_type(smol, remote):
     from pipeline.engine import Sampling
-    from pipeline.generation import StepEvent
+    from pipeline.generation.events import StepEvent
 
     got = {}
 
