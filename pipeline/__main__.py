@@ -1,4 +1,4 @@
-"""Command line: `python -m pipeline tokens|next|trace|generate|explain "prompt" [--json]` (for scripts and handouts).
+"""Command line: `python -m pipeline tokens|next|trace|generate|explain "prompt" [--json]`, `patch CLEAN CORRUPT`.
 
 `explain` takes the next token's logit apart (direct logit attribution: the embedding, every head, every
 feed-forward block; their sum is the logit) and, with --ablate, switches components off and shows the distribution
@@ -227,6 +227,39 @@ def cmd_explain(args, out):
         )
 
 
+def cmd_patch(args, out):
+    from pipeline.forward.attribution import patch
+    from pipeline.forward.tracing import check_prompt
+    from pipeline.generation.loop import prepare
+
+    check_prompt(args.clean)
+    check_prompt(args.corrupt)
+    lm = _load(args)
+    clean, corrupt = prepare(lm, args.clean, 1, chat=args.chat).prompt_ids, prepare(lm, args.corrupt, 1, chat=args.chat).prompt_ids
+    p = patch(lm, clean, corrupt)
+    res = {
+        "model": lm.label,
+        "clean": args.clean,
+        "corrupt": args.corrupt,
+        "tokens": [text_of(lm.tokenizer, [t]) for t in clean],
+        "corrupt_tokens": [text_of(lm.tokenizer, [t]) for t in corrupt],
+        "clean_answer": text_of(lm.tokenizer, [p.clean_token]),
+        "corrupt_answer": text_of(lm.tokenizer, [p.corrupt_token]),
+        "clean_diff": p.clean_diff,
+        "corrupt_diff": p.corrupt_diff,
+        "grid": [[round(float(v), 6) for v in row] for row in p.grid],  # [layer][position]: 1 = the clean difference back
+    }
+    if args.json:
+        json.dump(res, out, ensure_ascii=False, indent=1)
+        out.write("\n")
+        return
+    out.write(f"{lm.label}: logit({res['clean_answer']!r}) - logit({res['corrupt_answer']!r}): clean {p.clean_diff:.3f}, corrupted {p.corrupt_diff:.3f}\n")
+    out.write("share of it restored, layer by position (rows: layers)\n")
+    out.write("      " + " ".join(f"{t[:6]:>6}" for t in res["tokens"]) + "\n")
+    for i, row in enumerate(p.grid):
+        out.write(f"L{i:<4} " + " ".join(f"{v:6.2f}" for v in row) + "\n")
+
+
 def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
@@ -255,6 +288,12 @@ def main(argv=None, out=None) -> int:
     p.add_argument("--ablate", default=None, help="components to switch off: 5.3,7.mlp (or L5H3,L7FFN)")
     p.add_argument("--mode", choices=("zero", "mean"), default="zero")
     p.set_defaults(fn=cmd_explain)
+    p = sub.add_parser("patch", help="activation patching: restore the clean run's residual stream at each (layer, position)")
+    p.add_argument("clean")
+    p.add_argument("corrupt")
+    p.add_argument("--chat", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_patch)
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
     p.add_argument("prompts", nargs="+")
     p.add_argument("--chat", action="store_true")
@@ -267,7 +306,7 @@ def main(argv=None, out=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_generate)
     args = ap.parse_args(argv)
-    for text in [getattr(args, "prompt", "")] + list(getattr(args, "prompts", None) or []):
+    for text in [getattr(args, "prompt", ""), getattr(args, "clean", ""), getattr(args, "corrupt", "")] + list(getattr(args, "prompts", None) or []):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates

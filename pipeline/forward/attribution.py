@@ -226,3 +226,76 @@ def parse_components(text: str) -> tuple[list[tuple[int, int]], list[int]]:
         elif part:
             raise ValueError(f"{part!r}: name a head as 5.3 (or L5H3) and a feed-forward block as 7.mlp (or L7FFN)")
     return heads, ffn
+
+
+@dataclass
+class Patching:
+    """Causal tracing between two prompts of the same length in tokens: for each (layer, position), how much of the
+    logit difference comes back when the clean run's residual stream there is restored into the corrupted run."""
+
+    clean_token: int  # the clean run's answer
+    corrupt_token: int  # the corrupted run's answer (the comparison's other side; if equal, the clean run's runner-up)
+    clean_diff: float  # logit(clean_token) - logit(corrupt_token) in the clean run
+    corrupt_diff: float  # ... in the corrupted run
+    grid: np.ndarray  # [L, T]: (patched diff - corrupt diff) / (clean diff - corrupt diff); 1 = all of it back
+    positions: int
+
+
+def _layer_outputs(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The residual stream after every layer [L] x [1, T, d], and the last position's logits."""
+    keep, hooks = [None] * lm.facts.n_layers, []
+
+    def grab(i):
+        def hook(_mod, _args, out):
+            keep[i] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+
+        return hook
+
+    hooks = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
+    try:
+        logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+    finally:
+        for h in hooks:
+            h.remove()
+    return keep, logits
+
+
+def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progress=None) -> Patching:
+    """The layer x position grid of causal tracing. Per layer, ONE batched forward of the corrupted prompt, row p
+    with position p's residual stream after that layer replaced by the clean run's."""
+    if len(clean_ids) != len(corrupt_ids):
+        raise ValueError(
+            f"The two prompts are {len(clean_ids)} and {len(corrupt_ids)} tokens long: patching restores one position at a "
+            "time, so they must have the same number of tokens. Change a word for one that is as many tokens (see page 1)."
+        )
+    T, L = len(clean_ids), lm.facts.n_layers
+    dev = lm.device
+    with lm.lock, torch.inference_mode():
+        clean_states, clean_logits = _layer_outputs(lm, torch.tensor([clean_ids], device=dev))
+        corrupt_logits = lm.model(input_ids=torch.tensor([corrupt_ids], device=dev), use_cache=False).logits[0, -1].float()
+        a = int(clean_logits.argmax())
+        b = int(corrupt_logits.argmax())
+        if b == a:  # the corruption did not change the answer: compare with the clean run's runner-up
+            b = int(clean_logits.topk(2).indices[1])
+        diff = lambda lg: float(lg[..., a] - lg[..., b]) if lg.dim() == 1 else (lg[:, a] - lg[:, b])  # noqa: E731
+        hi, lo = diff(clean_logits), diff(corrupt_logits)
+        grid = np.zeros((L, T))
+        batch = torch.tensor([corrupt_ids] * T, device=dev)
+        rows = torch.arange(T, device=dev)
+        for i, layer in enumerate(lm.arch.layers):
+
+            def restore(_mod, _args, out, i=i):
+                h = out[0] if isinstance(out, tuple) else out
+                h = h.clone()
+                h[rows, rows] = clean_states[i][0, rows]  # row p: position p restored
+                return (h, *out[1:]) if isinstance(out, tuple) else h
+
+            hook = layer.register_forward_hook(restore)
+            try:
+                logits = lm.model(input_ids=batch, use_cache=False).logits[:, -1].float()
+            finally:
+                hook.remove()
+            grid[i] = ((diff(logits) - lo) / (hi - lo if hi != lo else 1.0)).cpu().numpy()
+            if progress:
+                progress((i + 1) / L, f"layer {i + 1} of {L}")
+    return Patching(a, b, hi, lo, grid, T)

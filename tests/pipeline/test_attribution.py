@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.__main__ import main
-from pipeline.forward.attribution import ablate, attribute
+from pipeline.forward.attribution import ablate, attribute, patch
 from pipeline.generation.loop import prepare
 
 pytestmark = pytest.mark.model
@@ -129,3 +129,44 @@ def test_switching_every_head_off_is_refused(smol):
     every = [(i, h) for i in range(smol.facts.n_layers) for h in range(smol.facts.n_heads)]
     with pytest.raises(ValueError, match="every one of the"):
         ablate(smol, ids, heads=every)
+
+
+EIFFEL, COLOSSEUM = "The Eiffel Tower is in the city of", "The Colosseum is in the city of"
+
+
+def test_patching_restores_the_clean_answer_where_it_must_and_each_cell_equals_a_patch_alone(lm):
+    """Patching every position of a layer reproduces the clean run (the last layer's last position alone does, since
+    only it feeds the prediction); one cell of the batched grid equals the same patch done alone, by hand."""
+    clean, corrupt = prepare(lm, EIFFEL, 1).prompt_ids, prepare(lm, COLOSSEUM, 1).prompt_ids
+    assert len(clean) == len(corrupt)
+    p = patch(lm, clean, corrupt)
+    assert lm.tokenizer.decode([p.clean_token]).strip() == "Paris" and p.clean_diff > 0 > p.corrupt_diff
+    assert p.grid.shape == (lm.facts.n_layers, len(clean))
+    assert abs(p.grid[-1, -1] - 1) < 1e-3 and abs(p.grid[-1, :-1]).max() < 1e-3  # after the last layer only the last position counts
+    layer, pos = lm.facts.n_layers // 2, 3
+    a, b = p.clean_token, p.corrupt_token
+    with lm.lock, torch.no_grad():
+        states = {}
+        h = lm.arch.layers[layer].register_forward_hook(lambda _m, _a, o: states.__setitem__("clean", (o[0] if isinstance(o, tuple) else o).clone()))
+        lm.model(input_ids=torch.tensor([clean]))
+        h.remove()
+
+        def restore(_m, _a, o):
+            x = (o[0] if isinstance(o, tuple) else o).clone()
+            x[0, pos] = states["clean"][0, pos]
+            return (x, *o[1:]) if isinstance(o, tuple) else x
+
+        h = lm.arch.layers[layer].register_forward_hook(restore)
+        lg = lm.model(input_ids=torch.tensor([corrupt])).logits[0, -1].float()
+        h.remove()
+    alone = (float(lg[a] - lg[b]) - p.corrupt_diff) / (p.clean_diff - p.corrupt_diff)
+    assert abs(alone - p.grid[layer, pos]) < 1e-3, (alone, p.grid[layer, pos])
+
+
+def test_patching_prompts_of_different_lengths_says_why(smol):
+    with pytest.raises(ValueError, match="same number of tokens"):
+        patch(smol, prepare(smol, "Dog bites man.", 1).prompt_ids, prepare(smol, "A man was bitten by a dog.", 1).prompt_ids)
+    out = io.StringIO()
+    assert main(["patch", EIFFEL, COLOSSEUM, "--json"], out=out) == 0
+    res = json.loads(out.getvalue())
+    assert res["clean_answer"] == " Paris" and len(res["grid"]) == smol.facts.n_layers and len(res["grid"][0]) == len(res["tokens"])
