@@ -70,3 +70,24 @@ def before_after_figure(cands: list[str], before: np.ndarray, after: np.ndarray,
     fig.update_xaxes(title="probability", range=[0, 1.15])
     fig.update_layout(barmode="group")
     return _layout(fig, title, height=max(360, 44 * len(cands) + 120))
+
+
+def patching_figure(grid: np.ndarray, tokens: list[str], title: str) -> go.Figure:
+    """[L, T] share of the logit difference restored by patching one (layer, position): 0 none, 1 all of it."""
+    L, T = grid.shape
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=[f"{i}:{t}" for i, t in enumerate(tokens)],
+            y=[f"L{i}" for i in range(L)],
+            colorscale="Blues",
+            zmin=0,
+            zmax=1,
+            colorbar=dict(title="restored"),
+            texttemplate="",
+            hovertemplate="%{y}, %{x}: %{z:.2f} of the difference back<extra></extra>",
+        )
+    )
+    fig.update_yaxes(autorange="reversed", title="layer")
+    fig.update_xaxes(title="position whose residual stream is restored")
+    return _layout(fig, title, height=max(380, 18 * L + 160))

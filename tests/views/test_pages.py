@@ -218,3 +218,14 @@ def test_why_this_token_page_explains_paris_and_switches_heads_off():
 
     checks = [m.value for m in at.markdown if PASS in m.value or FAIL in m.value]
     assert len(checks) == 2 and all(PASS in c for c in checks), checks  # the sum, and the switch against zeroed weights
+
+
+def test_why_this_token_page_patches_the_eiffel_tower_into_the_colosseum():
+    at = run("views/stages/why.py", prompt="The capital of France is", chat=False)
+    at.button(key="why_patch").click().run()
+    assert not at.exception and not at.warning, at.exception or [w.value for w in at.warning]
+    labels = [m.label for m in at.metric]
+    assert any("Paris" in x and "clean" in x for x in labels), labels
+    at.text_input(key=at.text_input[1].key).set_value("A much longer corrupted prompt that has more tokens in it").run()
+    at.button(key="why_patch").click().run()
+    assert any("same number of tokens" in w.value for w in at.warning)  # said, not raised

@@ -2,9 +2,10 @@ import numpy as np
 import streamlit as st
 
 from components.tokens import lit, plot_text, visible
-from components.why import before_after_figure, head_row_figure, largest_figure, shares_heatmap
-from pipeline.forward.attribution import ablate, attribute
+from components.why import before_after_figure, head_row_figure, largest_figure, patching_figure, shares_heatmap
+from pipeline.forward.attribution import ablate, attribute, patch
 from pipeline.forward.tokens import text_of
+from pipeline.generation.loop import prepare
 from pipeline.lab import checks
 from views import guard, loading, proof, render, runs
 
@@ -98,6 +99,48 @@ if got is not None and got[0] == key:
         ),
         "ablation",
         settings={"switched off": ", ".join(off), "mode": md},
+    )
+
+st.subheader("Patching between two prompts")
+st.markdown(
+    "Run a **clean** prompt and a **corrupted** one that differs in a few words, then put the clean run's residual "
+    "stream back at one (layer, position) of the corrupted run, and see how much of the clean answer's lead comes "
+    "back. Where restoring one position brings the answer back, the model carried what it needed there."
+)
+PAIRS = {
+    "The Eiffel Tower / the Colosseum": ("The Eiffel Tower is in the city of", "The Colosseum is in the city of"),
+    "Dog bites man / Man bites dog": ("Dog bites man. The one who bit was the", "Man bites dog. The one who bit was the"),
+}
+pair = st.selectbox("Preset", list(PAIRS), key="why_pair")
+pc = st.columns(2)
+clean = pc[0].text_input("Clean prompt", PAIRS[pair][0], key=f"why_clean_{pair}")
+corrupt = pc[1].text_input("Corrupted prompt", PAIRS[pair][1], key=f"why_corrupt_{pair}")
+if st.button("Patch every layer and position", key="why_patch"):
+    ci, ki = prepare(lm, clean, 1).prompt_ids, prepare(lm, corrupt, 1).prompt_ids
+    if len(ci) != len(ki):
+        st.warning(
+            f"The clean prompt is {len(ci)} tokens and the corrupted one {len(ki)}: patching restores one position at a time, so they "
+            "need the same number of tokens. Swap a word for one that is as many tokens (page 1 shows the pieces)."
+        )
+    else:
+        with runs.heavy("activation patching", slot="patch"):
+            bar = st.progress(0.0, text="patching")
+            loading.remember(
+                "why_patch",
+                (lm.label, clean, corrupt, [text_of(lm.tokenizer, [t]) for t in ci], patch(lm, ci, ki, progress=lambda f, m: bar.progress(f, text=m))),
+            )
+            bar.empty()
+kept = loading.recall("why_patch")
+if kept is not None and kept[0] == lm.label:
+    _, cl, co, toks, pt = kept
+    ca, ka = (visible(text_of(lm.tokenizer, [t])) for t in (pt.clean_token, pt.corrupt_token))
+    q = st.columns(2)
+    q[0].metric(f"logit({ca!r}) − logit({ka!r}), clean", f"{pt.clean_diff:.2f}")
+    q[1].metric("… corrupted", f"{pt.corrupt_diff:.2f}")
+    render.figure(
+        patching_figure(pt.grid, [plot_text(visible(t)[:10]) for t in toks], f"How much of {ca!r} over {ka!r} comes back"),
+        "patching",
+        settings={"clean": cl, "corrupted": co},
     )
 
 first_head = next(((int(n.split()[0][1:]), int(n.split()[1][1:])) for n in parts if "FFN" not in n), (0, 0))
