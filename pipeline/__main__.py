@@ -188,9 +188,9 @@ def cmd_explain(args, out):
     lm = _load(args)
     ids = prepare(lm, args.prompt, 1, chat=args.chat).prompt_ids
     parts = parse_components(args.ablate) if args.ablate else None
-    target = _token(lm, args.token) if args.token else int(ablate(lm, ids).before.argmax())
     versus = _token(lm, args.versus) if args.versus else None
-    a = attribute(lm, ids, target, versus)
+    a = attribute(lm, ids, _token(lm, args.token) if args.token else None, versus)
+    target = a.target
     res = {
         "model": lm.label,
         "prompt": args.prompt,

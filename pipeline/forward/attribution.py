@@ -107,10 +107,13 @@ def _last_position_parts(lm: LoadedModel, prompt_ids: list[int]):
     return keep
 
 
-def attribute(lm: LoadedModel, prompt_ids: list[int], target: int, versus: int | None = None) -> Attribution:
-    """Direct logit attribution of `target`'s logit (minus `versus`'s) at the last position of `prompt_ids`."""
+def attribute(lm: LoadedModel, prompt_ids: list[int], target: int | None = None, versus: int | None = None) -> Attribution:
+    """Direct logit attribution of `target`'s logit (minus `versus`'s) at the last position of `prompt_ids`;
+    target None: the most likely next token (read from the same forward pass)."""
     arch, f = lm.arch, lm.facts
     keep = _last_position_parts(lm, prompt_ids)
+    if target is None:
+        target = int(keep["logits"].argmax())
     spec = norm_spec(arch.decoder.norm)
     if spec is None:
         raise ValueError(f"{type(arch.decoder.norm).__name__}: no known formula for the final norm of this architecture")
@@ -198,8 +201,10 @@ def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str =
         return torch.zeros_like(out) if mode == "zero" else out.mean(dim=-2, keepdim=True).expand_as(out).clone()
 
     with lm.lock, torch.inference_mode():
-        before = torch.softmax(lm.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1).cpu()
-        logits = None
+        logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu()
+        before = torch.softmax(logits, -1)
+        if not by_layer and not ffn:  # nothing switched off: the same forward, not a second one
+            return Ablated(before, before, logits, 0.0, int(before.argmax()), 0)
         hooks = [arch.layers[i].self_attn.o_proj.register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
         hooks += [arch.layers[i].mlp.register_forward_hook(off_ffn) for i in set(ffn)]
         try:
