@@ -218,8 +218,8 @@ def split(lm) -> dict:
 
     from pipeline.cpu import fused, row_step
 
-    st = row_step.row_step(lm)
-    dec = fused.acquire_decoder(lm, 128)
+    st = row_step.row_step(fused.fused_model(lm))
+    dec = fused.acquire_decoder(fused.fused_model(lm), 128)
     kv = row_step.BufferKV(dec.K, dec.V)
     real = row_step._RowLayer.project
     zeros: dict = {}

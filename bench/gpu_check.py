@@ -90,7 +90,7 @@ def main():
         save()
         for compile_ in (False, True) if "fused+compile" in modes else (False,):
             t = time.perf_counter()
-            dec = fused.acquire_decoder(lm, ids.shape[1] + n, compile=compile_)
+            dec = fused.acquire_decoder(fused.fused_model(lm), ids.shape[1] + n, compile=compile_)
             dec.release()
             key = "compile" if compile_ else "plain"
             out[f"build_{key}_s"] = time.perf_counter() - t  # compile (first call) + capture

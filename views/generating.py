@@ -15,7 +15,7 @@ from pipeline.forward.tracing import TraceError
 from pipeline.generation.events import Phase
 from pipeline.generation.loop import MAX_NEW_TOKENS, GenerationRecord, prepare
 from pipeline.serving import Route
-from views.guard import address_slot, allowed, cap, cap_note, tokens_fit
+from views.guard import address_slot, allowed, cap, cap_note
 from views.loading import model_key
 from views.render import verbatim
 
@@ -89,32 +89,28 @@ def run_generation(
     arrives, so a Stop (which reruns the page) loses nothing. Returns the record, or None on bad input.
     route "engine": the request joins the shared engine (every visitor's requests batched together); while it
     waits in line the page says where it stands. Other routes: this request's own loop (pipeline.serving)."""
-    try:
-        req = prepare(lm, prompt, max_new_tokens, chat)
-    except TraceError as e:
-        st.warning(str(e))
-        return None
-    if not tokens_fit(len(req.prompt_ids)) or not allowed("generating"):
+    if not allowed("generating"):
         return None
     try:
         with address_slot():
-            return _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route)
+            return _stream(lm, prompt, chat, max_new_tokens, sampling, slot, out, sampler, use_cache, route)
     except demo.Busy as e:
         st.warning(str(e))
         return None
 
 
-def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, route) -> GenerationRecord | None:
+def _stream(lm, prompt, chat, max_new_tokens, sampling, slot, out, sampler, use_cache, route) -> GenerationRecord | None:
+    try:  # a bad prompt (empty, too long), a full queue, a request too large for the KV memory: a message, nothing runs
+        req = prepare(lm, prompt, max_new_tokens, chat, max_prompt_tokens=cap("prompt_tokens"))
+        events = serving.stream(lm, req, sampling, route, use_cache)
+    except (TraceError, pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
+        st.warning(str(e))
+        return None
     for note in req.notes:
         st.info(note)
     rec = GenerationRecord(
         prompt=prompt, chat=chat, model=lm.label, max_new_tokens=req.max_new_tokens, sampling=sampling, prompt_tokens=len(req.prompt_ids), use_cache=use_cache
     )
-    try:
-        events = serving.stream(lm, req, sampling, route, use_cache)
-    except (pipeline.engine.QueueFull, pipeline.engine.TooLarge, ValueError) as e:
-        st.warning(str(e))
-        return None
     t_start = events.t0
     appstate.remember(st.session_state, slot, model_key(), rec)
     try:
@@ -130,7 +126,7 @@ def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, rout
                 first = ev.phase == Phase.PREFILL
                 sampler.mark(str(ev.phase), t_start if first else t_start + ev.t_s - ev.step_s, t_start + ev.t_s)
             if out is not None:
-                verbatim(rec.text(lm.tokenizer), out, cursor=True)
+                verbatim(rec.text(), out, cursor=True)
     except pipeline.engine.EngineError as e:  # a replica that died, an engine error: what was made is kept
         st.warning(str(e))
         rec.stopped = True
@@ -139,7 +135,7 @@ def _stream(lm, prompt, chat, sampling, slot, req, out, sampler, use_cache, rout
         rec.busy = events.busy  # what else ran meanwhile
     rec.done = not rec.stopped
     if out is not None:
-        verbatim(rec.text(lm.tokenizer), out)
+        verbatim(rec.text(), out)
     return rec
 
 

@@ -9,6 +9,7 @@ import streamlit as st
 
 import demo
 import pipeline
+from pipeline.forward.tracing import over_cap
 from views.session import client_address, session_key
 
 
@@ -138,7 +139,7 @@ def tokens_fit(n_tokens: int, whose: str = "The prompt") -> bool:
     traces pass it to pipeline.trace as max_tokens); says so in the page when over."""
     limit = cap("prompt_tokens")
     if limit is not None and n_tokens > limit:
-        st.warning(f"{whose} is {n_tokens:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it.")
+        st.warning(over_cap(n_tokens, limit, whose))
         return False
     return True
 

@@ -149,9 +149,8 @@ def _generation(lm, tr):
 
 
 def _stage_generation(lm, rec):
-    return (
-        f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text(lm.tokenizer))}</pre>"
-        + _checks(checks.generation_checks(lm, rec))
+    return f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>" + _checks(
+        checks.generation_checks(lm, rec)
     )
 
 

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipeline.common.timing import ids_of_length, sync, syncer
-from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedUnsupported, _fuse, _Layer, fuse_weights, norm_fn, rope_tables, supported  # noqa: F401 - re-exported
+from pipeline.common.timing import ids_of_length, syncer
+from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
+from pipeline.cpu.graphs import capture_step, compile_step
 from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
+from pipeline.cpu.row_step import BufferKV, row_step, usable
 from pipeline.forward.sampling import GreedySummary
 from pipeline.model.loaded import LoadedModel
 
@@ -113,78 +115,58 @@ class FusedDecoder:
     """Static-shape decode for one model and one maximum length (prompt + new tokens, rounded up to a power
     of two so a few graphs cover every request).
 
-        dec = FusedDecoder(lm, max_len)          # graph=True on CUDA by default
+        dec = FusedDecoder(fused_model(lm), max_len)   # graph=True on CUDA by default
         logits = dec.prefill(ids)                # [vocab] float32, the prompt's last position
         logits = dec.step(token_id, position)    # one decode step (a graph replay on CUDA)
     """
 
-    def __init__(self, lm: LoadedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10):
-        self.lm = lm
-        self.layers = fuse_weights(lm)
+    def __init__(self, fm: FusedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10):
+        self.fm, self.lm = fm, fm.lm
+        self.layers = fm.layers
         self.max_len = int(max_len)
-        limit = lm.facts.max_positions or self.max_len
+        limit = fm.lm.facts.max_positions or self.max_len
         if self.max_len > limit:
             raise ValueError(f"max_len {self.max_len} exceeds the model's {limit} positions")
-        f = lm.facts
-        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
-        self.G = self.H // self.KV
-        dev, dt = lm.device, lm.dtype
+        self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
+        dev, dt = fm.lm.device, fm.lm.dtype
         self.n_top = n_top
-        core = lm.arch.decoder
         with torch.no_grad():
-            self.cos, self.sin = rope_tables(lm, self.layers, self.max_len)
+            self.cos, self.sin = fm.rope.upto(self.max_len)  # the model's tables, at least max_len positions
             shape = (len(self.layers), self.KV, self.max_len, self.D)
             self.K = torch.zeros(shape, device=dev, dtype=dt)
             self.V = torch.zeros(shape, device=dev, dtype=dt)
             self.ar = torch.arange(self.max_len, device=dev)
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.final_norm = norm_fn(core.norm)
+        self.windows = fm.windows
+        self.final_norm = fm.final_norm
         self._run = self._body
-        self.graph = None
-        self.compiled = False
+        self.out_logits = self.out_summary = self.graph = None
         self.capture_s = self.compile_s = None
         self.problems: list[str] = []  # a compile or capture that failed, and what ran instead
         use_graph = (dev.type == "cuda") if graph is None else graph
         if use_graph and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
+        self.pos.fill_(self.max_len - 1)  # warm-up writes (compile, capture) land in the last slot, masked until used
         if compile:
-            self._compile()
+            compiled, problem, self.compile_s = compile_step(self._body, fm.lm.lock)
+            self._run = compiled or self._body
+            self.problems += [problem] if problem else []
+        self.compiled = self._run != self._body
         if use_graph:
-            try:
-                self._capture()
-            except Exception as e:  # noqa: BLE001 - a driver or capture error: run the same step without a graph
-                self.graph = None
-                self.problems.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); the step runs without a graph")
-        from pipeline.cpu.row_step import BufferKV, row_step
-
+            self.graph, outputs, problem, self.capture_s = capture_step(self._run, fm.lm.lock, dev)
+            self.out_logits, self.out_summary = outputs or (None, None)
+            self.problems += [problem] if problem else []
         # on a CPU in fp32 (and not compiled) each step is pipeline.cpu.row_step's: the same maths over numpy views
-        self.row = None if (self.compiled or self.graph is not None) else row_step(lm)
+        self.row = None if (self.compiled or self.graph is not None) else row_step(fm)
         self._row_kv = BufferKV(self.K, self.V) if self.row is not None else None
         self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else ("CPU row step" if self.row else "eager"))
-        self._busy = threading.Lock()
-
-    def _compile(self):
-        """torch.compile the step (fullgraph: no Python between kernels) and run it once, which compiles."""
-        from pipeline.cpu.trusted import inductor_cache
-
-        t = time.perf_counter()
-        inductor_cache()  # the code inductor writes and loads back lives in a private folder of ours, not in /tmp
-        try:
-            run = torch.compile(self._body, fullgraph=True, dynamic=False)
-            with self.lm.lock, torch.inference_mode():
-                self.pos.fill_(self.max_len - 1)  # a write to the last slot, masked until overwritten
-                run()
-            self._run, self.compiled = run, True
-        except Exception as e:  # noqa: BLE001 - no compiler, an unsupported op: the eager step is the same maths
-            self.problems.append(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the step runs uncompiled")
-        self.compile_s = time.perf_counter() - t
+        self.claimed = False  # in a generation (acquire_decoder / release)
 
     def release(self):
         """Hand the decoder back after a generation (see acquire_decoder)."""
-        if self._busy.locked():
-            self._busy.release()
+        with _dec_lock:
+            self.claimed = False
 
     # -- the step ---------------------------------------------------------------------------------------------
     def _body(self):
@@ -209,24 +191,6 @@ class FusedDecoder:
 
     def _summary(self, logits) -> GreedySummary:
         return GreedySummary.of(logits, self.n_top)
-
-    def _capture(self):
-        t = time.perf_counter()
-        # under the model lock: while a stream captures, no other thread may run work on the device
-        with self.lm.lock, torch.inference_mode():
-            self.pos.fill_(self.max_len - 1)  # warm-up writes land in the last slot, masked until used
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    self._run()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.out_logits, self.out_summary = self._run()
-            sync(self.lm.device)
-        self.graph = g
-        self.capture_s = time.perf_counter() - t
 
     def step(self, token_id: int, position: int):
         """Decode one token at `position` (its K/V are written there). Returns (logits, summary) on the device;
@@ -280,20 +244,22 @@ def bucket(n: int, limit: int | None = None) -> int:
 _dec_lock = threading.Lock()
 
 
-def acquire_decoder(lm: LoadedModel, n_positions: int, graph: bool | None = None, compile: bool = False) -> FusedDecoder:
-    """A FusedDecoder whose buffers hold n_positions, for one generation: call `.release()` when done.
-    Decoders (buffers and captured graphs) are reused across requests, one per model and bucket; one busy
-    in another generation is never shared (its KV buffers are that generation's), a fresh one is built."""
-    size = bucket(n_positions, lm.facts.max_positions)
+def acquire_decoder(fm: FusedModel, n_positions: int, graph: bool | None = None, compile: bool = False) -> FusedDecoder:
+    """A FusedDecoder of the model's `fm` (fused_model(lm)) whose buffers hold n_positions, for one generation: call
+    `.release()` when done. Decoders (buffers and captured graphs) are reused across requests, one per model and
+    bucket, kept on the model's FusedModel; one busy in another generation is never shared (its KV buffers are that
+    generation's), a fresh one is built."""
+    size = bucket(n_positions, fm.lm.facts.max_positions)
     key = (size, graph, compile)
     with _dec_lock:
-        cache = lm.owned("fused_decoders", dict)  # kept on the model, freed with it
+        cache = fm.decoders
         dec = cache.get(key)
-        if dec is not None and dec._busy.acquire(blocking=False):
+        if dec is not None and not dec.claimed:
+            dec.claimed = True
             return dec
-    dec = FusedDecoder(lm, size, graph=graph, compile=compile)
-    dec._busy.acquire()
+    dec = FusedDecoder(fm, size, graph=graph, compile=compile)
     with _dec_lock:
+        dec.claimed = True
         if key not in cache:
             while len(cache) >= 2:  # keep the few most recent
                 cache.pop(next(iter(cache)))
@@ -334,7 +300,7 @@ def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None =
     position's logits with one plain transformers forward over the whole sequence. Eager (no graph)."""
     dev = lm.device
     x = torch.tensor([ids], device=dev)
-    dec = FusedDecoder(lm, max_len or bucket(len(ids) + 1, lm.facts.max_positions), graph=False)
+    dec = FusedDecoder(fused_model(lm), max_len or bucket(len(ids) + 1, lm.facts.max_positions), graph=False)
     with lm.lock, torch.inference_mode():
         ref = lm.model(input_ids=x, use_cache=False).logits[0].float()
         ours = [dec.prefill(x[:, :1])[0]]
@@ -378,7 +344,7 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
         lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1))
     for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
-        dec = acquire_decoder(lm, context + 2, compile=comp)
+        dec = acquire_decoder(fused_model(lm), context + 2, compile=comp)
         try:
             with lm.lock, torch.inference_mode():
                 dec.prefill(ids)
@@ -393,7 +359,6 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
 def mode_label(lm: LoadedModel, compile: bool = False) -> str:
     """How the fused step runs on this model's device."""
     from pipeline.cpu.matmul import native
-    from pipeline.cpu.row_step import usable
 
     if lm.device.type == "cuda":
         return ("torch.compile + " if compile else "") + "CUDA graph"
@@ -409,7 +374,7 @@ def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bo
     Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
     smallest buffer, the one (and the graph) a short request uses."""
     sync = syncer(lm.device)
-    dec = acquire_decoder(lm, context + steps + 8, compile=compile)
+    dec = acquire_decoder(fused_model(lm), context + steps + 8, compile=compile)
     try:
         ids = ids_of_length(lm, context)
         with lm.lock, torch.inference_mode():

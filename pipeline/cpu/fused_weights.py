@@ -10,9 +10,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from pipeline.model.arch import norm_spec
 from pipeline.model.loaded import LoadedModel
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
@@ -61,19 +59,6 @@ def _fuse(mods: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | Non
     )
 
 
-def norm_fn(mod):
-    """The module's RMSNorm as one fused `F.rms_norm` kernel plus casts (8 kernels -> 3-4 on a GPU), with the
-    module's own semantics: Llama-style `w * normalise(x in fp32).to(dtype)`; Gemma `normalise(x) * (1 + w)` in
-    fp32. Other norms: the module itself."""
-    spec = norm_spec(mod)  # the adapter's formula (pipeline.model.arch)
-    if spec is None:
-        return mod
-    d, eps, scale = mod.weight.shape[0], spec.eps, spec.scale
-    if spec.kind == "weight":
-        return lambda x: scale * F.rms_norm(x.float(), (d,), eps=eps).to(x.dtype)
-    return lambda x: F.rms_norm(x.float(), (d,), weight=scale, eps=eps).type_as(x)
-
-
 @dataclass
 class _Layer:
     wqkv: torch.Tensor
@@ -81,6 +66,7 @@ class _Layer:
     wgu: torch.Tensor
     window: int | None  # sliding window (tokens attended, the current one included) or None
     rope: str  # key into the cos/sin tables
+    # the norms as our steps run them (pipeline.model.arch.norm_of: a NormSpec, callable, or the module itself)
     norm_in: object  # before attention
     norm_mid: object  # after attention (Gemma) or before the MLP (Llama)
     norm_ff: object = None  # Gemma: before the MLP
@@ -90,37 +76,44 @@ class _Layer:
 
 
 def fuse_weights(lm: LoadedModel) -> list[_Layer]:
-    """Fused QKV and gate/up per layer (views shared with the model's own parameters); done once per model."""
+    """Fused QKV and gate/up per layer (views shared with the model's own parameters), each layer's norms resolved
+    by the adapter; done once per model (however many LoadedModels share its parameters)."""
     ok, why = supported(lm)
     if not ok:
         raise FusedUnsupported(why)
     arch = lm.arch
-    out = []
     with lm.lock, _fuse_lock, torch.no_grad():  # no forward runs while parameters are re-pointed
-        if lm.model in _fused:
-            return _fused[lm.model]
-        for i, layer in enumerate(arch.layers):
-            a, m = layer.self_attn, layer.mlp
-            wqkv, bqkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
-            wgu, _ = _fuse([m.gate_proj, m.up_proj])
-            sandwich = arch.sandwich(i)
-            out.append(
-                _Layer(
-                    wqkv,
-                    bqkv,
-                    wgu,
-                    arch.windows[i],
-                    arch.layer_types[i],
-                    norm_fn(layer.input_layernorm),
-                    norm_fn(layer.post_attention_layernorm),
-                    norm_fn(layer.pre_feedforward_layernorm) if sandwich else None,
-                    norm_fn(layer.post_feedforward_layernorm) if sandwich else None,
-                    norm_fn(a.q_norm) if hasattr(a, "q_norm") else None,
-                    norm_fn(a.k_norm) if hasattr(a, "k_norm") else None,
-                )
-            )
-        _fused[lm.model] = out
-    return out
+        if lm.model not in _fused:
+            fused = [(_fuse([ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj]), _fuse([ly.mlp.gate_proj, ly.mlp.up_proj])) for ly in arch.layers]
+            _fused[lm.model] = [
+                _Layer(wqkv, bqkv, wgu, arch.windows[i], arch.layer_types[i], *arch.layer_norms(i)) for i, ((wqkv, bqkv), (wgu, _)) in enumerate(fused)
+            ]
+    return _fused[lm.model]
+
+
+class FusedModel:
+    """Everything our decode steps share for one model, built once (`fused_model`) and kept on the model: its fused
+    layers, final norm and RoPE tables, its shape, and the steps built over them (pipeline.cpu.fused's decoders by
+    buffer size, pipeline.cpu.row_step's RowStep). The torch step, the engine's batched step and the CPU row step
+    all start from it."""
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        self.layers = fuse_weights(lm)
+        self.rope = RopeTables(lm, self.layers)
+        f = lm.facts
+        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
+        self.G = self.H // self.KV
+        self.windows = sorted({ly.window for ly in self.layers if ly.window})
+        self.decoders: dict = {}  # pipeline.cpu.fused: FusedDecoders by (size, graph, compile)
+        self.row = None  # pipeline.cpu.row_step: the RowStep, built on first use
+        self.final_norm = lm.arch.final_norm()
+
+
+def fused_model(lm: LoadedModel) -> FusedModel:
+    """The model's FusedModel (built on first use, kept on the model, freed with it). FusedUnsupported says why a
+    model cannot have one."""
+    return lm.owned("fused", FusedModel)
 
 
 def rope_tables(lm: LoadedModel, layers: list[_Layer], n_positions: int) -> tuple[dict, dict]:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from pipeline.common.memo import give_back_freed_memory
 from pipeline.cpu.fused import bucket
+from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.matmul import native, packed_panels, panel_product
 from pipeline.cpu.row_step import BufferKV, RowStep, usable
 from pipeline.model.loaded import LoadedModel
@@ -100,7 +101,7 @@ def kernel_note() -> str:
 def variant(lm: LoadedModel, kind: str) -> tuple[RowStep, int]:
     """A RowStep whose matrices are `kind` (its own copies; the model's fp32 weights are untouched), and the bytes
     of matrix weights one decode token reads."""
-    step = RowStep(lm)
+    step = RowStep(fused_model(lm))
     layers = [*step.layers, step.head]
     if kind == "fp32":
         return step, sum(w.numel() * 4 for ly in layers for w, _ in ly.t.values())

@@ -48,17 +48,18 @@ request's included.
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
 from pipeline.cpu import matmul as cpu_matmul
-from pipeline.cpu.fused_weights import RopeTables, fuse_weights, supported
+from pipeline.cpu.fused_weights import FusedModel, fused_model, supported
 from pipeline.cpu.kv_layout import block_span, visible, window_start
 from pipeline.cpu.matmul import kernel_for, linear, native, panel_rows
 from pipeline.cpu.threads import PLAN
-from pipeline.model.arch import norm_spec
+from pipeline.model.arch import NormSpec
 from pipeline.model.loaded import LoadedModel
 
 
@@ -68,12 +69,12 @@ def _arr(t: torch.Tensor) -> np.ndarray:
 
 
 class Norm:
-    """An RMSNorm with the module's own formula: Llama `w * (x / rms(x))`, Gemma `(x / rms(x)) * (1 + w)`."""
+    """An RMSNorm with the module's own formula (the adapter's NormSpec, pipeline.model.arch): Llama
+    `w * (x / rms(x))`, Gemma `(x / rms(x)) * (1 + w)`."""
 
-    def __init__(self, mod):
-        spec = norm_spec(mod)  # the adapter's formula (pipeline.model.arch)
-        if spec is None:
-            raise ValueError(f"no row-step norm for {type(mod).__name__}")
+    def __init__(self, spec: NormSpec):
+        if not isinstance(spec, NormSpec):
+            raise ValueError(f"no row-step norm for {type(spec).__name__}")
         self.eps, self.scale = spec.eps, _arr(spec.scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -97,12 +98,8 @@ class _RowLayer:
         self.silu = type(m.act_fn).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
         self.scale = np.float32(a.scaling)
         self.window, self.rope = ly.window, ly.rope
-        self.norm_in, self.norm_mid = Norm(layer.input_layernorm), Norm(layer.post_attention_layernorm)
-        sandwich = ly.norm_ff is not None
-        self.norm_ff = Norm(layer.pre_feedforward_layernorm) if sandwich else None
-        self.norm_out = Norm(layer.post_feedforward_layernorm) if sandwich else None
-        self.q_norm = Norm(a.q_norm) if ly.q_norm is not None else None
-        self.k_norm = Norm(a.k_norm) if ly.k_norm is not None else None
+        self.norm_in, self.norm_mid = Norm(ly.norm_in), Norm(ly.norm_mid)
+        self.norm_ff, self.norm_out, self.q_norm, self.k_norm = (Norm(n) if n is not None else None for n in (ly.norm_ff, ly.norm_out, ly.q_norm, ly.k_norm))
 
     def act_mul(self, gu: np.ndarray) -> np.ndarray:
         """act(g) * u for gu = [g | u] [B, 2I]: the model's own activation module, or (SiLU, where
@@ -144,21 +141,17 @@ class RowStep:
     With `interrupt` (asked after every layer, as the engine's torch step does), a True answer stops every row at
     that layer: `parked` then holds (the next layer, hidden states [B, d]) and logits returns None."""
 
-    def __init__(self, lm: LoadedModel):
-        self.lm = lm
-        layers = fuse_weights(lm)
-        f = lm.facts
-        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
-        self.G = self.H // self.KV
-        self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, layers)]
-        self.final_norm = Norm(lm.arch.decoder.norm)
+    def __init__(self, fm: FusedModel):
+        self.lm = lm = fm.lm
+        self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
+        self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, fm.layers)]
+        self.final_norm = Norm(fm.final_norm)
         head = lm.model.lm_head
         self.head = _RowLayer.__new__(_RowLayer)
         self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
         self.head.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.head.t.items()}
         self.vocab = head.weight.shape[0]
-        self._layers_fused = layers
-        self.rope = RopeTables(lm, layers)
+        self.rope = fm.rope
 
     def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
         """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
@@ -207,18 +200,31 @@ class RowStep:
         return self.lm.arch.apply_softcap(out)
 
 
+def fits(fm: FusedModel) -> bool:
+    """On a CPU in fp32, with every norm one the adapter gives a formula for (a NormSpec)."""
+    norms = [fm.final_norm, *(n for ly in fm.layers for n in (ly.norm_in, ly.norm_mid, ly.norm_ff, ly.norm_out, ly.q_norm, ly.k_norm) if n is not None)]
+    return fm.lm.device.type == "cpu" and fm.lm.dtype == torch.float32 and all(isinstance(n, NormSpec) for n in norms)
+
+
 def usable(lm: LoadedModel) -> bool:
-    """On a CPU in fp32, for the architectures the fused step implements (its Norms included)."""
+    """Whether the row step runs this model: the architectures the fused step implements, on a CPU in fp32, with
+    norms the adapter knows (fits)."""
     if lm.device.type != "cpu" or lm.dtype != torch.float32 or not supported(lm)[0]:
         return False
-    return all(norm_spec(getattr(layer, n)) is not None for layer in lm.arch.layers for n in ("input_layernorm", "post_attention_layernorm"))
+    return fits(fused_model(lm))
 
 
-def row_step(lm: LoadedModel) -> RowStep | None:
-    """The model's RowStep (built once), or None where it does not apply (see usable)."""
-    if not usable(lm):
+_row_lock = threading.Lock()
+
+
+def row_step(fm: FusedModel) -> RowStep | None:
+    """The model's RowStep (built once, kept on its FusedModel), or None where it does not apply (fits)."""
+    if not fits(fm):
         return None
-    return lm.owned("row_step", lambda: RowStep(lm))  # kept on the model, freed with it
+    with _row_lock:
+        if fm.row is None:
+            fm.row = RowStep(fm)
+    return fm.row
 
 
 def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np.ndarray:

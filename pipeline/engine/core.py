@@ -39,9 +39,8 @@ from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
 from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
-from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling
-from pipeline.forward.tokens import token_texts
-from pipeline.generation.decode import StepOutput, choose
+from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, StepOutput, choose
+from pipeline.forward.tokens import token_pieces, token_texts
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model.loaded import LoadedModel
 
@@ -84,7 +83,7 @@ class Engine:
         self._gens: dict[int, torch.Generator | None] = {}
         self._fallback: dict = {}  # per-request decode steps when the paged step is unsupported
         self._parked: dict = {}  # request id -> its prompt chunk or decode token (a Seq) stopped at a layer
-        self._dec = token_texts(lm.tokenizer)
+        self._dec, self._pieces = token_texts(lm.tokenizer), token_pieces(lm.tokenizer)
         self._step_s: dict[int, float] = {}  # rows' bucket (bit length) -> recent seconds per decode pass (for eta_s)
         self._served_tokens: deque[int] = deque(maxlen=32)  # tokens of the last finished answers (for eta_s)
         self._thread: threading.Thread | None = None
@@ -332,6 +331,7 @@ class Engine:
         """The step's event to the request's visitor (`blocks`: the KV blocks it held for the step); an ended
         request's stream is closed (and, once retired, forgotten)."""
         per_layer = self.lm.kv_layer_bytes(ctx)
+        piece, special = self._pieces(c.token_id)
         ev = StepEvent(
             index=len(r.generated) - 1,
             phase=phase,
@@ -348,6 +348,8 @@ class Engine:
             kv_bytes=sum(per_layer),
             kv_reserved_bytes=blocks * self.block_bytes,
             finished=end,
+            piece=piece,
+            special=special,
             engine=self.name,
             batch=batch,
             request_id=r.id,

@@ -31,8 +31,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused import finish_layer, fuse_weights, norm_fn, project, project_qkv, window_masks
-from pipeline.cpu.fused_weights import RopeTables
+from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
+from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.kv_layout import block_span, window_start
 from pipeline.cpu.row_step import PagedRows, row_step
 from pipeline.model.loaded import LoadedModel
@@ -123,16 +123,12 @@ class PagedStep:
     """One model's batched forward over a PagedKV. The caller holds lm.lock and torch.inference_mode."""
 
     def __init__(self, lm: LoadedModel, kv: PagedKV):
+        fm = fused_model(lm)  # the fused layers, norms and RoPE tables every step of this model shares
         self.lm, self.kv = lm, kv
-        self.layers = fuse_weights(lm)
-        f = lm.facts
-        self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
-        self.G = self.H // self.KV
-        self.final_norm = norm_fn(lm.arch.decoder.norm)
-        self.rope = RopeTables(lm, self.layers)
+        self.layers, self.final_norm, self.rope, self.windows = fm.layers, fm.final_norm, fm.rope, fm.windows
+        self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
-        self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.row = row_step(lm)  # decode-only passes on a CPU (None elsewhere)
+        self.row = row_step(fm)  # decode-only passes on a CPU (None elsewhere)
 
     def gather(self, lens: list[int]) -> bool:
         """Attend for all decode tokens in one call (each request's blocks gathered, padded to the longest, the

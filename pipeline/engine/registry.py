@@ -27,4 +27,4 @@ def engine_for(lm: LoadedModel):
         from pipeline.engine.ray_serve import remote_engine
 
         return remote_engine(lm.key, _remote_address)
-    return lm.owned("engine", lambda: Engine(lm))  # kept on the model: freed with it (its worker thread ends)
+    return lm.owned("engine", Engine)  # kept on the model: freed with it (its worker thread ends)

@@ -3,7 +3,9 @@
 The same order and the same tie rules as transformers' logits processors (TemperatureLogitsWarper,
 TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper), so `filter_probs` equals softmax of their output
 on any logits (tests/pipeline/test_sampling.py checks it). Temperature 0 means greedy: all mass on the
-argmax. Every function takes a [vocab] or [batch, vocab] tensor or array.
+argmax. Every function takes a [vocab] or [batch, vocab] tensor or array. `choose` is where a decode step's
+output (StepOutput: its logits, or on a greedy fused step only their summary) becomes the token and the candidates
+the pages show, whoever ran the step (our own loop, the shared engine).
 """
 
 from __future__ import annotations
@@ -167,3 +169,53 @@ def top_token(logits) -> tuple[int, float]:
     """(the most likely token id, its softmax probability)."""
     i = int(np.asarray(logits).argmax())
     return i, prob_of(logits, i)
+
+
+@dataclass
+class StepOutput:
+    """What one forward leaves for sampling. Exactly one of the two is set."""
+
+    logits: torch.Tensor | None = None  # [vocab] float32 on the host
+    summary: GreedySummary | None = None  # greedy: what the device computed of the logits (argmax, log-sum-exp, top-k)
+
+
+@dataclass
+class Choice:
+    """A sampled token and the distribution it came from (probabilities, most likely first)."""
+
+    token_id: int
+    top: list[tuple[int, str, float]]  # after the filters
+    top_raw: list[tuple[int, str, float]]  # before them (softmax at temperature 1)
+    p: float  # the chosen token's probability after the filters
+    p_raw: float  # ... and before them
+
+
+def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:
+    """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
+    sampling.n_top candidates before and after the filters. `dec(id)` gives a token's text."""
+    n_top = sampling.n_top
+    if out.summary is not None:  # greedy, summarised on the device
+        s = out.summary
+        tok, top = s.token, s.top(n_top)
+        return Choice(tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in top], 1.0, top[0][1])
+    logits = out.logits
+    if sampling.greedy:  # the filters leave only the top token: skip building the vocabulary
+        tok = int(logits.argmax())  # first maximum, as filter_probs picks it
+        lse = torch.logsumexp(logits, 0)
+        rv, ri = logits.topk(min(n_top, logits.numel()))
+        return Choice(
+            tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
+        )
+    probs = filter_probs(logits, sampling)
+    tok = int(torch.multinomial(probs, 1, generator=generator)[0])
+    n = min(n_top, probs.numel())
+    p_top, i_top = probs.topk(n)
+    raw = torch.softmax(logits, -1)
+    r_top, ri_top = raw.topk(n)
+    return Choice(
+        tok,
+        [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0],
+        [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())],
+        float(probs[tok]),
+        float(raw[tok]),
+    )

@@ -149,9 +149,15 @@ def text_of(tok, ids, specials: bool = True) -> str:
     one sequence (so a character split over several byte pieces shows whole, as the model has it), a byte that
     is only part of a character as `<0xE6>`, and special tokens as their piece (`<|im_end|>`), or left out with
     `specials=False` (an answer as a reader sees it). One id gives that token's own text."""
-    of, out, run = _id_bytes(tok), [], bytearray()
-    for tid in ids:
-        b, special = of(int(tid))
+    of = _id_bytes(tok)
+    return join_pieces((of(int(tid)) for tid in ids), specials)
+
+
+def join_pieces(pieces, specials: bool = True) -> str:
+    """text_of for pieces already looked up: (exact bytes, special) per token, as token_pieces gives them and a
+    generation's events carry them (so an answer's text needs no tokenizer)."""
+    out, run = [], bytearray()
+    for b, special in pieces:
         if special:
             out.append(display_text(bytes(run)))
             run.clear()
@@ -271,3 +277,9 @@ def token_texts(tokenizer):
     """One token's text (text_of: a byte piece as `<0xE6>`, never U+FFFD) as a function of its id, cached
     (candidates repeat from step to step): what a generation's events carry."""
     return lru_cache(maxsize=65536)(lambda i: text_of(tokenizer, [i]))
+
+
+def token_pieces(tokenizer):
+    """One token's (exact bytes, special) as a function of its id, cached: what a generation's events carry so that
+    the answer's text is join_pieces of them."""
+    return _id_bytes(tokenizer)

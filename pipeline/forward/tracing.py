@@ -150,6 +150,11 @@ def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int | 
             )
 
 
+def over_cap(n_tokens: int, limit: int, whose: str = "The prompt") -> str:
+    """What a visitor reads when a prompt is longer than a demo server's cap on the prompts it runs (demo.Caps)."""
+    return f"{whose} is {n_tokens:,} tokens; this demo server runs prompts of at most {limit:,} tokens. Shorten it."
+
+
 def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the final norm and LM head to hidden states [..., d]: (top ids, top probs) [..., top]."""
     head = lm.model.get_output_embeddings()

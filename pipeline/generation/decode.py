@@ -1,4 +1,4 @@
-"""The decode step, behind one interface, and what a step's logits become: a token and its candidates.
+"""The decode step, behind one interface.
 
 Two implementations of `DecodeStep`, driven by `generation.generate()` (and by the batched engine):
 
@@ -13,38 +13,18 @@ Two implementations of `DecodeStep`, driven by `generation.generate()` (and by t
     step.kv_bytes_per_layer(tokens); step.kv_reserved_bytes(); step.close()
 
 The caller holds lm.lock around prefill() / step() (one forward at a time on the shared model) and
-`choose()` turns a StepOutput into the token and the candidates the pages show.
+pipeline.forward.sampling's `choose()` turns a StepOutput into the token and the candidates the pages show.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
 
-from pipeline.common.timing import syncer
-from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, filter_probs
+from pipeline.common.timing import sync
+from pipeline.forward.sampling import StepOutput
 from pipeline.model.loaded import LoadedModel
-
-
-@dataclass
-class StepOutput:
-    """What one forward leaves for sampling. Exactly one of the two is set."""
-
-    logits: torch.Tensor | None = None  # [vocab] float32 on the host
-    summary: GreedySummary | None = None  # greedy: what the device computed of the logits (argmax, log-sum-exp, top-k)
-
-
-@dataclass
-class Choice:
-    """A sampled token and the distribution it came from (probabilities, most likely first)."""
-
-    token_id: int
-    top: list[tuple[int, str, float]]  # after the filters
-    top_raw: list[tuple[int, str, float]]  # before them (softmax at temperature 1)
-    p: float  # the chosen token's probability after the filters
-    p_raw: float  # ... and before them
 
 
 def kv_bytes(cache) -> list[int]:
@@ -71,13 +51,12 @@ class TransformersStep:
         else:
             self.cache = DynamicCache(config=lm.model.config)
         self.preallocated = cache == CacheMode.STATIC
-        self._sync = syncer(lm.device)
         self._context: torch.Tensor | None = None  # every token so far, when there is no cache
 
     def _forward(self, ids: torch.Tensor) -> StepOutput:
         out = self.lm.model(input_ids=ids, past_key_values=self.cache, use_cache=self.cache is not None, logits_to_keep=1)
         logits = out.logits[0, -1].float()
-        self._sync()
+        sync(self.lm.device)
         return StepOutput(logits=logits.cpu())
 
     def prefill(self, prompt_ids: list[int]) -> StepOutput:
@@ -112,9 +91,11 @@ class FusedStep:
 
     def __init__(self, lm: LoadedModel, n_positions: int, compile: bool = False, on_device: bool = False, n_top: int = 10):
         from pipeline.cpu.fused import acquire_decoder
+        from pipeline.cpu.fused_weights import fused_model
 
+        fm = fused_model(lm)  # the model's fused weights, shared by every decoder of it
         self.lm = lm
-        self.dec = acquire_decoder(lm, n_positions, compile=compile)
+        self.dec = acquire_decoder(fm, n_positions, compile=compile)
         self.on_device = on_device and n_top <= self.dec.n_top
         self.name = f"fused step, {self.dec.mode}" + "".join(f" ({p})" for p in self.dec.problems)
 
@@ -154,40 +135,7 @@ class CacheMode(StrEnum):
 
 def open_step(lm: LoadedModel, cache: CacheMode | str = CacheMode.DYNAMIC, n_positions: int = 0, use_cache: bool = True, greedy: bool = False, n_top: int = 10):
     """The decode step for a generation of at most n_positions tokens (prompt + new)."""
-    if not use_cache:
-        return TransformersStep(lm, None, n_positions)
-    cache = CacheMode(cache)
-    if cache.fused:
-        return FusedStep(lm, n_positions, compile=cache == CacheMode.FUSED_COMPILE, on_device=greedy, n_top=n_top)
-    return TransformersStep(lm, cache, n_positions)
-
-
-def choose(out: StepOutput, dec, sampling: Sampling = GREEDY, generator: torch.Generator | None = None) -> Choice:
-    """The token for one step (greedy at temperature 0, else a draw from the filtered distribution) and the top
-    sampling.n_top candidates before and after the filters. `dec(id)` gives a token's text."""
-    n_top = sampling.n_top
-    if out.summary is not None:  # greedy, summarised on the device
-        s = out.summary
-        tok, top = s.token, s.top(n_top)
-        return Choice(tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in top], 1.0, top[0][1])
-    logits = out.logits
-    if sampling.greedy:  # the filters leave only the top token: skip building the vocabulary
-        tok = int(logits.argmax())  # first maximum, as filter_probs picks it
-        lse = torch.logsumexp(logits, 0)
-        rv, ri = logits.topk(min(n_top, logits.numel()))
-        return Choice(
-            tok, [(tok, dec(tok), 1.0)], [(a, dec(a), b) for a, b in zip(ri.tolist(), torch.exp(rv - lse).tolist())], 1.0, float(torch.exp(logits[tok] - lse))
-        )
-    probs = filter_probs(logits, sampling)
-    tok = int(torch.multinomial(probs, 1, generator=generator)[0])
-    n = min(n_top, probs.numel())
-    p_top, i_top = probs.topk(n)
-    raw = torch.softmax(logits, -1)
-    r_top, ri_top = raw.topk(n)
-    return Choice(
-        tok,
-        [(a, dec(a), b) for a, b in zip(i_top.tolist(), p_top.tolist()) if b > 0],
-        [(a, dec(a), b) for a, b in zip(ri_top.tolist(), r_top.tolist())],
-        float(probs[tok]),
-        float(raw[tok]),
-    )
+    mode = CacheMode(cache) if use_cache else None
+    if mode is None or not mode.fused:
+        return TransformersStep(lm, mode, n_positions)
+    return FusedStep(lm, n_positions, compile=mode == CacheMode.FUSED_COMPILE, on_device=greedy, n_top=n_top)

@@ -31,7 +31,7 @@ class StepEvent:
     index: int  # 0 = the first token (prefill), 1.. = decode steps
     phase: Phase
     token_id: int
-    text: str
+    text: str  # the token's own text (pipeline.forward.tokens.text_of)
     top: list[tuple[int, str, float]]  # (id, text, probability after the filters), most likely first
     top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
     p: float  # probability of the chosen token after the filters
@@ -49,6 +49,8 @@ class StepEvent:
     batch: int = 1  # requests in the forward that produced this token (the engine batches)
     request_id: int = 0  # the engine's id of the request
     cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held
+    piece: bytes = b""  # the token's exact bytes (its piece, for a special token), so an answer's text needs no tokenizer
+    special: bool = False  # a special token (<|im_end|>), left out of the answer a reader sees
 
 
 def eos_ids(lm: LoadedModel) -> set[int]:

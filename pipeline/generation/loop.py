@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.common.timing import Busy
-from pipeline.forward.sampling import GREEDY, Sampling
-from pipeline.forward.tokens import text_of, token_texts, tokenize
-from pipeline.forward.tracing import TraceError, check_prompt
-from pipeline.generation.decode import CacheMode, choose, open_step
+from pipeline.forward.sampling import GREEDY, Sampling, choose
+from pipeline.forward.tokens import join_pieces, token_pieces, token_texts, tokenize
+from pipeline.forward.tracing import TraceError, check_prompt, over_cap
+from pipeline.generation.decode import CacheMode, open_step
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model.loaded import LoadedModel
 
@@ -43,9 +43,10 @@ class GenerationRecord:
     stopped: bool = False  # Stop was pressed: the page moved on, what was generated is kept
     busy: Busy = field(default_factory=Busy)  # what else the server ran meanwhile (its times are inflated if anything)
 
-    def text(self, tokenizer) -> str:
-        """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out)."""
-        return text_of(tokenizer, [e.token_id for e in self.events], specials=False)
+    def text(self) -> str:
+        """The generated text as a reader sees it (special tokens such as the final <|im_end|> left out): the events'
+        exact bytes joined (pipeline.forward.tokens.join_pieces, text_of's rule)."""
+        return join_pieces(((e.piece, e.special) for e in self.events), specials=False)
 
     @property
     def label(self) -> str:
@@ -104,9 +105,14 @@ def measured_kv_per_token(lm: LoadedModel, ev: StepEvent) -> float | None:
     return ev.kv_bytes / ev.context_len if keep is None or ev.context_len <= keep else None
 
 
-def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False) -> Prepared:
+def prepare(lm: LoadedModel, prompt: str, max_new_tokens: int, chat: bool = False, max_prompt_tokens: int | None = None) -> Prepared:
+    """The prompt as the ids a generation starts from (templated in chat mode), its new tokens capped (`notes` say
+    how). TraceError, with what to do, for an empty prompt, one that fills the context window, or one over
+    `max_prompt_tokens` (a demo server's cap)."""
     check_prompt(prompt)
     ids = tokenize(lm.tokenizer, prompt, chat=chat).input_ids
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        raise TraceError(over_cap(len(ids), max_prompt_tokens))
     notes = []
     limit = lm.facts.max_positions
     if limit is not None and len(ids) >= limit:
@@ -151,7 +157,7 @@ def generate(
     s = sampling
     gen = s.generator()
     stop = eos_ids(lm) if stop_ids is None else set(stop_ids)
-    dec = token_texts(lm.tokenizer)
+    dec, pieces = token_texts(lm.tokenizer), token_pieces(lm.tokenizer)
     step = open_step(lm, cache, len(req.prompt_ids) + req.max_new_tokens, use_cache, greedy=s.greedy, n_top=s.n_top)
     n_ctx, tok = len(req.prompt_ids), None
     try:
@@ -163,6 +169,7 @@ def generate(
             tok = c.token_id
             t_done = time.perf_counter()
             per_layer = step.kv_bytes_per_layer(n_ctx)
+            piece, special = pieces(tok)
             finished = Finish.EOS if tok in stop else (Finish.LENGTH if i == req.max_new_tokens - 1 else None)
             yield StepEvent(
                 index=i,
@@ -181,6 +188,8 @@ def generate(
                 kv_reserved_bytes=step.kv_reserved_bytes(),
                 finished=finished,
                 engine=step.name,
+                piece=piece,
+                special=special,
             )
             if finished:
                 return

@@ -166,15 +166,16 @@ class LoadedModel:
     _owned: dict = field(default_factory=dict, repr=False)
     _owned_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
-    def owned(self, name: str, make: Callable[[], object]):
-        """The object `name` built for this model by `make()` on first use, kept as long as the model is: one per
-        model however many threads ask at once (`make` may ask for another owned object: the lock is re-entrant)."""
+    def owned(self, name: str, make: Callable[[LoadedModel], object]):
+        """The object `name` built for this model by `make(model)` on first use (a class taking the model will do),
+        kept as long as the model is: one per model however many threads ask at once (`make` may ask for another
+        owned object: the lock is re-entrant)."""
         got = self._owned.get(name)
         if got is None:
             with self._owned_lock:
                 got = self._owned.get(name)
                 if got is None:
-                    got = self._owned[name] = make()
+                    got = self._owned[name] = make(self)
         return got
 
     def __post_init__(self):

@@ -13,7 +13,7 @@ from components.generation import distribution_figure, token_labels
 from components.speculative import steps_html
 from components.tokens import chips_html, marked_html, template_html, token_rows
 from pipeline.forward.sampling import GREEDY
-from pipeline.forward.tokens import display_text, text_of, tokenize
+from pipeline.forward.tokens import display_text, text_of, token_pieces, tokenize
 from pipeline.generation import GenerationRecord
 
 pytestmark = pytest.mark.unit
@@ -67,9 +67,15 @@ def test_every_text_view_shows_the_prompt_whole(tok, name, chat):
     assert all("\ufffd" not in str(v) for row in token_rows(tk.tokens) for v in row.values())
 
     # an answer: the generation page's text, its token buttons and its distribution figure
-    events = [SimpleNamespace(token_id=i, text=text_of(tok, [i]), top=[(i, text_of(tok, [i]), 1.0)], top_raw=[], p=1.0, p_raw=1.0) for i in ids]
+    pieces = token_pieces(tok)
+    events = [
+        SimpleNamespace(
+            token_id=i, text=text_of(tok, [i]), top=[(i, text_of(tok, [i]), 1.0)], top_raw=[], p=1.0, p_raw=1.0, piece=pieces(i)[0], special=pieces(i)[1]
+        )
+        for i in ids
+    ]
     rec = GenerationRecord(prompt="", chat=False, model="m", max_new_tokens=len(ids), sampling=GREEDY, prompt_tokens=0, events=events)
-    assert rec.text(tok) == text_of(tok, ids, specials=False) and "\ufffd" not in rec.text(tok)
+    assert rec.text() == text_of(tok, ids, specials=False) and "\ufffd" not in rec.text()
     assert all("\ufffd" not in label for label in token_labels(events))
     fig = distribution_figure(events[-1])
     assert all("\ufffd" not in str(t) for tr in fig.data for t in (tr.y or ()))

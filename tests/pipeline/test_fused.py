@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, launches_per_step, linear, supported
+from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, fused_model, launches_per_step, linear, supported
 from pipeline.forward.sampling import Sampling
 from pipeline.generation import generate
 from pipeline.model import LoadedModel, facts_of
@@ -70,7 +70,7 @@ def test_fused_weights_are_views_of_the_model_parameters():
     lm = tiny("llama")
     before = sum(p.numel() for p in lm.model.parameters())
     ref = lm.model(torch.tensor([[1, 2, 3]])).logits
-    dec = FusedDecoder(lm, 256, graph=False)
+    dec = FusedDecoder(fused_model(lm), 256, graph=False)
     a = lm.model.model.layers[0].self_attn
     assert a.k_proj.weight.untyped_storage().data_ptr() == dec.layers[0].wqkv.untyped_storage().data_ptr()
     assert sum(p.numel() for p in lm.model.parameters()) == before
@@ -83,14 +83,14 @@ def test_unsupported_architecture_says_why():
     ok, why = supported(lm)
     assert not ok and "gpt2" in why
     with pytest.raises(FusedUnsupported):
-        FusedDecoder(lm, 256, graph=False)
+        FusedDecoder(fused_model(lm), 256, graph=False)
 
 
 @pytest.mark.model  # compiles a (tiny) model: tens of seconds, so not in the unit tier
 def test_torch_compile_of_the_step_traces_whole_and_agrees():
     """fullgraph=True: the step has no graph breaks and no host syncs, which is what CUDA-graph capture needs."""
     lm = tiny("llama", num_hidden_layers=2)
-    eager, comp = FusedDecoder(lm, 256, graph=False), FusedDecoder(lm, 256, graph=False, compile=True)
+    eager, comp = FusedDecoder(fused_model(lm), 256, graph=False), FusedDecoder(fused_model(lm), 256, graph=False, compile=True)
     ids = torch.tensor([[5, 6, 7, 8]])
     for d in (eager, comp):
         d.prefill(ids)
@@ -146,11 +146,11 @@ def test_fused_sampling_matches_the_dynamic_loop(smol):
 
 
 def test_concurrent_generations_never_share_buffers(smol):
-    d1 = acquire_decoder(smol, 40)
-    d2 = acquire_decoder(smol, 40)
+    d1 = acquire_decoder(fused_model(smol), 40)
+    d2 = acquire_decoder(fused_model(smol), 40)
     assert d1 is not d2
     d1.release()
-    assert acquire_decoder(smol, 40) is d1
+    assert acquire_decoder(fused_model(smol), 40) is d1
     d1.release(), d2.release()
     out, errs = {}, []
 
@@ -182,9 +182,9 @@ def test_a_failed_compile_falls_back_to_the_same_step(monkeypatch):
         raise RuntimeError("no C++ compiler here")
 
     monkeypatch.setattr(torch, "compile", broken)
-    dec = FusedDecoder(lm, 256, graph=False, compile=True)
+    dec = FusedDecoder(fused_model(lm), 256, graph=False, compile=True)
     assert dec.mode == "CPU row step" and "torch.compile failed" in dec.problems[0] and "no C++ compiler" in dec.problems[0]
-    ref = FusedDecoder(lm, 256, graph=False)
+    ref = FusedDecoder(fused_model(lm), 256, graph=False)
     ids = torch.tensor([[3, 4, 5]])
     dec.prefill(ids), ref.prefill(ids)
     assert torch.equal(dec.step(6, 3)[0], ref.step(6, 3)[0])

@@ -8,6 +8,7 @@ import torch
 from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu import precision, row_step
 from pipeline.cpu import threads as cpu_threads
+from pipeline.cpu.fused_weights import fused_model
 from pipeline.engine import Engine
 from pipeline.engine.paged import Seq
 from pipeline.generation import generate, prepare
@@ -20,7 +21,7 @@ PROMPTS = ["Why is the sky blue?", "The capital of France is", "Name 5 colours a
 def test_the_engines_lone_request_gives_transformers_greedy_tokens(lm):
     """A request alone in the engine decodes with the row step; its answer equals model.generate's, and so does
     our own loop's fused mode (the same step over a static buffer)."""
-    assert row_step.row_step(lm) is not None
+    assert row_step.row_step(fused_model(lm)) is not None
     eng = Engine(lm, background=False)
     for text in PROMPTS:
         req = prepare(lm, text, 24, chat=True)

@@ -34,12 +34,6 @@ def page(path, prompt="The capital of France is", timeout=300):
     return at
 
 
-def rec_tokenizer():
-    import pipeline
-
-    return pipeline.model.load_tokenizer(pipeline.EMBEDDED)
-
-
 def common_pass():
     from views.proof import PASS
 
@@ -75,7 +69,7 @@ def test_generation_streams_and_shows_metrics_and_distributions():
     assert metric(at, "Time to first token").endswith("ms")
     rec = at.session_state["_runs"]["gen"][1]
     answer = [c.value for c in at.code if "Paris" in c.value]
-    assert answer == [rec.text(rec_tokenizer())]  # the answer verbatim, in a code block: never read as Markdown
+    assert answer == [rec.text()]  # the answer verbatim, in a code block: never read as Markdown
     assert [c.value for c in at.code][0] == "The capital of France is"  # the prompt too
     button(at, "chk_gen").click().run()
     known(at, "greedy tokens = transformers' model.generate", "time per output token")

@@ -38,7 +38,7 @@ if rec is None:
     st.stop()
 ev = rec.events
 if not go:
-    render.verbatim(rec.text(lm.tokenizer), out)
+    render.verbatim(rec.text(), out)
 st.caption(f"Run: {rec.label}.")
 if not rec.done:
     st.warning(f"Stopped after {len(ev)} tokens; what was generated is shown above.")

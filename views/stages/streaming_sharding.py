@@ -42,7 +42,7 @@ if rec:
             time.sleep(min(1.0, max(0.0, e.t_s - prev)))
             prev = e.t_s
             render.verbatim(text_of(lm.tokenizer, [x.token_id for x in ev[:n]], specials=False), out, cursor=True)
-        render.verbatim(rec.text(lm.tokenizer), out)
+        render.verbatim(rec.text(), out)
 
 st.subheader("Sharding: a plan computed from the config")
 n_dev = devices_present()
