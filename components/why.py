@@ -72,13 +72,14 @@ def before_after_figure(cands: list[str], before: np.ndarray, after: np.ndarray,
     return _layout(fig, title, height=max(360, 44 * len(cands) + 120))
 
 
-def patching_figure(grid: np.ndarray, tokens: list[str], title: str) -> go.Figure:
-    """[L, T] share of the logit difference restored by patching one (layer, position): 0 none, 1 all of it."""
+def patching_figure(grid: np.ndarray, columns: list[str], title: str, over: str = "position") -> go.Figure:
+    """[L, T] (or [L, H]) share of the logit difference restored by patching one (layer, position) (or one head's
+    output at every position): 0 none, 1 all of it. `columns`: the tokens (or the heads' names)."""
     L, T = grid.shape
     fig = go.Figure(
         go.Heatmap(
             z=grid,
-            x=[f"{i}:{t}" for i, t in enumerate(tokens)],
+            x=[f"{i}:{t}" for i, t in enumerate(columns)] if over == "position" else columns,
             y=[f"L{i}" for i in range(L)],
             colorscale="Blues",
             zmin=0,
@@ -89,5 +90,66 @@ def patching_figure(grid: np.ndarray, tokens: list[str], title: str) -> go.Figur
         )
     )
     fig.update_yaxes(autorange="reversed", title="layer")
-    fig.update_xaxes(title="position whose residual stream is restored")
+    fig.update_xaxes(title="position whose residual stream is restored" if over == "position" else "head whose output is restored at every position")
     return _layout(fig, title, height=max(380, 18 * L + 160))
+
+
+def flow_figure(edges: list[tuple[int, int, int, float]], labels: list[str], n_layers: int, title: str) -> go.Figure:
+    """The contribution graph: a node per (layer boundary, position), an edge from token j after layer l to position i
+    after layer l + 1 as wide as its share (orange: read through attention; grey: the position's own residual
+    stream), every edge on a path to the prediction (the last position after the last layer, a star)."""
+    T = len(labels)
+    fig = go.Figure()
+    bins = ((0.0, 0.2, 1.5), (0.2, 0.5, 3.5), (0.5, 1.01, 6.0))
+    for kind, color in (("residual stream", GREY), ("attention", ORANGE)):
+        for lo, hi, width in bins:
+            xs, ys = [], []
+            for layer, j, i, w in edges:
+                if (j == i) == (kind == "residual stream") and lo <= w < hi:
+                    xs += [layer, layer + 1, None]
+                    ys += [j, i, None]
+            if xs:
+                fig.add_trace(
+                    go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=color, width=width), name=f"{kind}, share {lo:g}-{min(hi, 1):g}", hoverinfo="skip")
+                )
+    nodes = {(layer, j) for layer, j, _, _ in edges} | {(layer + 1, i) for layer, _, i, _ in edges}
+    fig.add_trace(
+        go.Scatter(
+            x=[n[0] for n in nodes],
+            y=[n[1] for n in nodes],
+            mode="markers",
+            marker=dict(color=BLUE, size=6),
+            name="a token's stream after a layer",
+            text=[f"after layer {n[0] - 1}: {labels[n[1]]}" if n[0] else f"embedding: {labels[n[1]]}" for n in nodes],
+            hovertemplate="%{text}<extra></extra>",
+        )
+    )
+    fig.add_trace(go.Scatter(x=[n_layers], y=[T - 1], mode="markers", marker=dict(symbol="star", size=16, color=ORANGE), name="the prediction"))
+    fig.update_yaxes(tickvals=list(range(T)), ticktext=labels if T <= 48 else None, autorange="reversed", title="token")
+    fig.update_xaxes(title="layer boundary (0 = the embeddings)", range=[-0.5, n_layers + 0.5])
+    return _layout(fig, title, height=min(900, max(420, 26 * T + 200)), legend=dict(orientation="h", y=-0.18))
+
+
+def side_by_side_figure(names: list[str], rows: list[list[tuple[str, float]]], title: str) -> go.Figure:
+    """Two prompts' next-token distributions, side by side: rows[k] = [(token, probability)] most likely first."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(rows), subplot_titles=names, horizontal_spacing=0.18)
+    for k, row in enumerate(rows):
+        fig.add_trace(
+            go.Bar(
+                x=[p for _, p in row],
+                y=[t for t, _ in row],
+                orientation="h",
+                marker_color=(ORANGE, BLUE)[k % 2],
+                text=[f"{p:.3f}" for _, p in row],
+                textposition="outside",
+                cliponaxis=False,
+                showlegend=False,
+            ),
+            row=1,
+            col=k + 1,
+        )
+        fig.update_yaxes(autorange="reversed", row=1, col=k + 1)
+        fig.update_xaxes(range=[0, 1.2], title="probability", row=1, col=k + 1)
+    return _layout(fig, title, height=max(360, 34 * max(len(r) for r in rows) + 140))

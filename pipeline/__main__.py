@@ -236,7 +236,7 @@ def cmd_patch(args, out):
     check_prompt(args.corrupt)
     lm = _load(args)
     clean, corrupt = prepare(lm, args.clean, 1, chat=args.chat).prompt_ids, prepare(lm, args.corrupt, 1, chat=args.chat).prompt_ids
-    p = patch(lm, clean, corrupt)
+    p = patch(lm, clean, corrupt, over=args.over)
     res = {
         "model": lm.label,
         "clean": args.clean,
@@ -247,15 +247,17 @@ def cmd_patch(args, out):
         "corrupt_answer": text_of(lm.tokenizer, [p.corrupt_token]),
         "clean_diff": p.clean_diff,
         "corrupt_diff": p.corrupt_diff,
-        "grid": [[round(float(v), 6) for v in row] for row in p.grid],  # [layer][position]: 1 = the clean difference back
+        "over": p.over,
+        "grid": [[round(float(v), 6) for v in row] for row in p.grid],  # [layer][position or head]: 1 = the clean difference back
     }
     if args.json:
         json.dump(res, out, ensure_ascii=False, indent=1)
         out.write("\n")
         return
     out.write(f"{lm.label}: logit({res['clean_answer']!r}) - logit({res['corrupt_answer']!r}): clean {p.clean_diff:.3f}, corrupted {p.corrupt_diff:.3f}\n")
-    out.write("share of it restored, layer by position (rows: layers)\n")
-    out.write("      " + " ".join(f"{t[:6]:>6}" for t in res["tokens"]) + "\n")
+    out.write(f"share of it restored, layer by {p.over} (rows: layers)\n")
+    cols = res["tokens"] if p.over == "position" else [f"H{h}" for h in range(p.grid.shape[1])]
+    out.write("      " + " ".join(f"{t[:6]:>6}" for t in cols) + "\n")
     for i, row in enumerate(p.grid):
         out.write(f"L{i:<4} " + " ".join(f"{v:6.2f}" for v in row) + "\n")
 
@@ -293,6 +295,7 @@ def main(argv=None, out=None) -> int:
     p.add_argument("corrupt")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--over", choices=("position", "head"), default="position", help="restore one position's stream, or one head's output everywhere")
     p.set_defaults(fn=cmd_patch)
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
     p.add_argument("prompts", nargs="+")

@@ -13,23 +13,12 @@ import html
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 import pipeline
-from components import export
-from components.attention_figures import attention_heads
-from components.figures import labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
-from components.fmt import prob
-from components.generation import kv_growth_figure, step_times_figure
-from components.tokens import chips_html, plot_text, template_html, visible
-from pipeline.forward import analysis, sampling
-from pipeline.forward.tokens import text_of
-from pipeline.forward.tracing import display_maps
-from pipeline.generation.loop import kv_bytes_formula, metrics
-from pipeline.lab import checks
+from pipeline.forward import sampling
+from views.handout_sections import SECTIONS, figure_html, safely
 from views.pages import PageSpec
 
 N_NEW = 16  # greedy tokens the handout generates for the loop's stages
@@ -43,102 +32,6 @@ pre.verbatim{white-space:pre-wrap;background:#f6f6f6;padding:.6rem;border-radius
 .note{color:#444;font-style:italic}"""
 
 
-def _table(rows: dict) -> str:
-    return "<table>" + "".join(f"<tr><th scope='row'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items()) + "</table>"
-
-
-def _checks(found) -> str:
-    if not found:
-        return ""
-    items = []
-    for c in found:
-        mark = ("pass", "✓ pass") if c.ok else (("skip", "– not run") if c.ok is None else ("fail", "✗ FAIL"))
-        items.append(f"<li><span class='{mark[0]}'>{mark[1]}</span> <b>{html.escape(c.name)}</b> — {html.escape(c.detail)}</li>")
-    return "<h3>How do we know?</h3><ul>" + "".join(items) + "</ul>"
-
-
-def _figure(fig: go.Figure, title: str) -> str:
-    fig = export.floor_fonts(go.Figure(fig))
-    body = pio.to_html(fig, include_plotlyjs=False, full_html=False, config={"displaylogo": False, "responsive": True})
-    return f"<figure role='group' aria-label='{html.escape(export.alt_text(fig, title))}'>{body}</figure>"
-
-
-def _safe(fn, *a, **k):
-    try:
-        return fn(*a, **k)
-    except Exception as e:  # noqa: BLE001 - one stage failing leaves the others; the handout says what failed
-        return f"<p class='note'>Could not be drawn here: {html.escape(type(e).__name__)}: {html.escape(str(e)[:200])}</p>"
-
-
-def _stage_tokens(lm, tr):
-    tk = pipeline.tokenize(lm.tokenizer, tr.prompt, chat=tr.chat)
-    out = [_table({"tokens the model reads": len(tk.tokens), "tokens from the prompt": len(tk.prompt_tokens), "characters": len(tk.prompt)})]
-    out.append(chips_html(tk.tokens, tk.segments, max_segments=600))
-    if tk.chat:
-        out.append("<p>The chat template: exactly the text the model reads (dark: special tokens).</p>" + template_html(tk.tokens))
-    return "".join(out) + _checks(checks.token_checks(lm.tokenizer, tk))
-
-
-def _stage_embeddings(lm, tr):
-    i = tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1
-    tok, f = tr.tokens[i], lm.facts
-    out = [
-        _table(
-            {
-                "embedding matrix": f"{lm.model.get_input_embeddings().weight.shape[0]:,} × {f.d_model}",
-                "token": f"{visible(tok.text)!r} (id {tok.id})",
-                "vector length (L2)": f"{analysis.embedding_norm(tr, i):.3f}",
-            }
-        )
-    ]
-    out.append(_figure(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "embedding vector"))
-    if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
-        rd = analysis.rope_demo(lm, tr, 0)
-        if rd is not None:
-            out.append(f"<p>RoPE, θ base {rd.theta:,.0f}: each pair of the query and key is rotated by position × θ^(−2i/{f.head_dim}).</p>")
-            out.append(_figure(rope_heatmap(rd.angles), "RoPE rotation angles"))
-    return "".join(out)
-
-
-def _stage_attention(lm, tr):
-    layer = lm.facts.n_layers // 2
-    maps, block = display_maps(tr, layer)
-    fig = attention_heads(maps, labels_of(tr.tokens), block=block, layer=layer, scale="log" if tr.T > 64 else "linear")
-    return (
-        f"<p>Layer {layer}: {analysis.sink_share(tr):.0%} of all attention goes to the first token (the attention sink).</p>"
-        + _figure(fig, f"attention heads, layer {layer}")
-        + _checks(checks.check_attention(lm, tr))
-    )
-
-
-def _stage_layer(lm, tr):
-    pos = tr.T - 1
-    labels = labels_of(tr.tokens)
-    fig = residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos])
-    lens = [(i, text_of(lm.tokenizer, [t[0][0]]), t[0][1]) for i, t in enumerate(tr.lens_last_top)]
-    rows = {("embeddings" if i == 0 else f"after layer {i - 1}"): f"{visible(t)!r} p={prob(p)}" for i, t, p in lens[:: max(1, len(lens) // 8)]}
-    return _figure(fig, "residual stream") + "<p>The logit lens at the last position: the top token if the model stopped there.</p>" + _table(rows)
-
-
-def _stage_next(lm, tr):
-    d = sampling.DEFAULTS
-    steps = sampling.filter_steps(tr.next_logits, d)
-    order = np.argsort(-steps[0].probs)[:12]
-    cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r}") for i in order]
-    fig = sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps])
-    nxt = int(np.argmax(tr.next_logits))
-    numbers = {
-        "most likely next token": f"{visible(text_of(lm.tokenizer, [nxt]))!r} (id {nxt}), p = {prob(float(steps[0].probs[nxt]))}",
-        "settings": f"temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}",
-        "candidates left": f"{steps[-1].kept:,} of {len(steps[0].probs):,}",
-    }
-    return (
-        _table(numbers)
-        + _figure(fig, "softmax, temperature, top-k, top-p")
-        + _checks([checks.check_filters(tr.next_logits, d), *checks.check_logits(lm, tr)[:1]])
-    )
-
-
 def _generation(lm, tr):
     rec = pipeline.generation.GenerationRecord(
         prompt=tr.prompt, chat=tr.chat, model=lm.label, max_new_tokens=N_NEW, sampling=sampling.GREEDY, prompt_tokens=tr.T
@@ -146,75 +39,6 @@ def _generation(lm, tr):
     rec.events = list(pipeline.generate(lm, tr.prompt, N_NEW, chat=tr.chat))
     rec.done = True
     return rec
-
-
-def _stage_generation(lm, rec):
-    return f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>" + _checks(
-        checks.generation_checks(lm, rec)
-    )
-
-
-def _stage_prefill(lm, rec):
-    m = metrics(rec.events)
-    rows = {
-        "time to first token (prefill)": f"{m.ttft_s * 1000:.0f} ms",
-        "mean decode step": f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
-        "prompt tokens": rec.prompt_tokens,
-    }
-    return _table(rows) + _figure(step_times_figure(rec.events), "time per generated token")
-
-
-def _stage_kv(lm, rec):
-    last = rec.events[-1]
-    rows = {"formula, per token": f"{lm.kv_token_bytes:,} B", "cache at the end": f"{last.kv_bytes / 2**20:.2f} MiB ({last.context_len} tokens)"}
-    return (
-        _table(rows)
-        + _figure(kv_growth_figure(rec.events, lambda n: kv_bytes_formula(lm, n)), "KV cache size")
-        + _checks([checks.check_kv_bytes(lm, rec.events)])
-    )
-
-
-def _stage_sharding(lm, _rec):
-    from pipeline.lab.sharding import tensor_parallel_plan
-
-    rows = {}
-    for n in (1, 2, 4):
-        tp = tensor_parallel_plan(lm, n)
-        rows[f"{n} device{'s' if n > 1 else ''}"] = (
-            f"{tp.weights_mb_per_device:,.1f} MiB of weights each, {tp.allreduce_bytes_per_token / 1024:,.1f} KiB all-reduced per token"
-        )
-    return "<p class='note'>A plan computed on paper for this model, not a measurement.</p>" + _table(rows)
-
-
-def _stage_myths(lm, tr):
-    from pipeline.lab import misconceptions as mc
-
-    temps = mc.temperature_sweep(tr.next_logits)
-    rows = {
-        f"temperature {r.temperature}": f"top token {visible(text_of(lm.tokenizer, [r.top_id]))!r} p={prob(r.top_p)}, {r.n_for_90} candidates for 90%"
-        for r in temps.rows
-    }
-    return (
-        "<p>“A higher temperature makes the model smarter”: the same token leads at every temperature; only the spread changes.</p>"
-        + _table(rows)
-        + _checks(temps.checks)
-    )
-
-
-# the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
-# handout="trace", fn(lm, generation record) for "run" (tests/views/test_handout.py: one for every such row)
-SECTIONS = {
-    "tokens": _stage_tokens,
-    "embeddings": _stage_embeddings,
-    "attention": _stage_attention,
-    "layer": _stage_layer,
-    "next-token": _stage_next,
-    "generation": _stage_generation,
-    "prefill-decode": _stage_prefill,
-    "kv-cache": _stage_kv,
-    "streaming-sharding": _stage_sharding,
-    "misconceptions": _stage_myths,
-}
 
 
 def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str, go.Figure]]] | None = None, progress=None) -> str:
@@ -229,9 +53,9 @@ def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str
             progress(n / len(stages), f"Handout: {title}")
         body = ""
         if spec.handout is not None:
-            body = _safe(SECTIONS[spec.slug], lm, tr if spec.handout == "trace" else rec)
+            body = safely(SECTIONS[spec.slug], lm, tr if spec.handout == "trace" else rec)
         if recalled.get(spec.slug):
-            body += "<p>As this session last ran it on this page:</p>" + "".join(_figure(fig, name) for name, fig in recalled[spec.slug])
+            body += "<p>As this session last ran it on this page:</p>" + "".join(figure_html(fig, name) for name, fig in recalled[spec.slug])
         if not body:
             body = f"<p class='note'>This experiment takes a minute on a CPU: open “{html.escape(title)}” in the explorer and run it; the handout then includes its figure.</p>"
         parts.append(f"<section><h2>{html.escape(title)}</h2><p class='takeaway'>{html.escape(spec.takeaway)}</p>{body}</section>")

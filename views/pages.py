@@ -115,7 +115,7 @@ STAGES: tuple[PageSpec, ...] = (
        summary="Common misconceptions, tested"),
     _p("why", 17, "Why this token", "psychology",
        "Every head and feed-forward block adds a share to the chosen token's logit; switching the largest off shows which ones the answer needs.",
-       summary="Why this token: attribution and interventions"),
+       handout="trace", summary="Why this token: attribution and interventions"),
 )  # fmt: skip
 OPERATOR = _p("operator", None, "Operator", "admin_panel_settings", "", hidden=True)
 ALL: tuple[PageSpec, ...] = (*STAGES, OPERATOR)

@@ -235,28 +235,35 @@ def parse_components(text: str) -> tuple[list[tuple[int, int]], list[int]]:
 
 @dataclass
 class Patching:
-    """Causal tracing between two prompts of the same length in tokens: for each (layer, position), how much of the
-    logit difference comes back when the clean run's residual stream there is restored into the corrupted run."""
+    """Causal tracing between two prompts of the same length in tokens: for each (layer, position), or each (layer,
+    head), how much of the logit difference comes back when the clean run's residual stream at that position (or
+    that head's output at every position) is restored into the corrupted run."""
 
     clean_token: int  # the clean run's answer
     corrupt_token: int  # the corrupted run's answer (the comparison's other side; if equal, the clean run's runner-up)
     clean_diff: float  # logit(clean_token) - logit(corrupt_token) in the clean run
     corrupt_diff: float  # ... in the corrupted run
-    grid: np.ndarray  # [L, T]: (patched diff - corrupt diff) / (clean diff - corrupt diff); 1 = all of it back
+    grid: np.ndarray  # [L, T] or [L, H]: (patched diff - corrupt diff) / (clean diff - corrupt diff); 1 = all of it back
     positions: int
+    over: str = "position"  # what the grid's columns are: "position" or "head"
 
 
-def _layer_outputs(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The residual stream after every layer [L] x [1, T, d], and the last position's logits."""
-    keep, hooks = [None] * lm.facts.n_layers, []
+def _grab(lm: LoadedModel, ids: torch.Tensor, where: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One forward keeping, per layer [L] x [1, T, ...]: the residual stream after the layer (where="layer") or the
+    heads' outputs side by side, o_proj's input (where="heads"); and the last position's logits."""
+    keep = [None] * lm.facts.n_layers
 
     def grab(i):
-        def hook(_mod, _args, out):
-            keep[i] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+        def hook(_mod, args, out=None):
+            x = args[0] if where == "heads" else (out[0] if isinstance(out, tuple) else out)
+            keep[i] = x.detach().clone()
 
         return hook
 
-    hooks = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
+    if where == "heads":
+        hooks = [layer.self_attn.o_proj.register_forward_pre_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
+    else:
+        hooks = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
     try:
         logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float()
     finally:
@@ -265,18 +272,23 @@ def _layer_outputs(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tenso
     return keep, logits
 
 
-def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progress=None) -> Patching:
-    """The layer x position grid of causal tracing. Per layer, ONE batched forward of the corrupted prompt, row p
-    with position p's residual stream after that layer replaced by the clean run's."""
+def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progress=None, over: str = "position") -> Patching:
+    """The grid of causal tracing, per layer ONE batched forward of the corrupted prompt. over="position": the layer x
+    position grid, row p with position p's residual stream after that layer replaced by the clean run's.
+    over="head": the layer x head grid, row h with head h's output (its slice of o_proj's input) replaced by the
+    clean run's at every position."""
     if len(clean_ids) != len(corrupt_ids):
         raise ValueError(
             f"The two prompts are {len(clean_ids)} and {len(corrupt_ids)} tokens long: patching restores one position at a "
             "time, so they must have the same number of tokens. Change a word for one that is as many tokens (see page 1)."
         )
-    T, L = len(clean_ids), lm.facts.n_layers
+    if over not in ("position", "head"):
+        raise ValueError(f"over={over!r}: patch a 'position' or a 'head'")
+    T, L, H, D = len(clean_ids), lm.facts.n_layers, lm.facts.n_heads, lm.facts.head_dim
     dev = lm.device
+    n = T if over == "position" else H
     with lm.lock, torch.inference_mode():
-        clean_states, clean_logits = _layer_outputs(lm, torch.tensor([clean_ids], device=dev))
+        clean_states, clean_logits = _grab(lm, torch.tensor([clean_ids], device=dev), "layer" if over == "position" else "heads")
         corrupt_logits = lm.model(input_ids=torch.tensor([corrupt_ids], device=dev), use_cache=False).logits[0, -1].float()
         a = int(clean_logits.argmax())
         b = int(corrupt_logits.argmax())
@@ -284,9 +296,9 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
             b = int(clean_logits.topk(2).indices[1])
         diff = lambda lg: float(lg[..., a] - lg[..., b]) if lg.dim() == 1 else (lg[:, a] - lg[:, b])  # noqa: E731
         hi, lo = diff(clean_logits), diff(corrupt_logits)
-        grid = np.zeros((L, T))
-        batch = torch.tensor([corrupt_ids] * T, device=dev)
-        rows = torch.arange(T, device=dev)
+        grid = np.zeros((L, n))
+        batch = torch.tensor([corrupt_ids] * n, device=dev)
+        rows = torch.arange(n, device=dev)
         for i, layer in enumerate(lm.arch.layers):
 
             def restore(_mod, _args, out, i=i):
@@ -295,7 +307,12 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
                 h[rows, rows] = clean_states[i][0, rows]  # row p: position p restored
                 return (h, *out[1:]) if isinstance(out, tuple) else h
 
-            hook = layer.register_forward_hook(restore)
+            def restore_head(_mod, args, i=i):
+                z = args[0].clone().view(n, T, H, D)
+                z[rows, :, rows] = clean_states[i][0].view(T, H, D).transpose(0, 1)  # row h: head h restored everywhere
+                return (z.view(n, T, H * D), *args[1:])
+
+            hook = layer.register_forward_hook(restore) if over == "position" else layer.self_attn.o_proj.register_forward_pre_hook(restore_head)
             try:
                 logits = lm.model(input_ids=batch, use_cache=False).logits[:, -1].float()
             finally:
@@ -303,4 +320,83 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
             grid[i] = ((diff(logits) - lo) / (hi - lo if hi != lo else 1.0)).cpu().numpy()
             if progress:
                 progress((i + 1) / L, f"layer {i + 1} of {L}")
-    return Patching(a, b, hi, lo, grid, T)
+    return Patching(a, b, hi, lo, grid, T, over)
+
+
+@dataclass
+class Flow:
+    """Where the answer's information came from (the LLM Transparency Tool's contribution graph): for every layer and
+    position, the share of what enters the next layer there that came from each earlier token through attention
+    (attention weight x the norm of that token's value vector passed through its head's slice of o_proj, summed over
+    heads) and from the position's own residual stream. Each row of shares sums to 1."""
+
+    tokens: int
+    edges: np.ndarray  # [L, T, T]: edges[l, i, j] = share of position i's stream after layer l read from token j
+    residual: np.ndarray  # [L, T]: the share the position's own stream kept
+    last: np.ndarray  # [L, H, T]: per head, attention weight x |W_O^h v_j| at the last position (unnormalised)
+
+    def graph(self, threshold: float) -> list[tuple[int, int, int, float]]:
+        """The edges (layer, from position, to position, share) with a share >= threshold on some path to the last
+        position after the last layer (the prediction), found backwards from it; from == to is the residual stream."""
+        L, T = self.residual.shape
+        need, out = {T - 1}, []
+        for layer in range(L - 1, -1, -1):
+            reach = set()
+            for i in sorted(need):
+                for j in range(i + 1):
+                    w = self.residual[layer, i] if j == i else self.edges[layer, i, j]
+                    if w >= threshold:
+                        out.append((layer, j, i, float(w)))
+                        reach.add(j)
+            need = reach
+            if not need:
+                break
+        return out
+
+
+FLOW_MAX_TOKENS = 256  # every layer's full attention map is kept for the graph
+
+
+def flow(lm: LoadedModel, prompt_ids: list[int]) -> Flow:
+    """One forward pass with every layer's attention weights and value vectors kept (the explorer's capturing
+    attention: transformers' own eager attention), then the contribution graph's shares. GQA: query head h reads
+    the value vectors of its key-value head h // G."""
+    from pipeline.model.capture import Capture, capturing
+
+    T, f = len(prompt_ids), lm.facts
+    if T > FLOW_MAX_TOKENS:
+        raise ValueError(
+            f"The prompt is {T:,} tokens; the contribution graph keeps every layer's attention map, so it is drawn for at most {FLOW_MAX_TOKENS} tokens."
+        )
+    L, H, KV, D = f.n_layers, f.n_heads, f.n_kv_heads, f.head_dim
+    layers = set(range(L))
+    cap = Capture(full_layers=layers, block=1, qkv_layers=layers)
+    streams, hooks = [None] * L, []
+
+    def entering(i):
+        def hook(_mod, args, kwargs):
+            streams[i] = (args[0] if args else kwargs["hidden_states"])[0].detach().float()
+
+        return hook
+
+    hooks = [layer.register_forward_pre_hook(entering(i), with_kwargs=True) for i, layer in enumerate(lm.arch.layers)]
+    try:
+        with lm.lock, torch.inference_mode(), capturing(cap):
+            lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    edges, residual, last = np.zeros((L, T, T)), np.zeros((L, T)), np.zeros((L, H, T))
+    with torch.inference_mode():
+        for i, layer in enumerate(lm.arch.layers):
+            A = cap.full[i].float()  # [H, T, T]
+            v = cap.qkv[i]["v"][torch.arange(H) // (H // KV)]  # [H, T, D]: each query head's value vectors
+            W_o = layer.self_attn.o_proj.weight.detach().float().cpu().view(-1, H, D)  # [d, H, D]
+            norms = torch.einsum("dhk,htk->htd", W_o, v).norm(dim=-1)  # [H, T]: |W_O^h v_j|
+            per_head = A * norms[:, None, :]  # [H, T(query), T(key)]
+            w = per_head.sum(0)
+            r = streams[i].cpu().norm(dim=-1)  # [T]: the position's own stream entering the layer
+            total = r + w.sum(-1)
+            edges[i], residual[i] = (w / total[:, None]).numpy(), (r / total).numpy()
+            last[i] = per_head[:, -1, :].numpy()
+    return Flow(T, edges, residual, last)

@@ -5,11 +5,12 @@ hooks equals a plain forward of the model with that component's weights zeroed (
 import io
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline.__main__ import main
-from pipeline.forward.attribution import ablate, attribute, patch
+from pipeline.forward.attribution import FLOW_MAX_TOKENS, ablate, attribute, flow, patch
 from pipeline.generation.loop import prepare
 
 pytestmark = pytest.mark.model
@@ -170,3 +171,67 @@ def test_patching_prompts_of_different_lengths_says_why(smol):
     assert main(["patch", EIFFEL, COLOSSEUM, "--json"], out=out) == 0
     res = json.loads(out.getvalue())
     assert res["clean_answer"] == " Paris" and len(res["grid"]) == smol.facts.n_layers and len(res["grid"][0]) == len(res["tokens"])
+
+
+def test_head_patching_cell_equals_that_head_restored_alone_and_the_cli_prints_it(lm):
+    """The layer x head grid: row h of a layer's batched forward restores head h's output (its slice of o_proj's input)
+    at every position; one cell equals the same patch done alone by hand."""
+    clean, corrupt = prepare(lm, EIFFEL, 1).prompt_ids, prepare(lm, COLOSSEUM, 1).prompt_ids
+    p = patch(lm, clean, corrupt, over="head")
+    H, D = lm.facts.n_heads, lm.facts.head_dim
+    assert p.over == "head" and p.grid.shape == (lm.facts.n_layers, H)
+    layer, head = lm.facts.n_layers - 1, 1
+    o_proj = lm.arch.layers[layer].self_attn.o_proj
+    with lm.lock, torch.no_grad():
+        z = {}
+        h = o_proj.register_forward_pre_hook(lambda _m, a: z.__setitem__("clean", a[0].clone()))
+        lm.model(input_ids=torch.tensor([clean]))
+        h.remove()
+
+        def restore(_m, a):
+            x = a[0].clone()
+            x[..., head * D : (head + 1) * D] = z["clean"][..., head * D : (head + 1) * D]
+            return (x,)
+
+        h = o_proj.register_forward_pre_hook(restore)
+        lg = lm.model(input_ids=torch.tensor([corrupt])).logits[0, -1].float()
+        h.remove()
+    alone = (float(lg[p.clean_token] - lg[p.corrupt_token]) - p.corrupt_diff) / (p.clean_diff - p.corrupt_diff)
+    assert abs(alone - p.grid[layer, head]) < 1e-3, (alone, p.grid[layer, head])
+    with pytest.raises(ValueError, match="position"):
+        patch(lm, clean, corrupt, over="neuron")
+
+
+def test_the_contribution_graph_matches_an_independent_forward_and_leads_to_the_prediction(lm):
+    """Each position's shares sum to 1; a head's numbers at the last position equal transformers' own eager attention
+    weights x |o_proj's slice of that head applied to v_proj's output| (GQA: the head's key-value group); every edge
+    drawn lies on a path to the last position after the last layer."""
+    ids = prepare(lm, PROMPT, 1).prompt_ids
+    fl = flow(lm, ids)
+    L, H, KV, D, T = lm.facts.n_layers, lm.facts.n_heads, lm.facts.n_kv_heads, lm.facts.head_dim, len(ids)
+    assert fl.edges.shape == (L, T, T) and abs(fl.edges.sum(-1) + fl.residual - 1).max() < 1e-5
+    assert (fl.edges[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0).all()  # nothing from later tokens
+    impl = lm.model.config._attn_implementation
+    vs, hooks = {}, [layer.self_attn.v_proj.register_forward_hook(lambda _m, _a, o, i=i: vs.__setitem__(i, o[0].clone())) for i, layer in enumerate(lm.arch.layers)]
+    try:
+        lm.model.set_attn_implementation("eager")
+        with lm.lock, torch.no_grad():
+            att = lm.model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+    finally:
+        lm.model.set_attn_implementation(impl)
+        for h in hooks:
+            h.remove()
+    for i, head in ((1, 0), (L // 2, H - 1), (L - 1, H // 2)):
+        W = lm.arch.layers[i].self_attn.o_proj.weight.detach().float()[:, head * D : (head + 1) * D]
+        v = vs[i].float().view(T, KV, D)[:, head // (H // KV)]
+        ref = (att[i][0, head, -1].float() * (v @ W.T).norm(dim=-1)).numpy()
+        assert np.allclose(fl.last[i, head], ref, rtol=3e-3, atol=1e-4), (i, head, fl.last[i, head], ref)
+    edges = fl.graph(0.1)
+    assert edges and any(layer == L - 1 and i == T - 1 for layer, _, i, _ in edges)
+    targets = {(L, T - 1)}
+    for layer in range(L - 1, -1, -1):  # every edge ends at a node that itself leads on to the prediction
+        here = [(j, i) for lay, j, i, _ in edges if lay == layer]
+        assert all((layer + 1, i) in targets for _, i in here)
+        targets |= {(layer, j) for j, _ in here}
+    with pytest.raises(ValueError, match="at most"):
+        flow(lm, [ids[0]] * (FLOW_MAX_TOKENS + 1))

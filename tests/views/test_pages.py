@@ -229,3 +229,22 @@ def test_why_this_token_page_patches_the_eiffel_tower_into_the_colosseum():
     at.text_input(key=at.text_input[1].key).set_value("A much longer corrupted prompt that has more tokens in it").run()
     at.button(key="why_patch").click().run()
     assert any("same number of tokens" in w.value for w in at.warning)  # said, not raised
+
+
+def test_why_this_token_page_draws_the_contribution_graph_patches_heads_and_compares_two_prompts():
+    """The contribution graph is drawn (its threshold a slider), the patching grid by head, and the two "Apple" sentences
+    side by side: both distributions, the logit lens of each, the difference of the shares."""
+    at = run("views/stages/why.py", prompt="The capital of France is", chat=False)
+    assert not at.exception, at.exception
+    assert at.slider(key="why_flow_min").value == 0.05
+    at.slider(key="why_flow_min").set_value(0.4).run()
+    assert not at.exception, at.exception
+    at.radio(key="why_over").set_value("head").run()
+    at.button(key="why_patch").click().run()
+    assert not at.exception and not at.warning, at.exception or [w.value for w in at.warning]
+    at.selectbox(key="why_side").set_value("The two Apple sentences").run()
+    at.button(key="why_compare").click().run()
+    assert not at.exception and not at.warning, at.exception or [w.value for w in at.warning]
+    lens = at.table[-1].value
+    assert list(lens.columns) == ["layer", "first prompt: top token", "second prompt: top token"] and len(lens) == 31
+    assert any("after the first prompt" in c.value for c in at.caption)

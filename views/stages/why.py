@@ -2,8 +2,8 @@ import numpy as np
 import streamlit as st
 
 from components.tokens import lit, plot_text, visible
-from components.why import before_after_figure, head_row_figure, largest_figure, patching_figure, shares_heatmap
-from pipeline.forward.attribution import ablate, attribute, patch
+from components.why import before_after_figure, flow_figure, head_row_figure, largest_figure, patching_figure, shares_heatmap, side_by_side_figure
+from pipeline.forward.attribution import FLOW_MAX_TOKENS, ablate, attribute, flow, patch
 from pipeline.forward.tokens import text_of
 from pipeline.generation.loop import prepare
 from pipeline.lab import checks
@@ -66,6 +66,31 @@ labels = [plot_text(f"{i}:{visible(t.text)[:12]}") for i, t in enumerate(tr.toke
 render.figure(head_row_figure(tr.attn_last_row[pick[0], pick[1]], labels, f"Layer {pick[0]}, head {pick[1]}: attention from the last position"), "head row")
 st.caption("Attention says where a head read from, not that what it read decided the answer: the switch below is the test.")
 
+st.subheader("Where the answer's information came from")
+st.markdown(
+    "Each layer moves information between positions. An edge from a token after one layer to a position after the next "
+    "is as wide as its **share** of what reached that position: attention weight × the size of the token's value vector "
+    "after its head's output projection, summed over heads (orange), against the position's own residual stream (grey). "
+    "Only edges on a path to the prediction (★) are drawn. **Attention alone is not an explanation**: a wide edge says "
+    "information moved, not that the answer needed it; switching components off and patching (below) test that."
+)
+if len(ids) > FLOW_MAX_TOKENS:
+    st.info(f"The prompt is {len(ids):,} tokens; the graph is drawn for prompts of at most {FLOW_MAX_TOKENS} tokens. Shorten it to see it.")
+else:
+    fkey = ("flow", lm.label, tuple(ids))
+    if st.session_state.get("_why_flow_key") != fkey:
+        st.session_state["_why_flow"], st.session_state["_why_flow_key"] = lm.run(lambda progress=None: flow(lm, ids)), fkey
+    fl = st.session_state["_why_flow"]
+    thr = st.slider("Draw edges with a share of at least", 0.02, 0.6, 0.05, 0.01, key="why_flow_min", help="Lower: more, thinner edges")
+    edges = fl.graph(thr)
+    render.figure(
+        flow_figure(edges, labels, a.heads.shape[0], f"How information reached the prediction (shares ≥ {thr:.2f})"),
+        "contribution graph",
+        settings={"threshold": thr},
+    )
+    reads = [(j, float(w)) for layer, j, i, w in edges if j != i]
+    st.caption(f"{len(edges)} edges drawn, {len(reads)} of them through attention (pipeline.forward.attribution.flow gives the same numbers).")
+
 st.subheader("Switch components off")
 parts = [n for n, _ in a.largest(30) if n != "embedding" and "bias" not in n]
 presets = {"the 5 heads with the largest shares": [n for n in parts if "H" in n and "FFN" not in n][:5]}
@@ -115,7 +140,14 @@ pair = st.selectbox("Preset", list(PAIRS), key="why_pair")
 pc = st.columns(2)
 clean = pc[0].text_input("Clean prompt", PAIRS[pair][0], key=f"why_clean_{pair}")
 corrupt = pc[1].text_input("Corrupted prompt", PAIRS[pair][1], key=f"why_corrupt_{pair}")
-if st.button("Patch every layer and position", key="why_patch"):
+over = st.radio(
+    "Restore",
+    ["position", "head"],
+    format_func=render.labeller({"position": "one position's residual stream (layer × position)", "head": "one head's output everywhere (layer × head)"}),
+    horizontal=True,
+    key="why_over",
+)
+if st.button("Patch every layer and " + over, key="why_patch"):
     ci, ki = prepare(lm, clean, 1).prompt_ids, prepare(lm, corrupt, 1).prompt_ids
     if len(ci) != len(ki):
         st.warning(
@@ -127,7 +159,13 @@ if st.button("Patch every layer and position", key="why_patch"):
             bar = st.progress(0.0, text="patching")
             loading.remember(
                 "why_patch",
-                (lm.label, clean, corrupt, [text_of(lm.tokenizer, [t]) for t in ci], patch(lm, ci, ki, progress=lambda f, m: bar.progress(f, text=m))),
+                (
+                    lm.label,
+                    clean,
+                    corrupt,
+                    [text_of(lm.tokenizer, [t]) for t in ci],
+                    patch(lm, ci, ki, progress=lambda f, m: bar.progress(f, text=m), over=over),
+                ),
             )
             bar.empty()
 kept = loading.recall("why_patch")
@@ -137,11 +175,44 @@ if kept is not None and kept[0] == lm.label:
     q = st.columns(2)
     q[0].metric(f"logit({ca!r}) − logit({ka!r}), clean", f"{pt.clean_diff:.2f}")
     q[1].metric("… corrupted", f"{pt.corrupt_diff:.2f}")
+    cols = [plot_text(visible(t)[:10]) for t in toks] if pt.over == "position" else [f"H{h}" for h in range(pt.grid.shape[1])]
     render.figure(
-        patching_figure(pt.grid, [plot_text(visible(t)[:10]) for t in toks], f"How much of {ca!r} over {ka!r} comes back"),
+        patching_figure(pt.grid, cols, f"How much of {ca!r} over {ka!r} comes back", over=pt.over),
         "patching",
-        settings={"clean": cl, "corrupted": co},
+        settings={"clean": cl, "corrupted": co, "restored": pt.over},
     )
+
+st.subheader("Two prompts side by side")
+SIDE = {"The two Apple sentences": ("Apple released a new", "Apple fell from the"), "Dog bites man / Man bites dog": PAIRS["Dog bites man / Man bites dog"]}
+side = st.selectbox("Preset", list(SIDE), key="why_side")
+sc = st.columns(2)
+pa = sc[0].text_input("First prompt", SIDE[side][0], key=f"why_a_{side}")
+pb = sc[1].text_input("Second prompt", SIDE[side][1], key=f"why_b_{side}")
+if st.button("Compare them", key="why_compare") and guard.allowed("comparing two prompts"):
+    (_, ta), (_, tb) = runs.get_trace(pa, False), runs.get_trace(pb, False)
+    t0 = int(np.argmax(ta.next_logits))  # the first prompt's answer, explained after both
+    both = lm.run(lambda progress=None: (attribute(lm, list(ta.input_ids), t0), attribute(lm, list(tb.input_ids), t0)))
+    dists = [np.exp(t.next_logits - t.next_logits.max()) for t in (ta, tb)]
+    tops = [[(plot_text(repr(visible(text_of(lm.tokenizer, [int(i)])))), float(p[i] / p.sum())) for i in np.argsort(-p)[:8]] for p in dists]
+    lens = {
+        "layer": [f"L{i - 1}" if i else "embedding" for i in range(len(ta.lens_last_top))],
+        "first prompt: top token": [visible(text_of(lm.tokenizer, [r[0][0]])) for r in ta.lens_last_top],
+        "second prompt: top token": [visible(text_of(lm.tokenizer, [r[0][0]])) for r in tb.lens_last_top],
+    }
+    loading.remember("why_side", (lm.label, (ta.prompt, tb.prompt), t0, tops, lens, both))  # not the traces: numbers only
+got = loading.recall("why_side")
+if got is not None and got[0] == lm.label:
+    _, prompts, t0, tops, lens, (aa, ab) = got
+    render.figure(
+        side_by_side_figure([plot_text(q) for q in prompts], tops, "The next token after each prompt"),
+        "side by side",
+        settings={"prompts": " | ".join(prompts)},
+    )
+    st.caption("Logit lens: the token each layer's residual stream at the last position would predict (the final norm and LM head applied early).")
+    render.table("logit lens, two prompts", lens, hide_index=True)
+    what0 = f"logit({visible(text_of(lm.tokenizer, [t0]))!r})"
+    st.caption(f"{what0}: {aa.logit:.2f} after the first prompt, {ab.logit:.2f} after the second. Which components make the difference:")
+    render.figure(shares_heatmap(aa.heads - ab.heads, aa.ffn - ab.ffn, f"Shares of {what0}: first prompt minus second"), "attribution difference")
 
 first_head = next(((int(n.split()[0][1:]), int(n.split()[1][1:])) for n in parts if "FFN" not in n), (0, 0))
 proof.how_do_we_know(lambda: [checks.check_attribution(a), checks.check_ablation(lm, ids, *first_head)], "why", a)

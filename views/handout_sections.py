@@ -1,0 +1,215 @@
+"""What the lesson handout (views.handout) says for each stage it computes from the prompt: fn(lm, trace) for a page
+whose views.pages row says handout="trace", fn(lm, generation record) for "run", each a piece of HTML with the
+stage's numbers, main figure and "How do we know?" checks, measured on this run. Streamlit-free."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+import pipeline
+from components import export
+from components.attention_figures import attention_heads
+from components.figures import labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
+from components.fmt import prob
+from components.generation import kv_growth_figure, step_times_figure
+from components.tokens import chips_html, plot_text, template_html, visible
+from components.why import largest_figure
+from pipeline.forward import analysis, sampling
+from pipeline.forward.attribution import ablate, attribute
+from pipeline.forward.tokens import text_of
+from pipeline.forward.tracing import display_maps
+from pipeline.generation.loop import kv_bytes_formula, metrics
+from pipeline.lab import checks
+
+
+def _table(rows: dict) -> str:
+    return "<table>" + "".join(f"<tr><th scope='row'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items()) + "</table>"
+
+
+def _checks(found) -> str:
+    if not found:
+        return ""
+    items = []
+    for c in found:
+        mark = ("pass", "✓ pass") if c.ok else (("skip", "– not run") if c.ok is None else ("fail", "✗ FAIL"))
+        items.append(f"<li><span class='{mark[0]}'>{mark[1]}</span> <b>{html.escape(c.name)}</b> — {html.escape(c.detail)}</li>")
+    return "<h3>How do we know?</h3><ul>" + "".join(items) + "</ul>"
+
+
+def figure_html(fig: go.Figure, title: str) -> str:
+    fig = export.floor_fonts(go.Figure(fig))
+    body = pio.to_html(fig, include_plotlyjs=False, full_html=False, config={"displaylogo": False, "responsive": True})
+    return f"<figure role='group' aria-label='{html.escape(export.alt_text(fig, title))}'>{body}</figure>"
+
+
+def safely(fn, *a, **k):
+    try:
+        return fn(*a, **k)
+    except Exception as e:  # noqa: BLE001 - one stage failing leaves the others; the handout says what failed
+        return f"<p class='note'>Could not be drawn here: {html.escape(type(e).__name__)}: {html.escape(str(e)[:200])}</p>"
+
+
+def _stage_tokens(lm, tr):
+    tk = pipeline.tokenize(lm.tokenizer, tr.prompt, chat=tr.chat)
+    out = [_table({"tokens the model reads": len(tk.tokens), "tokens from the prompt": len(tk.prompt_tokens), "characters": len(tk.prompt)})]
+    out.append(chips_html(tk.tokens, tk.segments, max_segments=600))
+    if tk.chat:
+        out.append("<p>The chat template: exactly the text the model reads (dark: special tokens).</p>" + template_html(tk.tokens))
+    return "".join(out) + _checks(checks.token_checks(lm.tokenizer, tk))
+
+
+def _stage_embeddings(lm, tr):
+    i = tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1
+    tok, f = tr.tokens[i], lm.facts
+    out = [
+        _table(
+            {
+                "embedding matrix": f"{lm.model.get_input_embeddings().weight.shape[0]:,} × {f.d_model}",
+                "token": f"{visible(tok.text)!r} (id {tok.id})",
+                "vector length (L2)": f"{analysis.embedding_norm(tr, i):.3f}",
+            }
+        )
+    ]
+    out.append(figure_html(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "embedding vector"))
+    if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
+        rd = analysis.rope_demo(lm, tr, 0)
+        if rd is not None:
+            out.append(f"<p>RoPE, θ base {rd.theta:,.0f}: each pair of the query and key is rotated by position × θ^(−2i/{f.head_dim}).</p>")
+            out.append(figure_html(rope_heatmap(rd.angles), "RoPE rotation angles"))
+    return "".join(out)
+
+
+def _stage_attention(lm, tr):
+    layer = lm.facts.n_layers // 2
+    maps, block = display_maps(tr, layer)
+    fig = attention_heads(maps, labels_of(tr.tokens), block=block, layer=layer, scale="log" if tr.T > 64 else "linear")
+    return (
+        f"<p>Layer {layer}: {analysis.sink_share(tr):.0%} of all attention goes to the first token (the attention sink).</p>"
+        + figure_html(fig, f"attention heads, layer {layer}")
+        + _checks(checks.check_attention(lm, tr))
+    )
+
+
+def _stage_layer(lm, tr):
+    pos = tr.T - 1
+    labels = labels_of(tr.tokens)
+    fig = residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos])
+    lens = [(i, text_of(lm.tokenizer, [t[0][0]]), t[0][1]) for i, t in enumerate(tr.lens_last_top)]
+    rows = {("embeddings" if i == 0 else f"after layer {i - 1}"): f"{visible(t)!r} p={prob(p)}" for i, t, p in lens[:: max(1, len(lens) // 8)]}
+    return figure_html(fig, "residual stream") + "<p>The logit lens at the last position: the top token if the model stopped there.</p>" + _table(rows)
+
+
+def _stage_next(lm, tr):
+    d = sampling.DEFAULTS
+    steps = sampling.filter_steps(tr.next_logits, d)
+    order = np.argsort(-steps[0].probs)[:12]
+    cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r}") for i in order]
+    fig = sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps])
+    nxt = int(np.argmax(tr.next_logits))
+    numbers = {
+        "most likely next token": f"{visible(text_of(lm.tokenizer, [nxt]))!r} (id {nxt}), p = {prob(float(steps[0].probs[nxt]))}",
+        "settings": f"temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}",
+        "candidates left": f"{steps[-1].kept:,} of {len(steps[0].probs):,}",
+    }
+    return (
+        _table(numbers)
+        + figure_html(fig, "softmax, temperature, top-k, top-p")
+        + _checks([checks.check_filters(tr.next_logits, d), *checks.check_logits(lm, tr)[:1]])
+    )
+
+
+def _stage_generation(lm, rec):
+    return f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>" + _checks(
+        checks.generation_checks(lm, rec)
+    )
+
+
+def _stage_prefill(lm, rec):
+    m = metrics(rec.events)
+    rows = {
+        "time to first token (prefill)": f"{m.ttft_s * 1000:.0f} ms",
+        "mean decode step": f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
+        "prompt tokens": rec.prompt_tokens,
+    }
+    return _table(rows) + figure_html(step_times_figure(rec.events), "time per generated token")
+
+
+def _stage_kv(lm, rec):
+    last = rec.events[-1]
+    rows = {"formula, per token": f"{lm.kv_token_bytes:,} B", "cache at the end": f"{last.kv_bytes / 2**20:.2f} MiB ({last.context_len} tokens)"}
+    return (
+        _table(rows)
+        + figure_html(kv_growth_figure(rec.events, lambda n: kv_bytes_formula(lm, n)), "KV cache size")
+        + _checks([checks.check_kv_bytes(lm, rec.events)])
+    )
+
+
+def _stage_sharding(lm, _rec):
+    from pipeline.lab.sharding import tensor_parallel_plan
+
+    rows = {}
+    for n in (1, 2, 4):
+        tp = tensor_parallel_plan(lm, n)
+        rows[f"{n} device{'s' if n > 1 else ''}"] = (
+            f"{tp.weights_mb_per_device:,.1f} MiB of weights each, {tp.allreduce_bytes_per_token / 1024:,.1f} KiB all-reduced per token"
+        )
+    return "<p class='note'>A plan computed on paper for this model, not a measurement.</p>" + _table(rows)
+
+
+def _stage_myths(lm, tr):
+    from pipeline.lab import misconceptions as mc
+
+    temps = mc.temperature_sweep(tr.next_logits)
+    rows = {
+        f"temperature {r.temperature}": f"top token {visible(text_of(lm.tokenizer, [r.top_id]))!r} p={prob(r.top_p)}, {r.n_for_90} candidates for 90%"
+        for r in temps.rows
+    }
+    return (
+        "<p>“A higher temperature makes the model smarter”: the same token leads at every temperature; only the spread changes.</p>"
+        + _table(rows)
+        + _checks(temps.checks)
+    )
+
+
+def _stage_why(lm, tr):
+    ids = list(tr.input_ids)
+    a = attribute(lm, ids)
+    tok = visible(text_of(lm.tokenizer, [a.target]))
+    heads = [(int(n.split()[0][1:]), int(n.split()[1][1:])) for n, _ in a.largest(40) if " H" in n][:5]
+    d = ablate(lm, ids, heads=heads)
+    return (
+        f"<p>The logit of {html.escape(repr(tok))} is the sum of one share per component: the embedding, every attention head, every "
+        "feed-forward block (the final norm's scale frozen at this run's value). A large share is a claim; switching the component "
+        "off tests it.</p>"
+        + _table(
+            {
+                f"logit({tok!r})": f"{a.logit:.3f}",
+                "sum of the shares": f"{a.total:.3f}",
+                "the 5 heads with the largest shares": ", ".join(f"L{i} H{h}" for i, h in heads),
+                f"p({tok!r}) with them switched off (zero)": f"{float(d.after[d.token]):.3f}, was {float(d.before[d.token]):.3f} (rank now {d.new_rank + 1})",
+            }
+        )
+        + figure_html(largest_figure(a.largest(12), f"The 12 largest shares of logit({tok!r})"), "largest shares")
+        + _checks([checks.check_attribution(a), checks.check_ablation(lm, ids, *heads[0])])
+    )
+
+
+# the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
+# handout="trace", fn(lm, generation record) for "run" (tests/views/test_handout.py: one for every such row)
+SECTIONS = {
+    "tokens": _stage_tokens,
+    "embeddings": _stage_embeddings,
+    "attention": _stage_attention,
+    "layer": _stage_layer,
+    "next-token": _stage_next,
+    "generation": _stage_generation,
+    "prefill-decode": _stage_prefill,
+    "kv-cache": _stage_kv,
+    "streaming-sharding": _stage_sharding,
+    "why": _stage_why,
+    "misconceptions": _stage_myths,
+}
