@@ -8,7 +8,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, header, loading, pages, sidebar  # noqa: E402  (after set_page_config)
+from views import guard, header, live, loading, pages, sidebar  # noqa: E402  (after set_page_config)
 
 
 def _page(spec: pages.PageSpec) -> st.Page:
@@ -23,14 +23,18 @@ page = st.navigation(list(NAV.values()), expanded=True)
 demo_mode = guard.policy().enabled
 if demo_mode:
     loading.warm()  # the operator's models load at the first visit, in the background
-sidebar.sidebar()
 spec = pages.BY_TITLE.get(page.title, pages.STAGES[0])
+live.follow(spec.slug, lambda slug: NAV[pages.BY_SLUG[slug].title])  # a student in a live class: the presenter's view first
+sidebar.sidebar()
 prev_spec, next_spec = pages.neighbours(spec)
 header.page_header(spec, NAV[prev_spec.title] if prev_spec else None, NAV[next_spec.title] if next_spec else None)
-if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
-    try:
+try:
+    if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
+        try:
+            page.run()
+        except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
+            guard.fail(e, "draw this page", level="error")
+    else:
         page.run()
-    except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
-        guard.fail(e, "draw this page", level="error")
-else:
-    page.run()
+finally:
+    live.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)

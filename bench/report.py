@@ -75,6 +75,14 @@ ABOUT = {
     "fairness": ("Other visitors' pages while a heavy experiment runs (the fair model lock).", "bench/bench_fairness.py"),
     "fairness_before": ("The same, before the fair lock (kept for comparison).", "bench/bench_fairness.py (before)"),
     "class_load": ("A class on the demo server: browsers and API visitors at once for minutes; answers checked, memory and leaks.", "bench/bench_class.py"),
+    "why_smollm2": (
+        "Why this token on a 64-token prompt (SmolLM2): the page's trace, then attribution and the contribution graph (goal: "
+        "both within 1 s after the trace), an intervention switching the 5 largest heads off against the trace's time, each "
+        "beside a plain forward, interleaved repeats; and the patching grids for 16 tokens x every layer, by position and by "
+        "head (goal: within 10 s on this CPU).",
+        "bench/bench_why.py --reps 7",
+    ),
+    "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
 }
 
 

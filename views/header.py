@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from components import export
-from views import guard
+from views import guard, live
 from views.loading import model_key
 from views.pages import BY_TITLE, STAGES, PageSpec
 from views.render import PRESENT_MAIN_HEIGHT, PageExports, presenting
@@ -69,6 +69,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         width="content",
         help="Every figure of this page as SVG and 3x PNG (the model, prompt and settings inside each), the numbers behind them as JSON, its tables as CSV, in one ZIP",
     )
+    live.controls(bar)
     make = bar.button(
         "Lesson handout",
         key="handout_go",
@@ -85,6 +86,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         if next_page is not None:
             links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry, help=f"Next: {next_page.title}")
     _handout(make)
+    live.banner()
     if presenting() and spec.takeaway:
         st.container(key="takeaway").info(spec.takeaway, icon=":material/lightbulb:")
     st.title(spec.h1)

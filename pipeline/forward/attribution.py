@@ -99,7 +99,7 @@ def _last_position_parts(lm: LoadedModel, prompt_ids: list[int]):
             hooks.append(layer.mlp.register_forward_hook(post(keep["ffn"], i)))
         hooks.append(arch.decoder.norm.register_forward_pre_hook(lambda _m, args: keep.__setitem__("final", args[0][0, -1].detach().float().clone())))
         with lm.lock, torch.inference_mode():
-            out = lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False)
+            out = lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False, logits_to_keep=1)
         keep["logits"] = out.logits[0, -1].detach().float().cpu()
     finally:
         for h in hooks:
@@ -164,10 +164,11 @@ class Ablated:
     new_rank: int  # its rank after (0 = still first)
 
 
-def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str = "zero") -> Ablated:
+def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str = "zero", before: np.ndarray | torch.Tensor | None = None) -> Ablated:
     """Switch off attention heads [(layer, head)] and feed-forward blocks [layer] by `mode`: "zero" (their output
     set to 0) or "mean" (replaced by its mean over the prompt's positions), at every position; the next-token
-    distribution before and after."""
+    distribution before and after. `before`: the untouched model's last-position logits when the caller has them
+    (the page's trace), saving one forward; else they are computed here."""
     if mode not in ("zero", "mean"):
         raise ValueError("mode is 'zero' or 'mean'")
     arch, f = lm.arch, lm.facts
@@ -201,14 +202,17 @@ def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str =
         return torch.zeros_like(out) if mode == "zero" else out.mean(dim=-2, keepdim=True).expand_as(out).clone()
 
     with lm.lock, torch.inference_mode():
-        logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu()
+        if before is None:
+            logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
+        else:
+            logits = torch.as_tensor(before).float().cpu()
         before = torch.softmax(logits, -1)
         if not by_layer and not ffn:  # nothing switched off: the same forward, not a second one
             return Ablated(before, before, logits, 0.0, int(before.argmax()), 0)
         hooks = [arch.layers[i].self_attn.o_proj.register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
         hooks += [arch.layers[i].mlp.register_forward_hook(off_ffn) for i in set(ffn)]
         try:
-            logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu()
+            logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
             after = torch.softmax(logits, -1)
         finally:
             for h in hooks:
@@ -265,11 +269,20 @@ def _grab(lm: LoadedModel, ids: torch.Tensor, where: str) -> tuple[list[torch.Te
     else:
         hooks = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
     try:
-        logits = lm.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+        logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
     finally:
         for h in hooks:
             h.remove()
     return keep, logits
+
+
+def _replay(out: torch.Tensor):
+    """A decoder layer's forward that returns `out` (what it computed in an earlier run) without computing."""
+
+    def forward(*_args, **_kwargs):
+        return out
+
+    return forward
 
 
 def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progress=None, over: str = "position") -> Patching:
@@ -289,7 +302,7 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
     n = T if over == "position" else H
     with lm.lock, torch.inference_mode():
         clean_states, clean_logits = _grab(lm, torch.tensor([clean_ids], device=dev), "layer" if over == "position" else "heads")
-        corrupt_logits = lm.model(input_ids=torch.tensor([corrupt_ids], device=dev), use_cache=False).logits[0, -1].float()
+        corrupt_states, corrupt_logits = _grab(lm, torch.tensor([corrupt_ids], device=dev), "layer")
         a = int(clean_logits.argmax())
         b = int(corrupt_logits.argmax())
         if b == a:  # the corruption did not change the answer: compare with the clean run's runner-up
@@ -312,11 +325,18 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
                 z[rows, :, rows] = clean_states[i][0].view(T, H, D).transpose(0, 1)  # row h: head h restored everywhere
                 return (z.view(n, T, H * D), *args[1:])
 
+            # nothing before the patch changes: the layers before it (and, restoring a position, the patched layer
+            # itself) give back the corrupted run's output instead of computing it again (half the work of the grid)
+            replayed = lm.arch.layers[: i + 1 if over == "position" else i]
+            for k, earlier in enumerate(replayed):
+                earlier.forward = _replay(corrupt_states[k].expand(n, -1, -1))
             hook = layer.register_forward_hook(restore) if over == "position" else layer.self_attn.o_proj.register_forward_pre_hook(restore_head)
             try:
-                logits = lm.model(input_ids=batch, use_cache=False).logits[:, -1].float()
+                logits = lm.model(input_ids=batch, use_cache=False, logits_to_keep=1).logits[:, -1].float()
             finally:
                 hook.remove()
+                for earlier in replayed:
+                    del earlier.forward  # the class's own forward again
             grid[i] = ((diff(logits) - lo) / (hi - lo if hi != lo else 1.0)).cpu().numpy()
             if progress:
                 progress((i + 1) / L, f"layer {i + 1} of {L}")
@@ -382,7 +402,7 @@ def flow(lm: LoadedModel, prompt_ids: list[int]) -> Flow:
     hooks = [layer.register_forward_pre_hook(entering(i), with_kwargs=True) for i, layer in enumerate(lm.arch.layers)]
     try:
         with lm.lock, torch.inference_mode(), capturing(cap):
-            lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False)
+            lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()

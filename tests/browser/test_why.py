@@ -31,7 +31,11 @@ def test_why_this_token_walks_attribution_ablation_and_patching(server, browser,
     wait_idle(page, 300_000)
     no_exception(page)
     picked = page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first
-    assert label(model) in (picked.locator("input").first.input_value() if picked.locator("input").count() else picked.evaluate("e => e.innerText + e.querySelector('[value]')?.value"))
+    assert label(model) in (
+        picked.locator("input").first.input_value()
+        if picked.locator("input").count()
+        else picked.evaluate("e => e.innerText + e.querySelector('[value]')?.value")
+    )
     metrics = dict(zip(page.locator("[data-testid='stMetricLabel']").all_inner_texts(), page.locator("[data-testid='stMetricValue']").all_inner_texts()))
     logit = next(v for k, v in metrics.items() if k.startswith("The model's logit"))
     assert abs(float(metrics["Sum of the shares"]) - float(logit)) < 2e-3, metrics

@@ -1,0 +1,157 @@
+"""Live classes, without Streamlit: a presenter's browser owns a class under a short code; every view it shows (page,
+model, prompt, chat mode, the page's settings) is published as a numbered View; followers ask for the current view
+(a heartbeat, which is also how they are counted) and apply it when its number moved on.
+
+    classes = Classes(idle_s=3 * 3600)
+    c = classes.start(owner="<presenter's browser id>")      # the same class again for the same browser
+    classes.publish(c.code, owner, {"slug": "attention", "state": {...}})   # only the owner can
+    view = classes.follow(code, follower="<session id>")     # None: no such class, or it ended / expired
+    classes.followers(code); classes.end(code, owner)
+
+Codes are 8 characters from 31 without look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes, and a wrong code costs a
+visitor one guess of the demo server's rate limit. A follower learns the view, never the owner's browser id.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+ALPHABET = "23456789abcdefghjkmnpqrstuvwxyz"  # 31 characters: no 0, 1, i, l, o
+CODE_LEN = 8
+SEEN_S = 6.0  # a follower counts while its last heartbeat is this recent (they beat every second)
+
+
+def is_code(text: str | None) -> bool:
+    """Whether `text` has a code's shape (8 characters of ALPHABET); checked before any lookup."""
+    return isinstance(text, str) and len(text) == CODE_LEN and all(c in ALPHABET for c in text)
+
+
+@dataclass
+class View:
+    """What the presenter shows: the page's slug and the widget state that makes it (typed values by key)."""
+
+    number: int
+    slug: str
+    state: dict[str, Any]
+    at: float
+
+
+@dataclass
+class LiveClass:
+    code: str
+    owner: str
+    started: float
+    last_active: float
+    view: View | None = None
+    ended: bool = False
+    _seen: dict[str, float] = field(default_factory=dict)
+
+
+class Ended(LookupError):
+    """The class this code named has ended (or expired, or never existed): the message says which."""
+
+
+class Classes:
+    """Every live class of this server, thread-safe. A class no presenter published to for `idle_s` expires; at most
+    `max_classes` run at once (the oldest idle one goes first)."""
+
+    def __init__(self, idle_s: float = 3 * 3600, max_classes: int = 64, clock=time.monotonic):
+        self.idle_s, self.max_classes, self._clock = idle_s, max_classes, clock
+        self._lock = threading.Lock()
+        self._by_code: dict[str, LiveClass] = {}
+        self._ended: dict[str, str] = {}  # code -> why, for a follower's message (bounded below)
+
+    def _expire(self, now: float) -> None:
+        for code, c in list(self._by_code.items()):
+            if now - c.last_active > self.idle_s:
+                self._close(code, "expired: its presenter showed nothing for a while")
+
+    def _close(self, code: str, why: str) -> None:
+        c = self._by_code.pop(code, None)
+        if c is not None:
+            c.ended = True
+        self._ended[code] = why
+        while len(self._ended) > 4 * self.max_classes:
+            self._ended.pop(next(iter(self._ended)))
+
+    def start(self, owner: str) -> LiveClass:
+        """The owner's live class: a new one, or the one this browser already runs (every tab drives the same)."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            mine = self._of(owner)
+            if mine is not None:
+                return mine
+            if len(self._by_code) >= self.max_classes:
+                oldest = min(self._by_code.values(), key=lambda c: c.last_active)
+                self._close(oldest.code, "ended: the server makes room for a new class")
+            code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
+            while code in self._by_code or code in self._ended:
+                code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
+            c = self._by_code[code] = LiveClass(code, owner, now, now)
+            return c
+
+    def _of(self, owner: str) -> LiveClass | None:
+        return next((c for c in self._by_code.values() if c.owner == owner), None)
+
+    def of_owner(self, owner: str) -> LiveClass | None:
+        """The class this browser presents, if any."""
+        with self._lock:
+            self._expire(self._clock())
+            return self._of(owner)
+
+    def publish(self, code: str, owner: str, slug: str, state: dict[str, Any]) -> View:
+        """The presenter's current view (a new number only when it changed). Only the owner publishes."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner:
+                raise Ended("This live class is not yours, or it has ended.")
+            now = c.last_active = self._clock()
+            if c.view is None or c.view.slug != slug or c.view.state != state:
+                c.view = View((c.view.number + 1) if c.view else 1, slug, dict(state), now)
+            return c.view
+
+    def follow(self, code: str, follower: str) -> View | None:
+        """A follower's heartbeat: the current view (None before the presenter showed one). Ended with why when the
+        code names no running class."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            c = self._by_code.get(code) if is_code(code) else None
+            if c is None:
+                why = self._ended.get(code)
+                raise Ended(f"The live class {code} has {why}." if why else f"There is no live class with the code {code!r} on this server.")
+            c._seen[follower] = now
+            if len(c._seen) > 4096:  # a bound whatever the followers do: the long-gone first
+                for k in sorted(c._seen, key=c._seen.get)[:1024]:
+                    del c._seen[k]
+            return c.view
+
+    def leave(self, code: str, follower: str) -> None:
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is not None:
+                c._seen.pop(follower, None)
+
+    def followers(self, code: str) -> int:
+        """How many follow right now (a heartbeat within SEEN_S seconds)."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None:
+                return 0
+            now = self._clock()
+            return sum(1 for t in c._seen.values() if now - t <= SEEN_S)
+
+    def end(self, code: str, owner: str) -> None:
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is not None and c.owner == owner:
+                self._close(code, "ended: the presenter closed it")
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_code)

@@ -1,0 +1,80 @@
+"""A live class in real Chromium: a presenter and three students (each its own browser, so its own cookie). The
+students follow the presenter's page and prompt, one explores on its own and follows again, the presenter sees how many
+follow, ends the class, and every student is told. A wrong code says so."""
+
+import pytest
+from ui import set_prompt, wait_idle
+
+pytestmark = pytest.mark.browser
+SOON = 15_000  # ms: the held-out bar is 5 s on this 2-core machine; a test on a loaded CI machine allows more
+
+
+def fresh(browser, url):
+    page = browser.new_context(viewport={"width": 1300, "height": 1000}).new_page()
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    return page
+
+
+def go(page, slug):
+    page.locator(f"[data-testid='stSidebarNavLink'][href$='/{slug}']").first.click()
+    wait_idle(page)
+
+
+def at(page, slug):
+    page.wait_for_function(f"() => location.pathname.endsWith('/{slug}')", timeout=SOON)
+
+
+def test_students_follow_explore_follow_again_and_are_told_the_class_ended(server, browser):
+    teacher = fresh(browser, f"{server}/tokens")
+    teacher.get_by_role("button", name="Start a live class").click()
+    wait_idle(teacher)
+    teacher.get_by_role("button", name="Live class").first.click()
+    body = teacher.locator("[data-testid='stPopoverBody']")
+    body.locator("svg").first.wait_for(timeout=SOON)  # the QR code, drawn on the server
+    link = body.locator("code").first.inner_text().strip()
+    assert "?follow=" in link and len(link.split("follow=")[1]) == 8
+    teacher.keyboard.press("Escape")
+
+    students = [fresh(browser, link) for _ in range(3)]
+    for s in students:
+        at(s, "tokens")
+        assert "follows the presenter" in s.locator("[data-testid='stAlert']").first.inner_text()
+
+    set_prompt(teacher, "Dog bites man.")
+    go(teacher, "attention")
+    for s in students:
+        at(s, "attention")
+        s.wait_for_function("() => document.querySelector('[data-testid=stSidebar] textarea')?.value === 'Dog bites man.'", timeout=SOON)
+        assert "follow=" in s.url  # a refresh keeps following
+
+    me = students[0]
+    me.get_by_role("button", name="Explore on my own").click()
+    wait_idle(me)
+    go(me, "embeddings")
+    go(teacher, "layer")
+    for s in students[1:]:
+        at(s, "layer")
+    me.wait_for_timeout(3000)
+    assert me.url.split("?")[0].endswith("/embeddings"), "a student exploring on their own stays where they are"
+    me.get_by_role("button", name="Follow again").click()
+    at(me, "layer")
+
+    teacher.get_by_role("button", name="Live class").first.click()
+    teacher.wait_for_function(
+        "() => [...document.querySelectorAll('[data-testid=stPopoverBody] [data-testid=stMetricValue]')].some(e => e.innerText.trim() === '3')", timeout=SOON
+    )
+    teacher.get_by_role("button", name="End the class").click()
+    wait_idle(teacher)
+    assert teacher.get_by_role("button", name="Start a live class").count() == 1
+    for s in students:
+        s.wait_for_function("() => document.body.innerText.includes('the presenter closed it')", timeout=SOON)
+        assert "follow=" not in s.url
+
+
+def test_a_wrong_code_says_so(server, browser):
+    page = fresh(browser, f"{server}/?follow=zzzzzzzz")
+    page.wait_for_function("() => document.body.innerText.includes('no live class')", timeout=SOON)
+    page = fresh(browser, f"{server}/?follow=%3Cscript%3E")
+    page.wait_for_function("() => document.body.innerText.includes('not a code')", timeout=SOON)

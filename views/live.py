@@ -1,0 +1,188 @@
+"""A live class: the presenter's browser publishes what it shows (page, model, prompt, chat mode, the page's settings);
+students who open the join link (?follow=CODE) see the same within a couple of seconds, can explore on their own and
+follow again. The classes themselves live in appstate.classes (Streamlit-free); this module wires them to the page.
+
+Following applies the presenter's widget values to the student's own session before any widget is drawn (bound
+widgets then write the address bar themselves), so a student's runs stay theirs and a prompt costs the server one
+trace whoever follows (the shared trace cache)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import secrets
+
+import streamlit as st
+
+from appstate.classes import Classes, Ended, is_code
+from views import guard
+from views.session import session_key
+
+# what a view never carries: the student's own presentation switch, a link's frozen copy or stored prompt, the code
+NOT_FOLLOWED = {"follow", "present", "view", "p", "s"}
+SHARED_KEYS = ("model_choice", "prompt", "chat")  # the sidebar's (bound, but absent from the address at their defaults)
+
+
+@st.cache_resource(show_spinner=False)
+def classes() -> Classes:
+    """This server's live classes (one store per process); an idle class expires after LLM_EXPLORER_CLASS_IDLE_MIN
+    minutes (default 180)."""
+    return Classes(idle_s=60 * float(os.environ.get("LLM_EXPLORER_CLASS_IDLE_MIN", "180")))
+
+
+def _me() -> str:
+    """This tab's follower id (counted once however often it beats)."""
+    return st.session_state.setdefault("_live_me", secrets.token_hex(8))
+
+
+def current_view() -> dict:
+    """The widget values that make this page as this browser sees it: the sidebar's, and every bound setting that is
+    not at its default (those are the ones in the address)."""
+    keys = [k for k in st.query_params if k not in NOT_FOLLOWED] + list(SHARED_KEYS)
+    return {k: st.session_state[k] for k in dict.fromkeys(keys) if k in st.session_state}
+
+
+def publish(slug: str) -> None:
+    """A presenter's run: the class (if this browser runs one) gets this view."""
+    c = classes().of_owner(session_key())
+    if c is not None:
+        classes().publish(c.code, session_key(), slug, current_view())
+
+
+def follow(slug: str, page_of) -> None:
+    """A student's run, before any widget: take the join link's code, then (while following) apply the presenter's
+    latest view and go to the presenter's page. `page_of(slug)` gives the st.Page to switch to."""
+    code = st.query_params.get("follow")
+    if code is not None:
+        if not is_code(code):
+            del st.query_params["follow"]
+            st.warning("This link's live-class code is not a code (8 letters and digits): it was ignored.")
+        elif st.session_state.get("_live_code") != code or st.session_state.get("_live_exploring"):
+            st.session_state.update(_live_code=code, _live_exploring=False, _live_applied=None)
+    code = st.session_state.get("_live_code")
+    if not code or st.session_state.get("_live_exploring"):
+        return
+    try:
+        view = classes().follow(code, _me())
+    except Ended as e:
+        st.session_state["_live_code"] = None
+        st.query_params.pop("follow", None)
+        st.info(f"{e} This page is yours to explore now.", icon=":material/co_present:")
+        return
+    if view is None or view.number == st.session_state.get("_live_applied"):
+        return
+    st.session_state["_live_applied"] = view.number
+    for k in [k for k in st.query_params if k not in NOT_FOLLOWED and k not in view.state]:
+        st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
+    st.session_state.update(copy.deepcopy(view.state))  # the student's own values from here on (lists too)
+    if view.slug != slug:
+        st.switch_page(page_of(view.slug), query_params={"follow": code})
+    if st.query_params.get("follow") != code:
+        st.query_params["follow"] = code  # a refresh keeps following
+
+
+def _explore() -> None:
+    st.session_state["_live_exploring"] = True
+    st.query_params.pop("follow", None)
+    classes().leave(st.session_state.get("_live_code") or "", _me())
+
+
+def _follow_again() -> None:
+    st.session_state.update(_live_exploring=False, _live_applied=None)
+
+
+@st.fragment(run_every="1s")
+def _watch(code: str) -> None:
+    """A follower's heartbeat: when the presenter shows something new, the whole page runs again and applies it."""
+    try:
+        view = classes().follow(code, _me())
+    except Ended:
+        st.rerun(scope="app")  # follow() says so and stops
+    if view is not None and view.number != st.session_state.get("_live_applied"):
+        st.rerun(scope="app")
+
+
+def banner() -> None:
+    """What a student sees: that the view follows the presenter, with the way out; or the way back in."""
+    code = st.session_state.get("_live_code")
+    if not code:
+        return
+    box = st.container(horizontal=True, vertical_alignment="center", key="live_banner")
+    if st.session_state.get("_live_exploring"):
+        box.caption(f"You left the live class {code} to explore on your own.")
+        box.button("Follow again", key="live_again", on_click=_follow_again, icon=":material/co_present:", width="content")
+        return
+    box.info(f"This view follows the presenter's screen (live class {code}).", icon=":material/co_present:")
+    box.button("Explore on my own", key="live_explore", on_click=_explore, icon=":material/explore:", width="content")
+    with box:
+        _watch(code)
+
+
+def join_link(code: str) -> str:
+    """The address a student opens: this server's front page with ?follow=CODE."""
+    try:
+        base = st.context.url or ""
+    except Exception:  # noqa: BLE001 - no client context (AppTest)
+        base = ""
+    root = base.split("?")[0].rstrip("/")
+    for spec_slug in sorted({p for p in _slugs() if p}, key=len, reverse=True):
+        if root.endswith("/" + spec_slug):
+            root = root[: -len(spec_slug) - 1]
+            break
+    return f"{root or 'http://localhost:8501'}/?follow={code}"
+
+
+def _slugs() -> list[str]:
+    from views.pages import ALL
+
+    return [p.slug for p in ALL]
+
+
+def qr_svg(text: str) -> str:
+    """`text` as a QR code, an SVG drawn here (segno), black on white with its quiet zone."""
+    import segno
+
+    out = io.BytesIO()
+    segno.make(text, error="m").save(out, kind="svg", scale=6, border=4, xmldecl=False, svgns=True, title="QR code of the join link")
+    return out.getvalue().decode()
+
+
+def _end() -> None:
+    c = classes().of_owner(session_key())
+    if c is not None:
+        classes().end(c.code, session_key())
+
+
+@st.fragment(run_every="2s")
+def _count(code: str) -> None:
+    n = classes().followers(code)
+    st.metric("Following now", n, help="Students whose page followed within the last few seconds")
+
+
+def controls(bar) -> None:
+    """The presenter's side, in the page header: start a class, or the running class's join link, code, QR code,
+    how many follow, and the end."""
+    if st.session_state.get("_live_code") and not st.session_state.get("_live_exploring"):
+        return  # a follower does not present
+    c = classes().of_owner(session_key())
+    if c is None:
+        go = bar.button(
+            "Start a live class",
+            key="live_start",
+            icon=":material/cast_for_education:",
+            width="content",
+            help="Students who open the join link see what this browser shows (page, model, prompt, settings) as you go",
+        )
+        if go and guard.allowed("starting a live class"):  # a demo server's limits apply
+            classes().start(session_key())
+            st.rerun()
+        return
+    pop = bar.popover(f"Live class {c.code}", icon=":material/cast_for_education:", width="content")
+    link = join_link(c.code)
+    pop.markdown(f"Students open this link, or scan the code (class **{c.code}**):")
+    pop.code(link, language=None, wrap_lines=True)
+    pop.html(qr_svg(link), width="content")
+    with pop:
+        _count(c.code)
+    pop.button("End the class", key="live_end", on_click=_end, icon=":material/stop_circle:")
