@@ -41,6 +41,30 @@ class View:
 
 
 @dataclass
+class Question:
+    """ "What comes next?": the presenter's prompt and the candidates offered, the class's answers (one per browser,
+    the latest counts; kept by browser id on the server, never shown), and whether the model's answer is revealed."""
+
+    number: int
+    prompt: str
+    options: list[str]
+    answers: dict[str, str] = field(default_factory=dict)
+    revealed: bool = False
+    answer: str | None = None  # the model's, set when revealed
+
+    def tally(self) -> dict[str, int]:
+        """Guesses by text (as typed, trimmed), most common first."""
+        out: dict[str, int] = {}
+        for a in self.answers.values():
+            out[a] = out.get(a, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+MAX_ANSWER_CHARS = 40
+MIN_ANSWER_GAP_S = 2.0  # one answer per browser every 2 seconds at most
+
+
+@dataclass
 class LiveClass:
     code: str
     owner: str
@@ -48,7 +72,9 @@ class LiveClass:
     last_active: float
     view: View | None = None
     ended: bool = False
+    question: Question | None = None
     _seen: dict[str, float] = field(default_factory=dict)
+    _answered: dict[str, float] = field(default_factory=dict)
 
 
 class Ended(LookupError):
@@ -151,6 +177,50 @@ class Classes:
             c = self._by_code.get(code)
             if c is not None and c.owner == owner:
                 self._close(code, "ended: the presenter closed it")
+
+    def ask(self, code: str, owner: str, prompt: str, options: list[str]) -> Question:
+        """The presenter opens a question (replacing the last one)."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner:
+                raise Ended("This live class is not yours, or it has ended.")
+            c.last_active = self._clock()
+            c.question = Question((c.question.number + 1) if c.question else 1, prompt, list(options))
+            c._answered.clear()
+            return c.question
+
+    def question(self, code: str) -> Question | None:
+        with self._lock:
+            c = self._by_code.get(code)
+            return c.question if c is not None else None
+
+    def answer(self, code: str, browser: str, text: str) -> str:
+        """A follower's guess (one per browser: a new one replaces it). Returns what was kept; ValueError with a
+        message for an empty or long answer, a closed question, or answers faster than one every 2 seconds."""
+        text = " ".join(str(text).split())
+        if not text:
+            raise ValueError("Type a word (or pick one) first.")
+        if len(text) > MAX_ANSWER_CHARS:
+            raise ValueError(f"An answer is at most {MAX_ANSWER_CHARS} characters.")
+        with self._lock:
+            c = self._by_code.get(code)
+            q = c.question if c is not None else None
+            if q is None or q.revealed:
+                raise ValueError("The question is closed: the model's answer is on the board.")
+            now = self._clock()
+            if now - c._answered.get(browser, -1e9) < MIN_ANSWER_GAP_S:
+                raise ValueError("One answer every 2 seconds: try again in a moment.")
+            c._answered[browser] = now
+            q.answers[browser] = text
+            return text
+
+    def reveal(self, code: str, owner: str, answer: str) -> Question:
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner or c.question is None:
+                raise Ended("This live class is not yours, or it asks nothing.")
+            c.question.revealed, c.question.answer = True, answer
+            return c.question
 
     def __len__(self) -> int:
         with self._lock:

@@ -140,7 +140,12 @@ def _stage_prefill(lm, rec):
 
 def _stage_kv(lm, rec):
     last = rec.events[-1]
-    rows = {"formula, per token": f"{lm.kv_token_bytes:,} B", "cache at the end": f"{last.kv_bytes / 2**20:.2f} MiB ({last.context_len} tokens)"}
+    L = lm.facts.n_layers
+    rows = {
+        f"formula, per token (all {L} layers)": f"{kv_bytes_formula(lm, 1):,} B",
+        "… of which one layer": f"{lm.kv_token_bytes:,} B (2 × {lm.facts.n_kv_heads} KV heads × {lm.facts.head_dim} × {lm.arch.bytes_per_value} B)",
+        "cache at the end": f"{last.kv_bytes / 2**20:.2f} MiB ({last.context_len} tokens)",
+    }
     return (
         _table(rows)
         + figure_html(kv_growth_figure(rec.events, lambda n: kv_bytes_formula(lm, n)), "KV cache size")

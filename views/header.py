@@ -69,6 +69,8 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         width="content",
         help="Every figure of this page as SVG and 3x PNG (the model, prompt and settings inside each), the numbers behind them as JSON, its tables as CSV, in one ZIP",
     )
+    if presenting():
+        _prompt_box(bar)
     live.controls(bar)
     make = bar.button(
         "Lesson handout",
@@ -82,14 +84,32 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         carry = {k: st.query_params.get(k) for k in st.query_params}
         short = lambda p: BY_TITLE[p.title].short  # noqa: E731 - "14": the row stays one line at 1280 px
         if prev_page is not None:
-            links.page_link(prev_page, label=f"← {short(prev_page)}", query_params=carry, help=f"Previous: {prev_page.title}")
+            links.page_link(prev_page, label=f"← {short(prev_page)}", query_params=carry)  # no tooltip: it covered the title
         if next_page is not None:
-            links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry, help=f"Next: {next_page.title}")
+            links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry)
     _handout(make)
     live.banner()
     if presenting() and spec.takeaway:
         st.container(key="takeaway").info(spec.takeaway, icon=":material/lightbulb:")
     st.title(spec.h1)
+
+
+def _take_prompt() -> None:
+    st.session_state["prompt"] = st.session_state["_present_prompt"]
+    st.session_state["preset"] = "—"
+
+
+def _prompt_box(bar) -> None:
+    """Presentation mode hides the sidebar: its prompt and chat switch, here, in a popover of the page's row."""
+    st.session_state["_present_prompt"] = st.session_state.get("prompt") or ""
+    pop = bar.popover("Prompt", icon=":material/edit_note:", width="content", help="The prompt every page runs (the sidebar's, hidden while presenting)")
+    pop.text_area("Prompt", key="_present_prompt", height=120, on_change=_take_prompt, help="Ctrl+Enter applies it")
+    st.session_state["_present_chat"] = bool(st.session_state.get("chat"))
+    pop.toggle("Chat mode (wrap in the chat template)", key="_present_chat", on_change=_take_chat)
+
+
+def _take_chat() -> None:
+    st.session_state["chat"] = st.session_state["_present_chat"]
 
 
 def _drawn_key() -> tuple:

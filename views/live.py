@@ -60,6 +60,7 @@ def follow(slug: str, page_of) -> None:
             st.warning("This link's live-class code is not a code (8 letters and digits): it was ignored.")
         elif st.session_state.get("_live_code") != code or st.session_state.get("_live_exploring"):
             st.session_state.update(_live_code=code, _live_exploring=False, _live_applied=None)
+    st.session_state.pop("_live_q_watch", None)  # set again by the page that shows the question (views.live_question)
     code = st.session_state.get("_live_code")
     if not code or st.session_state.get("_live_exploring"):
         return
@@ -101,6 +102,10 @@ def _watch(code: str) -> None:
         st.rerun(scope="app")  # follow() says so and stops
     if view is not None and view.number != st.session_state.get("_live_applied"):
         st.rerun(scope="app")
+    if "_live_q_watch" in st.session_state:  # the next-token page shows the presenter's question: asked, or revealed
+        q = classes().question(code)
+        if ((q.number, q.revealed) if q else None) != st.session_state["_live_q_watch"]:
+            st.rerun(scope="app")
 
 
 def banner() -> None:

@@ -98,6 +98,11 @@ def presenting() -> bool:
     return bool(st.session_state.get("present"))
 
 
+def prompt_source() -> str:
+    """Where the visitor changes the prompt: the sidebar, or (presentation mode hides it) the page row's *Prompt*."""
+    return "*Prompt* at the top" if presenting() else "the sidebar"
+
+
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
 
 

@@ -149,7 +149,7 @@ def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> TensorParallelPlan:
         {"weight": "gate_proj, up_proj", "shape": f"{d} × {ff}", "split": "columns", "per device": f"columns: {_shares(ff, N)}"},
         {"weight": "down_proj", "shape": f"{ff} × {d}", "split": "rows → all-reduce", "per device": f"rows: {_shares(ff, N)}"},
     ]
-    allreduce = 2 * f.n_layers * d * bpv  # bytes of activations reduced per token
+    allreduce = 2 * f.n_layers * d * bpv if N > 1 else 0  # bytes of activations reduced per token (one device: nothing to reduce)
     ring = allreduce * 2 * (N - 1) / N  # bytes each device sends per token (ring)
     issues = []
     if H % N:

@@ -87,3 +87,29 @@ def test_many_classes_at_once_are_bounded_and_thread_safe():
     for t in threads:
         t.join()
     assert len(out) == 40 and len(cs) == 8 and len({c.code for c in out}) == 40
+
+
+def test_a_question_takes_one_answer_per_browser_rate_limited_until_it_is_revealed():
+    clock = Clock()
+    cs = Classes(clock=clock)
+    c = cs.start("owner")
+    with pytest.raises(Ended):
+        cs.ask(c.code, "a-student", "The capital of France is", ["Paris"])
+    q = cs.ask(c.code, "owner", "The capital of France is", ["London", "Paris"])
+    assert cs.answer(c.code, "b1", "  Paris ") == "Paris"
+    with pytest.raises(ValueError, match="2 seconds"):
+        cs.answer(c.code, "b1", "London")
+    clock.t += 2.5
+    cs.answer(c.code, "b1", "London")  # a browser's new answer replaces its old one
+    clock.t += 2.5
+    cs.answer(c.code, "b2", "Paris")
+    cs.answer(c.code, "b3", "Paris")
+    assert q.tally() == {"Paris": 2, "London": 1}
+    for bad, why in (("", "Type a word"), ("x" * 41, "at most 40")):
+        with pytest.raises(ValueError, match=why):
+            cs.answer(c.code, "b4", bad)
+    cs.reveal(c.code, "owner", "Paris")
+    clock.t += 5
+    with pytest.raises(ValueError, match="closed"):
+        cs.answer(c.code, "b5", "Rome")
+    assert cs.question(c.code).answer == "Paris" and cs.ask(c.code, "owner", "Dog bites", ["man"]).number == 2

@@ -1,6 +1,7 @@
 """A live class in real Chromium: a presenter and three students (each its own browser, so its own cookie). The
-students follow the presenter's page and prompt, one explores on its own and follows again, the presenter sees how many
-follow, ends the class, and every student is told. A wrong code says so."""
+students follow the presenter's page and prompt, one explores on its own and follows again, the class answers "what
+comes next?" and sees the model's answer, the presenter sees how many follow, ends the class, and every student is
+told. A wrong code says so."""
 
 import pytest
 from ui import set_prompt, wait_idle
@@ -60,6 +61,27 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
     assert me.url.split("?")[0].endswith("/embeddings"), "a student exploring on their own stays where they are"
     me.get_by_role("button", name="Follow again").click()
     at(me, "layer")
+
+    # "what comes next?": the teacher asks on the next-token page, each student guesses, the board counts, the reveal
+    go(teacher, "next-token")
+    for s in students:
+        at(s, "next-token")
+    teacher.get_by_role("button", name="Ask the class what comes next").click()
+    wait_idle(teacher)
+    for s in students:
+        s.get_by_role("button", name="Send my guess").wait_for(timeout=SOON)
+        s.locator(".st-key-live_type_1 input").fill("<b>Paris</b>")  # a typed answer is text, never markup
+        s.get_by_role("button", name="Send my guess").click()
+        wait_idle(s)
+        assert "Your guess" in s.locator("[data-testid='stCaptionContainer']").all_inner_texts()[-1]
+    teacher.wait_for_function(
+        "() => [...document.querySelectorAll('[data-testid=stMetricValue]')].some(e => e.innerText.trim() === '3')", timeout=SOON
+    )
+    assert teacher.locator(".js-plotly-plot text", has_text="<b>Paris</b>").count() >= 1  # drawn as typed
+    teacher.get_by_role("button", name="Reveal the model's answer").click()
+    wait_idle(teacher)
+    for s in students:
+        s.wait_for_function("() => document.body.innerText.includes(\"The model's answer\")", timeout=SOON)
 
     teacher.get_by_role("button", name="Live class").first.click()
     teacher.wait_for_function(

@@ -212,7 +212,10 @@ def test_the_contribution_graph_matches_an_independent_forward_and_leads_to_the_
     assert fl.edges.shape == (L, T, T) and abs(fl.edges.sum(-1) + fl.residual - 1).max() < 1e-5
     assert (fl.edges[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0).all()  # nothing from later tokens
     impl = lm.model.config._attn_implementation
-    vs, hooks = {}, [layer.self_attn.v_proj.register_forward_hook(lambda _m, _a, o, i=i: vs.__setitem__(i, o[0].clone())) for i, layer in enumerate(lm.arch.layers)]
+    vs, hooks = (
+        {},
+        [layer.self_attn.v_proj.register_forward_hook(lambda _m, _a, o, i=i: vs.__setitem__(i, o[0].clone())) for i, layer in enumerate(lm.arch.layers)],
+    )
     try:
         lm.model.set_attn_implementation("eager")
         with lm.lock, torch.no_grad():

@@ -46,6 +46,7 @@ def test_tensor_parallel_plan_by_hand(smol):
     assert not tp.issues
     tp4 = tensor_parallel_plan(smol, 4)
     assert any("9 query heads" in i for i in tp4.issues) and any("KV heads" in i for i in tp4.issues)
+    assert tensor_parallel_plan(smol, 1).allreduce_bytes_per_token == 0  # one device: nothing to all-reduce
     tp2 = tensor_parallel_plan(smol, 2)  # 3 KV heads on 2 devices: the busiest holds 2
     assert tp2.kv_cache_bytes_per_token_per_device == 2 * 30 * 2 * 64 * 4
     assert "5 on 1 device, 4 on 1" in tp2.rows[0]["per device"]

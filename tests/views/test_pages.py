@@ -248,3 +248,18 @@ def test_why_this_token_page_draws_the_contribution_graph_patches_heads_and_comp
     lens = at.table[-1].value
     assert list(lens.columns) == ["layer", "first prompt: top token", "second prompt: top token"] and len(lens) == 31
     assert any("after the first prompt" in c.value for c in at.caption)
+
+
+def test_presentation_mode_changes_the_prompt_without_the_sidebar():
+    """The sidebar is hidden while presenting: the page row's Prompt box (and chat switch) changes what every page runs,
+    and the pages say where the prompt comes from."""
+    at = run("views/stages/generation.py", prompt="The capital of France is", chat=False)
+    at.session_state["present"] = True
+    at.run()
+    assert at.text_area(key="_present_prompt").value == "The capital of France is"
+    at.text_area(key="_present_prompt").set_value("Dog bites man.").run()
+    at.toggle(key="_present_chat").set_value(True).run()
+    assert not at.exception, at.exception
+    assert at.session_state["prompt"] == "Dog bites man." and at.session_state["chat"] is True
+    assert at.text_area(key="prompt").value == "Dog bites man."  # the sidebar's own box agrees
+    assert any("*Prompt* at the top" in m.value for m in at.markdown)

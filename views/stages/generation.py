@@ -17,7 +17,7 @@ render.intro(
 lm = loading.get_model()
 prompt = st.session_state.get("prompt", "")
 c1, c2 = st.columns([3, 1])
-c1.markdown("**Prompt** (from the sidebar):")
+c1.markdown(f"**Prompt** (from {render.prompt_source()}):")
 render.verbatim(prompt, c1, max_lines=6)
 chat = runs.chat_mode(lm, c2)
 generating.generation_presets()

@@ -35,7 +35,7 @@ if st.button("Generate, then force one token", key="myth_force", type="primary")
 forced = loading.recall("myth_force")
 if forced is not None:
     k, orig = forced.at, forced.original
-    st.markdown("**The prompt** (from the sidebar):")
+    st.markdown(f"**The prompt** (from {render.prompt_source()}):")
     render.verbatim(tr.prompt, max_lines=4)
     st.markdown("**As generated** (greedy):")
     render.html_view(

@@ -7,7 +7,7 @@ from components.tokens import lit, plot_text, visible
 from pipeline.forward import sampling
 from pipeline.forward.tokens import text_of
 from pipeline.lab import checks
-from views import generating, loading, proof, render, runs
+from views import generating, live_question, loading, proof, render, runs
 
 render.intro(
     "The last layer's vector is multiplied by the output matrix: one score, a **logit**, for every token in the "
@@ -28,6 +28,8 @@ first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r} ({int(i)})") for i in order]
 render.figure(sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps]), "sampling", key="sampling_bars", main=True)
+live_question.presenter(lm, tr)  # in a live class: "what comes next?", asked of the class
+live_question.follower(lm, tr)
 m = st.columns(4)
 m[0].metric("Vocabulary", f"{len(first):,}")
 m[1].metric("Candidates left", f"{steps[-1].kept:,}")

@@ -33,7 +33,7 @@ else:
     prompt = generating.generation_prompt()
     if prompt is None:
         st.stop()
-    c1.markdown("**Prompt** (from the sidebar; switch on *This page's own prompt* for a copy-style example):")
+    c1.markdown(f"**Prompt** (from {render.prompt_source()}; switch on *This page's own prompt* for a copy-style example):")
     render.verbatim(prompt, c1, max_lines=6)
 chat = runs.chat_mode(lm, c2)
 L = lm.facts.n_layers

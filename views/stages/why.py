@@ -105,7 +105,9 @@ mode = st.radio(
 if st.button("Switch them off", type="primary", key="why_go", disabled=not chosen) and guard.allowed("an intervention"):
     hs = [(int(n.split()[0][1:]), int(n.split()[1][1:])) for n in chosen if "FFN" not in n]
     ff = [int(n.split()[0][1:]) for n in chosen if "FFN" in n]
-    loading.remember("why_ablation", (key, tuple(chosen), mode, lm.run(lambda progress=None: ablate(lm, ids, heads=hs, ffn=ff, mode=mode, before=tr.next_logits))))
+    loading.remember(
+        "why_ablation", (key, tuple(chosen), mode, lm.run(lambda progress=None: ablate(lm, ids, heads=hs, ffn=ff, mode=mode, before=tr.next_logits)))
+    )
 got = loading.recall("why_ablation")
 if got is not None and got[0] == key:
     _, off, md, d = got

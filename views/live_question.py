@@ -1,0 +1,117 @@
+""" "What comes next?" in a live class (the next-token page): the presenter asks, students guess (a word, typed or
+picked), the presenter's screen fills the class's guesses beside the model's distribution as they come, and the
+presenter reveals the model's answer to everyone. The question lives in appstate.classes; answers are kept per browser
+on the server and never shown one by one."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from components.figures import BLUE, ORANGE, _layout
+from components.tokens import lit, plot_text, visible
+from pipeline.forward.tokens import text_of
+from views import live, render
+from views.session import session_key
+
+N_OPTIONS = 6
+
+
+def _candidates(lm, tr) -> tuple[list[str], np.ndarray]:
+    """The model's most likely next tokens (as a reader sees them) and its probabilities for them."""
+    p = np.exp(tr.next_logits - tr.next_logits.max())
+    p /= p.sum()
+    top = np.argsort(-p)[:N_OPTIONS]
+    return [text_of(lm.tokenizer, [int(i)]).strip() or visible(text_of(lm.tokenizer, [int(i)])) for i in top], p[top]
+
+
+def guesses_figure(tally: dict[str, int], model: dict[str, float], title: str) -> go.Figure:
+    """The class's guesses (share of answers) beside the model's probabilities, one pair of bars per word."""
+    n = sum(tally.values()) or 1
+    words = list(dict.fromkeys([*model, *tally]))[:12]
+    fig = go.Figure()
+    for name, vals, color in (("the class", [tally.get(w, 0) / n for w in words], ORANGE), ("the model", [model.get(w, 0.0) for w in words], BLUE)):
+        fig.add_trace(
+            go.Bar(
+                x=[plot_text(w) for w in words],
+                y=vals,
+                name=name,
+                marker_color=color,
+                text=[f"{v:.2f}" for v in vals],
+                textposition="outside",
+                cliponaxis=False,
+            )
+        )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="share of guesses / probability", range=[0, 1.15])
+    return _layout(fig, title, height=380)
+
+
+def _ask(code: str, prompt: str, options: list[str]) -> None:
+    shuffled = sorted(options, key=str.lower)  # alphabetical: the list gives nothing away
+    live.classes().ask(code, session_key(), prompt, shuffled)
+
+
+@st.fragment(run_every="1s")
+def _board(code: str, model: dict[str, float]) -> None:
+    q = live.classes().question(code)
+    if q is None:
+        return
+    tally = q.tally()
+    st.metric("Answers", sum(tally.values()))
+    render.figure(guesses_figure(tally, model, "What the class guessed, and the model's probabilities"), "class guesses")
+
+
+def presenter(lm, tr) -> None:
+    """On the next-token page of a browser that runs a live class: ask, watch the guesses, reveal."""
+    c = live.classes().of_owner(session_key())
+    if c is None:
+        return
+    options, probs = _candidates(lm, tr)
+    model = dict(zip(options, map(float, probs)))
+    st.subheader("Ask the class: what comes next?")
+    q = live.classes().question(c.code)
+    if q is None or q.revealed or q.prompt != tr.prompt:
+        if q is not None and q.revealed and q.prompt == tr.prompt:
+            tally = q.tally()
+            render.figure(guesses_figure(tally, model, "What the class guessed, and the model's probabilities"), "class guesses")
+            st.caption(f"Revealed: the model's answer is {lit(repr(q.answer))}. {sum(tally.values())} answers.")
+        st.button("Ask the class what comes next", key="live_ask", on_click=_ask, args=(c.code, tr.prompt, options), icon=":material/quiz:")
+        return
+    _board(c.code, model)
+    st.button(
+        "Reveal the model's answer", key="live_reveal", on_click=lambda: live.classes().reveal(c.code, session_key(), options[0]), icon=":material/visibility:"
+    )
+
+
+def follower(lm, tr) -> None:
+    """On the next-token page of a student who follows: the presenter's question, a guess, then the model's answer."""
+    code = st.session_state.get("_live_code")
+    q = live.classes().question(code) if code and not st.session_state.get("_live_exploring") else None
+    st.session_state["_live_q_watch"] = (q.number, q.revealed) if q else None  # live._watch reruns the page when it moves
+    if q is None:
+        return
+    st.subheader("The presenter asks: what comes next?")
+    st.code(q.prompt, language=None, wrap_lines=True)
+    if q.revealed:
+        tally = q.tally()
+        top = next(iter(tally), None)
+        st.success(
+            f"The model's answer: {lit(repr(q.answer))}."
+            + (f" The class's most common guess: {lit(repr(top))} ({tally[top]} of {sum(tally.values())})." if top else "")
+        )
+        return
+    with st.form(f"live_guess_{q.number}", border=False):
+        cols = st.columns(2)
+        picked = cols[0].selectbox("Pick one", ["—", *q.options], key=f"live_pick_{q.number}")
+        typed = cols[1].text_input("… or type a word", key=f"live_type_{q.number}", max_chars=40)
+        if st.form_submit_button("Send my guess"):
+            try:
+                kept = live.classes().answer(code, session_key(), typed or ("" if picked == "—" else picked))
+                st.session_state["_live_sent"] = (q.number, kept)
+            except ValueError as e:
+                st.warning(str(e))
+    sent = st.session_state.get("_live_sent")
+    if sent and sent[0] == q.number:
+        st.caption(f"Your guess: {lit(repr(sent[1]))}. You can change it until the presenter reveals the answer.")
