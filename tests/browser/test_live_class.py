@@ -74,14 +74,12 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
         s.get_by_role("button", name="Send my guess").click()
         wait_idle(s)
         assert "Your guess" in s.locator("[data-testid='stCaptionContainer']").all_inner_texts()[-1]
-    teacher.wait_for_function(
-        "() => [...document.querySelectorAll('[data-testid=stMetricValue]')].some(e => e.innerText.trim() === '3')", timeout=SOON
-    )
+    teacher.wait_for_function("() => [...document.querySelectorAll('[data-testid=stMetricValue]')].some(e => e.innerText.trim() === '3')", timeout=SOON)
     assert teacher.locator(".js-plotly-plot text", has_text="<b>Paris</b>").count() >= 1  # drawn as typed
     teacher.get_by_role("button", name="Reveal the model's answer").click()
     wait_idle(teacher)
     for s in students:
-        s.wait_for_function("() => document.body.innerText.includes(\"The model's answer\")", timeout=SOON)
+        s.wait_for_function('() => document.body.innerText.includes("The model\'s answer")', timeout=SOON)
 
     teacher.get_by_role("button", name="Live class").first.click()
     teacher.wait_for_function(
