@@ -6,10 +6,12 @@ What it measures, each configuration in its own fresh process, the configuration
 repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
 
   * row-step-split  one row step's time with and without its matrix products (pipeline.cpu.row_step's docstring);
-  * probe        the machine's read bandwidth: torch summing every weight tensor of the model (2 threads), the
-                 bytes a decode step must read; the limit is bandwidth / weight bytes = tokens/s one request
-                 cannot beat in fp32. The single-request configurations also take this probe in their own
-                 process, 3 reads before each request (ReadClock): their share of the limit at the same minutes;
+  * probe        the machine's read bandwidth: a buffer as large as the model's weights (the bytes a decode step
+                 must read) read by pipeline/cpu/cpu_decode.c's read_sum (AVX2, both threads), best of 15; the limit
+                 is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch summing every weight
+                 tensor, the first probe, is reported beside it: it read 12-22 GB/s where this reads 31-54). The
+                 single-request configurations also take this probe in their own process, 3 reads before each
+                 request (ReadClock): their share of the limit at the same minutes;
   * ours-dynamic / ours-static / ours-fused
                  our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
                  token to last, prefill excluded) over the 8 prompts one after another;
@@ -71,36 +73,56 @@ def prompts(lm, n: int, tokens: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ workers
 def read_once(lm) -> float:
-    """Seconds to read every weight tensor once (torch summing each, the process's threads)."""
+    """Seconds for torch to sum every weight tensor once (the first probe, kept for contrast: its many small
+    reductions measure torch's sum, not the memory)."""
     t = time.perf_counter()
     for w in lm.model.parameters():
         w.detach().sum()
     return time.perf_counter() - t
 
 
+def weight_bytes(lm) -> int:
+    return sum(w.numel() * w.element_size() for w in lm.model.parameters())
+
+
 def probe(lm) -> dict:
-    """Read bandwidth: sum every weight tensor the decode step reads (each once), best-effort steady state."""
+    """The memory's read speed: a buffer as large as the weights read by pipeline/cpu/cpu_decode.c's read_sum (AVX2,
+    the process's threads), best of 15; the limit is one such read per token. The torch-sum probe beside it."""
     import torch
 
-    nbytes = sum(w.numel() * w.element_size() for w in lm.model.parameters())
+    from pipeline.cpu.bandwidth import Reader
+
+    nbytes = weight_bytes(lm)
+    reader = Reader(nbytes)
+    best = min(reader.once() for _ in range(15))
     read_once(lm)  # warm
-    s = statistics.median(read_once(lm) for _ in range(7))
-    return {"weight_bytes": nbytes, "gb_per_s": nbytes / s / 1e9, "limit_tokens_per_s": 1 / s, "threads": torch.get_num_threads()}
+    torch_s = statistics.median(read_once(lm) for _ in range(7))
+    return {
+        "weight_bytes": nbytes,
+        "gb_per_s": nbytes / best / 1e9,
+        "limit_tokens_per_s": 1 / best,
+        "kernel": reader.kernel,
+        "torch_sum_gb_per_s": nbytes / torch_s / 1e9,
+        "threads": torch.get_num_threads(),
+    }
 
 
 class ReadClock:
-    """The read probe taken in the same process, between the requests being measured (3 reads before each): the
-    limit at the same minutes as the decode it is compared with. On a shared machine the probe's bandwidth moves
-    17-23 GB/s between minutes, so a limit measured in another process at another time is ~±15% off."""
+    """The read probe taken in the same process, between the requests being measured (3 reads of a buffer as large
+    as the weights before each, pipeline.cpu.bandwidth.Reader): the limit at the same minutes as the decode it is
+    compared with, the fastest of those reads (the memory did that much). On a shared machine the read speed moves
+    between minutes, so a limit measured in another process at another time is ~±15% off."""
 
     def __init__(self, lm):
-        self.lm, self.times = lm, []
+        from pipeline.cpu.bandwidth import Reader
+
+        self.reader, self.times = Reader(weight_bytes(lm)), []
 
     def tick(self) -> None:
-        self.times += [read_once(self.lm) for _ in range(3)]
+        self.times += [self.reader.once() for _ in range(3)]
 
     def limit(self) -> float:
-        return 1 / statistics.median(self.times)
+        return 1 / min(self.times)
 
 
 def ours(lm, mode: str, ps, tokens: int) -> dict:
@@ -373,6 +395,7 @@ def main(argv=None) -> int:
             "tokens_per_s",
             "decode_tokens_per_s",
             "gb_per_s",
+            "torch_sum_gb_per_s",
             "limit_tokens_per_s",
             "limit_in_process_tokens_per_s",
             "share_of_limit_in_process",
@@ -408,7 +431,8 @@ def summarise(results: dict) -> dict:
     one = med("engine-1", "decode_tokens_per_s")
     one_wall = med("engine-1", "tokens_per_s")
     out = {
-        "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),
+        "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),  # the C read probe (pipeline.cpu.bandwidth)
+        "torch_sum_read_gb_per_s": med("probe", "torch_sum_gb_per_s"),  # the first probe, for contrast
         "limit_tokens_per_s": limit,
         "ours_alone_decode_tokens_per_s": one,
         "ours_alone_share_of_limit": one / limit if one and limit else None,

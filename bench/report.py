@@ -82,6 +82,12 @@ ABOUT = {
         "head (goal: within 10 s on this CPU).",
         "bench/bench_why.py --reps 7",
     ),
+    "live_class": (
+        "A live class: one presenter and N followers (each its own Chromium context) on a fresh server; the presenter "
+        "changes page or prompt every 20 s and each follower's page records when it shows the change: delay p50/p95/max "
+        "(goal: p95 within 3 s), changes missed, errors, the server's CPU and RSS.",
+        "bench/bench_live_class.py --followers 30 --minutes 5",
+    ),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
 }
 

@@ -322,3 +322,27 @@ void silu_mul(const float *g, const float *u, float *y, int M, int N, int ldg) {
         for (; n < N; n++) ym[n] = gm[n] / (1.0f + expf(-gm[n])) * um[n];
     }
 }
+
+/* read_sum: the sum of n floats read once, front to back, with AVX2 loads into four accumulators, the range split in
+   `threads` contiguous shares (OpenMP): a STREAM-style read, the most a decode step's weight reads can reach on this
+   machine (pipeline.cpu.bandwidth times it over a buffer as large as a model's weights). The sum is returned so the
+   reads cannot be optimised away. */
+double read_sum(const float *a, long n, int threads) {
+    double total = 0.0;
+    long chunks = (n + 65535) / 65536;
+    #pragma omp parallel for schedule(static) reduction(+:total) num_threads(threads)
+    for (long c = 0; c < chunks; c++) {
+        long i = c * 65536, hi = i + 65536 < n ? i + 65536 : n;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (; i + 32 <= hi; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
+            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+        }
+        float rest = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        for (; i < hi; i++) rest += a[i];
+        total += rest;
+    }
+    return total;
+}

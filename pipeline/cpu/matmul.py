@@ -148,6 +148,8 @@ def _build() -> ctypes.CDLL | None:
     lib.panel_linear_bf16.argtypes = [ptr, ptr, ptr, ptr, i, i, i, i]
     lib.panel_linear_bf16.restype = None
     f = ctypes.c_float
+    lib.read_sum.argtypes = [ptr, ctypes.c_long, i]
+    lib.read_sum.restype = ctypes.c_double
     lib.rms_norm.argtypes = [ptr, ptr, ptr, i, i, f]
     lib.rms_norm.restype = None
     lib.silu_mul.argtypes = [ptr, ptr, ptr, i, i, i]

@@ -21,9 +21,10 @@ from pipeline.model.loaded import LoadedModel
 
 @dataclass
 class CopyProbe:
-    mb: int  # size of the copied tensor (MiB)
+    mb: int  # size of the copied (or read) buffer (MiB)
     seconds: float  # best of the repeats (s)
-    bytes_per_s: float  # read + write bytes per second
+    bytes_per_s: float  # bytes moved per second (a copy: read + write counted)
+    how: str = "a large tensor copy, read and write counted"
 
 
 @dataclass
@@ -145,7 +146,13 @@ def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> R
     """Everything the roofline page draws: device peaks (measured), per-op counts, bounds and measured times for prefill
     (prompt_tokens) and decode (1 token over `context`), and the batch-1 decode ceiling."""
     mm = matmul_probe(lm.device, lm.dtype)
-    bw = copy_bandwidth(lm.device)
+    if lm.device.type == "cpu":  # the memory's read speed, streamed as fast as this CPU allows (a decode step reads)
+        from pipeline.cpu.bandwidth import read_probe
+
+        rp = read_probe(min(lm.facts.n_params * lm.arch.bytes_per_value, 1 << 30))
+        bw = CopyProbe(rp.bytes >> 20, rp.seconds, rp.gb_per_s * 1e9, f"a read as large as the weights ({rp.kernel}, best of {rp.reps})")
+    else:
+        bw = copy_bandwidth(lm.device)
     peak, bandwidth = mm.tflops * 1e12, bw.bytes_per_s
     phases = {}
     for phase, T, C in (("prefill", prompt_tokens, prompt_tokens), ("decode", 1, context)):

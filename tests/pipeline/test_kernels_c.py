@@ -169,3 +169,19 @@ def test_a_planted_kernel_library_never_runs_and_decoding_still_answers(tmp_path
     assert "1 ' Paris" in r.stdout and "2 ' Paris" in r.stdout and r.stdout.count("True") == 2, r.stdout
     assert not mark.exists()
     assert "no digest recorded" in r.stderr and "does not match the digest" in r.stderr
+
+
+def test_the_read_probe_reads_every_float_once_and_refuses_a_cache_sized_buffer():
+    """read_sum over lengths that are not a multiple of its 32-float stride or its 65,536-float chunk equals numpy's
+    sum; the probe checks its own read and says what read it."""
+    from pipeline.cpu.bandwidth import read_probe
+
+    rng = np.random.default_rng(3)
+    for n in (1, 31, 33, 65_535, 65_536 + 17, 300_001):
+        a = rng.standard_normal(n).astype(np.float32)
+        got = cm.native().read_sum(a.ctypes.data, n, 2)
+        assert abs(got - float(a.astype(np.float64).sum())) < 1e-3 * max(1.0, float(np.abs(a).sum())) ** 0.5, n
+    r = read_probe(8 << 20, reps=3)
+    assert r.bytes == 8 << 20 and r.gb_per_s > 0 and "read_sum" in r.kernel
+    with pytest.raises(ValueError, match="1 MiB"):
+        read_probe(4096)

@@ -30,7 +30,7 @@ C = c[1].select_slider(
     help=note,
 )
 if st.button("Measure", type="primary", key="roof_go"):
-    with runs.heavy("the roofline measurement", slot="roof"), st.spinner("Probing peak matmul FLOP/s and copy bandwidth, then timing each operation…"):
+    with runs.heavy("the roofline measurement", slot="roof"), st.spinner("Probing peak matmul FLOP/s and memory bandwidth, then timing each operation…"):
         loading.remember("roof", (T, C, roofline(lm, T, C)))
 got = loading.recall("roof")
 if got is None:
@@ -45,7 +45,7 @@ m[0].metric(
     f"{r.peak_flops / 1e9:,.0f} GFLOP/s",
     help=f"{mp.n}³ {mp.dtype} matmul: the median of {len(gf)} repeats (range {min(gf):,.0f}–{max(gf):,.0f} GFLOP/s)",
 )
-m[1].metric("Copy bandwidth (measured)", f"{r.bandwidth / 1e9:,.1f} GB/s", help=f"{r.copy_probe.mb} MiB copy")
+m[1].metric("Memory bandwidth (measured)", f"{r.bandwidth / 1e9:,.1f} GB/s", help=f"{r.copy_probe.mb:,} MiB: {r.copy_probe.how}")
 m[2].metric("Ridge point", f"{r.ridge:.1f} FLOP/B", help="FLOPs per byte: peak FLOP/s ÷ bandwidth")
 m[3].metric(
     "Batch-1 decode ceiling",
@@ -63,7 +63,7 @@ if rec and len(rec.events) > 1:
 render.figure(roofline_figure(r), "roofline", main=True)
 render.busy_note("roof")
 st.caption(
-    "Points above the roof are real: the bandwidth roof is a large copy through main memory, and operands "
+    f"Points above the roof are real: the bandwidth roof is {r.copy_probe.how} through main memory, and operands "
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
     "that. Across the whole model the weights do not fit, which is why the decode ceiling uses main memory."
 )

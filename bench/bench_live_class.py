@@ -1,0 +1,138 @@
+"""A live class under load: one presenter and N followers (each its own Chromium context, so its own cookie) on a fresh
+server for a few minutes. The presenter changes page or prompt every `--every` seconds; every follower's page records
+(in the page, every 100 ms) when its address reaches the presenter's page and prompt. Counted: the delay from the
+presenter's change to each follower showing it (p50, p95, max), changes a follower missed, errors on any page, the
+server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end).
+
+    .venv/bin/python bench/bench_live_class.py [--followers 30] [--minutes 5] [--every 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# the presenter's walk: (page, prompt), repeated; consecutive steps differ in page or prompt
+STEPS = [
+    ("tokens", "The capital of France is"),
+    ("attention", "The capital of France is"),
+    ("attention", "Dog bites man."),
+    ("layer", "Dog bites man."),
+    ("next-token", "Dog bites man."),
+    ("tokens", "Why is the sky blue?"),
+]
+WATCH = """() => { window.__seen = []; let last = '';
+  setInterval(() => { const now = location.pathname + '|' + (document.querySelector('[data-testid=stSidebar] textarea')?.value || '');
+    if (now !== last) { last = now; window.__seen.push([now, Date.now()]); } }, 100); }"""
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return None if not xs else xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--followers", type=int, default=30)
+    ap.add_argument("--minutes", type=float, default=5)
+    ap.add_argument("--every", type=float, default=20, help="seconds between the presenter's changes")
+    args = ap.parse_args()
+    import psutil
+    from common import write
+    from playwright.sync_api import sync_playwright
+    from ui import CHROMIUM, FLAGS, free_port, set_prompt, start_server, stop_server, wait_idle
+
+    proc, url = start_server(free_port())
+    cpu, rss, stop = [], [], threading.Event()
+
+    def sample():
+        p = psutil.Process(proc.pid)
+        p.cpu_percent()
+        while not stop.wait(2):
+            try:
+                kids = [p, *p.children(recursive=True)]
+                cpu.append(sum(k.cpu_percent() for k in kids))
+                rss.append(sum(k.memory_info().rss for k in kids))
+            except psutil.Error:
+                pass
+
+    threading.Thread(target=sample, daemon=True).start()
+    changes, errors = [], []
+    try:
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            teacher = b.new_context(viewport={"width": 1280, "height": 800}).new_page()
+            teacher.goto(f"{url}/tokens?prompt={quote(STEPS[0][1])}", wait_until="domcontentloaded")
+            teacher.wait_for_selector("h1", timeout=300_000)
+            wait_idle(teacher, 300_000)
+            teacher.get_by_role("button", name="Start a live class").click()
+            wait_idle(teacher)
+            teacher.get_by_role("button", name="Live class").first.click()
+            link = teacher.locator("[data-testid='stPopoverBody'] code").first.inner_text().strip()
+            teacher.keyboard.press("Escape")
+            followers = []
+            for _ in range(args.followers):
+                ctx = b.new_context(viewport={"width": 1024, "height": 700})
+                ctx.add_init_script(f"({WATCH})()")
+                page = ctx.new_page()
+                page.on("pageerror", lambda e: errors.append(str(e)[:200]))
+                page.goto(link, wait_until="domcontentloaded")
+                followers.append(page)
+            for page in followers:
+                page.wait_for_selector("h1", timeout=300_000)
+            warm_rss = rss[-1] if rss else None
+            deadline = time.time() + 60 * args.minutes
+            i = 0
+            while time.time() < deadline:
+                i += 1
+                slug, prompt = STEPS[i % len(STEPS)]
+                if prompt != teacher.locator("[data-testid='stSidebar'] textarea").first.input_value():
+                    set_prompt(teacher, prompt)
+                t0 = time.time() * 1000  # the presenter's click that completes the change
+                teacher.locator(f"[data-testid='stSidebarNavLink'][href$='/{slug}']").first.click()
+                changes.append((f"/{slug}|{prompt}", t0))
+                time.sleep(args.every)
+            for page in followers:
+                for e in page.locator("[data-testid='stException']").all_inner_texts():
+                    errors.append(e[:200])
+            seen = [page.evaluate("() => window.__seen") for page in followers]
+            b.close()
+    finally:
+        stop.set()
+        end_rss = rss[-1] if rss else None
+        stop_server(proc)
+    delays, missed = [], 0
+    for want, t0 in changes:
+        for log in seen:
+            hit = next((t for path, t in log if path.endswith(want) and t >= t0), None)  # pathname may carry a base
+            if hit is None:
+                missed += 1
+            else:
+                delays.append((hit - t0) / 1000)
+    write(
+        "live_class",
+        {
+            "followers": args.followers,
+            "minutes": args.minutes,
+            "changes": len(changes),
+            "delay_s": {"p50": pct(delays, 50), "p95": pct(delays, 95), "max": max(delays) if delays else None, "n": len(delays)},
+            "goal_p95_s": 3.0,
+            "missed": missed,
+            "errors": errors[:20],
+            "server_cpu_percent_of_one_core": {"mean": round(statistics.mean(cpu), 1) if cpu else None, "peak": max(cpu) if cpu else None},
+            "server_rss_mb": {"after_warm_up": round(warm_rss / 2**20) if warm_rss else None, "end": round(end_rss / 2**20) if end_rss else None},
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
