@@ -69,10 +69,11 @@ def _font_paths(fig: go.Figure):
 
 def floor_fonts(fig: go.Figure, px: int = MIN_FONT) -> go.Figure:
     """The figure (in place) with no text smaller than `px`: the layout's font, every explicit size below it
-    raised, a bar's value drawn beside the bar (inside, Plotly shrinks it to fit, and a size floor then hides it),
-    and labels inside stacked bars that would be shrunk hidden instead."""
-    fig.update_layout(font_size=max(fig.layout.font.size or 12, px), uniformtext=dict(minsize=px, mode="hide"))
-    if fig.layout.barmode not in ("stack", "relative"):  # a value inside a short bar would be hidden: put it beside the bar
+    raised, and bar values never shrunk below it nor hidden (drawn beside the bar, or over its edge in a stack)."""
+    # a bar's value is drawn at the floor even where it overflows its room (mode "hide" dropped every value of a
+    # projected page's narrow subplots)
+    fig.update_layout(font_size=max(fig.layout.font.size or 12, px), uniformtext=dict(minsize=px, mode="show"))
+    if fig.layout.barmode not in ("stack", "relative"):  # a value inside a short bar: beside the bar instead
         for tr in fig.data:
             if tr.type == "bar" and (tr.text is not None or tr.texttemplate is not None) and tr.textposition in (None, "auto", "inside"):
                 tr.update(textposition="outside", cliponaxis=False)

@@ -58,8 +58,9 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         width="content",
         help="For a projector or slides: no sidebar, larger type, the takeaway and the main figure first, numbers drawn on the figures. The link keeps it (?present=true).",
     )
+    short = presenting()  # one row at 1280 px in presentation mode: the buttons' short names
     bar.download_button(
-        "Export this page",
+        "Export" if short else "Export this page",
         reg.zip,
         f"{reg.stem()}.zip",
         "application/zip",
@@ -71,9 +72,9 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
     )
     if presenting():
         _prompt_box(bar)
-    live.controls(bar)
+    live.controls(bar, short)
     make = bar.button(
-        "Lesson handout",
+        "Handout" if short else "Lesson handout",
         key="handout_go",
         icon=":material/school:",
         width="content",

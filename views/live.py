@@ -78,6 +78,9 @@ def follow(slug: str, page_of) -> None:
         st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
     st.session_state.update(copy.deepcopy(view.state))  # the student's own values from here on (lists too)
     if view.slug != slug:
+        # a bound setting cannot ride in the new address, and leaving the page drops it from there: the new page's
+        # first run applies the view again, before its widgets are drawn
+        st.session_state["_live_applied"] = None
         st.switch_page(page_of(view.slug), query_params={"follow": code})
     if st.query_params.get("follow") != code:
         st.query_params["follow"] = code  # a refresh keeps following
@@ -165,7 +168,7 @@ def _count(code: str) -> None:
     st.metric("Following now", n, help="Students whose page followed within the last few seconds")
 
 
-def controls(bar) -> None:
+def controls(bar, short: bool = False) -> None:
     """The presenter's side, in the page header: start a class, or the running class's join link, code, QR code,
     how many follow, and the end."""
     if st.session_state.get("_live_code") and not st.session_state.get("_live_exploring"):
@@ -173,7 +176,7 @@ def controls(bar) -> None:
     c = classes().of_owner(session_key())
     if c is None:
         go = bar.button(
-            "Start a live class",
+            "Live class" if short else "Start a live class",
             key="live_start",
             icon=":material/cast_for_education:",
             width="content",
@@ -183,7 +186,12 @@ def controls(bar) -> None:
             classes().start(session_key())
             st.rerun()
         return
-    pop = bar.popover(f"Live class {c.code}", icon=":material/cast_for_education:", width="content")
+    pop = bar.popover(
+        c.code if short else f"Live class {c.code}",
+        icon=":material/cast_for_education:",
+        width="content",
+        help="The live class: its join link, who follows, the end",
+    )
     link = join_link(c.code)
     pop.markdown(f"Students open this link, or scan the code (class **{c.code}**):")
     pop.code(link, language=None, wrap_lines=True)

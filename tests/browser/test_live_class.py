@@ -7,12 +7,16 @@ import pytest
 from ui import set_prompt, wait_idle
 
 pytestmark = pytest.mark.browser
-SOON = 15_000  # ms: the held-out bar is 5 s on this 2-core machine; a test on a loaded CI machine allows more
+SOON = 60_000  # ms: the held-out bar is 5 s on this 2-core machine (bench/bench_live_class.py measures it); a test on a
+# loaded CI machine, beside another worker's tests, allows more
 
 
-def fresh(browser, url):
-    page = browser.new_context(viewport={"width": 1300, "height": 1000}).new_page()
-    page.goto(url, wait_until="domcontentloaded")
+def fresh(browser, url, opened=None):
+    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
+    if opened is not None:
+        opened.append(ctx)
+    page = ctx.new_page()
+    page.goto(url, wait_until="domcontentloaded", timeout=240_000)
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
     return page
@@ -27,8 +31,17 @@ def at(page, slug):
     page.wait_for_function(f"() => location.pathname.endsWith('/{slug}')", timeout=SOON)
 
 
-def test_students_follow_explore_follow_again_and_are_told_the_class_ended(server, browser):
-    teacher = fresh(browser, f"{server}/tokens")
+@pytest.fixture
+def opened():
+    """Every browser context a test opens, closed after it (a follower left open keeps beating against the server)."""
+    ctxs = []
+    yield ctxs
+    for c in ctxs:
+        c.close()
+
+
+def test_students_follow_explore_follow_again_and_are_told_the_class_ended(server, browser, opened):
+    teacher = fresh(browser, f"{server}/tokens", opened)
     teacher.get_by_role("button", name="Start a live class").click()
     wait_idle(teacher)
     teacher.get_by_role("button", name="Live class").first.click()
@@ -38,7 +51,7 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
     assert "?follow=" in link and len(link.split("follow=")[1]) == 8
     teacher.keyboard.press("Escape")
 
-    students = [fresh(browser, link) for _ in range(3)]
+    students = [fresh(browser, link, opened) for _ in range(3)]
     for s in students:
         at(s, "tokens")
         assert "follows the presenter" in s.locator("[data-testid='stAlert']").first.inner_text()
@@ -73,7 +86,7 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
         s.locator(".st-key-live_type_1 input").fill("<b>Paris</b>")  # a typed answer is text, never markup
         s.get_by_role("button", name="Send my guess").click()
         wait_idle(s)
-        assert "Your guess" in s.locator("[data-testid='stCaptionContainer']").all_inner_texts()[-1]
+        s.wait_for_function("() => document.body.innerText.includes('Your guess')", timeout=SOON)
     teacher.wait_for_function("() => [...document.querySelectorAll('[data-testid=stMetricValue]')].some(e => e.innerText.trim() === '3')", timeout=SOON)
     assert teacher.locator(".js-plotly-plot text", has_text="<b>Paris</b>").count() >= 1  # drawn as typed
     teacher.get_by_role("button", name="Reveal the model's answer").click()
@@ -87,14 +100,14 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
     )
     teacher.get_by_role("button", name="End the class").click()
     wait_idle(teacher)
-    assert teacher.get_by_role("button", name="Start a live class").count() == 1
+    teacher.get_by_role("button", name="Start a live class").wait_for(timeout=SOON)
     for s in students:
         s.wait_for_function("() => document.body.innerText.includes('the presenter closed it')", timeout=SOON)
         assert "follow=" not in s.url
 
 
-def test_a_wrong_code_says_so(server, browser):
-    page = fresh(browser, f"{server}/?follow=zzzzzzzz")
+def test_a_wrong_code_says_so(server, browser, opened):
+    page = fresh(browser, f"{server}/?follow=zzzzzzzz", opened)
     page.wait_for_function("() => document.body.innerText.includes('no live class')", timeout=SOON)
-    page = fresh(browser, f"{server}/?follow=%3Cscript%3E")
+    page = fresh(browser, f"{server}/?follow=%3Cscript%3E", opened)
     page.wait_for_function("() => document.body.innerText.includes('not a code')", timeout=SOON)
