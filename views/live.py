@@ -58,8 +58,10 @@ def follow(slug: str, page_of) -> None:
         if not is_code(code):
             del st.query_params["follow"]
             st.warning("This link's live-class code is not a code (8 letters and digits): it was ignored.")
-        elif st.session_state.get("_live_code") != code or st.session_state.get("_live_exploring"):
+        elif st.session_state.get("_live_code") != code:  # a join link opened: follow
             st.session_state.update(_live_code=code, _live_exploring=False, _live_applied=None)
+        elif st.session_state.get("_live_exploring"):  # exploring on one's own: a stale ?follow= does not pull back
+            del st.query_params["follow"]
     st.session_state.pop("_live_q_watch", None)  # set again by the page that shows the question (views.live_question)
     code = st.session_state.get("_live_code")
     if not code or st.session_state.get("_live_exploring"):
