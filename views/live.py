@@ -197,7 +197,7 @@ def controls(bar, short: bool = False) -> None:
     link = join_link(c.code)
     pop.markdown(f"Students open this link, or scan the code (class **{c.code}**):")
     pop.code(link, language=None, wrap_lines=True)
-    pop.html(qr_svg(link), width="content")
+    pop.image(qr_svg(link), width=220, caption="The join link as a QR code")  # st.html drops an inline SVG
     with pop:
         _count(c.code)
     pop.button("End the class", key="live_end", on_click=_end, icon=":material/stop_circle:")

@@ -49,7 +49,7 @@ def test_students_follow_explore_follow_again_and_are_told_the_class_ended(serve
     wait_idle(teacher)
     teacher.get_by_role("button", name="Live class").first.click()
     body = teacher.locator("[data-testid='stPopoverBody']")
-    body.locator("svg").first.wait_for(timeout=SOON)  # the QR code, drawn on the server
+    body.locator("[data-testid='stImage'] img").first.wait_for(timeout=SOON)  # the QR code, drawn on the server
     link = body.locator("code").first.inner_text().strip()
     assert "?follow=" in link and len(link.split("follow=")[1]) == 8
     teacher.keyboard.press("Escape")
