@@ -16,9 +16,14 @@ ATTENTION_SCALES = {
 }
 
 
-def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0, scale: str = "linear") -> go.Figure:
+def attention_heads(
+    maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0, scale: str = "linear", heads: list[int] | None = None
+) -> go.Figure:
     """One layer's heads as a grid of heatmaps [H, T', T'], causal upper triangle masked (blank). `scale`: one of
-    ATTENTION_SCALES (on long prompts the first token soaks up most weight and a linear scale shows little else)."""
+    ATTENTION_SCALES (on long prompts the first token soaks up most weight and a linear scale shows little else).
+    `heads`: only these (a projector shows one head large: nine 65-px maps in a 430-px figure were unreadable)."""
+    names = list(range(maps.shape[0])) if heads is None else list(heads)
+    maps = maps[names]
     H, n, _ = maps.shape
     cols = min(max_cols, H)
     rows = -(-H // cols)
@@ -26,7 +31,7 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
     fig = make_subplots(
         rows=rows,
         cols=cols,
-        subplot_titles=[f"head {h}" for h in range(H)],
+        subplot_titles=[f"head {h}" for h in names] if H > 1 else None,
         shared_xaxes=labelled,
         shared_yaxes=labelled,
         horizontal_spacing=0.02 if labelled else 0.03,
@@ -64,15 +69,18 @@ def attention_heads(maps: np.ndarray, labels: list[str], block: int = 1, max_col
             row=h // cols + 1,
             col=h % cols + 1,
         )
-    step = 1 if n <= 20 else -(-n // 20)  # at most 20 labels an axis: 12-px text that never overlaps
+    most = 20 if H > 1 or n <= 20 else 16  # labels an axis: 12-px text (18 px on a projector, one head) that never overlaps
+    step = 1 if n <= most else -(-n // most)
     fig.update_yaxes(autorange="reversed", showticklabels=False, type="category", dtick=step)
     fig.update_xaxes(showticklabels=False, tickangle=-60, type="category", dtick=step)
     if labelled:  # token names once: left column, and under each column's last map
         fig.update_yaxes(showticklabels=True, col=1)
         for h in range(max(0, H - cols), H):
             fig.update_xaxes(showticklabels=True, row=h // cols + 1, col=h % cols + 1)
-    fig = _layout(fig, f"Layer {layer}: every head (rows = query token, columns = key token)", height=max(360, (330 if n <= 16 else 380) * rows))
-    fig.update_layout(margin=dict(t=80))  # room between the title and the "head n" titles
+    what = "every head" if heads is None else f"head {names[0]}" if H == 1 else "heads " + ", ".join(map(str, names))
+    fig = _layout(fig, f"Layer {layer}: {what} (rows = query token, columns = key token)", height=max(360, (330 if n <= 16 else 380) * rows))
+    if H > 1:
+        fig.update_layout(margin=dict(t=80))  # room between the title and the "head n" titles
     return fig
 
 

@@ -23,6 +23,7 @@ from .tokens import plot_text
 
 SCALE = 3  # PNG pixels per layout pixel: a 1,200-px-wide figure becomes 3,600 px
 MIN_FONT, PRESENT_FONT = 12, 18  # the smallest text a figure may draw (px): on a page, on a projector
+EXPORT_FONT = 16  # ... and in an exported image: 1,200 px wide, shown full width on a projected slide
 WIDTH = 1200  # layout pixels of an exported figure (the page's own width varies with the browser)
 _lock = threading.Lock()
 _server = False
@@ -85,17 +86,17 @@ def floor_fonts(fig: go.Figure, px: int = MIN_FONT) -> go.Figure:
 
 def for_export(fig: go.Figure, note: str = "", title: str = "") -> go.Figure:
     """A copy drawn for a slide (image() also draws the numbers on it, see labelled()): white background, every
-    axis title and tick label inside the canvas (automargin), the title kept, no text under 12 px, a fixed width
+    axis title and tick label inside the canvas (automargin), the title kept, no text under 16 px, a fixed width
     so the file does not depend on the visitor's window, and `note` (the model, the prompt, the settings) as a
     subtitle inside the image, so a slide says what it shows."""
-    f = floor_fonts(go.Figure(fig))
+    f = floor_fonts(go.Figure(fig), EXPORT_FONT)
     f.update_layout(template="plotly_white", paper_bgcolor="white", width=WIDTH, height=max(int(f.layout.height or 500), 360))
     f.update_xaxes(automargin=True)
     f.update_yaxes(automargin=True)
     if title and not f.layout.title.text:
         f.update_layout(title_text=plot_text(title))
     if note:
-        f.update_layout(title_subtitle_text=plot_text(note), title_subtitle_font_size=MIN_FONT + 1, title_yref="container", title_y=0.985, title_yanchor="top")
+        f.update_layout(title_subtitle_text=plot_text(note), title_subtitle_font_size=EXPORT_FONT, title_yref="container", title_y=0.985, title_yanchor="top")
     m = f.layout.margin
     top = max(m.t or 0, 70 if f.layout.title.text else 30) + (30 if note else 0)
     f.update_layout(margin=dict(l=max(m.l or 0, 60), r=max(m.r or 0, 40), t=top, b=max(m.b or 0, 60)), height=f.layout.height + (30 if note else 0))
@@ -182,32 +183,57 @@ SCHEMA = (
 
 def figure_numbers(fig: go.Figure) -> list[dict]:
     """The numbers behind a figure, tidy: one entry per trace (series) with its name, type and data as plain
-    lists of numbers and strings."""
+    lists of numbers and strings. A trace whose meta names its customdata's columns ({"columns": ["token id",
+    "token"]}) gives each column under its name."""
     out = []
     for tr in fig.data:
         row = {"name": _plain(tr.name) or "", "type": tr.type}
+        cols = (tr.meta or {}).get("columns") if isinstance(tr.meta, dict) else None
         for k in ("x", "y", "z", "text", "labels", "values", "base", "customdata"):
             v = getattr(tr, k, None)
-            if v is not None:
+            if v is None:
+                continue
+            if k == "customdata" and cols:
+                rows = _plain(v)
+                for i, c in enumerate(cols):
+                    row[c] = [r[i] if isinstance(r, list) else r for r in rows]
+            else:
                 row[k] = _plain(v)
         out.append(row)
     return out
 
 
 _UNIT = re.compile(r"^\s*(-?[\d,]*\.?\d+(?:e[-+]?\d+)?)\s*([A-Za-zµ%/×]+(?:/[A-Za-z]+)?)\s*$")
+_NOTED = re.compile(r"^\s*(-?\d{1,3}(?:,\d{3})*(?:\.\d+)?|-?\d+(?:\.\d+)?)\s*(?:\((.*)\))?\s*$")
 _BYTES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 _TIMES = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def tidy_table(df):
     """A table for a CSV: a column of strings such as "45 MiB" or "3.2 ms" becomes numbers with the unit in its
-    header ("kv (MiB)"); mixed byte or time units are converted to the largest byte unit used / to ms."""
+    header ("kv (MiB)"); mixed byte or time units are converted to the largest byte unit used / to ms. A column of
+    numbers written for reading ("1,024", "8,192 (this model's context length)") becomes numbers, the words in
+    brackets in a column of their own ("tokens note")."""
     import pandas as pd
 
     out = df.copy()
     for col in df.columns:
         vals = [v for v in df[col].tolist() if v is not None and not (isinstance(v, float) and v != v)]
         if not vals or not all(isinstance(v, str) for v in vals):
+            continue
+        noted = [_NOTED.match(v) for v in vals]
+        if all(noted):
+            at = list(out.columns).index(col)
+            nums, notes = [], []
+            for v in df[col].tolist():
+                m = _NOTED.match(v) if isinstance(v, str) else None
+                nums.append(float(m.group(1).replace(",", "")) if m else None)
+                notes.append(m.group(2) if m else None)
+            out = out.drop(columns=[col])
+            whole = all(n is None or n.is_integer() for n in nums)  # counts stay counts: 1024, not 1024.0
+            out.insert(at, col, pd.Series(nums, index=df.index, dtype="Int64" if whole else "float64"))
+            if any(notes):
+                out.insert(at + 1, f"{col} note", pd.Series([n or "" for n in notes], index=df.index))
             continue
         parsed = [_UNIT.match(v) for v in vals]
         if not all(parsed):
@@ -227,8 +253,9 @@ def tidy_table(df):
         for v in df[col].tolist():
             m = _UNIT.match(v) if isinstance(v, str) else None
             conv.append(float(m.group(1).replace(",", "")) * factor[m.group(2)] if m else None)
+        at = list(out.columns).index(col)
         out = out.drop(columns=[col])
-        out.insert(list(df.columns).index(col), f"{col} ({unit})", pd.to_numeric(pd.Series(conv, index=df.index)))
+        out.insert(at, f"{col} ({unit})", pd.to_numeric(pd.Series(conv, index=df.index)))
     return out
 
 
@@ -281,7 +308,8 @@ def page_zip(
             n = unique(title)
             z.writestr(f"{stem}/{n}.svg", image(fig, "svg", note=note, title=title))
             z.writestr(f"{stem}/{n}.png", image(fig, "png", note=note, title=title))
-            data["figures"][n] = {"title": title, "note": note, "series": figure_numbers(fig)}
+            own = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""  # the title a reader saw
+            data["figures"][n] = {"title": _plain(own) or title, "note": note, "series": figure_numbers(fig)}
         for name, img in (images or {}).items():
             from PIL import Image
 
@@ -294,9 +322,12 @@ def page_zip(
             z.writestr(f"{stem}/{n}.csv", tidy.to_csv(index=False))
             data["tables"][n] = _plain(tidy.astype(object).where(tidy.notna(), None).to_dict(orient="records"))
         for name, body in (html or {}).items():
+            whole = body.lstrip()[:15].lower().startswith(("<!doctype", "<html"))  # a document of its own (bertviz's): as it is
             z.writestr(
                 f"{stem}/{unique(name)}.html",
-                f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{plot_text(name)}</title><body style="font-family:sans-serif">{body}</body></html>',
+                body
+                if whole
+                else f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{plot_text(name)}</title><body style="font-family:sans-serif">{body}</body></html>',
             )
         z.writestr(f"{stem}/numbers.json", json.dumps(data, indent=1, default=_jsonable, ensure_ascii=False))
     return buf.getvalue()

@@ -274,8 +274,9 @@ def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_
 
 
 # ------------------------------------------------------------------------------- sampling
-def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> go.Figure:
-    """Bars per filter stage for the top candidates: probability after each stage, zero = filtered out."""
+def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]], tokens: list[tuple[int, str]] | None = None) -> go.Figure:
+    """Bars per filter stage for the top candidates: probability after each stage, zero = filtered out. `tokens`:
+    each candidate's (id, text), kept with the bars (the export's numbers name them apart from the labels)."""
     fig = make_subplots(rows=1, cols=len(stages), shared_yaxes=True, subplot_titles=[name for name, _ in stages], horizontal_spacing=0.02)
     for j, (name, p) in enumerate(stages):
         colors = [BLUE if v > 0 else GREY for v in p]
@@ -286,6 +287,9 @@ def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> g
                 orientation="h",
                 marker_color=colors,
                 showlegend=False,
+                name=name,
+                customdata=[[i, t] for i, t in tokens] if tokens else None,
+                meta={"columns": ["token id", "token"]} if tokens else None,
                 text=[_pfmt(v) for v in p],
                 textposition="outside",
                 cliponaxis=False,
@@ -296,10 +300,41 @@ def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]]) -> g
         )
         fig.update_xaxes(range=[0, 1.15], row=1, col=j + 1, showticklabels=False)
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=11))
-    _layout(fig, None, height=max(320, 26 * len(cands) + 110))
-    fig.update_layout(margin=dict(t=70))  # room above the stage titles: the toolbar never covers one
+    _layout(fig, "The next token's probabilities after each filter (✗: filtered out)", height=max(320, 26 * len(cands) + 130))
+    fig.update_layout(margin=dict(t=90))  # room above the stage titles for the figure's: the toolbar never covers one
     return fig
 
 
 def _pfmt(v: float) -> str:
     return "✗" if v <= 0 else prob(v)
+
+
+def clickable_cells(fig: go.Figure) -> go.Figure:
+    """A copy of a one-heatmap figure that can be clicked cell by cell in the page: Plotly selects no heatmap
+    cell on click, so an invisible square marker sits on every cell, carrying its (row, column) as customdata
+    and the heatmap's hover text, and the nearest one is picked wherever the click lands. For the page only:
+    the exported figure is the original."""
+    f = go.Figure(fig)
+    hm = next(t for t in f.data if t.type == "heatmap")
+    z = np.asarray(hm.z, dtype=float)
+    rows, cols = z.shape
+    xs = list(hm.x) if hm.x is not None else list(range(cols))
+    ys = list(hm.y) if hm.y is not None else list(range(rows))
+    cells = [(r, c) for r in range(rows) for c in range(cols)]
+    f.add_trace(
+        go.Scatter(
+            x=[xs[c] for _, c in cells],
+            y=[ys[r] for r, _ in cells],
+            customdata=[[r, c, z[r, c]] for r, c in cells],
+            mode="markers",
+            marker=dict(symbol="square", size=14, opacity=0),
+            selected=dict(marker=dict(opacity=0)),
+            unselected=dict(marker=dict(opacity=0)),
+            hovertemplate=(hm.hovertemplate or "%{y} %{x}: %{z:.3g}<extra></extra>").replace("%{z", "%{customdata[2]"),
+            showlegend=False,
+            name="click target",
+        )
+    )
+    hm.update(hoverinfo="skip", hovertemplate=None)
+    f.update_layout(hoverdistance=-1, clickmode="event+select", dragmode=False)
+    return f

@@ -12,20 +12,37 @@ from .tokens import lit, plot_text, visible
 
 
 def step_times_figure(events, title="Time per generated token (this run)") -> go.Figure:
+    """Each token's own pass; under token 0, in grey, the time before its prefill began (tokenizing, the engine's
+    line, a fresh server's setup), so the first bar's height is the time to first token shown beside it."""
     x = [e.index for e in events]
     y = [e.step_s * 1000 for e in events]
     colors = [ORANGE if e.phase == "prefill" else BLUE for e in events]
-    fig = go.Figure(
+    fig = go.Figure()
+    before = (events[0].t_s - min(events[0].step_s, events[0].t_s)) * 1000 if events else 0.0
+    if before >= 0.5:
+        fig.add_trace(
+            go.Bar(
+                x=[x[0]],
+                y=[before],
+                marker_color=GREY,
+                name="before the prefill (tokenizing, waiting, setup)",
+                text=[f"{before:,.0f} ms before"],
+                hovertemplate="before the prefill: %{y:.1f} ms<extra></extra>",
+            )
+        )
+    fig.add_trace(
         go.Bar(
             x=x,
             y=y,
             marker_color=colors,
+            name="the token's own pass",
             customdata=[plot_text(visible(e.text)) for e in events],
             text=[plot_text(visible(e.text)) for e in events] if len(events) <= 32 else None,
             hovertemplate="token %{x}: %{customdata}<br>%{y:.1f} ms<extra></extra>",
         )
     )
-    fig.update_xaxes(title="generated token (0 = first token: prefill, orange)")
+    fig.update_layout(barmode="stack", showlegend=before >= 0.5, legend=dict(orientation="h", y=-0.3, yanchor="top"))
+    fig.update_xaxes(title="generated token (0 = first token: prefill, orange; grey under it: before the prefill)")
     fig.update_yaxes(title="milliseconds")
     return _layout(fig, title, height=340)
 

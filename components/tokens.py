@@ -80,7 +80,7 @@ def chips_html(tokens, segments, max_segments: int = 3000) -> str:
             f'<span title="{html.escape(title)}" style="display:inline-block;background:{bg};color:{fg};'
             f'border-radius:4px;padding:0 3px;margin:1px;text-align:center;vertical-align:top">'
             f"{html.escape(visible(label))}"
-            f'<span style="display:block;font-size:9px;line-height:1.2;color:{"#ddd" if special else "#555"}">'
+            f'<span style="display:block;font-size:13px;line-height:1.2;color:{"#ddd" if special else "#555"}">'
             f"{html.escape(ids)}</span></span>"
         )
     if len(segments) > max_segments:

@@ -44,8 +44,7 @@ PRESENT_CSS = (
 
 def page_header(spec: PageSpec, prev_page, next_page) -> None:
     """The run's export registry; one row of switches and downloads (presentation mode, the page's ZIP, the lesson
-    handout) and, in presentation mode, the previous / next stage as real links that carry the prompt and the
-    view's settings; presentation mode's layout, the page's takeaway and its heading (views/pages.py)."""
+    handout) and, in presentation mode, the previous / next stage as links (the bound settings follow by themselves); presentation mode's layout, the page's takeaway and its heading (views/pages.py)."""
     st.session_state["_exports"] = reg = PageExports(spec.title)
     if spec.handout is None and spec in STAGES:  # the minute-long experiments' figures, kept for the handout
         st.session_state.setdefault("_drawn", {})[spec.slug] = (_drawn_key(), reg)
@@ -82,12 +81,13 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
     )
     st.html(f"<style>{BASE_CSS}{PRESENT_CSS if presenting() else ''}</style>")
     if presenting():
-        carry = {k: st.query_params.get(k) for k in st.query_params}
+        # no query_params: the bound widgets (the prompt, presentation mode, the settings) write themselves into the
+        # new page's address; a link that carried them too left a second copy of each on every hop (16 after 16)
         short = lambda p: BY_TITLE[p.title].short  # noqa: E731 - "14": the row stays one line at 1280 px
         if prev_page is not None:
-            links.page_link(prev_page, label=f"← {short(prev_page)}", query_params=carry)  # no tooltip: it covered the title
+            links.page_link(prev_page, label=f"← {short(prev_page)}")  # no tooltip: it covered the title
         if next_page is not None:
-            links.page_link(next_page, label=f"{short(next_page)} →", query_params=carry)
+            links.page_link(next_page, label=f"{short(next_page)} →")
     _handout(make)
     live.banner()
     if presenting() and spec.takeaway:

@@ -4,10 +4,13 @@ boxes. The page header and presentation mode's layout are views.header's. Nothin
 
 from __future__ import annotations
 
+import functools
+
 import streamlit as st
 
 import pipeline
 from components import export, fmt
+from components.figures import clickable_cells
 from views import guard
 from views.loading import model_key, recall
 
@@ -81,13 +84,77 @@ def context_note(settings: dict | None = None) -> str:
     prompt = " ".join((st.session_state.get("prompt") or "").split())
     prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
     parts = [model, f"prompt “{prompt}”" + (" (chat template)" if st.session_state.get("chat") else "")]
-    # only the view's own settings: a parameter that no widget of this page is bound to (a typo, or text someone
-    # put in a link: "?zz=Visit evil.example") never reaches an image
-    view = {k: st.query_params.get(k) for k in st.query_params if k not in NOT_SETTINGS and k in st.session_state}
+    # only the view's own settings, at their defaults too (a slide says temperature 1.0 even when the link does not):
+    # a parameter that no widget of this page is bound to (a typo, or text someone put in a link: "?zz=Visit
+    # evil.example") never reaches an image
+    view = {setting_name(k): _shown(st.session_state[k]) for k in page_settings() if k not in NOT_SETTINGS and k in st.session_state}
     view |= {k: v for k, v in (settings or {}).items() if v is not None}
     if view:
         parts.append(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in view.items()))
     return " · ".join(parts)
+
+
+SETTING_NAMES = {  # a bound widget's key -> what a slide calls it (a key not here: its words, the page's prefix dropped)
+    "t": "temperature",
+    "k": "top-k",
+    "p": "top-p",
+    "minp": "min-p",
+    "top_k": "top-k",
+    "top_p": "top-p",
+    "min_p": "min-p",
+    "n": "max new tokens",
+    "n_show": "candidates shown",
+    "attn_scale": "colour scale",
+    "attn_sink": "first token hidden",
+    "attn_present_head": "head on screen",
+    "bv_layers": "bertviz layers",
+    "bv_view": "bertviz view",
+    "roof_T": "prompt tokens",
+    "roof_C": "context tokens",
+    "shard_n": "devices",
+    "spec_gamma": "draft tokens per call (γ)",
+    "spec_kind": "draft model",
+    "spec_own": "draft folder",
+    "spec_prompt": "prompt",
+    "myth_at": "forced at token",
+    "batch_eos": "stop at end-of-sequence",
+    "batch_lib": "transformers' batch too",
+    "emb_refs": "reference words",
+    "emb_dims": "dimensions",
+    "layer_pos": "position",
+}
+
+
+def setting_name(key: str) -> str:
+    """A bound widget's name on a slide: "gen_t" -> "temperature", "attn_head" -> "head"."""
+    if key in SETTING_NAMES:
+        return SETTING_NAMES[key]
+    rest = key.split("_", 1)[1] if "_" in key else key
+    return SETTING_NAMES.get(rest, rest.replace("_", " "))
+
+
+def _shown(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def page_settings() -> list[str]:
+    """The keys of the widgets this page binds to the link (drawn so far in this run's page script), whatever their
+    values: Streamlit's binding registry, filtered to the page's own script (the sidebar's are named apart). Where
+    that registry cannot be read (another Streamlit), the settings in the address."""
+    try:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        with ctx.session_state.query_params() as qp:
+            return [k for k, b in qp._bindings_by_param.items() if b.script_hash == ctx.page_script_hash]
+    except Exception:  # noqa: BLE001 - a private registry: fall back to what the address shows
+        return list(st.query_params)
 
 
 def _exports() -> PageExports:
@@ -106,13 +173,17 @@ def prompt_source() -> str:
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
 
 
-def figure(fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None) -> None:
+def figure(
+    fig, name: str = "", where=None, key: str | None = None, main: bool = False, settings: dict | None = None, click_sets: tuple[str, int] | None = None
+) -> None:
     """A Plotly figure, ready for slides: SVG and 3x PNG buttons under it, named after the page, figure and prompt
     (drawn on click, with the title, the model, the prompt and the settings inside the image), and it joins the
     page's ZIP export. No text is smaller than 12 px (18 px in presentation mode, where the
     numbers are drawn on the figure: no hover needed). Its text alternative is its title and the numbers behind
     it. `main`: the page's main figure, which presentation mode shows first, sized for the first screen.
-    `settings`: what shaped it beyond the view's linked widgets (named in the exported image)."""
+    `settings`: what shaped it beyond the view's linked widgets (named in the exported image). `click_sets`: for
+    a one-heatmap figure, (state key, columns): a click on a cell of one of its first `columns` columns sets that
+    key to (row, column) before the next run (needs `key`)."""
     reg = _exports()
     title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
     present = presenting()
@@ -127,7 +198,12 @@ def figure(fig, name: str = "", where=None, key: str | None = None, main: bool =
     # no camera button: it would save the figure without the note that says what it shows (the buttons below do)
     config = {"modeBarButtonsToRemove": ["toImage"], "displaylogo": False}
     # theme=None: the figure's own template, as exported (Streamlit's theme would redraw its text at 12 px)
-    w.plotly_chart(fig, width="stretch", key=key, config=config, alt=export.alt_text(fig, title), theme=None)
+    alt = export.alt_text(fig, title)
+    if click_sets is None:
+        w.plotly_chart(fig, width="stretch", key=key, config=config, alt=alt, theme=None)
+    else:
+        clicked = functools.partial(_cell_clicked, key, *click_sets)  # plain data: no page namespace kept alive
+        w.plotly_chart(clickable_cells(fig), width="stretch", key=key, config=config, alt=alt, theme=None, on_select=clicked, selection_mode="points")
     note = context_note(settings)
     reg.figures.append((title, fig, note))
     n = len(reg.figures)
@@ -144,6 +220,12 @@ def figure(fig, name: str = "", where=None, key: str | None = None, main: bool =
             on_click="ignore",
             help=f"{title} as {what} for a slide, the model, prompt and settings inside",
         )
+
+
+def _cell_clicked(chart: str, target: str, columns: int) -> None:
+    points = st.session_state[chart].selection.points
+    if points and points[0].get("customdata") and int(points[0]["customdata"][1]) < columns:
+        st.session_state[target] = (int(points[0]["customdata"][0]), int(points[0]["customdata"][1]))
 
 
 def _image_of(fig, fmt: str, note: str, title: str):
@@ -187,6 +269,17 @@ def table(name: str, df, where=None, **kw) -> None:
         w.dataframe(df, **kw)
 
 
+def also_export(name: str, table=None, html: str | None = None) -> None:
+    """Something the page shows its own way (a table split in two columns, bertviz's iframe) that the page's ZIP
+    export carries too: a table as CSV (a DataFrame or row dicts), or a whole HTML document as it is."""
+    import pandas as pd
+
+    if table is not None:
+        _exports().tables[name] = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
+    if html is not None:
+        _exports().html[name] = html
+
+
 def html_view(body: str, name: str, where=None, main: bool = False) -> None:
     """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export.
     `main`: the page's main view, which presentation mode shows first."""
@@ -221,15 +314,22 @@ def claim_or_doubt(verdict, where=None) -> None:
         w.warning(verdict.doubt, icon=":material/help:")
 
 
-def busy_note(busy, where=None) -> None:
+QUIET_BUT_NOISY = "This server ran no other request while it was measured: the noise came from outside it (other programs on this shared machine's processor)."
+
+
+def busy_note(busy, where=None, noisy: bool = False) -> None:
     """What else this server ran while a time shown was measured (a Busy, or the slot of a heavy experiment's
-    result): a warning that the time is inflated, or a one-line caption that nothing else ran."""
+    result): a warning that the time is inflated, or a one-line caption that nothing else ran. `noisy`: the page
+    has just said its repeats were too noisy; with nothing of this server's beside them, the caption says the noise
+    came from outside the server (never "nothing else ran" beside "too noisy")."""
     if isinstance(busy, str):
         busy = recall(busy + "/busy")
     if busy is None:
         return
     w = where or st
-    if busy:
+    if noisy and not busy:
+        w.caption(QUIET_BUT_NOISY)
+    elif busy:
         w.warning(str(busy), icon=":material/groups:")
     else:
         w.caption(str(busy))

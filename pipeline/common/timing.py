@@ -5,6 +5,7 @@ A GPU runs kernels asynchronously, so a wall-clock time means something only aft
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ def ids_of_length(lm, n: int) -> torch.Tensor:
 class Ratios:
     """A speed ratio measured in interleaved repeats: one value per repeat, both sides timed next to each other
     (a shared machine drifts between repeats; a ratio taken within one repeat cancels most of it). The headline
-    is the median with its range, flagged noisy when the repeats disagree by more than the effect."""
+    is the median with its range, flagged noisy when the repeats disagree on the direction (a tie)."""
 
     values: tuple[float, ...]
 
@@ -74,10 +75,11 @@ class Ratios:
 
     @property
     def noisy(self) -> bool:
-        """Fewer than 3 repeats, or a range wider than the median's distance from 1x (a tie)."""
+        """Fewer than 3 repeats, or repeats on both sides of 1x (or at it): they do not agree which side is faster.
+        Every repeat on one side is a finding, however wide the range (5 of 5 slower is a slowdown)."""
         if len(self.values) < 3:
             return True
-        return max(self.values) - min(self.values) > abs(self.median - 1.0)
+        return not (min(self.values) > 1.0 or max(self.values) < 1.0)
 
     def __str__(self) -> str:
         if not self.values:
@@ -175,7 +177,9 @@ class Busy:
 class Activity:
     """The process's record of model work, so a time shown can say what else ran while it was measured. Each
     piece of work is registered from start to end with its kind and how many requests it served (an engine step
-    serves its batch); `during(t0, t1)` tells what overlapped an interval. Thread-safe; keeps the last `keep`.
+    serves its batch); `during(t0, t1)` tells what overlapped an interval. Work started inside a job (in its
+    thread, or in an engine it drives there: the batching scene's own steps) belongs to that job and is never
+    "something else" to it or to its other parts. Thread-safe; keeps the last `keep`.
 
         with ACTIVITY.doing("trace") as job: ...      # afterwards job.busy: what else overlapped it
     """
@@ -185,34 +189,34 @@ class Activity:
         import threading
 
         self.clock = clock
-        self._active: dict[int, tuple[str, int, float]] = {}
-        self._done: collections.deque = collections.deque(maxlen=keep)  # (kind, n, t0, t1)
+        self._active: dict[int, tuple[str, int, float, int]] = {}  # token -> (kind, n, t0, the job it belongs to)
+        self._done: collections.deque = collections.deque(maxlen=keep)  # (kind, n, t0, t1, the job it belongs to)
         self._lock = threading.Lock()
         self._next = 0
 
     def start(self, kind: str, n: int = 1) -> int:
         with self._lock:
             self._next += 1
-            self._active[self._next] = (kind, n, self.clock())
+            self._active[self._next] = (kind, n, self.clock(), _OWNER.get() or self._next)
             return self._next
 
     def end(self, token: int) -> Busy:
-        """Close a piece of work; returns what else overlapped it."""
+        """Close a piece of work; returns what else overlapped it (not counting its own job's parts)."""
         t1 = self.clock()
         with self._lock:
-            kind, n, t0 = self._active.pop(token)
-        busy = self.during(t0, t1)
+            kind, n, t0, owner = self._active.pop(token)
+        busy = self.during(t0, t1, own=owner)
         with self._lock:
-            self._done.append((kind, n, t0, t1))
+            self._done.append((kind, n, t0, t1, owner))
         return busy
 
-    def during(self, t0: float, t1: float, exclude: int | None = None) -> Busy:
+    def during(self, t0: float, t1: float, exclude: int | None = None, own: int | None = None) -> Busy:
         """At most how many of each kind ran at once (approximated by the largest single entry, counts of
-        overlapping entries for work of one request each) in [t0, t1], besides `exclude`."""
+        overlapping entries for work of one request each) in [t0, t1], besides `exclude` and the parts of job `own`."""
         count: dict[str, int] = {}
         with self._lock:
-            entries = [(k, n) for tok, (k, n, s) in self._active.items() if tok != exclude and s < t1]
-            entries += [(k, n) for k, n, s, e in self._done if e > t0 and s < t1]
+            entries = [(k, n) for tok, (k, n, s, o) in self._active.items() if tok != exclude and o != own and s < t1]
+            entries += [(k, n) for k, n, s, e, o in self._done if e > t0 and s < t1 and o != own]
         for k, n in entries:
             count[k] = max(count.get(k, 0), n) if k == "generation" else count.get(k, 0) + n
         return Busy(tuple(sorted(count.items())))
@@ -227,31 +231,13 @@ class _Job:
 
     def __enter__(self):
         self.token = self.activity.start(self.kind, self.n)
+        self._scope = _OWNER.set(_OWNER.get() or self.token)  # what starts inside (this thread) is part of this job
         return self
 
     def __exit__(self, *exc) -> None:
+        _OWNER.reset(self._scope)
         self.busy = self.activity.end(self.token)
 
 
+_OWNER: contextvars.ContextVar[int | None] = contextvars.ContextVar("activity_job", default=None)
 ACTIVITY = Activity()  # one per process: every model's traces, engine steps and experiments
-
-
-def forward_repeats(lm, input_ids: list[int], repeats: int = 5, progress=None) -> tuple[Samples, Busy]:
-    """The plain forward pass over these ids (no hooks capturing, the LM head on the last position only) timed
-    `repeats` times after one warm-up, device-synchronised: the overview's "time it again". Returns the times and
-    what else ran meanwhile."""
-    ids = torch.tensor([input_ids], device=lm.device)
-    s = syncer(lm.device)
-
-    def once() -> float:
-        with lm.lock, torch.inference_mode():
-            s()
-            t = time.perf_counter()
-            lm.model(input_ids=ids, logits_to_keep=1, use_cache=False)
-            s()
-            return time.perf_counter() - t
-
-    once()
-    with ACTIVITY.doing("experiment") as job:
-        got = interleaved({"forward": once}, repeats, progress)["forward"]
-    return got, job.busy

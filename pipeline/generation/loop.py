@@ -206,6 +206,12 @@ class Metrics:
     itl_s: list[float]  # inter-token latency, one per gap
     tpot_s: float | None  # (latency - TTFT) / (n - 1)
     tokens_per_s: float | None  # decode rate: (n - 1) / (latency - TTFT)
+    prefill_s: float = 0.0  # the first token's own pass (the prefill and its sample)
+    before_s: float = 0.0  # TTFT - prefill_s: tokenizing, the engine's line, a fresh server's one-time setup
+
+    def ttft_parts(self) -> str:
+        """ "1,566 ms = 746 ms before the prefill + 820 ms prefill": TTFT in the parts a step-time chart shows."""
+        return f"{self.ttft_s * 1000:,.0f} ms = {self.before_s * 1000:,.0f} ms before the prefill (tokenizing, waiting in line, setting up) + {self.prefill_s * 1000:,.0f} ms prefill"
 
 
 def metrics(events: list[StepEvent]) -> Metrics:
@@ -216,4 +222,5 @@ def metrics(events: list[StepEvent]) -> Metrics:
     ttft, lat = events[0].t_s, events[-1].t_s
     itl = [b.t_s - a.t_s for a, b in zip(events, events[1:])]
     tpot = (lat - ttft) / (n - 1) if n > 1 else None
-    return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None)
+    prefill = min(events[0].step_s, ttft)
+    return Metrics(n, ttft, lat, itl, tpot, (n - 1) / (lat - ttft) if n > 1 and lat > ttft else None, prefill, ttft - prefill)

@@ -42,6 +42,16 @@ def test_why_this_token_walks_attribution_ablation_and_patching(server, browser,
     settled(page)
     page.screenshot(path=str(SHOTS / f"why-{model}.png"))
 
+    # clicking a head's cell in the shares heatmap opens that head's attention row below it
+    heatmap = page.locator("[class*='st-key-main_figure'] .js-plotly-plot").first
+    rows, cols = heatmap.evaluate("e => [e.data[0].z.length, e.data[0].z[0].length]")
+    layer, head = rows // 2, 1
+    area = heatmap.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(area["x"] + (head + 0.5) * area["width"] / cols, area["y"] + (layer + 0.5) * area["height"] / rows)
+    page.wait_for_selector(f".js-plotly-plot .gtitle:has-text('Layer {layer}, head {head}:')", timeout=120_000)
+    no_exception(page)
+    assert f"layer {layer}, head {head} " in page.locator("[data-testid='stSelectbox']", has_text="Head").last.inner_text()
+
     click_button(page, "Switch them off", expect="[data-testid='stMetricLabel']:has-text('KL divergence')")
     no_exception(page)
     assert page.locator("[data-testid='stMetricLabel']", has_text="Its rank now").count() == 1

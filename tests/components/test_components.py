@@ -79,6 +79,11 @@ def test_figures_name_tokens_without_hover_at_a_readable_size():
     assert fig.layout.yaxis.showticklabels and fig.layout.yaxis.dtick == 4  # every 4th named: 20 labels of 12 px, never overlapping
     short = attention_heads(np.full((4, 12, 12), 1 / 12), labels[:12])
     assert short.layout.yaxis.dtick == 1  # a short prompt: every token named
+    # page 3 on a projector: one head large (nine 65-px maps were unreadable), its own name in the title
+    one = attention_heads(np.random.default_rng(0).random((9, 40, 40)), labels[:40], layer=5, heads=[2])
+    assert len(one.data) == 1 and "head 2" in one.layout.title.text and not one.layout.annotations
+    assert one.data[0].z[39][0] == pytest.approx(np.round(np.random.default_rng(0).random((9, 40, 40))[2, 39, 0], 3))
+    assert one.layout.yaxis.dtick == 3  # at most 16 labels of 18 px on a 430-px figure
     lens = lens_figure(np.zeros((3, 64), int), np.ones((3, 64)) * 0.5, [["a"] * 64] * 3, [f"p{i}" for i in range(64)])
     assert lens.layout.xaxis.dtick == 1 and lens.layout.xaxis.type == "category"
 

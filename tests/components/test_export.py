@@ -58,6 +58,7 @@ def test_page_zip_has_svg_png_csv_html_and_numbers():
     w, h = struct.unpack(">II", png[16:24])  # the IHDR chunk
     assert (w, h) == (export.WIDTH * export.SCALE, 400 * export.SCALE)
     numbers = json.loads(z.read(stem + "numbers.json"))
+    assert numbers["figures"]["next-token"]["title"] == "Next token"  # the title a reader saw, not the file's name
     assert numbers["schema"].startswith("llm-explorer numbers v1")
     assert numbers["figures"]["next-token"]["series"][0]["y"] == [0.9, 0.1] and numbers["tables"]["rows"] == [{"a": 1}, {"a": 2}]
 
@@ -94,5 +95,16 @@ def test_numbers_and_tables_are_tidy():
     assert list(tidy.columns) == ["mode", "memory (GiB)", "time (ms)", "x"]
     assert tidy["memory (GiB)"].tolist() == pytest.approx([45 / 1024, 0.5 / 1024, 1.5]) and tidy["time (ms)"].tolist() == pytest.approx([3.2, 1000, 0.25])
     assert tidy["x"].tolist() == ["1 MiB", "n/a", "2"]  # not all numbers with a unit: left as written
+    # a count written for reading is a number in the CSV, its words in a column of their own (issue 33: kv-costs.csv)
+    kv = export.tidy_table(pd.DataFrame({"tokens": ["1,024", "8,192 (this model's context length)"], "KV": ["45 MiB", "360 MiB"]}))
+    assert list(kv.columns) == ["tokens", "tokens note", "KV (MiB)"] and kv["tokens"].tolist() == [1024, 8192]
+    assert kv["tokens note"].tolist() == ["", "this model's context length"] and kv.to_csv(index=False).splitlines()[1] == "1024,,45.0"
+    # the sampling stages' series are named, and a token is its id and its text, not "'The' (504)"
+    from components.figures import sampling_figure
+
+    samp = sampling_figure(["'The' (504)", "' A' (330)"], [("softmax", np.array([0.6, 0.4])), ("top-k", np.array([1.0, 0.0]))], [(504, "The"), (330, " A")])
+    series = export.figure_numbers(samp)
+    assert [x["name"] for x in series] == ["softmax", "top-k"] and series[1]["token id"] == [504, 330] and series[1]["token"] == ["The", " A"]
+    assert samp.layout.title.text  # a human title, not the page's internal name
     alt = export.alt_text(go.Figure(go.Bar(x=["Paris", "Lyon"], y=[0.9, 0.1])), "Next token")
     assert alt.startswith("Figure: Next token.") and "Paris: 0.9" in alt

@@ -4,6 +4,7 @@ every attention kernel gives eager attention's logits."""
 
 import pytest
 
+from pipeline.common.timing import ACTIVITY
 from pipeline.engine.scene import POLICIES, User, run_alone, run_scene
 from pipeline.lab import checks
 from pipeline.lab.attention_kernels import kernel_sweep
@@ -14,7 +15,9 @@ pytestmark = pytest.mark.model
 def test_every_policy_answers_each_user_as_alone_and_static_pads(smol):
     users = [User("Alice", 0.0, "Why is the sky blue?", 6), User("Bob", 0.0, "Dog bites man.", 3)]
     alone = {u.name: run_alone(smol, u) for u in users}
-    runs = {p: run_scene(smol, users, p) for p in POLICIES}
+    with ACTIVITY.doing("experiment") as scene:  # as the page runs it (views.runs.timed)
+        runs = {p: run_scene(smol, users, p) for p in POLICIES}
+    assert not scene.busy, scene.busy  # page 15 alone: its own users' steps are not "other generations"
     for p, run in runs.items():
         assert {u.name: u.token_ids for u in run.users} == alone, p
     padded = sum(len(r.padded) for r in runs["static"].records)

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from pipeline.common.timing import Activity, Busy, Samples, interleaved
+from pipeline.common.timing import Activity, Busy, Ratios, Samples, interleaved
 from pipeline.generation import CacheModeComparison, CacheRow, ModeRun, SweepRow, cache_verdict, growth, sweep_verdict
 from pipeline.lab.attention_kernels import KernelRun, sweep_doubts
 from pipeline.lab.hardware import DecodeProfile, OpShare
@@ -89,6 +89,38 @@ def test_activity_says_what_else_ran_and_never_counts_itself():
         now[0] = 6.0
     assert not alone.busy and "Nothing else ran" in str(alone.busy)
     assert act.during(0.5, 0.6).less_one("generation") == Busy((("generation", 2), ("trace", 1)))
+
+
+def test_five_of_five_slower_is_a_slowdown_not_a_tie():
+    """Page 13 called 0.84x with all 5 repeats slower "too noisy to tell: a tie"."""
+    slower = Ratios((0.7, 0.84, 0.9, 0.8, 0.95))
+    assert not slower.noisy and "tie" not in str(slower)
+    assert Ratios((0.9, 1.05, 0.95)).noisy and Ratios((1.2, 1.3)).noisy  # both sides of 1x; too few repeats
+
+
+def test_a_jobs_own_parts_are_not_something_else_that_ran():
+    """Page 15's scene drives its own engine in its thread: the four users' steps are the scene, not other work;
+    a step of another thread (the shared engine) still is."""
+    now = [0.0]
+    act = Activity(clock=lambda: now[0])
+    with act.doing("experiment") as scene:
+        for _ in range(3):
+            with act.doing("generation", 4) as step:  # the scene's own engine step serving its 4 users
+                now[0] += 1.0
+            assert not step.busy
+    assert not scene.busy and "Nothing else ran" in str(scene.busy)
+    box = {}
+
+    def other_thread():
+        box["token"] = act.start("generation", 2)  # the shared engine's worker
+
+    with act.doing("experiment") as scene:
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+        now[0] += 1.0
+        act.end(box["token"])
+    assert scene.busy == Busy((("generation", 2),))
 
 
 def test_activity_is_thread_safe():

@@ -223,6 +223,7 @@ def test_batching_page_runs_the_three_policies_and_checks_every_answer():
     table = next(d for d in frames(at) if "policy" in d.columns)
     assert list(table["policy"]) == ["one after another", "static", "continuous"]
     assert (table["tokens"] == 4 * 24).all()  # every answer exactly 24 tokens
+    assert not any("other generation" in w.value for w in at.warning)  # alone: its own four users are not "others"
     button(at, "chk_scene").click().run()
     assert not at.exception, at.exception
     marks = [m.value for m in at.markdown if "generated alone" in m.value]

@@ -201,6 +201,19 @@ def test_exported_images_carry_only_the_views_known_settings():
     assert all("SmolLM2" in n for n in notes), notes
 
 
+def test_an_export_at_default_settings_names_them():
+    """Page 5's figures at the default sampling settings (nothing in the address) still say which they were, in words."""
+    at = run("views/stages/next_token.py", prompt="The capital of France is")
+    assert not at.exception
+    reg = at.session_state["_exports"]
+    title, _, note = reg.figures[0]
+    from pipeline.forward.sampling import DEFAULTS
+
+    for setting in (f"temperature {DEFAULTS.temperature:g}", f"top-k {DEFAULTS.top_k}", f"top-p {DEFAULTS.top_p:g}", "min-p", "seed", "candidates shown 15"):
+        assert setting in note, note
+    assert "_" not in note.split("·", 2)[-1], note  # "top-k", never the widget's key "top_k"
+
+
 def test_why_this_token_page_explains_paris_and_switches_heads_off():
     """The shares sum to the logit on the page, the heatmap and the head's attention are drawn, and switching the
     preset heads off shows the distribution before and after; the cross-checks pass."""

@@ -55,7 +55,13 @@ scale = (
     )
     or "linear"
 )
-render.figure(attention_heads(maps, labels, block=block, layer=layer, scale=scale), "attention heads", main=True, settings={"colour scale": scale})
+shown = None
+if render.presenting():  # a projector: one head large, picked here (every head at once is 65 px a map)
+    one = st.segmented_control(
+        "Head on screen", list(range(H)), default=0, key="attn_present_head", bind="query-params", help="One head at a time, large enough for the back row"
+    )
+    shown = [one if one is not None else 0]
+render.figure(attention_heads(maps, labels, block=block, layer=layer, scale=scale, heads=shown), "attention heads", main=True, settings={"colour scale": scale})
 st.caption(f"Colour scale: {ATTENTION_SCALES[scale]}." + ("" if hide else " The first column is the attention sink; the toggle above hides it."))
 
 st.subheader("Every layer and head at a glance")
@@ -98,6 +104,7 @@ else:
         )
         height = 160 + 22 * T if which == "head view" else 150 + 500 * n_layers  # the model view: a row of heads per layer
         st.iframe(html, height=max(420, height))
+        render.also_export(f"bertviz {which}", html=html)
         st.caption(f"Drawn offline (d3 and jQuery inlined), {len(html) / 1e6:.2f} MB of HTML, weights rounded to 3 decimals.")
     else:
         st.info("bertviz needs every layer at full resolution; this prompt is too long for that.")

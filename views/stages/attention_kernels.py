@@ -41,7 +41,7 @@ if doubts:
         + ". Other work shared the processor while they were measured; run the kernels again when it is quieter. The logits below are exact either way.",
         icon=":material/help:",
     )
-render.busy_note("kernels")
+render.busy_note("kernels", noisy=bool(doubts))
 agree = checks.check_kernels_agree(rows, lm.arch.tol)
 st.markdown(proof.verdict(agree.ok) + f" **Every kernel gives the same logits**: {agree.detail}, {str(lm.dtype).removeprefix('torch.')}.")
 errors = [r for r in rows if r.error]

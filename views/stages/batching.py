@@ -219,13 +219,14 @@ else:
         "costs more than for one (the arithmetic grows with the batch), so the gain is smaller than on a GPU, "
         "where a small batch costs about the same as one request."
     )
-    if not all(a.tells_apart(b) for a, b in ((c_t, q_t), (c_t, s_t), (c_l, q_l), (c_l, s_l))):
+    untold = not all(a.tells_apart(b) for a, b in ((c_t, q_t), (c_t, s_t), (c_l, q_l), (c_l, s_l)))
+    if untold:
         st.warning(
             "Where the repeats overlap this machine was too noisy to tell the policies apart: other work shared the processor "
             "(or the repeats were too few). Run the scene again when it is quieter.",
             icon=":material/help:",
         )
-    render.busy_note("scene")
+    render.busy_note("scene", noisy=untold)
     with st.expander("Utilisation over the continuous run"):
         render.figure(telemetry_figure(cont.timeline), "telemetry")
     with st.expander("The answers"):

@@ -47,7 +47,7 @@ elif ev[-1].finished == "eos":
 m = metrics(ev)
 c = st.columns(5)
 c[0].metric("Tokens generated", m.n)
-c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help="Request in → first token out, tokenization included")
+c[1].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help=f"Request in → first token out: {m.ttft_parts()} (the first bar below)")
 c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—", help="(latency − TTFT) / (n − 1)")
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)

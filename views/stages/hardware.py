@@ -84,7 +84,7 @@ if pr is not None:
             f"Measured with torch.profiler on this device, {len(prof.shares.values)} steps: bars are median shares. At batch 1 a decode step "
             "reads every weight once for one token: little arithmetic per byte read, so memory bandwidth, not FLOP/s, usually sets its speed."
         )
-    render.busy_note("hw_probe")
+    render.busy_note("hw_probe", noisy=bool(prof.noisy))
 found = []
 if pr is not None:
     found += [checks.check_matmul_probe(mm), checks.check_profile(prof)]

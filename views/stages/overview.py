@@ -3,6 +3,7 @@ import streamlit as st
 import pipeline
 from components.figures import timings_bar
 from pipeline.forward.tokens import text_of
+from pipeline.forward.tracing import forward_repeats
 from views import guard, loading, pages, proof, render, runs
 
 lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw
@@ -51,12 +52,16 @@ elif tr.forward_cpu_s is not None:
 again = loading.recall("fwd_again")
 if again is not None and again[0] == (tuple(tr.input_ids), tr.model_label):
     samples, busy = again[1]
-    st.caption(f"The same forward pass timed {len(samples.values)} more times (without the recording hooks): median {samples.fmt()} (range).")
+    st.caption(
+        f"The same forward pass timed {len(samples.values)} more times without the recording hooks, measured the same way "
+        f"(the same threads, and the processor time when one thread runs it): median {samples.fmt()} (range), against "
+        f"{tr.forward_s * 1000:,.0f} ms with them. The difference is what recording every stage costs (and the machine's noise)."
+    )
     render.busy_note(busy)
 elif st.button("Time it again (5 repeats)", key="fwd_again_go", help="One run is one sample: five more give the median and the spread"):
     if guard.allowed("timing the forward pass"):
         bar = st.progress(0.0, text="timing the forward pass")
-        got = lm.run(pipeline.common.timing.forward_repeats, lm, tr.input_ids, 5, progress=lambda p, m: bar.progress(p, text=m))
+        got = lm.run(forward_repeats, lm, tr.input_ids, 5, progress=lambda p, m: bar.progress(p, text=m))
         bar.empty()
         loading.remember("fwd_again", ((tuple(tr.input_ids), tr.model_label), got))
         st.rerun()
@@ -75,6 +80,7 @@ facts = {
     "norm": f.norm,
     "tied embeddings": "yes" if f.tied_embeddings else "no",
 }
+render.also_export("model facts", [{"fact": k, "value": v} for k, v in facts.items()])
 half = (len(facts) + 1) // 2
 cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):

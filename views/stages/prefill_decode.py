@@ -34,7 +34,7 @@ else:
         )
     )
     c = st.columns(3)
-    c[0].metric("Time to first token (prefill)", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens")
+    c[0].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens: {m.ttft_parts()} (the first bar below)")
     if cached := ev[0].cached_tokens:
         st.caption(
             f"{cached} of the {rec.prompt_tokens} prompt tokens were not computed: an earlier prompt on this server started with "
@@ -80,8 +80,9 @@ if rows is not None:
         ),
         hide_index=True,
     )
-    render.claim_or_doubt(sweep_verdict(rows))
-    render.busy_note("sweep")
+    verdict = sweep_verdict(rows)
+    render.claim_or_doubt(verdict)
+    render.busy_note("sweep", noisy=not verdict.claim)
 
 st.subheader("Without the KV cache")
 st.markdown(
@@ -114,8 +115,9 @@ if cmp_ is not None:
             help=f"The median of {len(s.values)} interleaved repeats, each the mean of the decode steps after the first token",
         )
     c[2].metric("Same tokens", "yes" if same else "NO")
-    render.claim_or_doubt(cache_verdict(cmp_))
-    render.busy_note("cache_cmp")
+    verdict = cache_verdict(cmp_)
+    render.claim_or_doubt(verdict)
+    render.busy_note("cache_cmp", noisy=not verdict.claim)
 
 found = []
 if cmp_ is not None:

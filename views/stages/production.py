@@ -162,7 +162,7 @@ for c, (m, r) in zip(cols, res.modes.items()):
         delta_arrow="off",
         help=f"tok/s: the median of {len(r.runs)} runs ({min(r.runs, default=0):.1f}–{max(r.runs, default=0):.1f}). The ratio: the median of the "
         "per-repeat ratios (each mode's run against the dynamic run of the same repeat), their range in brackets; shown only when "
-        "the repeats agree (a range narrower than the distance from 1x, pointing the same way as the medians).",
+        "the repeats agree (every repeat on the same side of 1x, pointing the same way as the medians).",
     )
 if untold:
     st.warning(
@@ -171,7 +171,7 @@ if untold:
         + ". Their repeats disagree by more than the difference, so no mode is called faster here. Other work shared the processor; run again when it is quieter.",
         icon=":material/help:",
     )
-render.busy_note("prod")
+render.busy_note("prod", noisy=bool(untold))
 for m, r in res.modes.items():
     if "failed" in r.engine:
         st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
@@ -182,8 +182,8 @@ render.table("cache modes", cache_modes_table(res, util_col), hide_index=True, w
 st.caption(
     f"Request: {len(res.prompt_ids)} prompt tokens + {len(ref_tokens)} generated. tok/s: decode rate, "
     "(tokens − 1) / (time from first to last token), the median of the 5 runs listed (interleaved, the order "
-    "alternating, after a warm-up of each mode). A ratio is flagged noisy when its repeats spread wider than its "
-    "distance from 1x: a shared machine moves by 10-20 % between runs. "
+    "alternating, after a warm-up of each mode). A ratio is flagged noisy when its repeats fall on both sides of "
+    "1x: a shared machine moves by 10-20 % between runs. "
     f"{util_col}: {util_of}, mean over the last run. KV MiB set aside: the dynamic cache grows to what it holds; the static "
     "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
     f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "

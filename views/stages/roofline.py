@@ -61,7 +61,6 @@ if rec and len(rec.events) > 1:
         "of the ceiling (the rest: per-operation overheads, kernel launches, Python)."
     )
 render.figure(roofline_figure(r), "roofline", main=True)
-render.busy_note("roof")
 st.caption(
     f"Points above the roof are real: the bandwidth roof is {r.copy_probe.how} through main memory, and operands "
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
@@ -109,4 +108,5 @@ if wide:
         + ": the repeats differ by more than 2×. Read their points as rough; measure again when the server is quieter.",
         icon=":material/help:",
     )
+render.busy_note("roof", noisy=bool(wide))
 proof.evidence(checks.roofline_checks(r) + [checks.check_matmul_probe(r.matmul_probe)])

@@ -122,11 +122,11 @@ m[4].metric(
 if sp.noisy and sp.values:
     st.warning(
         f"This machine was too noisy to say whether speculative decoding was faster here: over {len(sp.values)} interleaved repeats "
-        f"the speedup ranged from {sp.spread[0]:.2f}× to {sp.spread[1]:.2f}×, wider than its distance from 1×. The token counts "
+        f"the speedup ranged from {sp.spread[0]:.2f}× to {sp.spread[1]:.2f}×, on both sides of 1× (or fewer than 3 repeats). The token counts "
         "above are exact either way; run again when the server is quieter.",
         icon=":material/help:",
     )
-render.busy_note("spec")
+render.busy_note("spec", noisy=sp.noisy and bool(sp.values))
 render.html_view(
     legend_html() + steps_html(res.steps, lambda t: text_of(lm.tokenizer, [t]), first_token=res.tokens[0] if res.tokens else None),
     "speculative calls",

@@ -31,7 +31,7 @@ if rec:
     ev = rec.events
     lines = sse_lines(ev)
     m = metrics(ev)
-    st.caption(f"{len(ev)} tokens: the first after {m.ttft_s * 1000:.0f} ms (prefill), then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
+    st.caption(f"{len(ev)} tokens: the first after {m.ttft_parts()}, then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
     render.busy_note(rec.busy)
     st.container(key="main_figure").code("".join(lines[:12]), language="text", height=380 if render.presenting() else "content")
     if len(lines) > 12:  # said outside the stream's text, which stays exactly what was sent

@@ -47,17 +47,28 @@ m = st.columns(3)
 m[0].metric(f"The model's {what}", f"{a.logit:.3f}")
 m[1].metric("Sum of the shares", f"{a.total:.3f}", help="Embedding + every head + every feed-forward block (+ biases): equal to the logit")
 m[2].metric("Final norm's rms (frozen)", f"{a.final_rms:.2f}")
-render.figure(shares_heatmap(a.heads, a.ffn, f"Each component's share of {what}"), "shares", main=True, settings={"target": what})
+heads = [(i, h) for i in range(a.heads.shape[0]) for h in range(a.heads.shape[1])]
+if st.session_state.get("why_head") not in heads:  # another model's head, or none picked yet
+    st.session_state.pop("why_head", None)
+
+render.figure(  # a click on a head's cell opens its attention row below (the last column, the feed-forward block, has none)
+    shares_heatmap(a.heads, a.ffn, f"Each component's share of {what}"),
+    "shares",
+    key="why_shares",
+    main=True,
+    settings={"target": what},
+    click_sets=("why_head", a.heads.shape[1]),
+)
+st.caption("Click a head's cell to open where it looked, below.")
 render.figure(largest_figure(a.largest(15), "The 15 largest shares (the embedding's included)"), "largest")
 st.caption(f"The embedding's own share: {a.embedding:+.3f}. Red adds to {what}, blue takes from it.")
 
 st.subheader("Where a head looked")
-heads = [(i, h) for i in range(a.heads.shape[0]) for h in range(a.heads.shape[1])]
 best = max(heads, key=lambda ih: abs(a.heads[ih]))
 pick = st.selectbox(
     "Head",
     heads,
-    index=heads.index(best),
+    index=None if "why_head" in st.session_state else heads.index(best),
     format_func=render.labeller({ih: f"layer {ih[0]}, head {ih[1]} (share {a.heads[ih]:+.3f})" for ih in heads}),
     key="why_head",
     help="Starts at the head with the largest share",
