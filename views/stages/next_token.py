@@ -28,7 +28,9 @@ first, last = steps[0].probs, steps[-1].probs
 order = np.argsort(-first)[:n_show]
 cands = [plot_text(f"{visible(text_of(lm.tokenizer, [int(i)]))!r} ({int(i)})") for i in order]
 render.figure(
-    sampling_figure(cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps], [(int(i), text_of(lm.tokenizer, [int(i)])) for i in order]),
+    sampling_figure(
+        cands, [(s.name + ("" if s.active else " (off)"), s.probs[order]) for s in steps], [(int(i), text_of(lm.tokenizer, [int(i)])) for i in order]
+    ),
     "filters",
     key="sampling_bars",
     main=True,
