@@ -37,4 +37,5 @@ try:
     else:
         page.run()
 finally:
+    header.finish()  # the lesson handout, if asked for: after the page, so its results are in it
     live.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)

@@ -286,6 +286,11 @@ def refused_zip(stem: str, why: str) -> bytes:
     return buf.getvalue()
 
 
+def is_document(body: str) -> bool:
+    """A whole HTML document of its own (bertviz's view), not a piece of a page."""
+    return body.lstrip()[:15].lower().startswith(("<!doctype", "<html"))
+
+
 def page_zip(
     stem: str, figures: list[tuple], tables: dict | None = None, html: dict[str, str] | None = None, numbers: dict | None = None, images: dict | None = None
 ) -> bytes:
@@ -322,11 +327,10 @@ def page_zip(
             z.writestr(f"{stem}/{n}.csv", tidy.to_csv(index=False))
             data["tables"][n] = _plain(tidy.astype(object).where(tidy.notna(), None).to_dict(orient="records"))
         for name, body in (html or {}).items():
-            whole = body.lstrip()[:15].lower().startswith(("<!doctype", "<html"))  # a document of its own (bertviz's): as it is
             z.writestr(
                 f"{stem}/{unique(name)}.html",
-                body
-                if whole
+                body  # a document of its own (bertviz's): as it is
+                if is_document(body)
                 else f'<!doctype html><html lang="en"><meta charset="utf-8"><title>{plot_text(name)}</title><body style="font-family:sans-serif">{body}</body></html>',
             )
         z.writestr(f"{stem}/numbers.json", json.dumps(data, indent=1, default=_jsonable, ensure_ascii=False))

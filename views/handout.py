@@ -13,12 +13,11 @@ import html
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 import pipeline
 from pipeline.forward import sampling
-from views.handout_sections import SECTIONS, figure_html, safely
+from views.handout_sections import SECTIONS, prose_html, recalled_html, safely
 from views.pages import PageSpec
 
 N_NEW = 16  # greedy tokens the handout generates for the loop's stages
@@ -41,9 +40,11 @@ def _generation(lm, tr):
     return rec
 
 
-def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str, go.Figure]]] | None = None, progress=None) -> str:
+def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str, object]]] | None = None, progress=None) -> str:
     """The handout as one HTML string. `stages`: the pages in the article's order (views.pages); `recalled`: slug ->
-    figures this session drew there for this prompt (the minute-long experiments); `progress(fraction, text)`."""
+    what this session drew there for this prompt, (name, a figure, a table or a piece of HTML): the minute-long
+    experiments, and the visitor's own generation beside the handout's greedy one; `progress(fraction, text)`.
+    Each section: the takeaway, the page's own explanation, the numbers and figures, the cross-checks."""
     recalled = recalled or {}
     rec = _generation(lm, tr)
     parts = []
@@ -54,11 +55,12 @@ def build(lm, tr, stages: Sequence[PageSpec], recalled: dict[str, list[tuple[str
         body = ""
         if spec.handout is not None:
             body = safely(SECTIONS[spec.slug], lm, tr if spec.handout == "trace" else rec)
-        if recalled.get(spec.slug):
-            body += "<p>As this session last ran it on this page:</p>" + "".join(figure_html(fig, name) for name, fig in recalled[spec.slug])
+        if recalled.get(spec.slug) and spec.handout != "trace":  # a traced stage is computed above for this very prompt
+            body += "<h3>As you last ran it on this page</h3>" + safely(recalled_html, recalled[spec.slug])
         if not body:
-            body = f"<p class='note'>This experiment takes a minute on a CPU: open “{html.escape(title)}” in the explorer and run it; the handout then includes its figure.</p>"
-        parts.append(f"<section><h2>{html.escape(title)}</h2><p class='takeaway'>{html.escape(spec.takeaway)}</p>{body}</section>")
+            body = f"<p class='note'>This experiment takes a minute on a CPU: open “{html.escape(title)}” in the explorer and run it; the handout then includes its results.</p>"
+        explain = f"<div class='explain'>{prose_html(spec.explanation)}</div>" if spec.explanation else ""
+        parts.append(f"<section><h2>{html.escape(title)}</h2><p class='takeaway'>{html.escape(spec.takeaway)}</p>{explain}{body}</section>")
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
         f"<h1>From Enter to the first token, and after</h1><p>Model <b>{html.escape(lm.label)}</b> on {html.escape(str(lm.device))}, "

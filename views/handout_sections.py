@@ -5,6 +5,7 @@ stage's numbers, main figure and "How do we know?" checks, measured on this run.
 from __future__ import annotations
 
 import html
+import re
 
 import numpy as np
 import plotly.graph_objects as go
@@ -44,6 +45,30 @@ def figure_html(fig: go.Figure, title: str) -> str:
     fig = export.floor_fonts(go.Figure(fig))
     body = pio.to_html(fig, include_plotlyjs=False, full_html=False, config={"displaylogo": False, "responsive": True})
     return f"<figure role='group' aria-label='{html.escape(export.alt_text(fig, title))}'>{body}</figure>"
+
+
+def prose_html(markdown: str) -> str:
+    """Our own explanations (a page's intro: **bold**, `code`, *italic*) as HTML; everything else escaped."""
+    out = html.escape(markdown, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+    out = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<i>\1</i>", out)
+    return "".join(f"<p>{p}</p>" for p in out.split("\n\n") if p.strip())
+
+
+def recalled_html(items) -> str:
+    """What this session last drew on a page, for the handout: figures, tables (as HTML tables) and views."""
+    import pandas as pd
+
+    out = []
+    for name, obj in items:
+        if isinstance(obj, go.Figure):
+            out.append(figure_html(obj, name))
+        elif isinstance(obj, pd.DataFrame):
+            out.append(f"<p><b>{html.escape(name)}</b></p>" + obj.to_html(index=False, border=0, na_rep="—"))
+        elif isinstance(obj, str):
+            out.append(obj)
+    return "".join(out)
 
 
 def safely(fn, *a, **k):
@@ -113,7 +138,8 @@ def _stage_next(lm, tr):
     numbers = {
         "most likely next token": f"{visible(text_of(lm.tokenizer, [nxt]))!r} (id {nxt}), p = {prob(float(steps[0].probs[nxt]))}",
         "settings": f"temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}",
-        "candidates left": f"{steps[-1].kept:,} of {len(steps[0].probs):,}",
+        "vocabulary": f"{len(steps[0].probs):,}",
+        "candidates left": f"{steps[-1].kept:,}",
     }
     return (
         _table(numbers)

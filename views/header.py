@@ -4,6 +4,8 @@ contrast at WCAG AA. Figures, tables and checks are views.render's."""
 
 from __future__ import annotations
 
+import threading
+
 import streamlit as st
 
 from components import export
@@ -46,7 +48,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
     """The run's export registry; one row of switches and downloads (presentation mode, the page's ZIP, the lesson
     handout) and, in presentation mode, the previous / next stage as links (the bound settings follow by themselves); presentation mode's layout, the page's takeaway and its heading (views/pages.py)."""
     st.session_state["_exports"] = reg = PageExports(spec.title)
-    if spec.handout is None and spec in STAGES:  # the minute-long experiments' figures, kept for the handout
+    if spec.handout != "trace" and spec in STAGES:  # the experiments' and the visitor's own runs' results, kept for the handout
         st.session_state.setdefault("_drawn", {})[spec.slug] = (_drawn_key(), reg)
     bar = st.container(horizontal=True, horizontal_alignment="right", vertical_alignment="center", key="page_bar", gap="medium")
     links = bar.container(horizontal=True, vertical_alignment="center", gap="medium")  # filled once the switch is read
@@ -88,7 +90,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
             links.page_link(prev_page, label=f"← {short(prev_page)}")  # no tooltip: it covered the title
         if next_page is not None:
             links.page_link(next_page, label=f"{short(next_page)} →")
-    _handout(make)
+    _RUN.make, _RUN.slot = make, st.container()  # filled by finish(), once the page has drawn its results
     live.banner()
     if presenting() and spec.takeaway:
         st.container(key="takeaway").info(spec.takeaway, icon=":material/lightbulb:")
@@ -117,15 +119,35 @@ def _drawn_key() -> tuple:
     return (model_key(), st.session_state.get("prompt") or "", bool(st.session_state.get("chat")))
 
 
+def finish() -> None:
+    """After the page ran (app.py): the lesson handout, made now if its button was clicked, so the results this very
+    page just drew are in it; offered in the header's place."""
+    make, slot = getattr(_RUN, "make", False), getattr(_RUN, "slot", None)
+    _RUN.make, _RUN.slot = False, None
+    if slot is not None:
+        with slot:
+            _handout(make)
+
+
+_RUN = threading.local()  # this run's handout click and place (a session's script runs on its own thread)
+
+
 def _handout(make: bool) -> None:
     """Make the lesson handout on a click (with progress), then offer it for download for as long as the prompt,
-    chat mode and model stay the same. The minute-long experiments join it as this session last drew them."""
+    chat mode and model stay the same. The experiments and the visitor's own runs join it as this session last drew
+    them (tables and views too: page 13's calls)."""
     from views import handout, runs
 
     key, kept = _drawn_key(), st.session_state.get("_handout")
     if make and guard.allowed("the lesson handout"):
         lm, tr = runs.get_trace()
-        drawn = {slug: [(name, fig) for name, fig, _ in reg.figures] for slug, (k, reg) in st.session_state.get("_drawn", {}).items() if k == key}
+        drawn = {
+            slug: [(name, fig) for name, fig, *_ in reg.figures]
+            + list(reg.tables.items())
+            + [(name, body) for name, body in reg.html.items() if not export.is_document(body)]
+            for slug, (k, reg) in st.session_state.get("_drawn", {}).items()
+            if k == key
+        }
         bar = st.progress(0.0, text="Making the handout…")
         try:
             body = lm.run(handout.build, lm, tr, STAGES[1:], drawn, progress=lambda f, m: bar.progress(min(1.0, f), text=m))

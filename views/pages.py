@@ -6,7 +6,10 @@ read this table: renaming or renumbering a page is one edit here. No Streamlit i
 
 from __future__ import annotations
 
+import ast
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,24 @@ class PageSpec:
         return f"views/stages/{(self.slug or 'overview').replace('-', '_')}.py"
 
     @property
+    def explanation(self) -> str:
+        """The page's opening explanation (its render.intro text, Markdown), read from its script without running it:
+        what the lesson handout prints under the takeaway, so a student reading it alone learns what the page says."""
+        return _intro_of(self.file)
+
+    @property
     def stage(self) -> str:
         """The overview's line for it: "3 · Attention: query, key, value, heads"."""
         return f"{self.number} · {self.summary}" if self.number is not None else self.name
+
+
+@functools.cache
+def _intro_of(file: str) -> str:
+    src = (Path(__file__).resolve().parents[1] / file).read_text()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "intro" and node.args and isinstance(node.args[0], ast.Constant):
+            return str(node.args[0].value)
+    return ""
 
 
 def _p(slug, number, name, icon, takeaway, heading="", handout=None, hidden=False, summary="") -> PageSpec:

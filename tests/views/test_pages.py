@@ -276,3 +276,78 @@ def test_presentation_mode_changes_the_prompt_without_the_sidebar():
     assert at.session_state["prompt"] == "Dog bites man." and at.session_state["chat"] is True
     assert at.text_area(key="prompt").value == "Dog bites man."  # the sidebar's own box agrees
     assert any("*Prompt* at the top" in m.value for m in at.markdown)
+
+
+def test_the_handout_states_each_number_as_its_page_does():
+    """Issue 33: the handout said "formula, per token 1,536 B" where page 8 said 46,080 B, and "135 KiB all-reduced
+    per token" on 1 device where page 14 says 0. Every number the handout states that a page also shows, compared."""
+    import html as html_lib
+    import re
+
+    import pipeline
+    from views import handout, pages
+
+    prompt = "The capital of France is"
+    shown: dict[str, dict[str, str]] = {}
+    captions: dict[str, str] = {}
+    chat = None
+    for slug in ("tokens", "embeddings", "attention", "next-token", "kv-cache", "streaming-sharding", "why"):
+        at = run(pages.BY_SLUG[slug].file, prompt=prompt)
+        assert not at.exception, (slug, at.exception)
+        shown[slug] = {m.label: m.value for m in at.metric}
+        captions[slug] = " ".join(c.value for c in at.caption)
+        chat = at.session_state["chat"] if "chat" in at.session_state else chat
+        if slug == "streaming-sharding":
+            n = int(at.session_state["shard_n"])
+    lm = pipeline.load_model("smollm2-135m-instruct")
+    body = handout.build(lm, pipeline.trace(lm, prompt, chat=bool(chat)), pages.STAGES[1:])
+    sections = {m.group(1): m.group(2) for m in re.finditer(r"<section><h2>(.*?)</h2>(.*?)</section>", body, re.S)}
+
+    def rows(slug: str) -> dict[str, str]:
+        sec = sections[html_lib.escape(pages.BY_SLUG[slug].title)]
+        return {html_lib.unescape(k): html_lib.unescape(v) for k, v in re.findall(r"<th scope='row'>(.*?)</th><td>(.*?)</td>", sec)}
+
+    pairs = [
+        ("tokens", "tokens the model reads", "Tokens the model reads"),
+        ("tokens", "tokens from the prompt", "Tokens from your prompt"),
+        ("tokens", "characters", "Characters"),
+        ("embeddings", "embedding matrix", "Embedding matrix"),
+        ("embeddings", "vector length (L2)", "Vector length (L2)"),
+        ("next-token", "candidates left", "Candidates left"),
+        ("next-token", "vocabulary", "Vocabulary"),
+    ]
+    for slug, ours, theirs in pairs:
+        assert rows(slug)[ours] == shown[slug][theirs], (slug, ours, rows(slug)[ours], shown[slug][theirs])
+    kv = rows("kv-cache")
+    assert next(v for k, v in kv.items() if k.startswith("formula, per token")) == shown["kv-cache"]["Formula, per token"]
+    tp = rows("streaming-sharding")
+    assert tp["1 device"].endswith("0.0 KiB all-reduced per token")  # one device all-reduces nothing
+    row = tp[f"{n} device{'s' if n > 1 else ''}"] if n in (1, 2, 4) else None
+    assert (
+        row is None
+        or f"{shown['streaming-sharding']['Weights per device']} of weights each, {shown['streaming-sharding']['All-reduced per token']} all-reduced" in row
+    )
+    why = rows("why")
+    logit = next(v for k, v in why.items() if k.startswith("logit("))
+    assert (
+        logit == next(v for k, v in shown["why"].items() if k.startswith("The model's logit")) and why["sum of the shares"] == shown["why"]["Sum of the shares"]
+    )
+    sink = re.search(r"(\d+)% of attention goes to the very first token", captions["attention"]).group(1)
+    assert f"{sink}% of all attention goes to the first token" in sections[html_lib.escape(pages.BY_SLUG["attention"].title)]
+    for spec in pages.STAGES[1:]:  # every section explains its stage, in the page's own words
+        assert spec.explanation and html_lib.escape(spec.takeaway) in sections[html_lib.escape(spec.title)]
+        assert "<div class='explain'>" in sections[html_lib.escape(spec.title)], spec.title
+
+
+def test_the_handout_includes_what_this_page_just_drew():
+    """Made from the page it is asked on, the handout carries that page's own latest results (it once left them out:
+    it was made before the page drew them)."""
+    at = run("views/stages/generation.py", prompt="Dog bites man")
+    at.number_input(key="gen_n").set_value(4)
+    at.button(key="gen_go").click().run()
+    assert not at.exception, at.exception
+    at.button(key="handout_go").click().run()
+    assert not at.exception and not at.error, at.exception or [e.value for e in at.error]
+    body = at.session_state["_handout"][1].decode()
+    generation = body.split("<h2>6 · Generation</h2>", 1)[1].split("</section>", 1)[0]
+    assert "As you last ran it on this page" in generation and "Plotly.newPlot" in generation.split("As you last ran it", 1)[1]
