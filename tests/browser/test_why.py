@@ -44,13 +44,14 @@ def test_why_this_token_walks_attribution_ablation_and_patching(server, browser,
 
     # clicking a head's cell in the shares heatmap opens that head's attention row below it
     heatmap = page.locator("[class*='st-key-main_figure'] .js-plotly-plot").first
-    rows, cols = heatmap.evaluate("e => [e.data[0].z.length, e.data[0].z[0].length]")
+    rows, cols = heatmap.evaluate("e => [e.data[0].y.length, e.data[0].x.length]")  # z travels as a typed array
     layer, head = rows // 2, 1
     area = heatmap.locator(".nsewdrag").first.bounding_box()
     page.mouse.click(area["x"] + (head + 0.5) * area["width"] / cols, area["y"] + (layer + 0.5) * area["height"] / rows)
     page.wait_for_selector(f".js-plotly-plot .gtitle:has-text('Layer {layer}, head {head}:')", timeout=120_000)
     no_exception(page)
-    assert f"layer {layer}, head {head} " in page.locator("[data-testid='stSelectbox']", has_text="Head").last.inner_text()
+    picker = page.locator("[data-testid='stSelectbox']", has_text="Head").last
+    assert f"layer {layer}, head {head} " in picker.evaluate("e => e.innerText + ' ' + (e.querySelector('input')?.value || '')")
 
     click_button(page, "Switch them off", expect="[data-testid='stMetricLabel']:has-text('KL divergence')")
     no_exception(page)
