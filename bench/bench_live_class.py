@@ -85,10 +85,17 @@ def main():
                 ctx.add_init_script(f"({WATCH})()")
                 page = ctx.new_page()
                 page.on("pageerror", lambda e: errors.append(str(e)[:200]))
-                page.goto(link, wait_until="domcontentloaded")
+                page.goto(link, wait_until="commit", timeout=300_000)  # 30 sessions starting at once on 2 cores
                 followers.append(page)
+            t_join, joined = time.time(), 0
             for page in followers:
-                page.wait_for_selector("h1", timeout=300_000)
+                try:
+                    page.wait_for_selector("h1", timeout=max(1000, int(1000 * (t_join + 300 - time.time()))))  # 5 min for all
+                    joined += 1
+                except Exception:  # noqa: BLE001 - counted: a follower that never drew its page
+                    errors.append("a follower's page did not draw within 5 minutes of joining")
+            print(f"{joined} of {len(followers)} followers drew their page in {time.time() - t_join:.0f} s", flush=True)
+            t_joined = time.time() - t_join
             warm_rss = rss[-1] if rss else None
             deadline = time.time() + 60 * args.minutes
             i = 0
@@ -100,6 +107,7 @@ def main():
                 t0 = time.time() * 1000  # the presenter's click that completes the change
                 teacher.locator(f"[data-testid='stSidebarNavLink'][href$='/{slug}']").first.click()
                 changes.append((f"/{slug}|{prompt}", t0))
+                print(f"change {i}: {slug} | {prompt}", flush=True)
                 time.sleep(args.every)
             for page in followers:
                 for e in page.locator("[data-testid='stException']").all_inner_texts():
@@ -122,6 +130,8 @@ def main():
         "live_class",
         {
             "followers": args.followers,
+            "followers_joined": joined,
+            "join_s": round(t_joined, 1),
             "minutes": args.minutes,
             "changes": len(changes),
             "delay_s": {"p50": pct(delays, 50), "p95": pct(delays, 95), "max": max(delays) if delays else None, "n": len(delays)},

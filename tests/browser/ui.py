@@ -1,9 +1,11 @@
 """Helpers for driving the app in headless Chromium (imported by the browser tests)."""
 
+import collections
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -52,6 +54,11 @@ def start_server(port: int, env: dict | None = None, cwd: Path | None = None):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    # the server's output drained as it comes (the last 400 lines kept for a failure's message): a pipe nobody read
+    # filled at 64 KB of log lines, and every thread of the server that logged then blocked on the write (a live
+    # class of 30 froze for half an hour; a student once took over 60 s to follow in CI)
+    proc.tail = collections.deque(maxlen=400)
+    threading.Thread(target=lambda: [proc.tail.append(line) for line in iter(proc.stdout.readline, b"")], daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
         try:
@@ -62,7 +69,9 @@ def start_server(port: int, env: dict | None = None, cwd: Path | None = None):
                 break
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(proc.stdout.read().decode()[-3000:])
+    proc.wait(10)
+    time.sleep(0.2)  # the drain's last lines
+    raise RuntimeError(b"".join(proc.tail).decode(errors="replace")[-3000:])
 
 
 def stop_server(proc):
