@@ -39,3 +39,4 @@ try:
 finally:
     header.finish()  # the lesson handout, if asked for: after the page, so its results are in it
     live.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)
+live.shown()  # a student's page drew the presenter's view to its end (not reached when the run stopped or restarted)

@@ -6,7 +6,8 @@ model, prompt, chat mode, the page's settings) is published as a numbered View; 
     c = classes.start(owner="<presenter's browser id>")      # the same class again for the same browser
     classes.publish(c.code, owner, {"slug": "attention", "state": {...}})   # only the owner can
     view = classes.follow(code, follower="<session id>")     # None: no such class, or it ended / expired
-    classes.followers(code); classes.end(code, owner)
+    classes.shown(code, follower, view.number)                # the follower's page finished drawing that view
+    classes.followers(code); classes.caught_up(code); classes.end(code, owner)
 
 Codes are 8 characters from 31 without look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes, and a wrong code costs a
 visitor one guess of the demo server's rate limit. A follower learns the view, never the owner's browser id.
@@ -74,6 +75,8 @@ class LiveClass:
     ended: bool = False
     question: Question | None = None
     _seen: dict[str, float] = field(default_factory=dict)
+    _shown: dict[str, int] = field(default_factory=dict)  # follower -> the view number its page last finished drawing
+    _delays: list[float] = field(default_factory=list)  # seconds from the current view's publishing to each page drawn
     _answered: dict[str, float] = field(default_factory=dict)
 
 
@@ -139,6 +142,7 @@ class Classes:
             now = c.last_active = self._clock()
             if c.view is None or c.view.slug != slug or c.view.state != state:
                 c.view = View((c.view.number + 1) if c.view else 1, slug, dict(state), now)
+                c._delays = []
             return c.view
 
     def follow(self, code: str, follower: str) -> View | None:
@@ -155,13 +159,40 @@ class Classes:
             if len(c._seen) > 4096:  # a bound whatever the followers do: the long-gone first
                 for k in sorted(c._seen, key=c._seen.get)[:1024]:
                     del c._seen[k]
+                    c._shown.pop(k, None)
             return c.view
+
+    def shown(self, code: str, follower: str, number: int) -> float | None:
+        """A follower's page finished drawing view `number` on the server: the seconds since the presenter published
+        it (None for a view that is no longer current, or a class that is gone)."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.view is None or c.view.number != number or c._shown.get(follower) == number:
+                return None
+            c._shown[follower] = number
+            delay = self._clock() - c.view.at
+            if len(c._delays) < 4096:
+                c._delays.append(delay)
+            return delay
+
+    def caught_up(self, code: str) -> tuple[int, int, float | None]:
+        """(followers now, how many of them show the current view, the slowest of those in seconds)."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None:
+                return 0, 0, None
+            now = self._clock()
+            live = [f for f, t in c._seen.items() if now - t <= SEEN_S]
+            n = c.view.number if c.view else None
+            done = sum(1 for f in live if n is not None and c._shown.get(f) == n)
+            return len(live), done, (max(c._delays) if c._delays else None)
 
     def leave(self, code: str, follower: str) -> None:
         with self._lock:
             c = self._by_code.get(code)
             if c is not None:
                 c._seen.pop(follower, None)
+                c._shown.pop(follower, None)
 
     def followers(self, code: str) -> int:
         """How many follow right now (a heartbeat within SEEN_S seconds)."""

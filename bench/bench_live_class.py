@@ -2,7 +2,9 @@
 server for a few minutes. The presenter changes page or prompt every `--every` seconds; every follower's page records
 (in the page, every 100 ms) when its address reaches the presenter's page and prompt. Counted: the delay from the
 presenter's change to each follower showing it (p50, p95, max), changes a follower missed, errors on any page, the
-server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end).
+server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end). The server logs its own figure too
+(LLM_EXPLORER_CLASS_LOG): from the presenter's run publishing a view to each follower's run drawing it to its end, which
+leaves out the browsers' share.
 
 By default the followers' pages do not draw their Plotly figures (the chart's code is not served to them): 30 Chromium
 pages drawing every figure on this machine's 2 cores measured the browsers, not the server (p50 35 s, p95 70 s, 82 of
@@ -51,12 +53,16 @@ def main():
     ap.add_argument("--every", type=float, default=20, help="seconds between the presenter's changes")
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
+    import json
+    import tempfile
+
     import psutil
     from common import write
     from playwright.sync_api import sync_playwright
     from ui import CHROMIUM, FLAGS, free_port, set_prompt, start_server, stop_server, wait_idle
 
-    proc, url = start_server(free_port())
+    log = Path(tempfile.mkdtemp()) / "class.jsonl"  # the server's own figure: publish -> a follower's page drawn
+    proc, url = start_server(free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log)})
     cpu, rss, stop = [], [], threading.Event()
 
     def sample():
@@ -125,6 +131,7 @@ def main():
         stop.set()
         end_rss = rss[-1] if rss else None
         stop_server(proc)
+    drawn = [json.loads(line)["delay_s"] for line in log.read_text().splitlines()] if log.exists() else []
     delays, missed = [], 0
     for want, t0 in changes:
         for log in seen:
@@ -143,6 +150,13 @@ def main():
             "minutes": args.minutes,
             "changes": len(changes),
             "delay_s": {"p50": pct(delays, 50), "p95": pct(delays, 95), "max": max(delays) if delays else None, "n": len(delays)},
+            "server_delay_s": {
+                "what": "from the presenter's run publishing a view to a follower's run drawing it to its end, on the server (before the browser renders)",
+                "p50": pct(drawn, 50),
+                "p95": pct(drawn, 95),
+                "max": max(drawn) if drawn else None,
+                "n": len(drawn),
+            },
             "goal_p95_s": 3.0,
             "missed": missed,
             "errors": errors[:20],

@@ -88,6 +88,14 @@ ABOUT = {
         "(goal: p95 within 3 s), changes missed, errors, the server's CPU and RSS.",
         "bench/bench_live_class.py --followers 30 --minutes 5",
     ),
+    "exact_smollm2": (
+        "What exactness costs (SmolLM2): every CPU engine pass through the row step (products in a fixed order for any "
+        "number of rows, so a request's logits are bit for bit the same whatever shares its passes) against the torch "
+        "path prompt chunks took before; prefills and a chunk beside 8 decode rows, interleaved, medians (ms). Below 1: "
+        "the exact path is faster.",
+        "bench/bench_exact.py --reps 7",
+    ),
+    "exact_gemma3": ("The same on Gemma-3 270M.", "bench/bench_exact.py --reps 7 --model gemma3-270m"),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
 }
 

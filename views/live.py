@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import secrets
 
@@ -86,6 +87,20 @@ def follow(slug: str, page_of) -> None:
         st.switch_page(page_of(view.slug), query_params={"follow": code})
     if st.query_params.get("follow") != code:
         st.query_params["follow"] = code  # a refresh keeps following
+
+
+def shown() -> None:
+    """A follower's run that drew the presenter's view to its end: the class counts it as caught up (the presenter
+    sees how many are), and with LLM_EXPLORER_CLASS_LOG set the delay is appended there as a JSON line (the load
+    bench's server-side figure: from publishing to this page drawn, before the browser's own rendering)."""
+    code, number = st.session_state.get("_live_code"), st.session_state.get("_live_applied")
+    if not code or number is None or st.session_state.get("_live_exploring"):
+        return
+    delay = classes().shown(code, _me(), number)
+    path = os.environ.get("LLM_EXPLORER_CLASS_LOG")
+    if delay is not None and path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"code": code, "view": number, "follower": _me(), "delay_s": round(delay, 4)}) + "\n")
 
 
 def _explore() -> None:
@@ -166,8 +181,11 @@ def _end() -> None:
 
 @st.fragment(run_every="2s")
 def _count(code: str) -> None:
-    n = classes().followers(code)
+    n, done, slowest = classes().caught_up(code)
     st.metric("Following now", n, help="Students whose page followed within the last few seconds")
+    if n:
+        late = f" (the slowest after {slowest:.1f} s)" if slowest is not None and done else ""
+        st.caption(f"{done} of {n} show your current view{late}.")
 
 
 def controls(bar, short: bool = False) -> None:

@@ -38,18 +38,22 @@ model's, written out:
     logits = E @ (rms_norm(x) * w)
 
 With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: each weight is read
-once for all B, and attention reads each request's own keys. With pipeline/cpu/cpu_decode.c a row's numbers do not
-depend on what shares its step: a request's logits are bit for bit the same alone or among 31 others. Every
-product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and greedy
+once for all B, and attention reads each request's own keys. A prompt chunk is one row per token (`run`), each at its
+position, attending up to itself. With pipeline/cpu/cpu_decode.c a row's numbers do not depend on what shares its
+step (every sum runs in the same order for any number of rows): a request's logits are bit for bit the same alone,
+among 31 others, beside prompt chunks, resumed after parking, from the prefix cache (tests/pipeline/test_exact.py).
+Every product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and greedy
 tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32: our own
-loop's "fused" mode (pipeline.cpu.fused) and every engine pass of decode tokens only (engine.paged), a lone
-request's included.
+loop's "fused" mode (pipeline.cpu.fused) and every engine pass (engine.paged; without the C kernels, passes of
+decode tokens only).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -113,12 +117,14 @@ class _RowLayer:
     custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
-        """x [B, in] times the layer's weight `name`: pipeline/cpu/cpu_decode.c for 1 to 64 rows (the same numbers for a
-        row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.cpu.matmul.linear for more."""
+        """x [B, in] times the layer's weight `name`: pipeline/cpu/cpu_decode.c for any number of rows (the same numbers
+        for a row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.cpu.matmul.linear for more."""
         if self.custom is not None:
             return self.custom[name](x)
         w, b = self.t[name]
-        kernel = kernel_for(x.shape[0])  # the one choice (pipeline.cpu.matmul), over numpy views here
+        # the one choice (pipeline.cpu.matmul), over numpy views here; a prompt's rows too stay on the panel kernel
+        # (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
+        kernel = "panel" if native() is not None and torch.get_default_dtype() == torch.float32 else kernel_for(x.shape[0])
         if kernel == "panel":
             return panel_rows(x, w, b)
         if kernel == "sgemv":
@@ -128,6 +134,13 @@ class _RowLayer:
                 y += b
             return y
         return _arr(linear(torch.from_numpy(x), w, b))
+
+
+class RowPass(NamedTuple):
+    logits: torch.Tensor | None  # [len(kept), vocab]
+    parked: np.ndarray | None  # [B] the layer each row stopped at, -1 where it went through
+    x: np.ndarray  # [B, d] hidden states (a parked row's entering its layer)
+    kept: np.ndarray  # the rows whose logits these are
 
 
 class RowStep:
@@ -160,44 +173,75 @@ class RowStep:
         # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu.threads); the
         # native kernels and several rows keep torch's (they degrade with the load, measured in the bench)
         with torch.no_grad(), PLAN.step() if len(tokens) == 1 and native() is None else nullcontext():
-            return self._logits(tokens, positions, kv, interrupt)
+            r = self.run(tokens, positions, kv, interrupt=interrupt)
+        if r.parked is not None and (r.parked >= 0).any():
+            self.parked = (int(r.parked.max()), r.x)
+            return None
+        return r.logits
 
-    def _logits(self, tokens, positions, kv, interrupt) -> torch.Tensor | None:
+    def run(self, tokens, positions, kv, *, interrupt=None, first=None, x0=None, parkable=None, want=None):
+        """Rows of any requests at any positions through the layers: a decode token is one row, a prompt chunk one
+        row per token (each row attends to its request's positions up to its own, so the K/V of the whole chunk are
+        written before attention reads them). Every operation works row by row in a fixed order (the C kernels), so
+        a row's numbers are the same whatever else is in the pass: other requests, prompt chunks, resumed rows.
+
+        first [B]: the layer a row enters at (a row parked earlier resumes there), with its hidden state in x0 [B, d].
+        parkable [B] bool: which rows stop when `interrupt()` (asked after every layer) says True (default: all).
+        Returns a RowPass: logits [len(kept), vocab] float32 torch for the rows of `want` (default all) that were
+        not parked (None if none); parked: int [B], the layer each row stopped at or -1 (None without interrupt);
+        x [B, d]: the hidden states, a parked row's entering the layer it stopped at."""
         H, KV, D, G = self.H, self.KV, self.D, self.G
-        half = D // 2
+        half, B, L = D // 2, len(tokens), len(self.layers)
         pos = np.asarray(positions)
-        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
+        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
+        first = np.zeros(B, dtype=np.int64) if first is None else np.asarray(first)
+        if x0 is not None and first.any():
+            x[first > 0] = x0[first > 0]
+        at = np.full(B, -1) if interrupt is not None else None
+        can_park = np.ones(B, dtype=bool) if parkable is None else np.asarray(parkable, dtype=bool)
         cos_t, sin_t = self.rope.numpy(int(pos.max()) + 1)
         tables = {lt: (cos_t[lt][pos][:, None], sin_t[lt][pos][:, None]) for lt in cos_t}
         for i, ly in enumerate(self.layers):
-            qkv = ly.project("qkv", ly.norm_in(x)).reshape(-1, H + 2 * KV, D)
+            on = (first <= i) if at is None else (first <= i) & (at < 0)
+            act = None if on.all() else np.flatnonzero(on)
+            if act is not None and not len(act):
+                continue
+            xa, kva = (x, kv) if act is None else (x[act], kv.select(act))
+            qkv = ly.project("qkv", ly.norm_in(xa)).reshape(-1, H + 2 * KV, D)
             qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
-            if ly.q_norm is not None:
-                qk = np.concatenate([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], axis=1)
-            cos, sin = tables[ly.rope]
+            if ly.q_norm is not None:  # per-head norms (contiguous: the C norm, one row at a time)
+                qk = np.concatenate([ly.q_norm(np.ascontiguousarray(qk[:, :H])), ly.k_norm(np.ascontiguousarray(qk[:, H:]))], axis=1)
+            cos, sin = tables[ly.rope] if act is None else (t[act] for t in tables[ly.rope])
             rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
             np.negative(qk[..., half:], out=rot[..., :half])
             rot[..., half:] = qk[..., :half]
             rot *= sin
             qk = qk * cos
             qk += rot
-            kv.write(i, qk[:, H:], v)
-            a = kv.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
+            kva.write(i, qk[:, H:], v)
+            a = kva.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
             o = ly.project("o", a)
             if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
-                x += ly.norm_mid(o)
-                h = ly.norm_ff(x)
+                xa += ly.norm_mid(o)
+                h = ly.norm_ff(xa)
             else:
-                x += o
-                h = ly.norm_mid(x)
+                xa += o
+                h = ly.norm_mid(xa)
             gu = ly.project("gu", h)
             m = ly.project("down", ly.act_mul(gu))
-            x += ly.norm_out(m) if ly.norm_out is not None else m
-            if interrupt is not None and i + 1 < len(self.layers) and interrupt():
-                self.parked = (i + 1, x)
-                return None
-        out = torch.from_numpy(self.head.project("head", self.final_norm(x)))
-        return self.lm.arch.apply_softcap(out)
+            xa += ly.norm_out(m) if ly.norm_out is not None else m
+            if act is not None:
+                x[act] = xa
+            if at is not None and i + 1 < L and interrupt():
+                stop = on & can_park
+                at[stop] = i + 1
+        keep = np.arange(B) if want is None else np.asarray(want, dtype=np.int64)
+        if at is not None:
+            keep = keep[at[keep] < 0]
+        if not len(keep):
+            return RowPass(None, at, x, keep)
+        out = torch.from_numpy(self.head.project("head", self.final_norm(np.ascontiguousarray(x[keep]))))
+        return RowPass(self.lm.arch.apply_softcap(out), at, x, keep)
 
 
 def fits(fm: FusedModel) -> bool:
@@ -309,6 +353,16 @@ class PagedRows:
     def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
         self.K[i, self.blk, :, self.off] = k
         self.V[i, self.blk, :, self.off] = v
+
+    def select(self, idx: np.ndarray) -> PagedRows:
+        """The same memory for the rows `idx` only (a pass where some rows are parked or not yet resumed): with the
+        native kernels."""
+        if native() is None:
+            raise RuntimeError("PagedRows.select needs pipeline/cpu/cpu_decode.c (the fallback passes go through torch)")
+        r = copy.copy(self)
+        r.pos, r.blk, r.off, r.table_arr, r.hi = self.pos[idx], self.blk[idx], self.off[idx], self.table_arr[idx], self.hi[idx]
+        r.tables = [self.tables[j] for j in idx]
+        return r
 
     def _mask(self, window: int | None) -> torch.Tensor:
         """[B, 1, 1, positions] True where a row may attend: its own positions (and within its window)."""

@@ -93,15 +93,23 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ visitors
     def submit(
-        self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling = GREEDY, stop_ids=None, name: str = "", arrived: float | None = None
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling = GREEDY,
+        stop_ids=None,
+        name: str = "",
+        arrived: float | None = None,
+        keep_logits: bool = False,
     ) -> Handle:
-        """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs."""
+        """Queue a request; raises scheduler.QueueFull ("server busy") or TooLarge at once, never hangs. With
+        `keep_logits` every event carries the step's full logits (StepEvent.logits)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         limit = self.lm.facts.max_positions
         if limit is not None and len(prompt_ids) + max_new_tokens > limit:
             raise ValueError(f"{len(prompt_ids):,} prompt + {max_new_tokens:,} new tokens exceed this model's context window of {limit:,}.")
-        req = Request(list(prompt_ids), int(max_new_tokens), sampling, frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name)
+        req = Request(list(prompt_ids), int(max_new_tokens), sampling, frozenset(eos_ids(self.lm) if stop_ids is None else stop_ids), name, keep_logits)
         if arrived is not None:
             req.arrived = arrived  # time since the request arrived includes tokenizing it
         h = Handle(self, req)
@@ -214,10 +222,10 @@ class Engine:
                         padded.append(r.id)
                         continue
                     c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
-                    choices[r.id] = (r, phase, r.context_len, len(r.blocks), c)
-                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: ch[-1].token_id for rid, ch in choices.items()}, t_done))
-                for rid, (r, phase, ctx, held, c) in choices.items():
-                    self._emit(r, c, phase, ctx, held, t0, t_done, batch, ended[rid])
+                    choices[r.id] = (r, phase, r.context_len, len(r.blocks), c, out.logits if r.keep_logits else None)
+                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: ch[4].token_id for rid, ch in choices.items()}, t_done))
+                for rid, (r, phase, ctx, held, c, kept) in choices.items():
+                    self._emit(r, c, phase, ctx, held, t0, t_done, batch, ended[rid], kept)
                     if phase == Phase.DECODE:
                         decoded.append(rid)
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
@@ -323,11 +331,11 @@ class Engine:
             for row, j in enumerate(greedy):
                 out[j] = StepOutput(summary=summ.row(row))
         for j in range(len(reqs)):
-            if out[j] is None:
+            if out[j] is None or reqs[j].keep_logits:
                 out[j] = StepOutput(logits=logits[j].cpu())
         return out
 
-    def _emit(self, r: Request, c, phase: Phase, ctx: int, blocks: int, t0: float, t_done: float, batch: int, end: Finish | None) -> None:
+    def _emit(self, r: Request, c, phase: Phase, ctx: int, blocks: int, t0: float, t_done: float, batch: int, end: Finish | None, logits=None) -> None:
         """The step's event to the request's visitor (`blocks`: the KV blocks it held for the step); an ended
         request's stream is closed (and, once retired, forgotten)."""
         per_layer = self.lm.kv_layer_bytes(ctx)
@@ -354,6 +362,7 @@ class Engine:
             batch=batch,
             request_id=r.id,
             cached_tokens=r.cached if phase == Phase.PREFILL else 0,
+            logits=logits,
         )
         h = self._handles.get(r.id)
         if h is not None:

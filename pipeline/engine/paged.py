@@ -28,12 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.kv_layout import block_span, window_start
+from pipeline.cpu.matmul import native
 from pipeline.cpu.row_step import PagedRows, row_step
 from pipeline.model.loaded import LoadedModel
 
@@ -128,7 +130,7 @@ class PagedStep:
         self.layers, self.final_norm, self.rope, self.windows = fm.layers, fm.final_norm, fm.rope, fm.windows
         self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
-        self.row = row_step(fm)  # decode-only passes on a CPU (None elsewhere)
+        self.row = row_step(fm)  # on a CPU in fp32 (None elsewhere): every pass with the C kernels (_rows)
 
     def gather(self, lens: list[int]) -> bool:
         """Attend for all decode tokens in one call (each request's blocks gathered, padded to the longest, the
@@ -149,8 +151,8 @@ class PagedStep:
         `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
         True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
-        if self.row is not None and logits and all(len(s.tokens) == 1 and not s.layer for s in seqs):
-            return self._decode_rows(seqs, interrupt)  # decode tokens only (the usual pass): the row step
+        if self.row is not None and (native() is not None or (logits and all(len(s.tokens) == 1 and not s.layer for s in seqs))):
+            return self._rows(seqs, logits, interrupt)  # every pass with the C kernels; else decode tokens only
         dev, bs = lm.device, kv.block_size
         H, KV, D = self.H, self.KV, self.D
         positions = [p for s in seqs for p in range(s.start, s.end)]
@@ -214,22 +216,42 @@ class PagedStep:
         full[keep] = out
         return full
 
-    def _decode_rows(self, seqs: list[Seq], interrupt) -> torch.Tensor:
-        """A pass of decode tokens only, on a CPU: pipeline.cpu.row_step (numpy for the small work, each request's
-        attention over exactly its own positions, the weights read once for all rows). Parked as forward parks:
-        every row stops at the layer where `interrupt` said so, its logits NaN."""
+    def _rows(self, seqs: list[Seq], logits: bool, interrupt) -> torch.Tensor | None:
+        """A pass through pipeline.cpu.row_step: every token of every seq one row (numpy for the small work, each
+        row's attention over exactly its request's positions, the weights read once for all rows). With the native
+        kernels every pass goes this way, so a request's numbers never depend on what shares its passes; without
+        them only passes of decode tokens do. Parked as forward parks: a parkable seq stops at the layer where
+        `interrupt` said so, its logits NaN, and resumes there."""
+        tokens, positions, tables, first, park, last = [], [], [], [], [], []
         for s in seqs:
             s.parked = False
-        if not any(s.parkable for s in seqs):
-            interrupt = None
-        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs], self.gather([s.end for s in seqs]))
-        out = self.row.logits([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, interrupt)
-        if out is not None:
-            return out
-        layer, x = self.row.parked
-        for b, s in enumerate(seqs):
-            s.layer, s.x, s.parked = layer, torch.from_numpy(x[b : b + 1].copy()).view(1, 1, -1), True
-        return torch.full((len(seqs), self.row.vocab), float("nan"))
+            n = len(s.tokens)
+            tokens += s.tokens
+            positions += range(s.start, s.end)
+            tables += [s.table] * n
+            first += [s.layer] * n
+            park += [s.parkable] * n
+            last.append(len(tokens) - 1)
+        x0 = None
+        if any(first):
+            x0 = np.zeros((len(tokens), self.lm.facts.d_model), dtype=np.float32)
+            for s, end in zip(seqs, last):
+                if s.layer:
+                    x0[end + 1 - len(s.tokens) : end + 1] = s.x.reshape(len(s.tokens), -1).numpy()
+        rows = PagedRows(self.kv.K, self.kv.V, tables, positions, self.gather([s.end for s in seqs]))
+        r = self.row.run(tokens, positions, rows, interrupt=interrupt if any(park) else None, first=first, x0=x0, parkable=park, want=last if logits else [])
+        for s, end in zip(seqs, last):
+            if r.parked is not None and r.parked[end] >= 0:
+                n = len(s.tokens)
+                s.layer, s.x, s.parked = int(r.parked[end]), torch.from_numpy(r.x[end + 1 - n : end + 1].copy()).view(n, 1, -1), True
+        if not logits:
+            return None
+        if len(r.kept) == len(seqs):
+            return r.logits
+        full = torch.full((len(seqs), self.row.vocab), float("nan"))
+        if r.logits is not None:
+            full[[last.index(k) for k in r.kept.tolist()]] = r.logits
+        return full
 
     def _attention_plan(self, seqs: list[Seq], dev) -> AttentionPlan:
         """How attention runs this pass: the decode tokens together (gathered) or one by one, and one causal

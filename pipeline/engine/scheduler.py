@@ -90,6 +90,7 @@ class Request:
     sampling: Sampling = GREEDY
     stop_ids: frozenset[int] = frozenset()
     name: str = ""  # who asked (a page, a user in the batching demo)
+    keep_logits: bool = False  # every step's full logits on its event (the misconceptions page compares them bit for bit)
     id: int = field(default_factory=lambda: next(_ids))
     arrived: float = field(default_factory=time.perf_counter)
     # its life, written by the scheduler alone

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from pipeline.model.loaded import LoadedModel
 
@@ -51,6 +52,7 @@ class StepEvent:
     cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held
     piece: bytes = b""  # the token's exact bytes (its piece, for a special token), so an answer's text needs no tokenizer
     special: bool = False  # a special token (<|im_end|>), left out of the answer a reader sees
+    logits: Any = None  # the step's full logits [vocab] (torch, float32), when the request asked for them (the engine's keep_logits)
 
 
 def eos_ids(lm: LoadedModel) -> set[int]:

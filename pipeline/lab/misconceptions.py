@@ -227,3 +227,90 @@ def no_memory(lm: LoadedModel, prompt: str, other: str) -> NoMemory:
             )
         ],
     )
+
+
+# ------------------------------------------------- 5b. the same numbers whatever shares the server (the shared engine)
+@dataclass
+class SameInEngine:
+    rows: list[dict]  # one per run: what shared its passes, the logits compared, how many differ
+    exact_kernels: bool  # pipeline/cpu/cpu_decode.c built: every pass sums in a fixed order, row by row
+    checks: list[Check]
+
+
+def _answer(engine, prompt_ids: list[int], n: int, name: str, then=None) -> list:
+    """Greedy, `n` tokens, no stop token, every step's logits kept; `then(first_event)` runs after the first token."""
+    evs = []
+    for ev in engine.submit(prompt_ids, n, stop_ids=frozenset(), name=name, keep_logits=True):
+        evs.append(ev)
+        if len(evs) == 1 and then is not None:
+            then()
+    return evs
+
+
+def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -> SameInEngine:
+    """The same prompt's logits at every one of `n` steps, compared bit for bit: served alone (a private engine
+    nobody else uses, no prefix cache), then in `engine` (the server's shared one) while other visitors generate
+    (three this experiment sends once its first token is out: two long prompts prefilled in chunks beside its
+    decode rows, a short question that parks them for a layer or so, and whoever else is on the server), then again
+    with its prompt's blocks from the prefix cache."""
+    from pipeline.cpu.matmul import native
+    from pipeline.engine import Engine
+    from pipeline.generation.sweeps import long_prompt
+
+    tok = lm.tokenizer
+    alone = Engine(lm, kv_bytes=max(8 << 20, 2 * sum(lm.kv_layer_bytes(len(prompt_ids) + n + 16))), prefix_cache=False, background=False)
+    h = alone.submit(prompt_ids, n, stop_ids=frozenset(), name="misconceptions: alone", keep_logits=True)
+    while alone.iterate() is not None:
+        pass
+    ref = list(h)
+    others = [tok(long_prompt(lm, k))["input_ids"] for k in (180, 300)] + [tok("Dog bites man. Remember this sentence.")["input_ids"]]
+    sent = []
+
+    def visitors():
+        sent.extend(engine.submit(p, 12, stop_ids=frozenset(), name="misconceptions: another visitor") for p in others)
+
+    try:
+        runs = [
+            ("in the shared engine, beside 3 other visitors' requests", _answer(engine, prompt_ids, n, "misconceptions: shared", visitors)),
+            ("again, its prompt's blocks from the prefix cache", _answer(engine, prompt_ids, n, "misconceptions: again")),
+        ]
+        if not runs[1][1][0].cached_tokens:  # shorter than one KV block (or the cache is off): say what it was
+            runs[1] = ("again (nothing from the prefix cache: it keeps whole blocks of a prompt, and this one is short)", runs[1][1])
+    finally:
+        for o in sent:
+            o.cancel()
+    rows, checks = [], []
+    for label, evs in runs:
+        pairs = list(zip(ref, evs))
+        differ = sum(int((a.logits != b.logits).sum()) for a, b in pairs)
+        gap = max(float((a.logits - b.logits).abs().max()) for a, b in pairs)
+        rows.append(
+            {
+                "run": label,
+                "most requests in one pass": max(e.batch for e in evs),
+                "prompt tokens from the prefix cache": evs[0].cached_tokens,
+                "logits compared": sum(a.logits.numel() for a, _ in pairs),
+                "differing values": differ,
+                "largest difference": gap,
+                "same tokens": [e.token_id for e in evs] == [e.token_id for e in ref],
+            }
+        )
+        checks.append(
+            Check(
+                f"every step's logits {label}, bit for bit as alone",
+                differ == 0,
+                f"{differ:,} of {rows[-1]['logits compared']:,} values differ over {len(pairs)} steps (largest difference {gap:.1e}); "
+                f"up to {rows[-1]['most requests in one pass']} requests shared a pass",
+                float(differ),
+            )
+        )
+    exact = native() is not None
+    if not exact:
+        checks.append(
+            Check(
+                "the C kernels are built here",
+                False,
+                "without pipeline/cpu/cpu_decode.c the passes sum in torch's order, which depends on what else is in them",
+            )
+        )
+    return SameInEngine(rows, exact, checks)

@@ -58,6 +58,31 @@ def test_followers_are_counted_by_their_heartbeats():
     assert cs.followers(c.code) == 0
 
 
+def test_the_presenter_sees_how_many_show_the_current_view_and_how_late():
+    clock = Clock()
+    cs = Classes(clock=clock)
+    c = cs.start("owner")
+    v1 = cs.publish(c.code, "owner", "tokens", {"prompt": "Dog bites man."})
+    for s in ("s1", "s2", "s3"):
+        cs.follow(c.code, s)
+    assert cs.caught_up(c.code) == (3, 0, None)
+    clock.t += 1.5
+    assert cs.shown(c.code, "s1", v1.number) == 1.5
+    assert cs.shown(c.code, "s1", v1.number) is None, "a page drawn twice counts once"
+    clock.t += 1.0
+    cs.shown(c.code, "s2", v1.number)
+    assert cs.caught_up(c.code) == (3, 2, 2.5)
+    v2 = cs.publish(c.code, "owner", "attention", {"prompt": "Dog bites man."})
+    assert cs.shown(c.code, "s3", v1.number) is None, "an old view drawn late is not the current one"
+    assert cs.caught_up(c.code) == (3, 0, None), "a new view: nobody shows it yet"
+    clock.t += 0.5
+    cs.shown(c.code, "s3", v2.number)
+    assert cs.caught_up(c.code) == (3, 1, 0.5)
+    cs.leave(c.code, "s3")
+    assert cs.caught_up(c.code) == (2, 0, 0.5)
+    assert cs.caught_up("23456789") == (0, 0, None)
+
+
 def test_an_ended_or_expired_class_says_so_and_a_wrong_code_says_so():
     clock = Clock()
     cs = Classes(idle_s=60, clock=clock)

@@ -241,6 +241,23 @@ def test_misconceptions_page_tests_each_myth():
     assert sum("outline:2px solid" in b for b in shown) == 2  # the answer as generated and with the forced token, the step boxed
 
 
+def test_misconceptions_page_compares_the_shared_engines_logits_bit_for_bit():
+    """Issue 34: the same prompt in the engine every visitor shares, beside other requests and from the prefix cache,
+    every step's logits compared with the request alone: 0 differing values (with the C kernels built)."""
+    from pipeline.cpu.matmul import native
+
+    at = page("views/stages/misconceptions.py", prompt="Why is the sky blue? Explain it to a child in two sentences.")  # 2 KV blocks and more
+    button(at, "myth_shared").click().run(timeout=300)
+    assert not at.exception, at.exception
+    table = next(t for t in frames(at) if "differing values" in t.columns)
+    assert len(table) == 2 and (table["logits compared"] > 0).all() and table["same tokens"].all()
+    assert table["most requests in one pass"].max() > 1, "nothing shared its passes"
+    assert table["prompt tokens from the prefix cache"].iloc[1] > 0
+    if native() is not None:
+        assert (table["differing values"] == 0).all(), table
+        assert any("bit for bit as alone" in m.value and m.value.startswith(common_pass()) for m in at.markdown)
+
+
 def frames(at) -> list:
     """Every table the page drew, as DataFrames: short ones are HTML tables (st.table), long ones data grids."""
     return [t.value for t in at.table] + [d.value for d in at.dataframe]

@@ -122,3 +122,24 @@ if mem is None or mem[0] != tr.text:  # three forward passes: once per prompt, n
 mem = mem[1]
 st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
 proof.show_checks(mem.checks)
+st.markdown(
+    "**And on a server full of visitors?** The same prompt's every step, served by the engine that answers everyone "
+    "(its passes shared with other requests' tokens and prompt chunks, its prompt read from the prefix cache), "
+    "compared bit for bit with the same request served alone."
+)
+if st.button("Run it in the shared engine while others generate", key="myth_shared") and guard.allowed("this experiment"):
+    from pipeline.engine import Engine, engine_for
+
+    engine = engine_for(lm)
+    if not isinstance(engine, Engine):
+        st.info("This server's engine runs on Ray Serve: the comparison runs in this process only, where the logits can be read.")
+    else:
+        with st.spinner("The prompt alone, then beside three other visitors' requests, then from the prefix cache…"), runs.timed("myth_shared"):
+            try:
+                loading.remember("myth_shared", (tr.text, mc.same_in_engine(lm, engine, list(tr.input_ids), n=8)))
+            except Exception as e:  # noqa: BLE001 - a full engine, a bad prompt: say so, keep serving
+                guard.fail(e, "run this experiment")
+shared = loading.recall("myth_shared")
+if shared is not None and shared[0] == tr.text:
+    render.table("the same prompt in the shared engine", shared[1].rows, hide_index=True, width="stretch")
+    proof.show_checks(shared[1].checks)
