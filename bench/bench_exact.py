@@ -16,7 +16,6 @@ import statistics
 import time
 
 import torch
-
 from common import write
 
 
