@@ -19,6 +19,7 @@ import zipfile
 
 import plotly.graph_objects as go
 
+from .figures import TEMPLATE
 from .tokens import plot_text
 
 SCALE = 3  # PNG pixels per layout pixel: a 1,200-px-wide figure becomes 3,600 px
@@ -90,7 +91,7 @@ def for_export(fig: go.Figure, note: str = "", title: str = "") -> go.Figure:
     so the file does not depend on the visitor's window, and `note` (the model, the prompt, the settings) as a
     subtitle inside the image, so a slide says what it shows."""
     f = floor_fonts(go.Figure(fig), EXPORT_FONT)
-    f.update_layout(template="plotly_white", paper_bgcolor="white", width=WIDTH, height=max(int(f.layout.height or 500), 360))
+    f.update_layout(template=TEMPLATE, paper_bgcolor="white", width=WIDTH, height=max(int(f.layout.height or 500), 360))
     f.update_xaxes(automargin=True)
     f.update_yaxes(automargin=True)
     if title and not f.layout.title.text:
