@@ -313,7 +313,10 @@ def roofline_figure(r) -> go.Figure:
     key = "<br>".join("   ".join(f"<b>{n}</b> {op}" for op, n in row) for row in _rows(list(number.items()), 6))
     fig.add_annotation(x=0, y=0, yshift=-78, text=key, **note)
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
-    fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g")
+    ys = [o.flops / o.measured_s / 1e9 for _, o in every if o.measured_s > 0 and o.flops > 0] + [peak / 1e9]
+    # a decade of headroom over the highest point: its number stays under the legend, not behind it
+    y_range = [np.log10(min(ys) / 3), np.log10(max(ys) * 10)]
+    fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g", range=y_range)
     fig = _layout(
         fig, "Roofline of one layer and the LM head on this device", height=540, legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")
     )

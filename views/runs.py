@@ -148,7 +148,9 @@ def chat_mode(lm, where=None) -> bool:
     has = bool(getattr(lm.tokenizer, "chat_template", None))
     on = bool(st.session_state.get("chat")) and has
     (where or st).caption(
-        f"Chat mode: **{'on' if on else 'off'}** (the sidebar's switch)" if has else "Plain text: this model has no chat template (a base model)."
+        f"Chat mode: **{'on' if on else 'off'}** (the switch under {'*Prompt* at the top' if st.session_state.get('present') else 'the prompt in the sidebar'})"
+        if has
+        else "Plain text: this model has no chat template (a base model)."
     )
     return on
 

@@ -60,7 +60,7 @@ def test_generation_streams_and_shows_metrics_and_distributions():
     at = page("views/stages/generation.py")
     assert any("Generate" in i.value for i in at.info)
     assert at.toggle(key="chat").value is False  # one switch, the sidebar's: off for this completion-style prompt
-    assert any("Chat mode: **off** (the sidebar's switch)" in c.value for c in at.caption)
+    assert any("Chat mode: **off** (the switch under the prompt in the sidebar)" in c.value for c in at.caption)
     at.number_input(key="gen_n").set_value(8)
     at.slider(key="gen_t").set_value(0.0)
     button(at, "gen_go").click().run()

@@ -34,7 +34,7 @@ if go:
         st.stop()
 rec = generating.last_generation("gen", lm)
 if rec is None:
-    st.info("Press **Generate** to run the loop on the sidebar's prompt.")
+    st.info(f"Press **Generate** to run the loop on the prompt (from {render.prompt_source()}).")
     st.stop()
 ev = rec.events
 if not go:

@@ -25,7 +25,7 @@ if prompt is None:
 # This page measures transformers' own cache tensors, so it runs its own request through transformers' loop
 # (the Generation page's requests go through the shared engine, whose paged KV memory the batching page shows).
 rec = generating.last_generation("kv", lm)
-source = "a 16-token greedy run of the sidebar's prompt through transformers' dynamic cache, made by this page"
+source = "a 16-token greedy run of the prompt through transformers' dynamic cache, made by this page"
 if rec is None or rec.prompt != prompt or rec.chat != chat:
     with st.spinner("Generating 16 tokens to measure the cache…"):
         rec = generating.run_generation(lm, prompt, chat, 16, GREEDY, "kv", route=Route.DYNAMIC)

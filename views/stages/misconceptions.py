@@ -8,7 +8,7 @@ from views import guard, loading, proof, render, runs
 
 render.intro(
     "The article ends by separating popular myths from what really happens. Each one below is put to the test "
-    "on the loaded model and the sidebar's prompt: what the article claims, then what this run shows."
+    "on the loaded model and the prompt: what the article claims, then what this run shows."
 )
 lm, tr = runs.get_trace()
 tok = lm.tokenizer
@@ -88,7 +88,7 @@ render.table(
     hide_index=True,
     width="stretch",
 )
-st.caption(f"The next token after the sidebar's prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
+st.caption(f"The next token after the prompt: {lit(repr(visible(top)))} is first at every temperature; only the spread changes.")
 proof.show_checks(temps.checks)
 
 # 4 ------------------------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ if mem is None or mem[0] != tr.text:  # three forward passes: once per prompt, n
     mem = (tr.text, mc.no_memory(lm, tr.text, "Dog bites man. Remember this sentence."))
     loading.remember("myth_mem", mem)
 mem = mem[1]
-st.caption(f"The sidebar's prompt, run, then {mem.other_prompt!r}, then the sidebar's prompt again.")
+st.caption(f"The prompt (from {render.prompt_source()}), run, then {mem.other_prompt!r}, then the same prompt again.")
 proof.show_checks(mem.checks)
 st.markdown(
     "**And on a server full of visitors?** The same prompt's every step, served by the engine that answers everyone "

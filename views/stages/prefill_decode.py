@@ -27,11 +27,7 @@ else:
     m = metrics(ev)
     st.caption(
         f"The Generation page's last run: {rec.label}."
-        + (
-            " The sidebar's prompt has changed since; generate again on the Generation page to measure it."
-            if rec.prompt != st.session_state.get("prompt", "")
-            else ""
-        )
+        + (" The prompt has changed since; generate again on the Generation page to measure it." if rec.prompt != st.session_state.get("prompt", "") else "")
     )
     c = st.columns(3)
     c[0].metric("Time to first token", f"{m.ttft_s * 1000:.0f} ms", help=f"{rec.prompt_tokens} prompt tokens: {m.ttft_parts()} (the first bar below)")

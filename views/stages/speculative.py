@@ -24,11 +24,11 @@ own = c2.toggle(
     "This page's own prompt",
     key="spec_own",
     bind="query-params",
-    help="Off: the sidebar's prompt, as on every page. On: a prompt for this page only (it starts with a copy-style "
+    help="Off: the prompt every page runs. On: a prompt for this page only (it starts with a copy-style "
     "one: rewrite, edit and quote prompts give prompt lookup a lot to copy).",
 )
 if own:
-    prompt = c1.text_area("Prompt for this page only (overrides the sidebar's)", COPY_PROMPT, height=140, key="spec_prompt", bind="query-params")
+    prompt = c1.text_area("Prompt for this page only (overrides the shared one)", COPY_PROMPT, height=140, key="spec_prompt", bind="query-params")
 else:
     prompt = generating.generation_prompt()
     if prompt is None:
