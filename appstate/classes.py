@@ -7,6 +7,7 @@ model, prompt, chat mode, the page's settings) is published as a numbered View; 
     classes.publish(c.code, owner, {"slug": "attention", "state": {...}})   # only the owner can
     view = classes.follow(code, follower="<session id>")     # None: no such class, or it ended / expired
     classes.shown(code, follower, view.number)                # the follower's page finished drawing that view
+    classes.hand(code, owner, frozen_view_id); classes.handed(code)   # the presenter's results, as a frozen copy
     classes.followers(code); classes.caught_up(code); classes.end(code, owner)
 
 Codes are 8 characters from 31 without look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes, and a wrong code costs a
@@ -74,6 +75,7 @@ class LiveClass:
     view: View | None = None
     ended: bool = False
     question: Question | None = None
+    handed: tuple[int, str] | None = None  # (number, a frozen view's id): the presenter's results handed to the class
     _seen: dict[str, float] = field(default_factory=dict)
     _shown: dict[str, int] = field(default_factory=dict)  # follower -> the view number its page last finished drawing
     _delays: list[float] = field(default_factory=list)  # seconds from the current view's publishing to each page drawn
@@ -208,6 +210,22 @@ class Classes:
             c = self._by_code.get(code)
             if c is not None and c.owner == owner:
                 self._close(code, "ended: the presenter closed it")
+
+    def hand(self, code: str, owner: str, view_id: str) -> int:
+        """The presenter hands the class a frozen copy of their results (a RunStore view id, as "Share this view"
+        makes); followers take it once. Only the owner hands; returns the hand-over's number."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner:
+                raise Ended("This live class is not yours, or it has ended.")
+            c.last_active = self._clock()
+            c.handed = ((c.handed[0] + 1) if c.handed else 1, view_id)
+            return c.handed[0]
+
+    def handed(self, code: str) -> tuple[int, str] | None:
+        with self._lock:
+            c = self._by_code.get(code)
+            return c.handed if c is not None else None
 
     def ask(self, code: str, owner: str, prompt: str, options: list[str]) -> Question:
         """The presenter opens a question (replacing the last one)."""

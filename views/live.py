@@ -16,9 +16,10 @@ import secrets
 
 import streamlit as st
 
+import appstate
 from appstate.classes import Classes, Ended, is_code
 from views import guard
-from views.session import session_key
+from views.session import freeze_runs, session_key
 
 # what a view never carries: the student's own presentation switch, a link's frozen copy or stored prompt, the code
 NOT_FOLLOWED = {"follow", "present", "view", "p", "s"}
@@ -74,19 +75,25 @@ def follow(slug: str, page_of) -> None:
         st.query_params.pop("follow", None)
         st.info(f"{e} This page is yours to explore now.", icon=":material/co_present:")
         return
-    if view is None or view.number == st.session_state.get("_live_applied"):
-        return
-    st.session_state["_live_applied"] = view.number
-    for k in [k for k in st.query_params if k not in NOT_FOLLOWED and k not in view.state]:
-        st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
-    st.session_state.update(copy.deepcopy(view.state))  # the student's own values from here on (lists too)
-    if view.slug != slug:
-        # a bound setting cannot ride in the new address, and leaving the page drops it from there: the new page's
-        # first run applies the view again, before its widgets are drawn
-        st.session_state["_live_applied"] = None
-        st.switch_page(page_of(view.slug), query_params={"follow": code})
-    if st.query_params.get("follow") != code:
-        st.query_params["follow"] = code  # a refresh keeps following
+    if view is not None and view.number != st.session_state.get("_live_applied"):
+        st.session_state["_live_applied"] = view.number
+        for k in [k for k in st.query_params if k not in NOT_FOLLOWED and k not in view.state]:
+            st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
+        st.session_state.update(copy.deepcopy(view.state))  # the student's own values from here on (lists too)
+        if view.slug != slug:
+            # a bound setting cannot ride in the new address, and leaving the page drops it from there: the new page's
+            # first run applies the view again, before its widgets are drawn
+            st.session_state["_live_applied"] = None
+            st.switch_page(page_of(view.slug), query_params={"follow": code})
+        if st.query_params.get("follow") != code:
+            st.query_params["follow"] = code  # a refresh keeps following
+    handed = classes().handed(code)
+    if handed is not None and st.session_state.get("_live_handed") != handed[0]:
+        # the presenter's results, once: the link's frozen-view parameter, which this run's keep_runs (the sidebar,
+        # after this) copies into the student's own runs and takes out of the address, as a shared link's
+        st.session_state["_live_handed"] = handed[0]
+        st.query_params["view"] = handed[1]
+        st.toast("The presenter handed you a copy of their results: they are on your pages now.", icon=":material/content_copy:")
 
 
 def shown() -> None:
@@ -121,6 +128,9 @@ def _watch(code: str) -> None:
     except Ended:
         st.rerun(scope="app")  # follow() says so and stops
     if view is not None and view.number != st.session_state.get("_live_applied"):
+        st.rerun(scope="app")
+    handed = classes().handed(code)
+    if handed is not None and handed[0] != st.session_state.get("_live_handed"):
         st.rerun(scope="app")
     if "_live_q_watch" in st.session_state:  # the next-token page shows the presenter's question: asked, or revealed
         q = classes().question(code)
@@ -173,6 +183,20 @@ def qr_svg(text: str) -> str:
     return out.getvalue().decode()
 
 
+def _hand() -> None:
+    """A frozen copy of this browser's finished runs (as "Share this view" makes) handed to the class."""
+    c = classes().of_owner(session_key())
+    if c is None:
+        return
+    try:
+        vid = freeze_runs()
+    except appstate.Full as e:  # this address or the server keeps as many copies as it may
+        st.session_state["_live_hand_msg"] = f"No copy was made: {e}"
+        return
+    n = classes().hand(c.code, session_key(), vid)
+    st.session_state["_live_hand_msg"] = f"Handed over (copy {n}): each student gets your finished runs as they are now."
+
+
 def _end() -> None:
     c = classes().of_owner(session_key())
     if c is not None:
@@ -218,4 +242,13 @@ def controls(bar, short: bool = False) -> None:
     pop.image(qr_svg(link), width=220, caption="The join link as a QR code")  # st.html drops an inline SVG
     with pop:
         _count(c.code)
+    pop.button(
+        "Hand my results to the class",
+        key="live_hand",
+        on_click=_hand,
+        icon=":material/content_copy:",
+        help="Every student gets a copy of your finished runs as they are now (generations, experiments), as a shared link's copy",
+    )
+    if st.session_state.get("_live_hand_msg"):
+        pop.caption(st.session_state["_live_hand_msg"])
     pop.button("End the class", key="live_end", on_click=_end, icon=":material/stop_circle:")

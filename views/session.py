@@ -80,9 +80,14 @@ def shared_prompt() -> bool:
     return long
 
 
+def freeze_runs() -> str:
+    """A frozen copy of this browser's finished runs (a link's ?view= id); appstate.Full when there is no room."""
+    return _run_store().freeze(st.session_state, lambda: secrets.token_hex(6), client_address())
+
+
 def _freeze_view() -> None:
     try:
-        st.session_state["_frozen"] = _run_store().freeze(st.session_state, lambda: secrets.token_hex(6), client_address())
+        st.session_state["_frozen"] = freeze_runs()
         st.session_state["_frozen_full"] = None
     except appstate.Full as e:
         st.session_state["_frozen"] = None

@@ -14,6 +14,15 @@ token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 l
 In a slower hour (the probe at 12.6-15.3 GB/s) the same split read products 34.2-38.7 ms of a 38.5-44.7 ms
 token (538 MB at 14.8 GB/s) and the rest 4.3-6.0 ms: the products follow the memory, the rest the processor.
 
+Against the C read probe (pipeline.cpu.bandwidth, 2026-12-04; issue 34 asks for 85% of it): the step's products
+read 538 MB in 24.0-26.4 ms (20-22 GB/s) and the rest took 3.0-3.1 ms, where the same products called back to back
+from C (one row, the step's five weight shapes, 127 MB) read 30.7 GB/s and the probe 34.6 GB/s in one process
+(median of 15, interleaved). The kernel itself runs at ~89% of the memory; the step loses the difference between
+products: 121 calls from Python (checked arguments, a new output array, the two threads woken each time) and the
+small work, during which nothing reads the weights. Taking one row through 4 panels at once (8 sums in flight, not 2)
+read 31.7 GB/s against 30.7: within the noise, not kept. What 85% needs: a layer's small work and its products in
+one C call, and the next product's first lines prefetched while the small work runs.
+
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
 each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).

@@ -162,6 +162,14 @@ def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
     for lo, hi in ((3, 4), (3, 5), (0, 6), (0, 7), (9, 17), (0, 32)):
         assert torch.equal(cpu_matmul.linear(x[lo:hi], w, b), many[lo:hi])
     assert isinstance(getattr(w, cpu_matmul._PANEL), np.ndarray)  # the panel copy is made once, kept on the weight
+    # one row goes through 4 panels at once (cpu_decode.c's k1xG): the same sums in the same order, so the same bits
+    # as the same row among others; 11 panels = 2 groups of 4 and 3 left one by one, with a bias
+    w11, b11 = torch.randn(16 * 11, 200), torch.randn(16 * 11)
+    rows = torch.randn(7, 200)
+    together = cpu_matmul.linear(rows, w11, b11)
+    for i in range(7):
+        assert torch.equal(cpu_matmul.linear(rows[i : i + 1], w11, b11), together[i : i + 1])
+    assert (together.double() - (rows.double() @ w11.double().t() + b11.double())).abs().max() < 1e-4
     odd = torch.randn(37, 29)  # outputs not a multiple of the 16-wide panel, inputs not of the 8-wide vector
     xo = torch.randn(5, 29)
     assert (cpu_matmul.linear(xo, odd).double() - xo.double() @ odd.double().t()).abs().max() < 1e-5
