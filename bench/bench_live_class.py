@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--followers", type=int, default=30)
     ap.add_argument("--minutes", type=float, default=5)
     ap.add_argument("--every", type=float, default=20, help="seconds between the presenter's changes")
+    ap.add_argument("--out", default="live_class", help="the result's name under bench/results/")
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
     import json
@@ -115,10 +116,13 @@ def main():
             while time.time() < deadline:
                 i += 1
                 slug, prompt = STEPS[i % len(STEPS)]
+                same_page = teacher.url.split("?")[0].endswith("/" + slug)
+                t0 = time.time() * 1000  # the presenter's action that completes the change: the new prompt, or the click
                 if prompt != teacher.locator("[data-testid='stSidebar'] textarea").first.input_value():
                     set_prompt(teacher, prompt)
-                t0 = time.time() * 1000  # the presenter's click that completes the change
-                teacher.locator(f"[data-testid='stSidebarNavLink'][href$='/{slug}']").first.click()
+                if not same_page:
+                    t0 = time.time() * 1000
+                    teacher.locator(f"[data-testid='stSidebarNavLink'][href$='/{slug}']").first.click()
                 changes.append((f"/{slug}|{prompt}", t0))
                 print(f"change {i}: {slug} | {prompt}", flush=True)
                 time.sleep(args.every)
@@ -132,16 +136,21 @@ def main():
         end_rss = rss[-1] if rss else None
         stop_server(proc)
     drawn = [json.loads(line)["delay_s"] for line in log.read_text().splitlines()] if log.exists() else []
-    delays, missed = [], 0
-    for want, t0 in changes:
-        for log in seen:
-            hit = next((t for path, t in log if path.endswith(want) and t >= t0), None)  # pathname may carry a base
+    delays, missed, missed_which, first_follower = [], 0, [], []
+    for k, (want, t0) in enumerate(changes):
+        t_next = changes[k + 1][1] if k + 1 < len(changes) else float("inf")
+        for j, log in enumerate(seen):
+            # shown after the change and before the next one (a later step that returns to the same view is not this one)
+            hit = next((t for path, t in log if path.endswith(want) and t0 <= t < t_next), None)  # pathname may carry a base
+            if j == 0:
+                first_follower.append({"change": want, "delay_s": None if hit is None else round((hit - t0) / 1000, 2)})
             if hit is None:
                 missed += 1
+                missed_which.append({"change": want, "follower_then": [p for p, t in log if t < t0][-1:]})
             else:
                 delays.append((hit - t0) / 1000)
     write(
-        "live_class",
+        args.out,
         {
             "followers": args.followers,
             "followers_draw_figures": args.draw,
@@ -159,6 +168,8 @@ def main():
             },
             "goal_p95_s": 3.0,
             "missed": missed,
+            "missed_examples": missed_which[:5],
+            "first_follower": first_follower,
             "errors": errors[:20],
             "server_cpu_percent_of_one_core": {"mean": round(statistics.mean(cpu), 1) if cpu else None, "peak": max(cpu) if cpu else None},
             "server_rss_mb": {"after_warm_up": round(warm_rss / 2**20) if warm_rss else None, "end": round(end_rss / 2**20) if end_rss else None},

@@ -89,8 +89,7 @@ ABOUT = {
         "server's own log, from the presenter's view published to each follower's run drawing it (two views per change when "
         "both prompt and page move). NOT MET on this 2-core machine: 31 Chromium pages share it with the server, and the "
         "server reruns each follower's page in one Python process (0.23-0.28 s a run for the attention page, most of it "
-        "building Plotly figures), so 30 followers' reruns take 7-8 s in turn. One student follows within 2-5 s "
-        "(tests/browser/test_live_class.py).",
+        "building Plotly figures), so 30 followers' reruns take 7-8 s in turn. One follower: see live_class_1.",
         "bench/bench_live_class.py --followers 30 --minutes 5",
     ),
     "exact_smollm2": (
@@ -101,6 +100,12 @@ ABOUT = {
         "bench/bench_exact.py --reps 7",
     ),
     "exact_gemma3": ("The same on Gemma-3 270M.", "bench/bench_exact.py --reps 7 --model gemma3-270m"),
+    "live_class_1": (
+        "The same with one follower (a quiet server): how long a student's page takes to follow the presenter to another "
+        "page or prompt (the held-out bar: 2 s quiet, 5 s on this 2-core machine). first_follower lists each change; a "
+        "change the follower showed before the presenter's action (its prompt already there) counts as missed.",
+        "bench/bench_live_class.py --followers 1 --minutes 2 --every 15 --out live_class_1",
+    ),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
 }
 

@@ -75,7 +75,8 @@ def follow(slug: str, page_of) -> None:
         st.query_params.pop("follow", None)
         st.info(f"{e} This page is yours to explore now.", icon=":material/co_present:")
         return
-    if view is not None and view.number != st.session_state.get("_live_applied"):
+    # applied when the presenter moved on, and again when a value drifted from the view (_drifted)
+    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(view.state)):
         st.session_state["_live_applied"] = view.number
         for k in [k for k in st.query_params if k not in NOT_FOLLOWED and k not in view.state]:
             st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
@@ -94,6 +95,12 @@ def follow(slug: str, page_of) -> None:
         st.session_state["_live_handed"] = handed[0]
         st.query_params["view"] = handed[1]
         st.toast("The presenter handed you a copy of their results: they are on your pages now.", icon=":material/content_copy:")
+
+
+def _drifted(state: dict) -> bool:
+    """A followed value no longer the presenter's: a rerun carrying the address the browser had before (a bound
+    widget's old ?prompt=, or none: its default) set it back (bench_live_class found a student on an earlier prompt)."""
+    return any(st.session_state.get(k) != v for k, v in state.items())
 
 
 def shown() -> None:
@@ -127,7 +134,7 @@ def _watch(code: str) -> None:
         view = classes().follow(code, _me())
     except Ended:
         st.rerun(scope="app")  # follow() says so and stops
-    if view is not None and view.number != st.session_state.get("_live_applied"):
+    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(view.state)):
         st.rerun(scope="app")
     handed = classes().handed(code)
     if handed is not None and handed[0] != st.session_state.get("_live_handed"):
