@@ -15,8 +15,10 @@ section that fails records its error and the rest go on):
   5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
      aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
      N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506);
-  6. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: its read-bandwidth limit and
-     one request's decode tokens/s, the row step against transformers' loop.
+  6. exact: one request's logits alone and beside 7 others, the differing values counted (issue 34; 0 on a CPU with
+     the C kernels, the torch path's count on a GPU);
+  7. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: the C read probe's limit and
+     one request's decode tokens/s (its share of the limit), the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
 
     python bench/gpu_check.py [--tokens 128] [--device cuda]
@@ -44,7 +46,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
-    ap.add_argument("--only", default="production,loop,kernels,speculative,serving,cpu")
+    ap.add_argument("--only", default="production,loop,kernels,speculative,serving,exact,cpu")
     ap.add_argument("--serving-ns", default="1,8,32,64,128,256")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -229,12 +231,44 @@ def main():
             save()
             print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
 
+    def exact():
+        """Issue 34 on this device: one request's every step's logits served alone, then beside 7 other requests that
+        arrive after its first token (their prompt chunks and decode rows in its passes), compared bit for bit: 0
+        differing values on a CPU with the C kernels; on a GPU the torch path's count (cuBLAS and SDPA choose their
+        reduction order by shape: docs/architecture.md, "Exact on a GPU")."""
+        from pipeline.engine import Engine
+
+        p = ids[0].tolist()
+        others = [p[: max(2, len(p) // 2 + 3 * k)] for k in range(7)]
+
+        def steps(with_others: bool) -> list:
+            eng = Engine(lm, prefix_cache=False, background=False)
+            h = eng.submit(p, 16, stop_ids=frozenset(), keep_logits=True)
+            eng.iterate()
+            if with_others:
+                for q in others:
+                    eng.submit(q, 24, stop_ids=frozenset())
+            while eng.iterate() is not None:
+                pass
+            return [e.logits for e in h]
+
+        alone, shared = steps(False), steps(True)
+        res["exact"] = {
+            "steps": len(alone),
+            "logits_compared": sum(a.numel() for a in alone),
+            "differing_values": sum(int((a != b).sum()) for a, b in zip(alone, shared)),
+            "largest_difference": max(float((a.float() - b.float()).abs().max()) for a, b in zip(alone, shared)),
+            "same_tokens": [int(a.argmax()) for a in alone] == [int(b.argmax()) for b in shared],
+        }
+
     def cpu():
         """The CPU decode path (pipeline.cpu.row_step, with pipeline/cpu/cpu_decode.c where it builds) on this machine's own
-        processors, fp32: the read-bandwidth limit (torch summing every weight) and one request's decode tokens/s,
-        the row step against transformers' loop."""
+        processors, fp32: the memory's read speed (pipeline.cpu.bandwidth's C probe over a buffer as large as the
+        weights; torch summing every weight beside it, which under-reads) and one request's decode tokens/s, the row
+        step against transformers' loop, with its share of that limit."""
         from pipeline.cpu import matmul as cpu_matmul
         from pipeline.cpu import row_step
+        from pipeline.cpu.bandwidth import read_probe
 
         cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
         ws = [p.detach() for p in cpu_lm.model.parameters()]
@@ -245,20 +279,31 @@ def main():
             for w in ws:
                 w.sum()
             ts.append(time.perf_counter() - t)
+        probe = read_probe(max(nbytes, 1 << 20))
         out = res["cpu"] = {
             "threads": torch.get_num_threads(),
             "dtype": str(cpu_lm.dtype),
             "row_step": row_step.usable(cpu_lm),
             "native_kernels": cpu_matmul.native() is not None,  # pipeline/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
-            "read_gb_per_s": nbytes / statistics.median(ts) / 1e9,
-            "limit_tokens_per_s": 1 / statistics.median(ts),
+            "read_gb_per_s": probe.gb_per_s,
+            "read_kernel": probe.kernel,
+            "limit_tokens_per_s": probe.gb_per_s * 1e9 / nbytes,
+            "torch_sum_read_gb_per_s": nbytes / statistics.median(ts) / 1e9,
         }
         for mode in ("dynamic", "fused"):
             runs = [metrics(list(generate(cpu_lm, prompt, 64, chat=True, cache=mode, stop_ids=set()))).tokens_per_s for _ in range(args.reps)]
-            out[mode] = {"decode_tokens_per_s": statistics.median(runs), "runs": runs}
+            out[mode] = {"decode_tokens_per_s": statistics.median(runs), "runs": runs, "share_of_limit": statistics.median(runs) / out["limit_tokens_per_s"]}
             save()
 
-    for name, fn in (("production", production), ("loop", loop), ("kernels", kernels), ("speculative", speculative), ("serving", serving), ("cpu", cpu)):
+    for name, fn in (
+        ("production", production),
+        ("loop", loop),
+        ("kernels", kernels),
+        ("speculative", speculative),
+        ("serving", serving),
+        ("exact", exact),
+        ("cpu", cpu),
+    ):
         section(name, fn)
     print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1, default=float))
     print("->", path)

@@ -133,7 +133,7 @@ class _RowLayer:
         w, b = self.t[name]
         # the one choice (pipeline.cpu.matmul), over numpy views here; a prompt's rows too stay on the panel kernel
         # (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
-        kernel = "panel" if native() is not None and torch.get_default_dtype() == torch.float32 else kernel_for(x.shape[0])
+        kernel = "panel" if native() is not None else kernel_for(x.shape[0])
         if kernel == "panel":
             return panel_rows(x, w, b)
         if kernel == "sgemv":

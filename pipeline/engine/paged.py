@@ -14,6 +14,10 @@ tables). Keys and values are written into each request's blocks first, then atte
   * decode tokens: one masked call for all of them when their lengths are close (blocks gathered, padded to
     the longest, the padding masked), otherwise one call per request over exactly its own tokens.
 
+On a CPU with pipeline/cpu/cpu_decode.c built, every pass goes through pipeline.cpu.row_step instead (`_rows`: one row
+per token, fixed-order kernels), so a request's logits are bit for bit the same whatever shares its passes; the torch
+path above serves GPUs, and CPUs without the C kernels.
+
 A pass can be cut short for a visitor who just arrived: `interrupt()`, asked after every layer, says a short
 request is waiting; the seqs marked `parkable` (the engine marks decode tokens and the chunks of long prompts
 that are not their last) then stop at that layer, their hidden state kept in the Seq and their K/V written up
