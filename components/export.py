@@ -351,12 +351,25 @@ def _jsonable(x):
     return str(x)
 
 
-def labelled(fig: go.Figure, max_cells: int = 300) -> go.Figure:
+def labelled(fig: go.Figure, max_cells: int = 300, max_bars: int = 40) -> go.Figure:
     """A copy with the numbers a reader would otherwise hover for drawn on the figure (for slides and
-    presentation mode): values on bars, values in small heatmaps, names next to scatter points with text."""
+    presentation mode): values on bars, values in small heatmaps, names next to scatter points with text. Over
+    `max_bars` bars in all (page 4's 31 layers x 2: 62 values piled on each other at 1280 px), each series' largest
+    bar keeps its value, the others none."""
     f = go.Figure(fig)
+
+    def values(tr):
+        return tr.y if (tr.orientation or "v") == "v" else tr.x
+
+    bars = [tr for tr in f.data if tr.type == "bar" and tr.texttemplate is None and tr.text is None and values(tr) is not None]
+    many = sum(len(values(tr)) for tr in bars) > max_bars
+    plain = {id(tr) for tr in bars}
     for tr in f.data:
-        if tr.type == "bar" and tr.texttemplate is None and tr.text is None:
+        if id(tr) in plain and many:
+            vals = list(values(tr))
+            top = max(range(len(vals)), key=lambda i: -1 if vals[i] is None else abs(vals[i]), default=None)
+            tr.update(text=[f"{v:.3g}" if i == top else "" for i, v in enumerate(vals)], texttemplate="%{text}", textposition="outside")
+        elif id(tr) in plain:
             tr.update(texttemplate="%{y:.3g}" if (tr.orientation or "v") == "v" else "%{x:.3g}", textposition="auto")
         elif tr.type == "heatmap" and tr.z is not None and tr.texttemplate is None:
             z = tr.z

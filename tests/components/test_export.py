@@ -26,6 +26,8 @@ def test_labelled_draws_the_numbers_and_export_keeps_labels_inside():
     fig = go.Figure([go.Bar(x=["a", "b"], y=[0.25, 0.75]), go.Heatmap(z=[[1, 2], [3, 4]])]).update_layout(title="t", height=300)
     lab = export.labelled(fig)
     assert lab.data[0].texttemplate and lab.data[1].texttemplate and fig.data[0].texttemplate is None  # a copy
+    many = export.labelled(go.Figure([go.Bar(y=list(range(31))), go.Bar(y=[5.0] * 30 + [9.5])]))  # 62 bars: each series' largest only
+    assert [t for t in many.data[0].text if t] == ["30"] and [t for t in many.data[1].text if t] == ["9.5"]
     big = go.Figure(go.Heatmap(z=[[0] * 40] * 40))
     assert export.labelled(big).data[0].texttemplate is None  # 1,600 cells: too many to read
     ex = export.for_export(fig)
