@@ -9,7 +9,6 @@ trace whoever follows (the shared trace cache)."""
 from __future__ import annotations
 
 import copy
-import io
 import json
 import os
 import secrets
@@ -18,6 +17,7 @@ import streamlit as st
 
 import appstate
 from appstate.classes import Classes, Ended, is_code
+from components.join import join_url, qr_svg
 from views import guard
 from views.session import freeze_runs, session_key
 
@@ -163,31 +163,13 @@ def banner() -> None:
 
 def join_link(code: str) -> str:
     """The address a student opens: this server's front page with ?follow=CODE."""
+    from views.pages import ALL
+
     try:
         base = st.context.url or ""
     except Exception:  # noqa: BLE001 - no client context (AppTest)
         base = ""
-    root = base.split("?")[0].rstrip("/")
-    for spec_slug in sorted({p for p in _slugs() if p}, key=len, reverse=True):
-        if root.endswith("/" + spec_slug):
-            root = root[: -len(spec_slug) - 1]
-            break
-    return f"{root or 'http://localhost:8501'}/?follow={code}"
-
-
-def _slugs() -> list[str]:
-    from views.pages import ALL
-
-    return [p.slug for p in ALL]
-
-
-def qr_svg(text: str) -> str:
-    """`text` as a QR code, an SVG drawn here (segno), black on white with its quiet zone."""
-    import segno
-
-    out = io.BytesIO()
-    segno.make(text, error="m").save(out, kind="svg", scale=6, border=4, xmldecl=False, svgns=True, title="QR code of the join link")
-    return out.getvalue().decode()
+    return join_url(base, [p.slug for p in ALL], code)
 
 
 def _hand() -> None:

@@ -138,3 +138,14 @@ def test_a_question_takes_one_answer_per_browser_rate_limited_until_it_is_reveal
     with pytest.raises(ValueError, match="closed"):
         cs.answer(c.code, "b5", "Rome")
     assert cs.question(c.code).answer == "Paris" and cs.ask(c.code, "owner", "Dog bites", ["man"]).number == 2
+
+
+def test_the_join_link_is_the_front_page_with_the_code_and_its_qr_code_an_svg():
+    from components.join import join_url, qr_svg
+
+    slugs = ["", "attention", "attention-kernels", "why"]
+    assert join_url("http://host:8501/attention-kernels?prompt=x", slugs, "abcdefgh") == "http://host:8501/?follow=abcdefgh"
+    assert join_url("http://host:8501/attention", slugs, "abcdefgh") == "http://host:8501/?follow=abcdefgh"
+    assert join_url("", slugs, "abcdefgh") == "http://localhost:8501/?follow=abcdefgh"
+    svg = qr_svg("http://host:8501/?follow=abcdefgh")
+    assert svg.startswith("<svg") and "QR code of the join link" in svg
