@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .figures import BLUE, GREEN, ORANGE, RED, SEQ, _layout
+from .memo import shared
 
 ATTENTION_SCALES = {
     "linear": "colour = the weight, 0 to 1",
@@ -16,6 +17,7 @@ ATTENTION_SCALES = {
 }
 
 
+@shared
 def attention_heads(
     maps: np.ndarray, labels: list[str], block: int = 1, max_cols: int = 3, layer: int = 0, scale: str = "linear", heads: list[int] | None = None
 ) -> go.Figure:
@@ -93,6 +95,7 @@ def without_sink(maps: np.ndarray) -> np.ndarray:
     return np.divide(m, s, out=np.zeros_like(m), where=s > 0)
 
 
+@shared
 def mosaic_image(maps: np.ndarray, cell: int = 64, gap: int = 3) -> np.ndarray:
     """All layers x heads as ONE RGB image: heads down, layers across, each tile one attention map [n, n]
     (viridis, brightness = sqrt(weight / the tile's largest weight), future masked light grey). One picture
@@ -128,6 +131,7 @@ def _hex(c: str) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+@shared
 def gqa_figure(n_heads: int, n_kv: int) -> go.Figure:
     group = n_heads // max(1, n_kv)
     fig = go.Figure()

@@ -9,6 +9,7 @@ from pipeline.engine.scene import ScenePolicy
 from pipeline.engine.scheduler import State
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
+from .memo import shared
 
 STATE_COLORS = {State.WAITING: GREY, State.PREFILL: ORANGE, State.DECODE: BLUE, State.PADDING: RED}
 POLICY_COLORS = {ScenePolicy.ONE_BY_ONE: GREY, ScenePolicy.STATIC: ORANGE, ScenePolicy.CONTINUOUS: GREEN}
@@ -32,6 +33,7 @@ def _segments(run):
     return out
 
 
+@shared
 def gantt_figure(runs) -> go.Figure:
     """One row per user per policy: waiting in line, prefill, decode, and (static batching) the padding a
     finished answer keeps computing until the batch's longest is done. Shared time axis (seconds)."""
@@ -69,6 +71,7 @@ def gantt_figure(runs) -> go.Figure:
     return fig
 
 
+@shared
 def occupancy_figure(runs) -> go.Figure:
     """Rows in each iteration's forward (answers being produced), and static batching's padding rows."""
     fig = go.Figure()
@@ -99,6 +102,7 @@ def occupancy_figure(runs) -> go.Figure:
     return _layout(fig, "Batch occupancy per iteration", height=340, legend=dict(orientation="h", y=-0.3))
 
 
+@shared
 def kv_figure(run) -> go.Figure:
     """KV blocks held per request over the run (stacked), against the time axis."""
     names = {u.request_id: u.name for u in run.users}
@@ -121,6 +125,7 @@ def kv_figure(run) -> go.Figure:
     return _layout(fig, f"KV memory held, {run.policy}", height=320, legend=dict(orientation="h", y=-0.3))
 
 
+@shared
 def latency_figure(runs) -> go.Figure:
     """Each user's time to first token and time to the whole answer, per policy."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["time to first token (s)", "time to the whole answer (s)"])

@@ -8,6 +8,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from .fmt import prob
+from .memo import shared
 from .tokens import plot_text, visible
 
 SEQ = "Viridis"  # perceptually uniform, colour-blind safe
@@ -61,6 +62,7 @@ def labels_of(tokens) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ overview
+@shared
 def timings_bar(timings: dict[str, float]) -> go.Figure:
     """The forward pass's stages (blue, summing exactly to the forward pass: what the hooks cannot attribute is
     its own bar) and the work around it (grey: tokenizing before, the logit-lens read-out after)."""
@@ -144,6 +146,7 @@ def place_labels(
     return [s for _, s in sorted(out)]
 
 
+@shared
 def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2, var: np.ndarray | None = None) -> go.Figure:
     colors = {"prompt": BLUE, "reference": ORANGE}
     fig = go.Figure()
@@ -173,6 +176,7 @@ def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: i
     return _layout(fig, f"Token embeddings projected to {dims}D (PCA)", height=480)
 
 
+@shared
 def vector_strip(vec: np.ndarray, title: str) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=vec[None, :], colorscale="RdBu", zmid=0, showscale=True, hovertemplate="dim %{x}: %{z:.4f}<extra></extra>"))
     fig.update_yaxes(visible=False)
@@ -192,6 +196,7 @@ def _residual_axis(fig, n_states: int, title: str = "after layer (emb = the embe
     fig.update_xaxes(title=title, tickvals=vals, ticktext=["emb" if v < 0 else str(v) for v in vals])
 
 
+@shared
 def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
     """Cosine similarity after each layer (and at the embeddings), one line per compared token; the y range
     fits the data so that small drifts are visible."""
@@ -205,6 +210,7 @@ def drift_figure(curves: dict[str, np.ndarray], title: str) -> go.Figure:
     return _layout(fig, title, height=380)
 
 
+@shared
 def rope_heatmap(angles: np.ndarray) -> go.Figure:
     fig = go.Figure(
         go.Heatmap(
@@ -220,6 +226,7 @@ def rope_heatmap(angles: np.ndarray) -> go.Figure:
     return _layout(fig, "RoPE: rotation of each 2-D pair, by position", height=380)
 
 
+@shared
 def relative_figure(scores: np.ndarray, shifted: np.ndarray | None = None) -> go.Figure:
     d = np.arange(len(scores))
     fig = go.Figure(go.Scatter(x=d, y=scores, mode="lines", name="query at position d, key at 0", line=dict(color=BLUE)))
@@ -230,6 +237,7 @@ def relative_figure(scores: np.ndarray, shifted: np.ndarray | None = None) -> go
     return _layout(fig, "A query-key score depends on relative distance only", height=360)
 
 
+@shared
 def learned_positions_figure(pos_emb: np.ndarray) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=pos_emb, colorscale="RdBu", zmid=0))
     fig.update_xaxes(title="dimension")
@@ -238,6 +246,7 @@ def learned_positions_figure(pos_emb: np.ndarray) -> go.Figure:
 
 
 # ------------------------------------------------------------------------------ attention
+@shared
 def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=None, colorscale="RdBu", height=360) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=z, x=x, y=y, colorscale=colorscale, zmid=zmid, hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", tickfont=dict(size=9), type="category")
@@ -245,6 +254,7 @@ def matrix_heatmap(z: np.ndarray, x: list[str], y: list[str], title: str, zmid=N
     return _layout(fig, title, height=height)
 
 
+@shared
 def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, position_label: str) -> go.Figure:
     L = len(attn)
     fig = go.Figure()
@@ -257,6 +267,7 @@ def residual_figure(resid: np.ndarray, attn: np.ndarray, ffn: np.ndarray, positi
     return _layout(fig, f"Residual stream and what each sub-layer adds · token {position_label}", height=420)
 
 
+@shared
 def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
     L = len(normed)
     fig = go.Figure()
@@ -267,6 +278,7 @@ def norm_effect_figure(resid: np.ndarray, normed: np.ndarray) -> go.Figure:
     return _layout(fig, "The norm rescales the growing residual before attention reads it", height=340)
 
 
+@shared
 def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_labels: list[str]) -> go.Figure:
     L1, P = probs.shape
     fig = go.Figure(
@@ -290,6 +302,7 @@ def lens_figure(ids: np.ndarray, probs: np.ndarray, texts: list[list[str]], col_
 
 
 # ------------------------------------------------------------------------------- sampling
+@shared
 def sampling_figure(cands: list[str], stages: list[tuple[str, np.ndarray]], tokens: list[tuple[int, str]] | None = None) -> go.Figure:
     """Bars per filter stage for the top candidates: probability after each stage, zero = filtered out. `tokens`:
     each candidate's (id, text), kept with the bars (the export's numbers name them apart from the labels)."""

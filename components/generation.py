@@ -8,9 +8,11 @@ from plotly.subplots import make_subplots
 from pipeline.generation.decode import CacheMode
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
+from .memo import shared
 from .tokens import lit, plot_text, visible
 
 
+@shared
 def step_times_figure(events, title="Time per generated token (this run)") -> go.Figure:
     """Each token's own pass; under token 0, in grey, the time before its prefill began (tokenizing, the engine's
     line, a fresh server's setup), so the first bar's height is the time to first token shown beside it."""
@@ -56,6 +58,7 @@ def token_labels(events) -> list[str]:
     return [f"{lit(visible(e.text)) or '∅'} {str(i).translate(SUB)}" for i, e in enumerate(events)]
 
 
+@shared
 def distribution_figure(ev) -> go.Figure:
     """The step's top candidates after and before the filters; the drawn token (red) is always shown."""
     chosen = ev.token_id
@@ -94,6 +97,7 @@ def _bars(samples, scale: float = 1000.0) -> dict:
     )
 
 
+@shared
 def sweep_figure(rows) -> go.Figure:
     fig = go.Figure()
     T = [r.tokens for r in rows]
@@ -109,6 +113,7 @@ def sweep_figure(rows) -> go.Figure:
     return _layout(fig, "Prefill and one decode step, by prompt length (median, bars: every repeat's range)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
+@shared
 def cache_on_off_figure(rows) -> go.Figure:
     """The prefill/decode page's cache experiment: the mean decode step with and without the KV cache at each context length."""
     fig = go.Figure()
@@ -121,6 +126,7 @@ def cache_on_off_figure(rows) -> go.Figure:
     return _layout(fig, "A decode step with and without the KV cache (median, bars: every repeat's range)", height=380, legend=dict(orientation="h", y=-0.25))
 
 
+@shared
 def kv_growth_figure(events, formula) -> go.Figure:
     """formula(tokens) -> bytes, drawn as a line under the measured points."""
     fig = go.Figure()
@@ -147,6 +153,7 @@ def kv_growth_figure(events, formula) -> go.Figure:
     return _layout(fig, "KV cache size over the run", height=340, legend=dict(orientation="h", y=-0.3))
 
 
+@shared
 def kv_layers_figure(per_layer: list[int]) -> go.Figure:
     fig = go.Figure(go.Bar(x=list(range(len(per_layer))), y=[b / 2**10 for b in per_layer], marker_color=GREEN))
     fig.update_xaxes(title="layer")
@@ -154,6 +161,7 @@ def kv_layers_figure(per_layer: list[int]) -> go.Figure:
     return _layout(fig, "Per layer, at the end of the run", height=300)
 
 
+@shared
 def telemetry_figure(tl) -> go.Figure:
     s = tl.samples
     t = [x["t"] for x in s]
@@ -197,6 +205,7 @@ def telemetry_figure(tl) -> go.Figure:
     return fig
 
 
+@shared
 def ops_figure(top) -> go.Figure:
     fig = go.Figure(
         go.Bar(
@@ -215,6 +224,7 @@ def ops_figure(top) -> go.Figure:
     return _layout(fig, "Where a decode step's time goes (blue = matrix multiplication)", height=380)
 
 
+@shared
 def kernels_figure(rows) -> go.Figure:
     """Prefill time and peak memory per attention kernel over prompt lengths, with the T x T score matrix."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill time (s)", "peak extra memory (MiB)"], horizontal_spacing=0.1)
@@ -248,6 +258,7 @@ def _rows(items: list, n: int) -> list[list]:
     return [items[i : i + n] for i in range(0, len(items), n)]
 
 
+@shared
 def roofline_figure(r) -> go.Figure:
     """Log-log roofline: attainable FLOP/s = min(peak, bandwidth x intensity); each op at its intensity and
     its measured FLOP/s (prefill orange, decode blue)."""
@@ -333,6 +344,7 @@ MODE_LABELS = {
 MODE_COLORS = {CacheMode.DYNAMIC: BLUE, CacheMode.STATIC: GREEN, CacheMode.FUSED: ORANGE, CacheMode.FUSED_COMPILE: RED}
 
 
+@shared
 def cache_modes_figure(results: dict) -> go.Figure:
     """Per-step decode time of each mode ({mode: ModeRun}), same request."""
     fig = go.Figure()
@@ -347,6 +359,7 @@ def cache_modes_figure(results: dict) -> go.Figure:
     return _layout(fig, "Decode step time per mode, same request", height=360, legend=dict(orientation="h", y=-0.3))
 
 
+@shared
 def launches_figure(counts) -> go.Figure:
     """Operators (and on a GPU, kernels) one decode step dispatches, transformers' forward vs the fused step."""
     names = ["transformers forward", "fused step"]

@@ -8,8 +8,10 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .figures import BLUE, GREY, ORANGE, _layout
+from .memo import shared
 
 
+@shared
 def shares_heatmap(heads: np.ndarray, ffn: np.ndarray, title: str) -> go.Figure:
     """[L, H] head shares beside an FFN column, one colour scale centred on 0 (red adds to the logit, blue takes)."""
     L, H = heads.shape
@@ -34,6 +36,7 @@ def shares_heatmap(heads: np.ndarray, ffn: np.ndarray, title: str) -> go.Figure:
     return _layout(fig, title, height=max(380, 18 * L + 160))
 
 
+@shared
 def largest_figure(items: list[tuple[str, float]], title: str) -> go.Figure:
     names, vals = [n for n, _ in items], [v for _, v in items]
     fig = go.Figure(
@@ -53,6 +56,7 @@ def largest_figure(items: list[tuple[str, float]], title: str) -> go.Figure:
     return _layout(fig, title, height=max(320, 26 * len(items) + 120))
 
 
+@shared
 def head_row_figure(weights: np.ndarray, labels: list[str], title: str) -> go.Figure:
     """One head's attention from the last position to every token (page 3's view of that head, one row)."""
     fig = go.Figure(go.Bar(x=labels, y=weights, marker_color=BLUE, hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
@@ -60,6 +64,7 @@ def head_row_figure(weights: np.ndarray, labels: list[str], title: str) -> go.Fi
     return _layout(fig, title, height=340)
 
 
+@shared
 def before_after_figure(cands: list[str], before: np.ndarray, after: np.ndarray, title: str) -> go.Figure:
     fig = go.Figure()
     for name, p, color in (("before", before, GREY), ("after", after, ORANGE)):
@@ -72,6 +77,7 @@ def before_after_figure(cands: list[str], before: np.ndarray, after: np.ndarray,
     return _layout(fig, title, height=max(360, 44 * len(cands) + 120))
 
 
+@shared
 def patching_figure(grid: np.ndarray, columns: list[str], title: str, over: str = "position") -> go.Figure:
     """[L, T] (or [L, H]) share of the logit difference restored by patching one (layer, position) (or one head's
     output at every position): 0 none, 1 all of it. `columns`: the tokens (or the heads' names)."""
@@ -94,6 +100,7 @@ def patching_figure(grid: np.ndarray, columns: list[str], title: str, over: str 
     return _layout(fig, title, height=max(380, 18 * L + 160))
 
 
+@shared
 def flow_figure(edges: list[tuple[int, int, int, float]], labels: list[str], n_layers: int, title: str) -> go.Figure:
     """The contribution graph: a node per (layer boundary, position), an edge from token j after layer l to position i
     after layer l + 1 as wide as its share (orange: read through attention; grey: the position's own residual
@@ -130,6 +137,7 @@ def flow_figure(edges: list[tuple[int, int, int, float]], labels: list[str], n_l
     return _layout(fig, title, height=min(900, max(420, 26 * T + 200)), legend=dict(orientation="h", y=-0.18))
 
 
+@shared
 def side_by_side_figure(names: list[str], rows: list[list[tuple[str, float]]], title: str) -> go.Figure:
     """Two prompts' next-token distributions, side by side: rows[k] = [(token, probability)] most likely first."""
     from plotly.subplots import make_subplots

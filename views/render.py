@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import streamlit as st
 
 import pipeline
-from components import export, fmt
+from components import export, fmt, memo
 from components.figures import clickable_cells
 from views import guard
 from views.loading import model_key, recall
@@ -186,11 +187,7 @@ def figure(
     key to (row, column) before the next run (needs `key`)."""
     reg = _exports()
     title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
-    present = presenting()
-    fig = export.labelled(fig) if present else type(fig)(fig)
-    export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
-    if present and main:
-        fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
+    fig, alt = _ready(fig, title, presenting(), main)
     stem = export.slug(reg.title, title, (st.session_state.get("prompt") or "")[:40])
     w = where or st
     if main:
@@ -198,7 +195,6 @@ def figure(
     # no camera button: it would save the figure without the note that says what it shows (the buttons below do)
     config = {"modeBarButtonsToRemove": ["toImage"], "displaylogo": False}
     # theme=None: the figure's own template, as exported (Streamlit's theme would redraw its text at 12 px)
-    alt = export.alt_text(fig, title)
     if click_sets is None:
         w.plotly_chart(fig, width="stretch", key=key, config=config, alt=alt, theme=None)
     else:
@@ -222,6 +218,28 @@ def figure(
         )
 
 
+_READY = memo.LRU()  # a shared builder's figure made ready for the page, per mode: one copy per server
+
+
+def _ready(fig, title: str, present: bool, main: bool):
+    """The figure as the page draws it (a copy: fonts floored, presentation mode's numbers on it and its main
+    figure's height) and its text alternative. A figure from a components.memo.shared builder is made ready once
+    per server and mode (a live class's followers draw the same figures): a page never changes what it drew."""
+    key = getattr(fig, "_shared_key", None)
+    key = key and f"{key}|{present}|{main}|{title}"
+    hit = key and _READY.get(key)
+    if hit:
+        return hit
+    fig = export.labelled(fig) if present else type(fig)(fig)
+    export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
+    if present and main:
+        fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
+    out = fig, export.alt_text(fig, title)
+    if key:
+        _READY.put(key, out)
+    return out
+
+
 def _cell_clicked(chart: str, target: str, columns: int) -> None:
     points = st.session_state[chart].selection.points
     if points and points[0].get("customdata") and int(points[0]["customdata"][1]) < columns:
@@ -237,7 +255,32 @@ def image(img, name: str, caption: str, where=None) -> None:
     """A picture the page computed (an RGB array), shown with its caption as its text alternative, and saved as
     PNG in the page's ZIP export."""
     _exports().images[name] = img
-    (where or st).image(img, caption=caption, width="stretch", alt=f"{name}: {caption}")
+    (where or st).image(_png(img), caption=caption, width="stretch", alt=f"{name}: {caption}")
+
+
+_PNGS = memo.LRU(entries=64)
+MAX_IMAGE_WIDTH = 2 * 730  # px: streamlit.elements.lib.image_utils.MAXIMUM_CONTENT_WIDTH, the widest it sends
+
+
+def _png(img):
+    """An RGB array as PNG bytes, encoded once per server for equal pixels (Streamlit passes PNG bytes no wider than
+    it sends on as they are, where it would encode, shrink and encode again an array on every run)."""
+    key = memo.digest(img)
+    hit = key and _PNGS.get(key[0])
+    if hit:
+        return hit
+    import io
+
+    from PIL import Image
+
+    pic = Image.fromarray(np.ascontiguousarray(img))
+    if pic.width > MAX_IMAGE_WIDTH:  # Streamlit would shrink it so, again on every run
+        pic = pic.resize((MAX_IMAGE_WIDTH, int(pic.height * MAX_IMAGE_WIDTH / pic.width)), resample=Image.BILINEAR)
+    buf = io.BytesIO()
+    pic.save(buf, format="PNG")
+    if key:
+        _PNGS.put(key[0], buf.getvalue(), len(buf.getvalue()))
+    return buf.getvalue()
 
 
 def intro(text: str) -> None:

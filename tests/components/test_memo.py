@@ -1,0 +1,93 @@
+"""Figures built once per server (components.memo): equal arguments give the very object built before, other
+arguments another; the cache stays bounded and takes concurrent callers; and no page changes a figure it was handed
+(it is shared between visitors), checked by running pages twice in both modes."""
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components import memo
+from components.figures import matrix_heatmap
+
+
+@pytest.mark.unit
+def test_equal_arguments_share_one_figure_and_others_do_not():
+    z = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = matrix_heatmap(z, ["a", "b", "c"], ["x", "y"], "t")
+    b = matrix_heatmap(z.copy(), ["a", "b", "c"], ["x", "y"], "t")  # equal bytes, another array
+    assert a is b and a._shared_key
+    z2 = z.copy()
+    z2[0, 0] = 0.5
+    assert matrix_heatmap(z2, ["a", "b", "c"], ["x", "y"], "t") is not a, "other values, another figure"
+    assert matrix_heatmap(z, ["a", "b", "c"], ["x", "y"], "t2") is not a, "another title, another figure"
+    assert matrix_heatmap(z.astype(np.float64), ["a", "b", "c"], ["x", "y"], "t") is not a, "another dtype"
+    assert matrix_heatmap(z, ["a", "b", "c"], ["x", "y"], "t", height=200) is not a, "a keyword counts"
+
+
+@pytest.mark.unit
+def test_digest_refuses_what_is_not_plain_data():
+    assert memo.digest(np.zeros(3), [1, "a"], {"k": (2.0, None)}) is not None
+    assert memo.digest(object()) is None
+    assert memo.digest(np.array([object()])) is None
+    assert memo.digest([1, 2]) != memo.digest((1, 2)) and memo.digest("1") != memo.digest(1)
+    calls = []
+
+    @memo.shared
+    def build(x):
+        calls.append(x)
+        return [len(calls)]
+
+    thing = object()
+    build(thing), build(thing)
+    assert len(calls) == 2, "an argument that cannot be hashed: the builder runs every time"
+
+
+@pytest.mark.unit
+def test_lru_is_bounded_by_count_and_bytes_and_thread_safe():
+    c = memo.LRU(entries=3, max_bytes=100)
+    for i in range(5):
+        c.put(str(i), i, 10)
+    assert len(c) == 3 and c.get("0") is None and c.get("4") == 4
+    c.get("2")  # used: kept over 3
+    c.put("5", 5, 10)
+    assert c.get("3") is None and c.get("2") == 2
+    c.put("big", "x", 95)
+    assert len(c) == 1 and c.get("big") == "x", "over the bytes: the oldest go first"
+
+    lru = memo.LRU(entries=50, max_bytes=1 << 30)
+
+    def hammer(t):
+        for i in range(2000):
+            lru.put(f"{t}-{i % 80}", i, 1)
+            lru.get(f"{(t + 1) % 4}-{i % 80}")
+
+    threads = [threading.Thread(target=hammer, args=(t,)) for t in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(lru) == 50 and lru._bytes == 50
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("present", [False, True])
+def test_no_page_changes_a_figure_it_was_handed(present):
+    from streamlit.testing.v1 import AppTest
+
+    app = str(Path(__file__).resolve().parents[2] / "app.py")
+    pages = ["views/stages/tokens.py", "views/stages/attention.py", "views/stages/layer.py", "views/stages/next_token.py", "views/stages/overview.py"]
+    at = AppTest.from_file(app, default_timeout=240)
+    at.session_state["prompt"] = "Dog bites man."
+    if present:
+        at.session_state["present"] = True
+    at.run()
+    for p in pages:
+        at.switch_page(p).run()
+        assert not at.exception, (p, at.exception)
+    built = {k: (v, v.to_json()) for k, (v, _) in memo.BUILT._d.items() if hasattr(v, "to_json")}
+    assert len(built) >= 5, "the pages' figures come from the shared builders"
+    for p in pages:
+        at.switch_page(p).run()
+    changed = [k for k, (fig, before) in built.items() if fig.to_json() != before]
+    assert not changed, f"{len(changed)} shared figures changed by a page run"
+    assert memo.BUILT.hits > 0, "the second visit drew figures built by the first"
