@@ -7,8 +7,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from pipeline.common.memo import shared
+
 from .figures import BLUE, GREEN, ORANGE, RED, SEQ, _layout
-from .memo import shared
 
 ATTENTION_SCALES = {
     "linear": "colour = the weight, 0 to 1",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from pipeline.common.memo import shared
 from pipeline.engine.scene import ScenePolicy
 from pipeline.engine.scheduler import State
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
-from .memo import shared
 
 STATE_COLORS = {State.WAITING: GREY, State.PREFILL: ORANGE, State.DECODE: BLUE, State.PADDING: RED}
 POLICY_COLORS = {ScenePolicy.ONE_BY_ONE: GREY, ScenePolicy.STATIC: ORANGE, ScenePolicy.CONTINUOUS: GREEN}

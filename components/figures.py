@@ -7,8 +7,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from pipeline.common.memo import shared
+
 from .fmt import prob
-from .memo import shared
 from .tokens import plot_text, visible
 
 SEQ = "Viridis"  # perceptually uniform, colour-blind safe

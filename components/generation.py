@@ -5,10 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from pipeline.common.memo import shared
 from pipeline.generation.decode import CacheMode
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
-from .memo import shared
 from .tokens import lit, plot_text, visible
 
 

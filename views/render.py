@@ -10,8 +10,9 @@ import numpy as np
 import streamlit as st
 
 import pipeline
-from components import export, fmt, memo
+from components import export, fmt
 from components.figures import clickable_cells
+from pipeline.common import memo
 from views import guard
 from views.loading import model_key, recall
 
@@ -223,7 +224,7 @@ _READY = memo.LRU()  # a shared builder's figure made ready for the page, per mo
 
 def _ready(fig, title: str, present: bool, main: bool):
     """The figure as the page draws it (a copy: fonts floored, presentation mode's numbers on it and its main
-    figure's height) and its text alternative. A figure from a components.memo.shared builder is made ready once
+    figure's height) and its text alternative. A figure from a pipeline.common.memo.shared builder is made ready once
     per server and mode (a live class's followers draw the same figures): a page never changes what it drew."""
     key = getattr(fig, "_shared_key", None)
     key = key and f"{key}|{present}|{main}|{title}"

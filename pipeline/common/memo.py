@@ -1,11 +1,16 @@
-"""Per-object memos that die with their object (a model, a tokenizer, a trace): never keyed by id(), which
-keeps the value alive forever and can hand it to a new object that reuses the address."""
+"""Memos. Per object (`per_object`): values that die with their object (a model, a tokenizer, a trace), never keyed
+by id(), which keeps the value alive forever and can hand it to a new object that reuses the address. By value
+(`shared`, `digest`, `LRU`): results kept for equal plain-data arguments, bounded (see below)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 import weakref
+from collections import OrderedDict
+
+import numpy as np
 
 
 def per_object(fn):
@@ -36,3 +41,118 @@ def give_back_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+# ---- by value: results kept for equal arguments, bounded (components' figure builders, shared by all visitors) ----
+# A live class's 30 followers draw the same page from the same trace (the shared trace cache) within a second of each
+# other, and building a Plotly figure is most of a page's run (the attention page: its heatmaps 40%, copying them for
+# the page 20%). A builder wrapped in `shared` returns, for arguments equal to an earlier call's (numpy arrays compared
+# by their bytes), the very object it built then. That object is shared between visitors: nobody changes it
+# (views.render.figure draws a copy; tests/components/test_memo.py checks that page runs leave the figures as they
+# were). Bounded: at most MAX_ENTRIES results and MAX_BYTES of their arguments' arrays (a proxy for the figures'
+# size), the least recently used dropped first; thread-safe. An argument that is not plain data (a model, a trace
+# object) is not hashed: the builder then runs as if unwrapped.
+MAX_ENTRIES = 256
+MAX_BYTES = 64 << 20
+
+
+class _Unhashable(Exception):
+    pass
+
+
+def _feed(h, v) -> int:
+    """Adds v to the digest; returns the bytes of the arrays it holds."""
+    if isinstance(v, np.ndarray):
+        a = np.ascontiguousarray(v)
+        h.update(f"A{a.dtype.str}{a.shape}".encode())
+        if a.dtype == object:
+            raise _Unhashable
+        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+        return a.nbytes
+    if v is None or isinstance(v, (str, int, float, bool, np.generic)):
+        h.update(f"{type(v).__name__}:{v!r};".encode())
+        return 0
+    if isinstance(v, (list, tuple)):
+        h.update(f"{type(v).__name__}{len(v)}[".encode())
+        return sum(_feed(h, x) for x in v)
+    if isinstance(v, dict):
+        h.update(f"D{len(v)}{{".encode())
+        return sum(_feed(h, k) + _feed(h, x) for k, x in v.items())
+    raise _Unhashable
+
+
+def digest(*parts) -> tuple[str, int] | None:
+    """A key for plain data (arrays by their bytes), and the bytes of the arrays in it; None for anything else."""
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        n = _feed(h, parts)
+    except _Unhashable:
+        return None
+    return h.hexdigest(), n
+
+
+class LRU:
+    """A bounded, thread-safe map: at most `entries` items and `max_bytes` of their (declared) sizes."""
+
+    def __init__(self, entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES):
+        self.entries, self.max_bytes = entries, max_bytes
+        self._d: OrderedDict[str, tuple[object, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: str):
+        with self._lock:
+            item = self._d.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.hits += 1
+            return item[0]
+
+    def put(self, key: str, value, size: int = 0) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._d[key] = (value, size)
+            self._bytes += size
+            while len(self._d) > self.entries or (self._bytes > self.max_bytes and len(self._d) > 1):
+                _, (_, s) = self._d.popitem(last=False)
+                self._bytes -= s
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._bytes = 0
+
+
+BUILT = LRU()  # every shared builder's results
+
+
+def shared(builder):
+    """`builder`'s results kept per server for equal arguments (see the module's docstring). The figure returned
+    carries its key as `_shared_key`, which views.render.figure uses to keep its own page-ready copy once."""
+    name = f"{builder.__module__}.{builder.__qualname__}"
+
+    @functools.wraps(builder)
+    def wrapper(*args, **kwargs):
+        key = digest(name, args, sorted(kwargs.items()))
+        if key is None:
+            return builder(*args, **kwargs)
+        hit = BUILT.get(key[0])
+        if hit is not None:
+            return hit
+        out = builder(*args, **kwargs)
+        try:
+            out._shared_key = key[0]  # a Plotly figure takes private attributes; an array does not (and needs none)
+        except AttributeError:
+            pass
+        BUILT.put(key[0], out, key[1])
+        return out
+
+    return wrapper

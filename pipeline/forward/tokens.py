@@ -187,6 +187,12 @@ def _encode(tok, text: str, parse_special: bool) -> list[int]:
 
 
 @per_object
+def _added_ids(tok) -> frozenset[int]:
+    """The ids of the tokenizer's added vocabulary (asked once per tokenizer: transformers rebuilds it per call)."""
+    return frozenset(tok.get_added_vocab().values()) if hasattr(tok, "get_added_vocab") else frozenset()
+
+
+@per_object
 def added_specials(tok) -> tuple[list[int], list[int]]:
     """Special ids the tokenizer adds around plain text (e.g. Gemma's <bos>): (prefix, suffix)."""
     probe = "a b"
@@ -210,7 +216,7 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
     text = "".join(p for p, _ in parts)
     scheme = _scheme(tok)
     special_ids = set(getattr(tok, "all_special_ids", []) or [])
-    added = {v for k, v in tok.get_added_vocab().items()} if hasattr(tok, "get_added_vocab") else set()
+    added = _added_ids(tok)
 
     # (id, bytes-or-None, special): None bytes = zero-width (added by the tokenizer, not in the text)
     raw: list[tuple[int, bytes | None, bool]] = [(i, None, True) for i in prefix]

@@ -1,4 +1,4 @@
-"""Figures built once per server (components.memo): equal arguments give the very object built before, other
+"""Figures built once per server (pipeline.common.memo.shared): equal arguments give the very object built before, other
 arguments another; the cache stays bounded and takes concurrent callers; and no page changes a figure it was handed
 (it is shared between visitors), checked by running pages twice in both modes."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import memo
 from components.figures import matrix_heatmap
+from pipeline.common import memo
 
 
 @pytest.mark.unit
