@@ -8,7 +8,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, header, live, loading, pages, sidebar  # noqa: E402  (after set_page_config)
+from views import guard, header, live, live_presenter, loading, pages, sidebar  # noqa: E402  (after set_page_config)
 
 
 def _page(spec: pages.PageSpec) -> st.Page:
@@ -38,5 +38,5 @@ try:
         page.run()
 finally:
     header.finish()  # the lesson handout, if asked for: after the page, so its results are in it
-    live.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)
+    live_presenter.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)
 live.shown()  # a student's page drew the presenter's view to its end (not reached when the run stopped or restarted)

@@ -5,7 +5,8 @@
 What it measures, each configuration in its own fresh process, the configurations in a rotated order every
 repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
 
-  * row-step-split  one row step's time with and without its matrix products (pipeline.cpu.row_step's docstring);
+  * row-step-split  one row step's time: as it runs (a layer per C call), with a call per operation, and that
+                 without its matrix products (pipeline.cpu.row_step's docstring);
   * probe        the machine's read bandwidth: a buffer as large as the model's weights (the bytes a decode step
                  must read) read by pipeline/cpu/cpu_decode.c's read_sum (AVX2, both threads), best of 15; the limit
                  is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch summing every weight
@@ -257,14 +258,16 @@ def hf_generate(lm, ps, tokens: int) -> dict:
 
 
 def split(lm) -> dict:
-    """Where one row step's time goes: the step as it is against the same step with its matrix products replaced
-    by returning zeros (interleaved, 30 each, positions 40-100): products = the difference, the rest = the latter."""
+    """Where one row step's time goes, three ways interleaved (30 each, positions 40-130): the step as it runs (each
+    layer one C call, where it applies), the step with a Python call per operation (pipeline.cpu.row_step's
+    WHOLE_LAYERS off), and that step with its matrix products replaced by returning zeros: products = the difference
+    of the last two, the rest = the last."""
     import numpy as np
 
     from pipeline.cpu import fused, row_step
 
     st = row_step.row_step(fused.fused_model(lm))
-    dec = fused.acquire_decoder(fused.fused_model(lm), 128)
+    dec = fused.acquire_decoder(fused.fused_model(lm), 160)
     kv = row_step.BufferKV(dec.K, dec.V)
     real = row_step._RowLayer.project
     zeros: dict = {}
@@ -273,23 +276,25 @@ def split(lm) -> dict:
         n = self.n[name][0].shape[0]
         return zeros.setdefault((name, x.shape[0], n), np.zeros((x.shape[0], n), dtype=np.float32))
 
-    times: dict[str, list[float]] = {"whole step": [], "without the products": []}
+    ways = ("one call a layer", "a call per operation", "without the products")
+    times: dict[str, list[float]] = {w: [] for w in ways}
     try:
         with lm.lock:
-            for p in range(100):
+            for p in range(130):
                 kv.pos = p
-                timed = p >= 40
-                which = "whole step" if p % 2 else "without the products"
-                row_step._RowLayer.project = real if (not timed or p % 2) else stub
+                which = ways[p % 3]
+                row_step.WHOLE_LAYERS = which == ways[0]
+                row_step._RowLayer.project = stub if which == ways[2] else real
                 t = time.perf_counter()
                 st.logits([5], [p], kv)
-                if timed:
+                if p >= 40:
                     times[which].append((time.perf_counter() - t) * 1000)
     finally:
         row_step._RowLayer.project = real
+        row_step.WHOLE_LAYERS = True
         dec.release()
-    whole, rest = statistics.median(times["whole step"]), statistics.median(times["without the products"])
-    return {"step_ms": whole, "rest_ms": rest, "products_ms": whole - rest}
+    whole, calls, rest = (statistics.median(times[w]) for w in ways)
+    return {"step_ms": whole, "step_per_operation_ms": calls, "rest_ms": rest, "products_ms": calls - rest}
 
 
 def burner(stop_file: str) -> None:

@@ -9,7 +9,7 @@ import threading
 import streamlit as st
 
 from components import export
-from views import guard, live
+from views import guard, live, live_presenter
 from views.loading import model_key
 from views.pages import BY_TITLE, STAGES, PageSpec
 from views.render import PRESENT_MAIN_HEIGHT, PageExports, presenting
@@ -73,7 +73,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
     )
     if presenting():
         _prompt_box(bar)
-    live.controls(bar, short)
+    live_presenter.controls(bar, short)
     make = bar.button(
         "Handout" if short else "Lesson handout",
         key="handout_go",

@@ -1,6 +1,8 @@
 """A live class: the presenter's browser publishes what it shows (page, model, prompt, chat mode, the page's settings);
 students who open the join link (?follow=CODE) see the same within a couple of seconds, can explore on their own and
-follow again. The classes themselves live in appstate.classes (Streamlit-free); this module wires them to the page.
+follow again. The classes themselves live in appstate.classes (Streamlit-free); this module wires the students' side
+to the page (following, the banner, the heartbeat); views.live_presenter the presenter's, views.live_wake the wake-up a
+new view sends the followers.
 
 Following applies the presenter's widget values to the student's own session before any widget is drawn (bound
 widgets then write the address bar themselves), so a student's runs stay theirs and a prompt costs the server one
@@ -15,11 +17,8 @@ import secrets
 
 import streamlit as st
 
-import appstate
 from appstate.classes import Classes, Ended, is_code
-from components.join import join_url, qr_svg
-from views import guard
-from views.session import freeze_runs, session_key
+from views import live_wake
 
 # what a view never carries: the student's own presentation switch, a link's frozen copy or stored prompt, the code
 NOT_FOLLOWED = {"follow", "present", "view", "p", "s"}
@@ -43,13 +42,6 @@ def current_view() -> dict:
     not at its default (those are the ones in the address)."""
     keys = [k for k in st.query_params if k not in NOT_FOLLOWED] + list(SHARED_KEYS)
     return {k: st.session_state[k] for k in dict.fromkeys(keys) if k in st.session_state}
-
-
-def publish(slug: str) -> None:
-    """A presenter's run: the class (if this browser runs one) gets this view."""
-    c = classes().of_owner(session_key())
-    if c is not None:
-        classes().publish(c.code, session_key(), slug, current_view())
 
 
 def follow(slug: str, page_of) -> None:
@@ -120,6 +112,7 @@ def shown() -> None:
 def _explore() -> None:
     st.session_state["_live_exploring"] = True
     st.query_params.pop("follow", None)
+    live_wake.forget(st.session_state.get("_live_code") or "", _me())
     classes().leave(st.session_state.get("_live_code") or "", _me())
 
 
@@ -127,9 +120,29 @@ def _follow_again() -> None:
     st.session_state.update(_live_exploring=False, _live_applied=None)
 
 
-@st.fragment(run_every="1s")
 def _watch(code: str) -> None:
-    """A follower's heartbeat: when the presenter shows something new, the whole page runs again and applies it."""
+    """A follower's heartbeat: when the presenter shows something new, the whole page runs again and applies it.
+    Woken by the presenter's run (views.live_wake), it beats every 4 s for what that misses; where waking is not
+    available, every second."""
+    woken = st.session_state.get("_live_woken", False)
+    (_beat_slow if woken else _beat)(code)
+
+
+@st.fragment(run_every="1s")
+def _beat(code: str) -> None:
+    _check(code)
+
+
+@st.fragment(run_every="4s")
+def _beat_slow(code: str) -> None:
+    _check(code)
+
+
+def _check(code: str) -> None:
+    woken = live_wake.register(code, _me())
+    if woken != st.session_state.get("_live_woken", False):
+        st.session_state["_live_woken"] = woken
+        st.rerun(scope="app")  # the other heartbeat
     try:
         view = classes().follow(code, _me())
     except Ended:
@@ -159,85 +172,3 @@ def banner() -> None:
     box.button("Explore on my own", key="live_explore", on_click=_explore, icon=":material/explore:", width="content")
     with box:
         _watch(code)
-
-
-def join_link(code: str) -> str:
-    """The address a student opens: this server's front page with ?follow=CODE."""
-    from views.pages import ALL
-
-    try:
-        base = st.context.url or ""
-    except Exception:  # noqa: BLE001 - no client context (AppTest)
-        base = ""
-    return join_url(base, [p.slug for p in ALL], code)
-
-
-def _hand() -> None:
-    """A frozen copy of this browser's finished runs (as "Share this view" makes) handed to the class."""
-    c = classes().of_owner(session_key())
-    if c is None:
-        return
-    try:
-        vid = freeze_runs()
-    except appstate.Full as e:  # this address or the server keeps as many copies as it may
-        st.session_state["_live_hand_msg"] = f"No copy was made: {e}"
-        return
-    n = classes().hand(c.code, session_key(), vid)
-    st.session_state["_live_hand_msg"] = f"Handed over (copy {n}): each student gets your finished runs as they are now."
-
-
-def _end() -> None:
-    c = classes().of_owner(session_key())
-    if c is not None:
-        classes().end(c.code, session_key())
-
-
-@st.fragment(run_every="2s")
-def _count(code: str) -> None:
-    n, done, slowest = classes().caught_up(code)
-    st.metric("Following now", n, help="Students whose page followed within the last few seconds")
-    if n:
-        late = f" (the slowest after {slowest:.1f} s)" if slowest is not None and done else ""
-        st.caption(f"{done} of {n} show your current view{late}.")
-
-
-def controls(bar, short: bool = False) -> None:
-    """The presenter's side, in the page header: start a class, or the running class's join link, code, QR code,
-    how many follow, and the end."""
-    if st.session_state.get("_live_code") and not st.session_state.get("_live_exploring"):
-        return  # a follower does not present
-    c = classes().of_owner(session_key())
-    if c is None:
-        go = bar.button(
-            "Live class" if short else "Start a live class",
-            key="live_start",
-            icon=":material/cast_for_education:",
-            width="content",
-            help="Students who open the join link see what this browser shows (page, model, prompt, settings) as you go",
-        )
-        if go and guard.allowed("starting a live class"):  # a demo server's limits apply
-            classes().start(session_key())
-            st.rerun()
-        return
-    pop = bar.popover(
-        c.code if short else f"Live class {c.code}",
-        icon=":material/cast_for_education:",
-        width="content",
-        help="The live class: its join link, who follows, the end",
-    )
-    link = join_link(c.code)
-    pop.markdown(f"Students open this link, or scan the code (class **{c.code}**):")
-    pop.code(link, language=None, wrap_lines=True)
-    pop.image(qr_svg(link), width=220, caption="The join link as a QR code")  # st.html drops an inline SVG
-    with pop:
-        _count(c.code)
-    pop.button(
-        "Hand my results to the class",
-        key="live_hand",
-        on_click=_hand,
-        icon=":material/content_copy:",
-        help="Every student gets a copy of your finished runs as they are now (generations, experiments), as a shared link's copy",
-    )
-    if st.session_state.get("_live_hand_msg"):
-        pop.caption(st.session_state["_live_hand_msg"])
-    pop.button("End the class", key="live_end", on_click=_end, icon=":material/stop_circle:")

@@ -12,7 +12,7 @@ import streamlit as st
 from components.figures import BLUE, ORANGE, _layout
 from components.tokens import lit, plot_text, visible
 from pipeline.forward.tokens import text_of
-from views import live, render
+from views import live, live_wake, render
 from views.session import session_key
 
 N_OPTIONS = 6
@@ -51,6 +51,12 @@ def guesses_figure(tally: dict[str, int], model: dict[str, float], title: str) -
 def _ask(code: str, prompt: str, options: list[str]) -> None:
     shuffled = sorted(options, key=str.lower)  # alphabetical: the list gives nothing away
     live.classes().ask(code, session_key(), prompt, shuffled)
+    live_wake.wake(code)  # the students see the question now
+
+
+def _reveal(code: str, answer: str) -> None:
+    live.classes().reveal(code, session_key(), answer)
+    live_wake.wake(code)
 
 
 @st.fragment(run_every="1s")
@@ -80,9 +86,7 @@ def presenter(lm, tr) -> None:
         st.button("Ask the class what comes next", key="live_ask", on_click=_ask, args=(c.code, tr.prompt, options), icon=":material/quiz:")
         return
     _board(c.code, model)
-    st.button(
-        "Reveal the model's answer", key="live_reveal", on_click=lambda: live.classes().reveal(c.code, session_key(), options[0]), icon=":material/visibility:"
-    )
+    st.button("Reveal the model's answer", key="live_reveal", on_click=_reveal, args=(c.code, options[0]), icon=":material/visibility:")
 
 
 def follower(lm, tr) -> None:

@@ -200,24 +200,17 @@ static inline const float *walk_next(walk *w) {
     return r;
 }
 
-void paged_attend(const float *q, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
-                  const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
-                  int bs, float scale, float *out, int threads, int *failed) {
-    /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
-       caller (pipeline/cpu_matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int task = 0; task < B * KV; task++) {
-        int b = task / KV, kv = task % KV, n = hi[b] - lo[b], p0 = lo[b];
-        const int *table = tables + (size_t)b * max_blocks;
-        const float *qb = q + ((size_t)b * KV + kv) * G * D;
-        float *ob = out + ((size_t)b * KV + kv) * G * D;
+/* one (row, KV head) task of paged_attend: the G query heads qb [G, D] of row b over positions [p0, p0 + n) */
+static void attend_task(const float *qb, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
+                        const int *table, int p0, int n, int kv, int G, int D, int bs, float scale, float *ob,
+                        int *failed) {
         int ns = (n + 7) & ~7; /* each query head's scores padded to whole vectors for exp8 */
         float *s = malloc(sizeof(float) * (size_t)G * (ns > 0 ? ns : 8));
         if (s == NULL) {
             for (size_t j = 0; j < (size_t)G * D; j++) ob[j] = NAN;
             #pragma omp atomic write
             *failed = 1;
-            continue;
+            return;
         }
         /* scores: two positions at a time (independent sums for the processor to overlap) */
         walk wk = walk_at(K, table, s_blk, s_kv, s_pos, kv, p0, bs);
@@ -286,6 +279,18 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
             }
         }
         free(s);
+}
+
+void paged_attend(const float *q, const float *K, const float *V, long s_blk, long s_kv, long s_pos,
+                  const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
+                  int bs, float scale, float *out, int threads, int *failed) {
+    /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
+       caller (pipeline/cpu_matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int task = 0; task < B * KV; task++) {
+        int b = task / KV, kv = task % KV;
+        attend_task(q + ((size_t)b * KV + kv) * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)b * max_blocks,
+                    lo[b], hi[b] - lo[b], kv, G, D, bs, scale, out + ((size_t)b * KV + kv) * G * D, failed);
     }
 }
 
@@ -345,4 +350,93 @@ double read_sum(const float *a, long n, int threads) {
         total += rest;
     }
     return total;
+}
+
+/* ------------------------------------------------------------------------------------------------------------
+   A whole decoder layer of the Llama family for M rows in one call and one OpenMP parallel region (pipeline/cpu/
+   row_step.py's `_RowLayer.native` where the layer has no other norms and a SiLU MLP: SmolLM2, Llama, Qwen2):
+
+       h = rms_norm(x) * n_in;  qkv = h @ Wqkv.T (+ b);  RoPE on q and k;  K[pos], V[pos] = k, v;
+       a = attention over the row's blocks [lo, hi);  x += a @ Wo.T (+ b);
+       h = rms_norm(x) * n_mid;  gu = h @ Wgu.T (+ b);  x += (silu(g) * u) @ Wdown.T (+ b)
+
+   The same kernels as the step's separate calls (the panel kernel, rms_norm, silu_mul, attend_task), so a row's
+   numbers still do not depend on what shares its pass; what the one call saves is what lay between the products:
+   ~15 Python calls a layer (checks, new arrays, the threads handed work each time) and numpy's small operations,
+   during which nothing read the weights (the measured split is in row_step.py's docstring). The phases are
+   worksharing loops of the one team, each ending at the team's barrier: norm (rows), QKV (panels), RoPE and the K/V
+   write (rows), attention (row x KV head), output product and residual (panels), norm, gate/up (panels), SiLU (rows),
+   down product and residual (panels).
+   ws: M * (d + (H + 2 KV) D + H D + 3 I + d) floats of workspace. */
+
+static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add) {
+    /* y = x @ W.T (+ b) over the team (an orphaned worksharing loop: every thread of the region calls it); with
+       `add`, each panel's outputs are also added into add [M, N] by the thread that computed them */
+    int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;
+    #pragma omp for schedule(static)
+    for (int q = 0; q < panels; q++) {
+        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
+        const float *pp = p + (size_t)q * K * NB;
+        for (int c = 0, m0 = 0; c < chunks; c++) {
+            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
+            KS_f32[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, 0, b);
+            m0 += mm;
+        }
+        if (add)
+            for (int m = 0; m < M; m++)
+                for (int j = 0; j < nn; j++) add[(size_t)m * N + n0 + j] += y[(size_t)m * N + n0 + j];
+    }
+}
+
+static void rope_row(float *v, int heads, int D, const float *c, const float *s) {
+    /* v [heads, D] in place: v * cos + rotate_half(v) * sin, rotate_half(v) = [-v2, v1] */
+    int half = D / 2;
+    for (int j = 0; j < heads; j++, v += D)
+        for (int e = 0; e < half; e++) {
+            float x1 = v[e], x2 = v[e + half];
+            v[e] = x1 * c[e] + (-x2) * s[e];
+            v[e + half] = x2 * c[e + half] + x1 * s[e + half];
+        }
+}
+
+void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
+               const float *n_mid, float eps_mid, const float *p_qkv, const float *b_qkv, const float *p_o,
+               const float *b_o, const float *p_gu, const float *b_gu, const float *p_down, const float *b_down,
+               const float *cosv, const float *sinv, float *K, float *V, long s_blk, long s_kv, long s_pos,
+               const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
+               float scale, float *ws, int threads, int *failed) {
+    int NQ = (H + 2 * KV) * D, G = H / KV;
+    float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
+    float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
+    #pragma omp parallel num_threads(threads)
+    {
+        #pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
+        panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0);
+        #pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            float *r = qkv + (size_t)m * NQ;
+            rope_row(r, H + KV, D, cosv + (size_t)m * D, sinv + (size_t)m * D);
+            for (int j = 0; j < KV; j++) {
+                size_t at = (size_t)blk[m] * s_blk + (size_t)j * s_kv + (size_t)off[m] * s_pos;
+                for (int e = 0; e < D; e++) {
+                    K[at + e] = r[(size_t)(H + j) * D + e];
+                    V[at + e] = r[(size_t)(H + KV + j) * D + e];
+                }
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int task = 0; task < M * KV; task++) {
+            int m = task / KV, j = task % KV;
+            attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
+                        lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
+        }
+        panels_for(a, p_o, b_o, y, M, d, H * D, x);
+        #pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
+        panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0);
+        #pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
+        panels_for(act, p_down, b_down, y, M, d, I, x);
+    }
 }

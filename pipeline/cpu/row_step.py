@@ -101,6 +101,9 @@ class Norm:
         return h
 
 
+WHOLE_LAYERS = True  # a layer in one C call where it applies (_RowLayer.whole); bench_cpu_anchor's split turns it off
+
+
 class _RowLayer:
     def __init__(self, layer, ly):
         a, m = layer.self_attn, layer.mlp
@@ -124,6 +127,22 @@ class _RowLayer:
         return _arr(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
+    _whole: cpu_matmul.LayerWeights | None | bool = False  # False: not asked yet
+
+    def whole(self) -> cpu_matmul.LayerWeights | None:
+        """The layer's weights for cpu_decode.c's one-call layer (`row_layer`), where it applies: the C kernels built,
+        a Llama-family layer (no norms but the two, SiLU, no per-head norms) and the model's own fp32 products."""
+        if self.custom is not None:  # set after the step was built (pipeline.cpu.precision): its own products
+            return None
+        if self._whole is False:
+            ok = native() is not None and self.silu
+            ok = ok and all(n is None for n in (self.norm_ff, self.norm_out, self.q_norm, self.k_norm))
+            self._whole = None
+            if ok:
+                (wqkv, bqkv), (wo, bo), (wgu, bgu), (wd, bd) = (self.t[k] for k in ("qkv", "o", "gu", "down"))
+                n_in, n_mid = self.norm_in, self.norm_mid
+                self._whole = cpu_matmul.LayerWeights(wqkv, bqkv, wo, bo, wgu, bgu, wd, bd, n_in.scale, n_in.eps, n_mid.scale, n_mid.eps, *self.dims)
+        return self._whole
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [B, in] times the layer's weight `name`: pipeline/cpu/cpu_decode.c for any number of rows (the same numbers
@@ -167,6 +186,8 @@ class RowStep:
         self.lm = lm = fm.lm
         self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
         self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, fm.layers)]
+        for ly in self.layers:
+            ly.dims = (self.H, self.KV, self.D)
         self.final_norm = Norm(fm.final_norm)
         head = lm.model.lm_head
         self.head = _RowLayer.__new__(_RowLayer)
@@ -210,10 +231,27 @@ class RowStep:
         can_park = np.ones(B, dtype=bool) if parkable is None else np.asarray(parkable, dtype=bool)
         cos_t, sin_t = self.rope.numpy(int(pos.max()) + 1)
         tables = {lt: (cos_t[lt][pos][:, None], sin_t[lt][pos][:, None]) for lt in cos_t}
+        whole = WHOLE_LAYERS and native() is not None and all(ly.whole() is not None for ly in self.layers) and hasattr(kv, "rows")
+        if whole:  # cpu_decode.c's one-call layer: each row's RoPE rows [B, D], its KV slots checked once a pass
+            flat = {lt: tuple(np.ascontiguousarray(t[:, 0], dtype=np.float32) for t in cs) for lt, cs in tables.items()}
+            passes: dict = {}
         for i, ly in enumerate(self.layers):
             on = (first <= i) if at is None else (first <= i) & (at < 0)
             act = None if on.all() else np.flatnonzero(on)
             if act is not None and not len(act):
+                continue
+            if whole:
+                key = None if act is None else act.tobytes()
+                if key not in passes:
+                    sel = slice(None) if act is None else act
+                    passes[key] = (kv.rows(act), *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]))
+                rows, cos, sin = passes[key]
+                xa = x if act is None else np.ascontiguousarray(x[act])
+                cpu_matmul.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale)
+                if act is not None:
+                    x[act] = xa
+                if at is not None and i + 1 < L and interrupt():
+                    at[on & can_park] = i + 1
                 continue
             xa, kva = (x, kv) if act is None else (x[act], kv.select(act))
             qkv = ly.project("qkv", ly.norm_in(xa)).reshape(-1, H + 2 * KV, D)
@@ -315,6 +353,12 @@ class BufferKV:
         self.K, self.V = _arr(K), _arr(V)
         self.pos = 0
 
+    def rows(self, act=None) -> cpu_matmul.LayerRows:
+        """The one row for cpu_decode.c's one-call layer: its slot at `pos`, attending up to it."""
+        if act is not None and list(act) != [0]:
+            raise ValueError("BufferKV holds one row")
+        return cpu_matmul.LayerRows(self.K, self.V, [0], [self.pos], _ONE_BLOCK, [self.pos + 1], self.K.shape[2])
+
     def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
         self.K[i, :, self.pos] = k[0]
         self.V[i, :, self.pos] = v[0]
@@ -358,6 +402,11 @@ class PagedRows:
             self.k_pos = np.arange(nb * bs)
             self._masks: dict = {}
             self.idx_t = torch.from_numpy(self.idx)
+
+    def rows(self, act=None) -> cpu_matmul.LayerRows:
+        """The rows (or those of `act`) for cpu_decode.c's one-call layer: each one's slot, block table and end."""
+        sel = slice(None) if act is None else np.asarray(act)
+        return cpu_matmul.LayerRows(self.K, self.V, self.blk[sel], self.off[sel], self.table_arr[sel], self.hi[sel], self.bs)
 
     def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
         self.K[i, self.blk, :, self.off] = k

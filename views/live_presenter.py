@@ -1,0 +1,107 @@
+"""A live class, the presenter's side: publishing what this browser shows, and the header's controls (start a class;
+the running class's join link, code, QR code, how many follow and how many show the current view, handing results
+over, the end). The students' side is views.live; the question on the next-token page views.live_question."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import appstate
+from components.join import join_url, qr_svg
+from views import guard, live_wake
+from views.live import classes, current_view
+from views.session import freeze_runs, session_key
+
+
+def publish(slug: str) -> None:
+    """A presenter's run: the class (if this browser runs one) gets this view."""
+    c = classes().of_owner(session_key())
+    if c is not None:
+        view = classes().publish(c.code, session_key(), slug, current_view())
+        if st.session_state.get("_live_published") != (c.code, view.number):
+            st.session_state["_live_published"] = (c.code, view.number)
+            live_wake.wake(c.code)  # the followers' heartbeats now, not at their browsers' next tick
+
+
+def join_link(code: str) -> str:
+    """The address a student opens: this server's front page with ?follow=CODE."""
+    from views.pages import ALL
+
+    try:
+        base = st.context.url or ""
+    except Exception:  # noqa: BLE001 - no client context (AppTest)
+        base = ""
+    return join_url(base, [p.slug for p in ALL], code)
+
+
+def _hand() -> None:
+    """A frozen copy of this browser's finished runs (as "Share this view" makes) handed to the class."""
+    c = classes().of_owner(session_key())
+    if c is None:
+        return
+    try:
+        vid = freeze_runs()
+    except appstate.Full as e:  # this address or the server keeps as many copies as it may
+        st.session_state["_live_hand_msg"] = f"No copy was made: {e}"
+        return
+    n = classes().hand(c.code, session_key(), vid)
+    st.session_state["_live_hand_msg"] = f"Handed over (copy {n}): each student gets your finished runs as they are now."
+
+
+def _end() -> None:
+    c = classes().of_owner(session_key())
+    if c is not None:
+        classes().end(c.code, session_key())
+        live_wake.wake(c.code)  # they learn it has ended
+        live_wake.forget(c.code)
+
+
+@st.fragment(run_every="2s")
+def _count(code: str) -> None:
+    n, done, slowest = classes().caught_up(code)
+    st.metric("Following now", n, help="Students whose page followed within the last few seconds")
+    if n:
+        late = f" (the slowest after {slowest:.1f} s)" if slowest is not None and done else ""
+        st.caption(f"{done} of {n} show your current view{late}.")
+
+
+def controls(bar, short: bool = False) -> None:
+    """The presenter's side, in the page header: start a class, or the running class's join link, code, QR code,
+    how many follow, and the end."""
+    if st.session_state.get("_live_code") and not st.session_state.get("_live_exploring"):
+        return  # a follower does not present
+    c = classes().of_owner(session_key())
+    if c is None:
+        go = bar.button(
+            "Live class" if short else "Start a live class",
+            key="live_start",
+            icon=":material/cast_for_education:",
+            width="content",
+            help="Students who open the join link see what this browser shows (page, model, prompt, settings) as you go",
+        )
+        if go and guard.allowed("starting a live class"):  # a demo server's limits apply
+            classes().start(session_key())
+            st.rerun()
+        return
+    pop = bar.popover(
+        c.code if short else f"Live class {c.code}",
+        icon=":material/cast_for_education:",
+        width="content",
+        help="The live class: its join link, who follows, the end",
+    )
+    link = join_link(c.code)
+    pop.markdown(f"Students open this link, or scan the code (class **{c.code}**):")
+    pop.code(link, language=None, wrap_lines=True)
+    pop.image(qr_svg(link), width=220, caption="The join link as a QR code")  # st.html drops an inline SVG
+    with pop:
+        _count(c.code)
+    pop.button(
+        "Hand my results to the class",
+        key="live_hand",
+        on_click=_hand,
+        icon=":material/content_copy:",
+        help="Every student gets a copy of your finished runs as they are now (generations, experiments), as a shared link's copy",
+    )
+    if st.session_state.get("_live_hand_msg"):
+        pop.caption(st.session_state["_live_hand_msg"])
+    pop.button("End the class", key="live_end", on_click=_end, icon=":material/stop_circle:")

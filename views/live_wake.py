@@ -1,0 +1,97 @@
+"""A live class's followers woken the moment the presenter moves on, not at their next heartbeat.
+
+A follower's heartbeat (views.live._watch, a fragment) is timed by its browser. With 30 browser pages on one 2-core
+machine the timers fired seconds late, and 30 heartbeats a second were work for the server and every browser. So each
+follower's heartbeat registers its session here, and the presenter's run that publishes a new view asks Streamlit to
+run every follower's heartbeat now: the rerun its browser would have asked for (that fragment, the browser's last
+address and page, the widgets' values as the server holds them), scheduled on the server's event loop, where browser
+messages are handled. The heartbeat stays, slower, for
+anything this misses.
+
+This uses Streamlit's runtime internals (Runtime._session_mgr, AppSession.request_rerun and _client_state, the
+fragment's ThreadState): streamlit is pinned (requirements.txt), and where any of it is missing (AppTest, another
+version) nothing is registered and the heartbeat alone follows. Sessions are held weakly: a closed tab's is gone."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_followers: dict[str, dict[str, tuple[weakref.ref, str]]] = {}  # class code -> follower id -> (session, fragment)
+MAX_PER_CLASS = 512
+
+
+def register(code: str, me: str) -> bool:
+    """From a follower's heartbeat fragment: this session, to be woken when class `code` shows something new."""
+    try:
+        from streamlit.runtime import Runtime, exists
+        from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState, get_script_run_ctx
+
+        ctx, fragment = get_script_run_ctx(), ThreadState.get().fragment_id
+        info = Runtime.instance()._session_mgr.get_active_session_info(ctx.session_id) if exists() and ctx else None
+        session = info.session if info is not None else None
+    except Exception:  # noqa: BLE001 - another Streamlit, bare mode: the heartbeat alone
+        return False
+    if session is None or not fragment or not hasattr(session, "request_rerun"):
+        return False
+    with _lock:
+        known = _followers.setdefault(code, {})
+        known[me] = (weakref.ref(session), fragment)
+        if len(known) > MAX_PER_CLASS:  # closed tabs first, then the oldest
+            for k in [k for k, (ref, _) in known.items() if ref() is None] or list(known)[: len(known) - MAX_PER_CLASS]:
+                del known[k]
+    return True
+
+
+def forget(code: str, me: str | None = None) -> None:
+    """A follower who explores on their own (or, without `me`, a class that ended)."""
+    with _lock:
+        if me is None:
+            _followers.pop(code, None)
+        else:
+            _followers.get(code, {}).pop(me, None)
+
+
+def wake(code: str) -> int:
+    """Run every registered follower's heartbeat of class `code` now; how many were asked."""
+    with _lock:
+        known = _followers.get(code, {})
+        items = list(known.items())
+        for k, (ref, _) in items:
+            if ref() is None:
+                del known[k]
+    n = 0
+    for _, (ref, fragment) in items:
+        session = ref()
+        if session is None:
+            continue
+        try:
+            session._call_soon_on_event_loop(functools.partial(_rerun, ref, fragment))
+            n += 1
+        except Exception:  # noqa: BLE001 - a session shutting down: its heartbeat (if any) follows
+            log.debug("could not wake a follower", exc_info=True)
+    return n
+
+
+def _rerun(ref: weakref.ref, fragment: str) -> None:
+    """On the event loop: the follower's heartbeat fragment, with the browser's last address and page."""
+    session = ref()
+    if session is None:
+        return
+    try:
+        from streamlit.proto.ClientState_pb2 import ClientState
+
+        state = ClientState()
+        state.CopyFrom(session._client_state)
+        state.fragment_id = fragment
+        # no widget values: the browser's last message may hold a prompt from before the server applied the
+        # presenter's (a run the server started sends nothing back), and it would set the follower's prompt back
+        state.ClearField("widget_states")
+        state.is_auto_rerun = True  # as the browser's timer asks: a fragment gone since is skipped quietly
+        session.request_rerun(state)
+    except Exception:  # noqa: BLE001 - the session went away in between
+        log.debug("could not wake a follower", exc_info=True)
