@@ -434,6 +434,7 @@ def main(argv=None) -> int:
             "limit_in_process_tokens_per_s",
             "share_of_limit_in_process",
             "step_ms",
+            "step_per_operation_ms",
             "products_ms",
             "rest_ms",
         )

@@ -2,7 +2,8 @@
 server for a few minutes. The presenter changes page or prompt every `--every` seconds; every follower's page records
 (in the page, every 100 ms) when its address reaches the presenter's page and prompt. Counted: the delay from the
 presenter's change to each follower showing it (p50, p95, max), changes a follower missed, errors on any page, the
-server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end). The server logs its own figure too
+server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end), and the whole machine's CPU and the
+browsers' (Chromium and Playwright's driver), to tell the server's delivery from the browsers' own share. The server logs its own figure too
 (LLM_EXPLORER_CLASS_LOG): from the presenter's run publishing a view to each follower's run drawing it to its end, which
 leaves out the browsers' share.
 
@@ -64,16 +65,26 @@ def main():
 
     log = Path(tempfile.mkdtemp()) / "class.jsonl"  # the server's own figure: publish -> a follower's page drawn
     proc, url = start_server(free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log)})
-    cpu, rss, stop = [], [], threading.Event()
+    cpu, rss, machine, browsers, stop = [], [], [], [], threading.Event()
+    me = psutil.Process()
 
     def sample():
         p = psutil.Process(proc.pid)
         p.cpu_percent()
+        psutil.cpu_percent()
+        seen: dict[int, psutil.Process] = {}
         while not stop.wait(2):
             try:
                 kids = [p, *p.children(recursive=True)]
                 cpu.append(sum(k.cpu_percent() for k in kids))
                 rss.append(sum(k.memory_info().rss for k in kids))
+                machine.append(psutil.cpu_percent() * psutil.cpu_count())  # every process, in % of one core
+                total = 0.0
+                for k in me.children(recursive=True):  # Playwright's driver and the Chromium processes (not the server)
+                    if k.pid != proc.pid and k.pid not in {c.pid for c in kids}:
+                        q = seen.setdefault(k.pid, k)
+                        total += q.cpu_percent()
+                browsers.append(total)
             except psutil.Error:
                 pass
 
@@ -172,6 +183,15 @@ def main():
             "first_follower": first_follower,
             "errors": errors[:20],
             "server_cpu_percent_of_one_core": {"mean": round(statistics.mean(cpu), 1) if cpu else None, "peak": max(cpu) if cpu else None},
+            "machine_cpu_percent_of_one_core": {
+                "what": f"every process on the {psutil.cpu_count()}-core machine (100 = one core busy)",
+                "mean": round(statistics.mean(machine), 1) if machine else None,
+                "peak": round(max(machine), 1) if machine else None,
+            },
+            "browsers_cpu_percent_of_one_core": {
+                "mean": round(statistics.mean(browsers), 1) if browsers else None,
+                "peak": round(max(browsers), 1) if browsers else None,
+            },
             "server_rss_mb": {"after_warm_up": round(warm_rss / 2**20) if warm_rss else None, "end": round(end_rss / 2**20) if end_rss else None},
         },
     )

@@ -10,9 +10,11 @@ import streamlit as st
 
 from components import export
 from views import guard, live, live_presenter
+from views.exports import PageExports
 from views.loading import model_key
 from views.pages import BY_TITLE, STAGES, PageSpec
-from views.render import PRESENT_MAIN_HEIGHT, PageExports, presenting
+from views.ready import PRESENT_MAIN_HEIGHT
+from views.render import presenting
 
 # Always: metric labels and values wrap instead of being cut ("Tokens the…" at 1024 px), and the sidebar's page
 # icons reach the WCAG AA contrast (Streamlit draws them at 60% opacity: 3.8:1 on its grey).

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import streamlit as st
 
-import pipeline
 from components import export, fmt
 from components.figures import clickable_cells
-from pipeline.common import memo
-from views import guard
-from views.loading import model_key, recall
+from views import exports, ready
+from views.loading import recall
 
 
 # Widget callbacks: never a function or lambda defined in a page script. Streamlit keeps each widget's
@@ -47,122 +44,6 @@ def verbatim(text: str, where=None, cursor: bool = False, max_lines: int = 0):
     (where or st).code(text + (" ▌" if cursor else ""), language=None, wrap_lines=True, height=height)
 
 
-class PageExports:
-    """What the page drew in this run, for "Export this page": figures (with the note that goes inside their
-    image), tables, images and non-Plotly views."""
-
-    def __init__(self, title: str):
-        self.title, self.figures, self.tables, self.html, self.images = title, [], {}, {}, {}
-        # who asks, read now: the ZIP is made later, when the button is clicked, outside this page run
-        self._who = (guard.session_key(), guard.client_address())
-        self._stem = export.slug(self.title, (st.session_state.get("prompt") or "")[:40])
-
-    def stem(self) -> str:
-        return self._stem
-
-    def zip(self) -> bytes:
-        """The page's ZIP, made on the click. On a demo server it counts as a run (the browser's and the address's
-        limits); a refused export is a ZIP holding only REFUSED.txt, which says why and when to try again. Its
-        images are drawn one at a time through the one image exporter, so another visitor's export runs between
-        this one's figures instead of waiting for all of them."""
-        why = guard.refusal(*self._who, "the export")
-        if why:
-            return export.refused_zip(self._stem, why)
-        return export.page_zip(self._stem, self.figures, self.tables, self.html, images=self.images)
-
-
-# query parameters that are not a view's settings: the prompt and model are named on their own, the rest is plumbing
-NOT_SETTINGS = ("prompt", "model_choice", "present", "p", "view", "s", "chat")
-_LABELS: dict[str, str] = {}  # model key -> its label (a folder's label never changes)
-
-
-def context_note(settings: dict | None = None) -> str:
-    """What shaped this page's figures, for the line inside every exported image: the model, the prompt
-    (shortened), chat mode and the view's settings (its widgets bound to the link, and the page's own)."""
-    key = model_key()
-    if key not in _LABELS:
-        _LABELS.update({m.key: m.label for m in pipeline.available_models()})
-    model = _LABELS.get(key, key)
-    prompt = " ".join((st.session_state.get("prompt") or "").split())
-    prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
-    parts = [model, f"prompt “{prompt}”" + (" (chat template)" if st.session_state.get("chat") else "")]
-    # only the view's own settings, at their defaults too (a slide says temperature 1.0 even when the link does not):
-    # a parameter that no widget of this page is bound to (a typo, or text someone put in a link: "?zz=Visit
-    # evil.example") never reaches an image
-    view = {setting_name(k): _shown(st.session_state[k]) for k in page_settings() if k not in NOT_SETTINGS and k in st.session_state}
-    view |= {k: v for k, v in (settings or {}).items() if v is not None}
-    if view:
-        parts.append(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in view.items()))
-    return " · ".join(parts)
-
-
-SETTING_NAMES = {  # a bound widget's key -> what a slide calls it (a key not here: its words, the page's prefix dropped)
-    "t": "temperature",
-    "k": "top-k",
-    "p": "top-p",
-    "minp": "min-p",
-    "top_k": "top-k",
-    "top_p": "top-p",
-    "min_p": "min-p",
-    "n": "max new tokens",
-    "n_show": "candidates shown",
-    "attn_scale": "colour scale",
-    "attn_sink": "first token hidden",
-    "attn_present_head": "head on screen",
-    "bv_layers": "bertviz layers",
-    "bv_view": "bertviz view",
-    "roof_T": "prompt tokens",
-    "roof_C": "context tokens",
-    "shard_n": "devices",
-    "spec_gamma": "draft tokens per call (γ)",
-    "spec_kind": "draft model",
-    "spec_own": "draft folder",
-    "spec_prompt": "prompt",
-    "myth_at": "forced at token",
-    "batch_eos": "stop at end-of-sequence",
-    "batch_lib": "transformers' batch too",
-    "emb_refs": "reference words",
-    "emb_dims": "dimensions",
-    "layer_pos": "position",
-}
-
-
-def setting_name(key: str) -> str:
-    """A bound widget's name on a slide: "gen_t" -> "temperature", "attn_head" -> "head"."""
-    if key in SETTING_NAMES:
-        return SETTING_NAMES[key]
-    rest = key.split("_", 1)[1] if "_" in key else key
-    return SETTING_NAMES.get(rest, rest.replace("_", " "))
-
-
-def _shown(v) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, tuple)):
-        return ", ".join(map(str, v))
-    return str(v)
-
-
-def page_settings() -> list[str]:
-    """The keys of the widgets this page binds to the link (drawn so far in this run's page script), whatever their
-    values: Streamlit's binding registry, filtered to the page's own script (the sidebar's are named apart). Where
-    that registry cannot be read (another Streamlit), the settings in the address."""
-    try:
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-        ctx = get_script_run_ctx()
-        with ctx.session_state.query_params() as qp:
-            return [k for k, b in qp._bindings_by_param.items() if b.script_hash == ctx.page_script_hash]
-    except Exception:  # noqa: BLE001 - a private registry: fall back to what the address shows
-        return list(st.query_params)
-
-
-def _exports() -> PageExports:
-    return st.session_state.get("_exports") or PageExports("page")
-
-
 def presenting() -> bool:
     return bool(st.session_state.get("present"))
 
@@ -170,9 +51,6 @@ def presenting() -> bool:
 def prompt_source() -> str:
     """Where the visitor changes the prompt: the sidebar, or (presentation mode hides it) the page row's *Prompt*."""
     return "*Prompt* at the top" if presenting() else "the sidebar"
-
-
-PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
 
 
 def figure(
@@ -186,9 +64,9 @@ def figure(
     `settings`: what shaped it beyond the view's linked widgets (named in the exported image). `click_sets`: for
     a one-heatmap figure, (state key, columns): a click on a cell of one of its first `columns` columns sets that
     key to (row, column) before the next run (needs `key`)."""
-    reg = _exports()
+    reg = exports.current()
     title = name or (fig.layout.title.text if fig.layout.title and fig.layout.title.text else "figure")
-    fig, alt = _ready(fig, title, presenting(), main)
+    fig, alt = ready.figure(fig, title, presenting(), main)
     stem = export.slug(reg.title, title, (st.session_state.get("prompt") or "")[:40])
     w = where or st
     if main:
@@ -201,7 +79,7 @@ def figure(
     else:
         clicked = functools.partial(_cell_clicked, key, *click_sets)  # plain data: no page namespace kept alive
         w.plotly_chart(clickable_cells(fig), width="stretch", key=key, config=config, alt=alt, theme=None, on_select=clicked, selection_mode="points")
-    note = context_note(settings)
+    note = exports.context_note(settings)
     reg.figures.append((title, fig, note))
     n = len(reg.figures)
     row = w.container(horizontal=True, gap="small")  # buttons as wide as their labels, in a half-width column too
@@ -219,28 +97,6 @@ def figure(
         )
 
 
-_READY = memo.LRU()  # a shared builder's figure made ready for the page, per mode: one copy per server
-
-
-def _ready(fig, title: str, present: bool, main: bool):
-    """The figure as the page draws it (a copy: fonts floored, presentation mode's numbers on it and its main
-    figure's height) and its text alternative. A figure from a pipeline.common.memo.shared builder is made ready once
-    per server and mode (a live class's followers draw the same figures): a page never changes what it drew."""
-    key = getattr(fig, "_shared_key", None)
-    key = key and f"{key}|{present}|{main}|{title}"
-    hit = key and _READY.get(key)
-    if hit:
-        return hit
-    fig = export.labelled(fig) if present else type(fig)(fig)
-    export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
-    if present and main:
-        fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
-    out = fig, export.alt_text(fig, title)
-    if key:
-        _READY.put(key, out)
-    return out
-
-
 def _cell_clicked(chart: str, target: str, columns: int) -> None:
     points = st.session_state[chart].selection.points
     if points and points[0].get("customdata") and int(points[0]["customdata"][1]) < columns:
@@ -255,33 +111,8 @@ def _image_of(fig, fmt: str, note: str, title: str):
 def image(img, name: str, caption: str, where=None) -> None:
     """A picture the page computed (an RGB array), shown with its caption as its text alternative, and saved as
     PNG in the page's ZIP export."""
-    _exports().images[name] = img
-    (where or st).image(_png(img), caption=caption, width="stretch", alt=f"{name}: {caption}")
-
-
-_PNGS = memo.LRU(entries=64)
-MAX_IMAGE_WIDTH = 2 * 730  # px: streamlit.elements.lib.image_utils.MAXIMUM_CONTENT_WIDTH, the widest it sends
-
-
-def _png(img):
-    """An RGB array as PNG bytes, encoded once per server for equal pixels (Streamlit passes PNG bytes no wider than
-    it sends on as they are, where it would encode, shrink and encode again an array on every run)."""
-    key = memo.digest(img)
-    hit = key and _PNGS.get(key[0])
-    if hit:
-        return hit
-    import io
-
-    from PIL import Image
-
-    pic = Image.fromarray(np.ascontiguousarray(img))
-    if pic.width > MAX_IMAGE_WIDTH:  # Streamlit would shrink it so, again on every run
-        pic = pic.resize((MAX_IMAGE_WIDTH, int(pic.height * MAX_IMAGE_WIDTH / pic.width)), resample=Image.BILINEAR)
-    buf = io.BytesIO()
-    pic.save(buf, format="PNG")
-    if key:
-        _PNGS.put(key[0], buf.getvalue(), len(buf.getvalue()))
-    return buf.getvalue()
+    exports.current().images[name] = img
+    (where or st).image(ready.png(img), caption=caption, width="stretch", alt=f"{name}: {caption}")
 
 
 def intro(text: str) -> None:
@@ -303,7 +134,7 @@ def table(name: str, df, where=None, **kw) -> None:
     import pandas as pd
 
     df = df if isinstance(df, pd.DataFrame) else pd.DataFrame(df)
-    _exports().tables[name] = df
+    exports.current().tables[name] = df
     w = where or st
     if len(df) <= TABLE_ROWS and not set(kw) - {"hide_index", "width"}:
         floats = [c for c in df.columns if pd.api.types.is_float_dtype(df[c])]
@@ -319,15 +150,15 @@ def also_export(name: str, table=None, html: str | None = None) -> None:
     import pandas as pd
 
     if table is not None:
-        _exports().tables[name] = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
+        exports.current().tables[name] = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
     if html is not None:
-        _exports().html[name] = html
+        exports.current().html[name] = html
 
 
 def html_view(body: str, name: str, where=None, main: bool = False) -> None:
     """A non-Plotly view (token chips, speculative call rows), shown and saved as HTML in the page's ZIP export.
     `main`: the page's main view, which presentation mode shows first."""
-    _exports().html[name] = body
+    exports.current().html[name] = body
     w = where or st
     if main:  # in presentation mode a tall view scrolls inside the first screen (PRESENT_CSS: max-height)
         w = w.container(key="main_figure")

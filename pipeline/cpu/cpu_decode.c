@@ -2,7 +2,8 @@
      panel_linear   y [M, N] = x [M, K] @ W.T (+ b), for 1 to 64 rows, W packed once by `pack`; the same in
                     bf16 and int8 weight-only (panel_linear_bf16, _i8) for page 12's lower-precision lesson;
      paged_attend   one decode token's attention per row, over its KV blocks where they lie;
-     rms_norm, silu_mul   the step's two elementwise stages, one call each.
+     rms_norm, silu_mul   the step's two elementwise stages, one call each;
+     row_layer      a whole Llama-family decoder layer for any number of rows in one call (the above, one OpenMP region).
 
    Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
    loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust

@@ -154,45 +154,9 @@ def _build() -> ctypes.CDLL | None:
     lib.rms_norm.restype = None
     lib.silu_mul.argtypes = [ptr, ptr, ptr, i, i, i]
     lib.silu_mul.restype = None
-    lib.row_layer.argtypes = [
-        ptr,
-        i,
-        i,
-        i,
-        i,
-        i,
-        i,
-        ptr,
-        f,
-        ptr,
-        f,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        lg,
-        lg,
-        lg,
-        ptr,
-        ptr,
-        ptr,
-        i,
-        ptr,
-        ptr,
-        i,
-        f,
-        ptr,
-        i,
-        ptr,
-    ]
+    # x, M, d, H, KV, D, I, the norms (scale, eps) x 2, the four products' panels and biases, cos, sin, K, V, their
+    # three strides, blk, off, tables, max blocks, lo, hi, block size, scale, workspace, threads, failed
+    lib.row_layer.argtypes = [ptr, *[i] * 6, ptr, f, ptr, f, *[ptr] * 10, ptr, ptr, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
     lib.row_layer.restype = None
     return lib
 
@@ -501,10 +465,13 @@ class LayerRows:
         return lo
 
 
-def row_layer(i: int, x: np.ndarray, w: LayerWeights, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, window: int | None, scale) -> None:
+def row_layer(
+    i: int, x: np.ndarray, w: LayerWeights, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, window: int | None, scale, ws: np.ndarray | None = None
+) -> None:
     """Layer `i` of a Llama-family model for the rows x [M, d] (updated in place), through cpu_decode.c's
     `row_layer`: norms, products, RoPE (cos, sin [M, D]: each row's position), the K/V write into `rows`' memory,
-    attention, SiLU MLP, both residual adds, in one call."""
+    attention, SiLU MLP, both residual adds, in one call. `ws`: workspace of at least M * w.ws floats, reused by a
+    pass's layers (else a new one)."""
     M = rows.M
     _need(x, "x", F32, (M, w.d))
     for name, t in (("cos", cos), ("sin", sin)):
@@ -513,7 +480,11 @@ def row_layer(i: int, x: np.ndarray, w: LayerWeights, rows: LayerRows, cos: np.n
         raise ValueError(f"rows: layer {i} with {rows.KV} KV heads of {rows.D}, the layer has {w.KV} of {w.D}")
     if M == 0:
         return
-    ws = np.empty(M * w.ws, dtype=np.float32)
+    if ws is None:
+        ws = np.empty(M * w.ws, dtype=np.float32)
+    _need(ws, "ws", F32, (None,))
+    if ws.size < M * w.ws:
+        raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
     lo, failed, off = rows.lo(window), ctypes.c_int(0), i * rows.layer_bytes
     n_in, eps_in, n_mid, eps_mid = w.norms
     (pq, po, pg, pd), (bq, bo, bg, bd) = w.panels, [None if b is None else ptr(b) for b in w.biases]

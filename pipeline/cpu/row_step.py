@@ -20,8 +20,22 @@ from C (one row, the step's five weight shapes, 127 MB) read 30.7 GB/s and the p
 (median of 15, interleaved). The kernel itself runs at ~89% of the memory; the step loses the difference between
 products: 121 calls from Python (checked arguments, a new output array, the two threads woken each time) and the
 small work, during which nothing reads the weights. Taking one row through 4 panels at once (8 sums in flight, not 2)
-read 31.7 GB/s against 30.7: within the noise, not kept. What 85% needs: a layer's small work and its products in
-one C call, and the next product's first lines prefetched while the small work runs.
+read 31.7 GB/s against 30.7: within the noise, not kept.
+
+So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`): both norms, the four
+products, RoPE, the K/V write, attention and SiLU in one OpenMP region, the phases separated by the team's barriers,
+each row's numbers computed by the same kernels as before (bit for bit alone or in any pass: test_exact). One token,
+interleaved in one process (SmolLM2, position 60-300): 28.5 ms against 32.6 with a call per operation (another hour:
+31.3 against 36.4), 13-14% less. Still ~0.55-0.6 of the read probe, and measured where the rest goes (2026-12-04,
+/tmp scripts, interleaved): the 120 layer products called one by one read 19-22 GB/s where the LM head's one
+113 MB product reads 29-31 and the probe 33-35, so the loss is per product, not in the small work (a layer call is
+no faster than its four products alone); not the Python calls (one thread, no hand-offs at all: the layer products
+read 71% of the one-thread probe where the head reads 98%); not the TLB (2 MB pages for the panels and the probe:
+no change); not thread wake-ups (libgomp spinning, OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=1e8: 15-25% slower on
+this 2-vCPU machine; PASSIVE within the noise); not the panels' places (every layer's panels end to end in the
+step's order: products alone 10-14% faster, the whole step 7-20% slower, not kept). What is left to try: splitting
+each product by rows of the weight's K (both threads on every panel), and a kernel that starts the next product's
+stream before the current one ends.
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
@@ -244,10 +258,12 @@ class RowStep:
                 key = None if act is None else act.tobytes()
                 if key not in passes:
                     sel = slice(None) if act is None else act
-                    passes[key] = (kv.rows(act), *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]))
-                rows, cos, sin = passes[key]
+                    rows = kv.rows(act)
+                    ws = np.empty(rows.M * ly.whole().ws, dtype=np.float32)  # one workspace for the pass's layers
+                    passes[key] = (rows, *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]), ws)
+                rows, cos, sin, ws = passes[key]
                 xa = x if act is None else np.ascontiguousarray(x[act])
-                cpu_matmul.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale)
+                cpu_matmul.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale, ws)
                 if act is not None:
                     x[act] = xa
                 if at is not None and i + 1 < L and interrupt():
