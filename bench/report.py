@@ -85,11 +85,12 @@ ABOUT = {
     "live_class": (
         "A live class: one presenter and N followers (each its own Chromium context, figures not drawn) on a fresh server; "
         "the presenter changes page or prompt every 20 s and each follower's page records when it shows the change: delay "
-        "p50/p95/max (goal: p95 within 3 s), changes missed, errors, the server's CPU and RSS; server_delay_s is the "
-        "server's own log, from the presenter's view published to each follower's run drawing it (two views per change when "
-        "both prompt and page move). NOT MET on this 2-core machine: 31 Chromium pages share it with the server, and the "
-        "server reruns each follower's page in one Python process (0.23-0.28 s a run for the attention page, most of it "
-        "building Plotly figures), so 30 followers' reruns take 7-8 s in turn. One follower: see live_class_1.",
+        "p50/p95/max (goal: p95 within 3 s), changes missed, errors, the server's CPU and RSS, the whole machine's CPU and "
+        "the browsers'; server_delay_s is the server's own log, from the presenter's view published to each follower's run "
+        "drawing it (two views per change when both prompt and page move). The server runs at priority -10 (server_nice): "
+        "in a class it has its own machine, here it shares the 2 cores with the 31 Chromium pages. Followers are woken by "
+        "the presenter's run and draw figures built once per server (docs/architecture.md, the live class). One follower: "
+        "see live_class_1.",
         "bench/bench_live_class.py --followers 30 --minutes 5",
     ),
     "exact_smollm2": (
