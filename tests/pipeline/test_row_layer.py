@@ -1,0 +1,91 @@
+"""A Llama-family layer in one C call (cpu_decode.c's row_layer, row_step's default where it applies) against the same
+step with a call per operation: the same logits within rounding and the same top token, for one request's buffer and
+for 8 requests' paged blocks at different positions; the rows' KV slots are checked before the kernel reads them."""
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cpu import fused, row_step
+from pipeline.cpu import matmul as cpu_matmul
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def step(smol):
+    if cpu_matmul.native() is None:
+        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+    st = row_step.row_step(fused.fused_model(smol))
+    assert all(ly.whole() is not None for ly in st.layers), "SmolLM2's layers run as one call each"
+    return st
+
+
+def _both(fn):
+    out = {}
+    try:
+        for flag in (True, False):
+            row_step.WHOLE_LAYERS = flag
+            out[flag] = fn()
+    finally:
+        row_step.WHOLE_LAYERS = True
+    return out[True], out[False]
+
+
+def test_one_request_in_its_buffer(step, smol):
+    ids = smol.tokenizer("The capital of France is", return_tensors="pt").input_ids[0].tolist()
+
+    def run():
+        dec = fused.acquire_decoder(fused.fused_model(smol), 32)
+        try:
+            kv = row_step.BufferKV(dec.K, dec.V)
+            rows = []
+            with torch.no_grad():
+                for p, t in enumerate(ids):
+                    kv.pos = p
+                    rows.append(step.logits([t], [p], kv)[0].clone())
+            return torch.stack(rows)
+        finally:
+            dec.release()
+
+    whole, per_op = _both(run)
+    assert (whole - per_op).abs().max() < 2e-4
+    assert torch.equal(whole.argmax(-1), per_op.argmax(-1))
+    with torch.no_grad():
+        ref = smol.model(torch.tensor([ids])).logits[0].float()
+    assert (whole - ref).abs().max() < 2e-4, "the model's own forward"
+
+
+def test_eight_requests_in_paged_blocks(step):
+    L, KV, D, bs = len(step.layers), step.KV, step.D, 16
+    rng = np.random.default_rng(0)
+    K = torch.from_numpy(rng.standard_normal((L, 64, KV, bs, D)).astype(np.float32) * 0.1)
+    V = torch.from_numpy(rng.standard_normal((L, 64, KV, bs, D)).astype(np.float32) * 0.1)
+    tables = [list(rng.permutation(64)[:8]) for _ in range(8)]  # blocks anywhere, shared by none
+    pos = [3, 17, 40, 63, 90, 5, 127, 64]
+
+    def run():
+        k, v = K.clone(), V.clone()
+        with torch.no_grad():
+            out = step.run([5, 7, 11, 13, 17, 19, 23, 29], pos, row_step.PagedRows(k, v, tables, pos)).logits
+        return out, k
+
+    (whole, k_whole), (per_op, k_per_op) = _both(run)
+    # random keys and values (not a model's) carry RoPE's last-bit difference (the C call fuses a multiply-add the
+    # numpy step rounds twice) through 30 layers: 8e-4 on logits of ~17, a relative 5e-5
+    assert (whole - per_op).abs().max() < 2e-3
+    assert torch.equal(whole.argmax(-1), per_op.argmax(-1))
+    assert (k_whole - k_per_op).abs().max() < 1e-4, "the keys written where each row's position lies"
+
+
+def test_rows_outside_the_kv_memory_are_refused(step):
+    K = np.zeros((len(step.layers), 4, step.KV, 16, step.D), dtype=np.float32)
+    table = np.zeros((1, 2), dtype=np.int32)
+    with pytest.raises(ValueError, match="outside"):
+        cpu_matmul.LayerRows(K, K.copy(), [4], [0], table, [1], 16)  # block 4 of 4
+    with pytest.raises(ValueError, match="outside"):
+        cpu_matmul.LayerRows(K, K.copy(), [0], [0], table, [33], 16)  # position 32 past 2 blocks of 16
+    rows = cpu_matmul.LayerRows(K, K.copy(), [0], [0], table, [1], 16)
+    x = np.zeros((2, step.layers[0].whole().d), dtype=np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        cpu_matmul.row_layer(0, x, step.layers[0].whole(), rows, np.zeros((1, step.D), np.float32), np.zeros((1, step.D), np.float32), None, 0.125)
