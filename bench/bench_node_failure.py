@@ -2,7 +2,7 @@
 
 On this machine: a head node and a worker node as separate `ray start` processes, each with its own resources
 (1 CPU and one `engine_slot`, so Serve must place one engine replica on each), the embedded model deployed with 2
-replicas. N greedy requests of M tokens stream at once; the worker node's processes are killed (SIGKILL to its
+replicas. N greedy requests of M tokens stream at once; once each has streamed --kill-at tokens the worker node's processes are killed (SIGKILL to its
 process group: its raylet, object store and the replica); then a new request is sent; then the node is started
 again and we wait for Serve to bring the second replica back.
 
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=300)
-    ap.add_argument("--kill-after", type=float, default=8.0, help="seconds of streaming before the node is killed")
+    ap.add_argument("--kill-at", type=int, default=20, help="the node is killed once every request has streamed this many tokens")
     ap.add_argument("--deadline", type=float, default=60.0, help="every request must end within this many seconds of the kill")
     ap.add_argument("--out", default="node_failure")
     ap.add_argument("--json", action="store_true", help="print the result as JSON (no file)")
@@ -118,6 +118,7 @@ def main(argv=None) -> dict:
         prompt_ids = pipeline.generation.prepare(lm, "Why is the sky blue?", a.tokens, chat=True).prompt_ids
         alone = [e.token_id for e in pipeline.generate(lm, "Why is the sky blue?", a.tokens, chat=True, cache="dynamic", stop_ids=set())]
         results: dict[int, dict] = {}
+        streamed: dict[int, int] = {}
 
         def one(i: int) -> None:
             got = []
@@ -125,6 +126,7 @@ def main(argv=None) -> dict:
                 h = eng.submit(prompt_ids, a.tokens, pipeline.GREEDY, stop_ids=[])
                 for ev in h:
                     got.append(ev.token_id)
+                    streamed[i] = len(got)
                 results[i] = {"end": "finished", "tokens": len(got), "equal_alone": got == alone, "at": time.time(), "resent": h.retried}
             except EngineError as e:
                 results[i] = {"end": "error", "tokens": len(got), "message": str(e), "prefix_equal_alone": got == alone[: len(got)], "at": time.time()}
@@ -134,7 +136,9 @@ def main(argv=None) -> dict:
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(a.requests)]
         for th in threads:
             th.start()
-        time.sleep(a.kill_after)
+        # mid-stream whatever the machine's speed (a fixed 8 s let every request finish first once decode got faster)
+        wait_for(f"every request {a.kill_at} tokens in", lambda: all(streamed.get(i, 0) >= a.kill_at for i in range(a.requests)), 120, 0.05)
+        out["tokens_at_kill"] = sorted(streamed.get(i, 0) for i in range(a.requests))
         t_kill = time.time()
         kill(worker)
         time.sleep(1.0)  # a visitor who presses Generate just after the node went: served by the surviving replica
