@@ -264,11 +264,11 @@ def split(lm) -> dict:
     of the last two, the rest = the last."""
     import numpy as np
 
-    from pipeline.cpu import fused, row_step
+    from pipeline.cpu import fused, row_kv, row_step
 
     st = row_step.row_step(fused.fused_model(lm))
     dec = fused.acquire_decoder(fused.fused_model(lm), 160)
-    kv = row_step.BufferKV(dec.K, dec.V)
+    kv = row_kv.BufferKV(dec.K, dec.V)
     real = row_step._RowLayer.project
     zeros: dict = {}
 

@@ -36,7 +36,8 @@ from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsuppo
 from pipeline.cpu.graphs import capture_step, compile_step
 from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
-from pipeline.cpu.row_step import BufferKV, row_step, usable
+from pipeline.cpu.row_kv import BufferKV
+from pipeline.cpu.row_step import row_step, usable
 from pipeline.forward.sampling import GreedySummary
 from pipeline.model.loaded import LoadedModel
 

@@ -36,7 +36,8 @@ from pipeline.common.memo import give_back_freed_memory
 from pipeline.cpu.fused import bucket
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.matmul import native, packed_panels, panel_product
-from pipeline.cpu.row_step import BufferKV, RowStep, usable
+from pipeline.cpu.row_kv import BufferKV
+from pipeline.cpu.row_step import RowStep, usable
 from pipeline.model.loaded import LoadedModel
 
 KINDS = ("fp32", "bf16", "int8")

@@ -22,7 +22,7 @@ products: 121 calls from Python (checked arguments, a new output array, the two 
 small work, during which nothing reads the weights. Taking one row through 4 panels at once (8 sums in flight, not 2)
 read 31.7 GB/s against 30.7: within the noise, not kept.
 
-So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`): both norms, the four
+So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`, pipeline/cpu/layer_call.py): both norms, the four
 products, RoPE, the K/V write, attention and SiLU in one OpenMP region, the phases separated by the team's barriers,
 each row's numbers computed by the same kernels as before (bit for bit alone or in any pass: test_exact). One token,
 interleaved in one process (SmolLM2, position 60-300): 28.5 ms against 32.6 with a call per operation (another hour:
@@ -73,7 +73,6 @@ decode tokens only).
 
 from __future__ import annotations
 
-import copy
 import threading
 from contextlib import nullcontext
 from typing import NamedTuple
@@ -81,18 +80,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from pipeline.cpu import layer_call
 from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu.fused_weights import FusedModel, fused_model, supported
-from pipeline.cpu.kv_layout import block_span, visible, window_start
 from pipeline.cpu.matmul import kernel_for, linear, native, panel_rows
+from pipeline.cpu.row_kv import view
 from pipeline.cpu.threads import PLAN
 from pipeline.model.arch import NormSpec
 from pipeline.model.loaded import LoadedModel
-
-
-def _arr(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor's memory (no copy)."""
-    return t.detach().numpy()
 
 
 class Norm:
@@ -102,7 +97,7 @@ class Norm:
     def __init__(self, spec: NormSpec):
         if not isinstance(spec, NormSpec):
             raise ValueError(f"no row-step norm for {type(spec).__name__}")
-        self.eps, self.scale = spec.eps, _arr(spec.scale)
+        self.eps, self.scale = spec.eps, view(spec.scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu/cpu_decode.c's rms_norm
@@ -123,7 +118,7 @@ class _RowLayer:
         a, m = layer.self_attn, layer.mlp
         # torch weights (for several rows: pipeline.cpu.matmul) and numpy views of the same memory (for one)
         self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (a.o_proj.weight, a.o_proj.bias), "gu": (ly.wgu, None), "down": (m.down_proj.weight, m.down_proj.bias)}
-        self.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.t.items()}
+        self.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.t.items()}
         self.act = m.act_fn
         self.silu = type(m.act_fn).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
         self.scale = np.float32(a.scaling)
@@ -138,12 +133,12 @@ class _RowLayer:
         g, u = gu[:, :half], gu[:, half:]
         if self.silu and native() is not None and gu.flags.c_contiguous and gu.dtype == np.float32:
             return cpu_matmul.silu_mul(gu)
-        return _arr(self.act(torch.from_numpy(g))) * u
+        return view(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
-    _whole: cpu_matmul.LayerWeights | None | bool = False  # False: not asked yet
+    _whole: layer_call.LayerWeights | None | bool = False  # False: not asked yet
 
-    def whole(self) -> cpu_matmul.LayerWeights | None:
+    def whole(self) -> layer_call.LayerWeights | None:
         """The layer's weights for cpu_decode.c's one-call layer (`row_layer`), where it applies: the C kernels built,
         a Llama-family layer (no norms but the two, SiLU, no per-head norms) and the model's own fp32 products."""
         if self.custom is not None:  # set after the step was built (pipeline.cpu.precision): its own products
@@ -155,7 +150,7 @@ class _RowLayer:
             if ok:
                 (wqkv, bqkv), (wo, bo), (wgu, bgu), (wd, bd) = (self.t[k] for k in ("qkv", "o", "gu", "down"))
                 n_in, n_mid = self.norm_in, self.norm_mid
-                self._whole = cpu_matmul.LayerWeights(wqkv, bqkv, wo, bo, wgu, bgu, wd, bd, n_in.scale, n_in.eps, n_mid.scale, n_mid.eps, *self.dims)
+                self._whole = layer_call.LayerWeights(wqkv, bqkv, wo, bo, wgu, bgu, wd, bd, n_in.scale, n_in.eps, n_mid.scale, n_mid.eps, *self.dims)
         return self._whole
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -175,7 +170,7 @@ class _RowLayer:
             if b is not None:
                 y += b
             return y
-        return _arr(linear(torch.from_numpy(x), w, b))
+        return view(linear(torch.from_numpy(x), w, b))
 
 
 class RowPass(NamedTuple):
@@ -206,7 +201,7 @@ class RowStep:
         head = lm.model.lm_head
         self.head = _RowLayer.__new__(_RowLayer)
         self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
-        self.head.n = {k: (_arr(w), None if b is None else _arr(b)) for k, (w, b) in self.head.t.items()}
+        self.head.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.head.t.items()}
         self.vocab = head.weight.shape[0]
         self.rope = fm.rope
 
@@ -237,7 +232,7 @@ class RowStep:
         H, KV, D, G = self.H, self.KV, self.D, self.G
         half, B, L = D // 2, len(tokens), len(self.layers)
         pos = np.asarray(positions)
-        x = _arr(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
+        x = view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
         first = np.zeros(B, dtype=np.int64) if first is None else np.asarray(first)
         if x0 is not None and first.any():
             x[first > 0] = x0[first > 0]
@@ -263,7 +258,7 @@ class RowStep:
                     passes[key] = (rows, *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]), ws)
                 rows, cos, sin, ws = passes[key]
                 xa = x if act is None else np.ascontiguousarray(x[act])
-                cpu_matmul.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale, ws)
+                layer_call.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale, ws)
                 if act is not None:
                     x[act] = xa
                 if at is not None and i + 1 < L and interrupt():
@@ -332,138 +327,3 @@ def row_step(fm: FusedModel) -> RowStep | None:
         if fm.row is None:
             fm.row = RowStep(fm)
     return fm.row
-
-
-def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np.ndarray:
-    """One decode token's attention: q [KV, G, D] (each KV head's G query heads) over K, V [KV, n, D] -> [KV * G * D]."""
-    s = np.matmul(q, K.transpose(0, 2, 1))  # [KV, G, n]
-    s *= scale
-    s -= s.max(-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(-1, keepdims=True)
-    return np.matmul(s, V).reshape(-1)
-
-
-def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
-    """Decode attention in pipeline/cpu/cpu_decode.c (`paged_attend`, through cpu_matmul's checked call), over the keys
-    and values where they lie: q [B, KV, G, D], K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer
-    [KV, max_len, D], one block), tables [B, blocks] int32, each row attending to positions lo[b] <= p < hi[b].
-    -> [B, KV * G * D]."""
-    q = np.ascontiguousarray(q, dtype=np.float32)
-    B, KV, G, D = q.shape
-    # a small call (one row over a short context: ~15 µs of work) stays on the calling thread: handing it to the
-    # pool costs more than it saves
-    threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
-    return cpu_matmul.paged_attend(q, K, V, tables, lo, hi, bs, scale, threads)
-
-
-PARALLEL_ATTENTION = 1 << 18  # multiply-adds of q . K from which attention is split over the threads
-
-_ONE_BLOCK = np.zeros((1, 1), dtype=np.int32)
-
-
-class BufferKV:
-    """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.cpu.fused's), at `pos`."""
-
-    def __init__(self, K: torch.Tensor, V: torch.Tensor):
-        self.K, self.V = _arr(K), _arr(V)
-        self.pos = 0
-
-    def rows(self, act=None) -> cpu_matmul.LayerRows:
-        """The one row for cpu_decode.c's one-call layer: its slot at `pos`, attending up to it."""
-        if act is not None and list(act) != [0]:
-            raise ValueError("BufferKV holds one row")
-        return cpu_matmul.LayerRows(self.K, self.V, [0], [self.pos], _ONE_BLOCK, [self.pos + 1], self.K.shape[2])
-
-    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.K[i, :, self.pos] = k[0]
-        self.V[i, :, self.pos] = v[0]
-
-    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
-        lo, hi = window_start(self.pos + 1, window), self.pos + 1
-        if native() is not None:
-            rng = np.array([lo, hi], dtype=np.int32)
-            return native_attend(q, self.K[i], self.V[i], _ONE_BLOCK, rng[:1], rng[1:], self.K.shape[2], scale)
-        return attend(q[0], self.K[i, :, lo:hi], self.V[i, :, lo:hi], scale)[None]
-
-
-class PagedRows:
-    """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
-    its block table and position). With pipeline/cpu/cpu_decode.c each row's attention reads its own blocks where they
-    lie (native_attend: nothing gathered or padded). Without it, attention gathers all rows' blocks into one
-    padded, masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by
-    default the same rule), else goes row by row over exactly its positions (always for a lone request)."""
-
-    def __init__(self, K: torch.Tensor, V: torch.Tensor, tables: list[list[int]], positions: list[int], gathered: bool | None = None):
-        self.K, self.V = _arr(K), _arr(V)
-        bs = self.bs = self.K.shape[3]
-        self.pos = np.asarray(positions)
-        self.tables = tables
-        self.blk = np.asarray([t[p // bs] for t, p in zip(tables, positions)])
-        self.off = self.pos % bs
-        lens = self.pos + 1
-        B = len(positions)
-        if native() is not None:  # each row over its own blocks, in place (native_attend): nothing gathered
-            width = max(len(t) for t in tables)
-            self.table_arr = np.zeros((B, width), dtype=np.int32)
-            for b, t in enumerate(tables):
-                self.table_arr[b, : len(t)] = t
-            self.hi = lens.astype(np.int32)
-            self.gathered = False
-            return
-        self.gathered = (B > 1 and lens.max() * B <= 2 * lens.sum()) if gathered is None else gathered and B > 1
-        if self.gathered:
-            nb = -(-int(lens.max()) // bs)
-            self.idx = np.asarray([(t[:nb] + [t[0]] * nb)[:nb] for t in tables])  # [B, nb], padded with a real block
-            self.k_pos = np.arange(nb * bs)
-            self._masks: dict = {}
-            self.idx_t = torch.from_numpy(self.idx)
-
-    def rows(self, act=None) -> cpu_matmul.LayerRows:
-        """The rows (or those of `act`) for cpu_decode.c's one-call layer: each one's slot, block table and end."""
-        sel = slice(None) if act is None else np.asarray(act)
-        return cpu_matmul.LayerRows(self.K, self.V, self.blk[sel], self.off[sel], self.table_arr[sel], self.hi[sel], self.bs)
-
-    def write(self, i: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.K[i, self.blk, :, self.off] = k
-        self.V[i, self.blk, :, self.off] = v
-
-    def select(self, idx: np.ndarray) -> PagedRows:
-        """The same memory for the rows `idx` only (a pass where some rows are parked or not yet resumed): with the
-        native kernels."""
-        if native() is None:
-            raise RuntimeError("PagedRows.select needs pipeline/cpu/cpu_decode.c (the fallback passes go through torch)")
-        r = copy.copy(self)
-        r.pos, r.blk, r.off, r.table_arr, r.hi = self.pos[idx], self.blk[idx], self.off[idx], self.table_arr[idx], self.hi[idx]
-        r.tables = [self.tables[j] for j in idx]
-        return r
-
-    def _mask(self, window: int | None) -> torch.Tensor:
-        """[B, 1, 1, positions] True where a row may attend: its own positions (and within its window)."""
-        m = self._masks.get(window)
-        if m is None:
-            ok = visible(self.pos[:, None], self.k_pos[None], window)
-            m = self._masks[window] = torch.from_numpy(ok)[:, None, None, :]
-        return m
-
-    def _read(self, i: int, table: list[int], lo: int, hi: int):
-        ids, a = block_span(table, lo, hi, self.bs)
-        KV, D = self.K.shape[2], self.K.shape[4]
-        k = self.K[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
-        v = self.V[i, ids].transpose(1, 0, 2, 3).reshape(KV, -1, D)
-        return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
-
-    def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
-        if native() is not None:
-            lo = window_start(self.hi, window).astype(np.int32)
-            return native_attend(q, self.K[i], self.V[i], self.table_arr, lo, self.hi, self.bs, scale)
-        if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)
-            B, KV, G, D = q.shape
-            K = torch.from_numpy(self.K[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)  # [B, KV, nb * bs, D]
-            V = torch.from_numpy(self.V[i])[self.idx_t].permute(0, 2, 1, 3, 4).reshape(B, KV, -1, D)
-            o = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), K, V, attn_mask=self._mask(window), scale=float(scale))
-            return o.reshape(B, -1).numpy()
-        out = np.empty((q.shape[0], q[0].size), dtype=np.float32)
-        for b, (t, p) in enumerate(zip(self.tables, self.pos.tolist())):
-            out[b] = attend(q[b], *self._read(i, t, window_start(p + 1, window), p + 1), scale)
-        return out

@@ -40,7 +40,8 @@ from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.kv_layout import block_span, window_start
 from pipeline.cpu.matmul import native
-from pipeline.cpu.row_step import PagedRows, row_step
+from pipeline.cpu.row_kv import PagedRows
+from pipeline.cpu.row_step import row_step
 from pipeline.model.loaded import LoadedModel
 
 

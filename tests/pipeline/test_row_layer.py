@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cpu import fused, row_step
+from pipeline.cpu import fused, layer_call, row_kv, row_step
 from pipeline.cpu import matmul as cpu_matmul
 
 pytestmark = pytest.mark.model
@@ -38,7 +38,7 @@ def test_one_request_in_its_buffer(step, smol):
     def run():
         dec = fused.acquire_decoder(fused.fused_model(smol), 32)
         try:
-            kv = row_step.BufferKV(dec.K, dec.V)
+            kv = row_kv.BufferKV(dec.K, dec.V)
             rows = []
             with torch.no_grad():
                 for p, t in enumerate(ids):
@@ -67,7 +67,7 @@ def test_eight_requests_in_paged_blocks(step):
     def run():
         k, v = K.clone(), V.clone()
         with torch.no_grad():
-            out = step.run([5, 7, 11, 13, 17, 19, 23, 29], pos, row_step.PagedRows(k, v, tables, pos)).logits
+            out = step.run([5, 7, 11, 13, 17, 19, 23, 29], pos, row_kv.PagedRows(k, v, tables, pos)).logits
         return out, k
 
     (whole, k_whole), (per_op, k_per_op) = _both(run)
@@ -82,10 +82,10 @@ def test_rows_outside_the_kv_memory_are_refused(step):
     K = np.zeros((len(step.layers), 4, step.KV, 16, step.D), dtype=np.float32)
     table = np.zeros((1, 2), dtype=np.int32)
     with pytest.raises(ValueError, match="outside"):
-        cpu_matmul.LayerRows(K, K.copy(), [4], [0], table, [1], 16)  # block 4 of 4
+        layer_call.LayerRows(K, K.copy(), [4], [0], table, [1], 16)  # block 4 of 4
     with pytest.raises(ValueError, match="outside"):
-        cpu_matmul.LayerRows(K, K.copy(), [0], [0], table, [33], 16)  # position 32 past 2 blocks of 16
-    rows = cpu_matmul.LayerRows(K, K.copy(), [0], [0], table, [1], 16)
+        layer_call.LayerRows(K, K.copy(), [0], [0], table, [33], 16)  # position 32 past 2 blocks of 16
+    rows = layer_call.LayerRows(K, K.copy(), [0], [0], table, [1], 16)
     x = np.zeros((2, step.layers[0].whole().d), dtype=np.float32)
     with pytest.raises(ValueError, match="shape"):
-        cpu_matmul.row_layer(0, x, step.layers[0].whole(), rows, np.zeros((1, step.D), np.float32), np.zeros((1, step.D), np.float32), None, 0.125)
+        layer_call.row_layer(0, x, step.layers[0].whole(), rows, np.zeros((1, step.D), np.float32), np.zeros((1, step.D), np.float32), None, 0.125)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.cpu import matmul as cpu_matmul
-from pipeline.cpu import precision, row_step
+from pipeline.cpu import precision, row_kv, row_step
 from pipeline.cpu import threads as cpu_threads
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.engine import Engine
@@ -101,16 +101,16 @@ def test_native_attention_reads_each_rows_blocks_where_they_lie(D):
     rng = np.random.default_rng(0)
     K, V, tables, pos = _paged(rng, D)
     q = rng.standard_normal((3, 3, 2, D)).astype(np.float32)
-    rows = row_step.PagedRows(K, V, tables, pos)
+    rows = row_kv.PagedRows(K, V, tables, pos)
     for window in (None, 5):
         a = rows.attend(1, q, window, np.float32(0.25))
         for b in range(3):
             ref = _reference(K[1].numpy(), V[1].numpy(), tables[b], pos[b], q[b], window, 0.25)
             assert np.abs(a[b] - ref).max() < 1e-5
-            one = row_step.PagedRows(K, V, [tables[b]], [pos[b]]).attend(1, q[b : b + 1], window, np.float32(0.25))
+            one = row_kv.PagedRows(K, V, [tables[b]], [pos[b]]).attend(1, q[b : b + 1], window, np.float32(0.25))
             assert np.array_equal(one[0], a[b])  # the same numbers alone
     # a static buffer [layers, KV, max_len, D] (our own loop's fused mode) is one block
-    buf = row_step.BufferKV(
+    buf = row_kv.BufferKV(
         torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32)), torch.from_numpy(rng.standard_normal((1, 3, 40, D)).astype(np.float32))
     )
     buf.pos = 30
@@ -126,12 +126,12 @@ def test_fallback_gathered_attention_equals_attention_row_by_row(without_native)
     rng = np.random.default_rng(0)
     K, V, tables, pos = _paged(rng)
     q = rng.standard_normal((3, 3, 2, 16)).astype(np.float32)
-    gathered = row_step.PagedRows(K, V, tables, pos)
+    gathered = row_kv.PagedRows(K, V, tables, pos)
     assert gathered.gathered
     for window in (None, 5):
         a = gathered.attend(1, q, window, np.float32(0.25))
         for b in range(3):
-            one = row_step.PagedRows(K, V, [tables[b]], [pos[b]])
+            one = row_kv.PagedRows(K, V, [tables[b]], [pos[b]])
             assert not one.gathered
             assert np.allclose(a[b], one.attend(1, q[b : b + 1], window, np.float32(0.25))[0], atol=1e-5)
             ref = _reference(K[1].numpy(), V[1].numpy(), tables[b], pos[b], q[b], window, 0.25)

@@ -1,0 +1,122 @@
+"""A Llama-family decoder layer in one call of pipeline/cpu/cpu_decode.c (`row_layer`), through checked arguments as
+every kernel of pipeline.cpu.matmul: the layer's weights checked once (LayerWeights), a pass's rows and their KV
+slots checked once for all its layers (LayerRows), then one call a layer (row_layer). pipeline.cpu.row_step uses it
+where the layer fits (_RowLayer.whole)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from pipeline.cpu.matmul import F32, I32, _dim, _library, _need, panel, ptr
+
+
+class LayerWeights:
+    """One Llama-family layer's weights for cpu_decode.c's `row_layer`, checked once: the four products' panels
+    (and biases), the two norms' scales and epsilons, the shapes."""
+
+    def __init__(self, wqkv, bqkv, wo, bo, wgu, bgu, wdown, bdown, n_in, eps_in, n_mid, eps_mid, H, KV, D):
+        d, inner = wo.shape[0], wdown.shape[1]
+        want = {"wqkv": (wqkv, ((H + 2 * KV) * D, d)), "wo": (wo, (d, H * D)), "wgu": (wgu, (2 * inner, d)), "wdown": (wdown, (d, inner))}
+        for name, (w, shape) in want.items():
+            if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or tuple(w.shape) != shape:
+                raise ValueError(f"{name}: a float32 tensor {shape} is needed, not {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+        if H % KV or D % 2:
+            raise ValueError(f"heads: {H} query heads over {KV} KV heads of {D} values")
+        self.H, self.KV, self.D, self.d, self.I = (_dim(n, "a layer dimension") for n in (H, KV, D, d, inner))
+        self.panels = [panel(w) for w in (wqkv, wo, wgu, wdown)]
+        self.biases = []
+        for b, n in ((bqkv, wqkv.shape[0]), (bo, d), (bgu, 2 * inner), (bdown, d)):
+            if b is not None:
+                b = np.ascontiguousarray(b.detach().numpy())
+                _need(b, "bias", F32, (n,))
+            self.biases.append(b)
+        for name, n in (("n_in", n_in), ("n_mid", n_mid)):
+            _need(n, name, F32, (d,))
+        self.norms = (n_in, float(eps_in), n_mid, float(eps_mid))
+        self.ws = d + (H + 2 * KV) * D + H * D + 3 * inner + d  # floats of workspace per row
+
+
+class LayerRows:
+    """The rows of one pass for `row_layer`, checked once for all its layers: each row's KV slot (block `blk`,
+    offset `off`) and block table, the positions it attends to end at `hi` (its own, included). K, V: every layer's
+    KV memory [L, blocks, KV, bs, D] (the engine's blocks) or [L, KV, max_len, D] (one request's buffers, one block)."""
+
+    def __init__(self, K: np.ndarray, V: np.ndarray, blk, off, tables: np.ndarray, hi, bs: int):
+        for name, a in (("K", K), ("V", V)):
+            if not isinstance(a, np.ndarray) or a.dtype != F32 or a.ndim not in (4, 5) or not a.flags.c_contiguous:
+                raise ValueError(f"{name}: a C-contiguous 4-D or 5-D float32 array is needed")
+        if K.shape != V.shape:
+            raise ValueError(f"K, V: different shapes ({K.shape} vs {V.shape})")
+        self.K, self.V = K, V
+        self.blocks, self.KV, slots, self.D = (1, *K.shape[1:]) if K.ndim == 4 else K.shape[1:]
+        st = [s // 4 for s in K.strides]
+        self.strides = (0, st[1], st[2]) if K.ndim == 4 else (st[1], st[2], st[3])  # a block, a KV head, a position
+        self.layer_bytes = K.strides[0]
+        self.blk, self.off, self.hi = (np.ascontiguousarray(v, dtype=I32) for v in (blk, off, hi))
+        self.tables = np.ascontiguousarray(tables, dtype=I32)
+        M = self.M = _dim(len(self.hi), "rows")
+        _need(self.tables, "tables", I32, (M, None))
+        self.mb = _dim(self.tables.shape[1], "tables columns")
+        if not 1 <= bs <= slots:
+            raise ValueError(f"bs: {bs} positions a block, the buffer holds {slots}")
+        self.bs = int(bs)
+        if M and (
+            len(self.blk) != M
+            or len(self.off) != M
+            or self.mb == 0
+            or self.tables.min() < 0
+            or self.tables.max() >= self.blocks
+            or self.blk.min() < 0
+            or self.blk.max() >= self.blocks
+            or self.off.min() < 0
+            or self.off.max() >= self.bs
+            or self.hi.min() < 1
+            or self.hi.max() > self.mb * self.bs
+        ):
+            raise ValueError("rows: a block, offset or position outside the KV memory")
+        self._lo: dict = {}
+
+    def lo(self, window: int | None) -> np.ndarray:
+        """Where each row's attention starts: 0, or its sliding window's first position."""
+        lo = self._lo.get(window)
+        if lo is None:
+            from pipeline.cpu.kv_layout import window_start
+
+            lo = self._lo[window] = np.ascontiguousarray(window_start(self.hi, window), dtype=I32)
+        return lo
+
+
+def row_layer(
+    i: int, x: np.ndarray, w: LayerWeights, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, window: int | None, scale, ws: np.ndarray | None = None
+) -> None:
+    """Layer `i` of a Llama-family model for the rows x [M, d] (updated in place), through cpu_decode.c's
+    `row_layer`: norms, products, RoPE (cos, sin [M, D]: each row's position), the K/V write into `rows`' memory,
+    attention, SiLU MLP, both residual adds, in one call. `ws`: workspace of at least M * w.ws floats, reused by a
+    pass's layers (else a new one)."""
+    M = rows.M
+    _need(x, "x", F32, (M, w.d))
+    for name, t in (("cos", cos), ("sin", sin)):
+        _need(t, name, F32, (M, w.D))
+    if (rows.KV, rows.D) != (w.KV, w.D) or not 0 <= i or (i + 1) * rows.layer_bytes > rows.K.nbytes:
+        raise ValueError(f"rows: layer {i} with {rows.KV} KV heads of {rows.D}, the layer has {w.KV} of {w.D}")
+    if M == 0:
+        return
+    if ws is None:
+        ws = np.empty(M * w.ws, dtype=np.float32)
+    _need(ws, "ws", F32, (None,))
+    if ws.size < M * w.ws:
+        raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
+    lo, failed, off = rows.lo(window), ctypes.c_int(0), i * rows.layer_bytes
+    n_in, eps_in, n_mid, eps_mid = w.norms
+    (pq, po, pg, pd), (bq, bo, bg, bd) = w.panels, [None if b is None else ptr(b) for b in w.biases]
+    _library().row_layer(
+        ptr(x), M, w.d, w.H, w.KV, w.D, w.I, ptr(n_in), eps_in, ptr(n_mid), eps_mid,
+        ptr(pq), bq, ptr(po), bo, ptr(pg), bg, ptr(pd), bd, ptr(cos), ptr(sin),
+        ptr(rows.K) + off, ptr(rows.V) + off, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables), rows.mb,
+        ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
+    )  # fmt: skip
+    if failed.value:
+        raise MemoryError("row_layer: no memory for the attention scores")
