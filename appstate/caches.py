@@ -4,13 +4,10 @@ results (held weakly, so keeping a result never keeps a trace alive)."""
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
 
-from pipeline.common.memo import give_back_freed_memory
+from pipeline.common.memo import LRU, give_back_freed_memory
 
 
 def default_trace_budget() -> int:
@@ -20,44 +17,6 @@ def default_trace_budget() -> int:
         return int(float(os.environ.get("LLM_EXPLORER_TRACE_BUDGET_MB", "1200")) * 2**20)
     except ValueError:
         return 1200 << 20
-
-
-class LRU:
-    """A thread-safe cache, least recently used out first, at most `max_items` values (`over()` says when it holds
-    too much; the newest value always stays). `key in cache` tells, before any work, whether `get` would make
-    the value anew (a caller counts that work against a visitor's limits)."""
-
-    def __init__(self, max_items: int = 16):
-        self.max_items, self.items, self.lock = max_items, OrderedDict(), threading.Lock()
-
-    def __contains__(self, key) -> bool:
-        with self.lock:
-            return key in self.items
-
-    def over(self) -> bool:
-        return len(self.items) > self.max_items
-
-    def get(self, key, make: Callable[[], Any]):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        value = make()
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            dropped = []
-            while len(self.items) > 1 and self.over():
-                dropped.append(self.items.popitem(last=False))
-        if dropped:
-            self.evicted(dropped)
-        return value
-
-    def evicted(self, dropped: list) -> None:
-        """Called (outside the lock) with the (key, value) pairs that just went out."""
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 class TraceCache(LRU):

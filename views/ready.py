@@ -13,7 +13,7 @@ from pipeline.common import memo
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
 
 
-_FIGURES = memo.LRU()  # a shared builder's figure made ready for the page, per mode: one copy per server
+_FIGURES = memo.LRU(memo.MAX_ENTRIES, memo.MAX_BYTES)  # a shared builder's figure made ready for the page, per mode: one copy per server
 
 
 def figure(fig, title: str, present: bool, main: bool):
@@ -22,7 +22,7 @@ def figure(fig, title: str, present: bool, main: bool):
     per server and mode (a live class's followers draw the same figures): a page never changes what it drew."""
     key = getattr(fig, "_shared_key", None)
     key = key and f"{key}|{present}|{main}|{title}"
-    hit = key and _FIGURES.get(key)
+    hit = key and _FIGURES.peek(key)
     if hit:
         return hit
     fig = export.labelled(fig) if present else type(fig)(fig)
@@ -35,7 +35,7 @@ def figure(fig, title: str, present: bool, main: bool):
     return out
 
 
-_PNGS = memo.LRU(entries=64)
+_PNGS = memo.LRU(64, memo.MAX_BYTES)
 MAX_IMAGE_WIDTH = 2 * 730  # px: streamlit.elements.lib.image_utils.MAXIMUM_CONTENT_WIDTH, the widest it sends
 
 
@@ -43,7 +43,7 @@ def png(img):
     """An RGB array as PNG bytes, encoded once per server for equal pixels (Streamlit passes PNG bytes no wider than
     it sends on as they are, where it would encode, shrink and encode again an array on every run)."""
     key = memo.digest(img)
-    hit = key and _PNGS.get(key[0])
+    hit = key and _PNGS.peek(key[0])
     if hit:
         return hit
     import io

@@ -92,46 +92,75 @@ def digest(*parts) -> tuple[str, int] | None:
 
 
 class LRU:
-    """A bounded, thread-safe map: at most `entries` items and `max_bytes` of their (declared) sizes."""
+    """THE cache of the project (appstate's trace cache is one): thread-safe, least recently used out first, at most
+    `max_items` values and, with `max_bytes`, that many bytes of their declared sizes; a subclass may say otherwise
+    when it holds too much (`over`). The newest value always stays. `key in cache` tells, before any work, whether
+    `get` would make the value anew (a caller counts that work against a visitor's limits); `peek` and `put` are the
+    same in two steps."""
 
-    def __init__(self, entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES):
-        self.entries, self.max_bytes = entries, max_bytes
-        self._d: OrderedDict[str, tuple[object, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+    def __init__(self, max_items: int = 16, max_bytes: int | None = None):
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.items: OrderedDict = OrderedDict()
+        self.sizes: dict = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: str):
-        with self._lock:
-            item = self._d.get(key)
-            if item is None:
-                self.misses += 1
-                return None
-            self._d.move_to_end(key)
-            self.hits += 1
-            return item[0]
-
-    def put(self, key: str, value, size: int = 0) -> None:
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._d[key] = (value, size)
-            self._bytes += size
-            while len(self._d) > self.entries or (self._bytes > self.max_bytes and len(self._d) > 1):
-                _, (_, s) = self._d.popitem(last=False)
-                self._bytes -= s
+    def __contains__(self, key) -> bool:
+        with self.lock:
+            return key in self.items
 
     def __len__(self) -> int:
-        return len(self._d)
+        return len(self.items)
+
+    def over(self) -> bool:
+        return len(self.items) > self.max_items or (self.max_bytes is not None and self.bytes > self.max_bytes)
+
+    def peek(self, key):
+        """The value kept for `key` (now the most recently used), or None."""
+        with self.lock:
+            if key not in self.items:
+                self.misses += 1
+                return None
+            self.items.move_to_end(key)
+            self.hits += 1
+            return self.items[key]
+
+    def put(self, key, value, size: int = 0) -> None:
+        with self.lock:
+            self.bytes += size - self.sizes.pop(key, 0)
+            self.items[key] = value
+            self.sizes[key] = size
+            self.items.move_to_end(key)
+            dropped = []
+            while len(self.items) > 1 and self.over():
+                k, v = self.items.popitem(last=False)
+                self.bytes -= self.sizes.pop(k, 0)
+                dropped.append((k, v))
+        if dropped:
+            self.evicted(dropped)
+
+    def get(self, key, make):
+        """The value for `key`, made by `make()` (outside the lock) when it is not kept."""
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        self.put(key, value)
+        return value
+
+    def evicted(self, dropped: list) -> None:
+        """Called (outside the lock) with the (key, value) pairs that just went out."""
 
     def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self._bytes = 0
+        with self.lock:
+            self.items.clear()
+            self.sizes.clear()
+            self.bytes = 0
 
 
-BUILT = LRU()  # every shared builder's results
+BUILT = LRU(MAX_ENTRIES, MAX_BYTES)  # every shared builder's results
 
 
 def shared(builder):
@@ -144,7 +173,7 @@ def shared(builder):
         key = digest(name, args, sorted(kwargs.items()))
         if key is None:
             return builder(*args, **kwargs)
-        hit = BUILT.get(key[0])
+        hit = BUILT.peek(key[0])
         if hit is not None:
             return hit
         out = builder(*args, **kwargs)

@@ -46,27 +46,27 @@ def test_digest_refuses_what_is_not_plain_data():
 
 @pytest.mark.unit
 def test_lru_is_bounded_by_count_and_bytes_and_thread_safe():
-    c = memo.LRU(entries=3, max_bytes=100)
+    c = memo.LRU(3, 100)
     for i in range(5):
         c.put(str(i), i, 10)
-    assert len(c) == 3 and c.get("0") is None and c.get("4") == 4
-    c.get("2")  # used: kept over 3
+    assert len(c) == 3 and c.peek("0") is None and c.peek("4") == 4
+    c.peek("2")  # used: kept over 3
     c.put("5", 5, 10)
-    assert c.get("3") is None and c.get("2") == 2
+    assert c.peek("3") is None and c.peek("2") == 2
     c.put("big", "x", 95)
-    assert len(c) == 1 and c.get("big") == "x", "over the bytes: the oldest go first"
+    assert len(c) == 1 and c.peek("big") == "x", "over the bytes: the oldest go first"
 
-    lru = memo.LRU(entries=50, max_bytes=1 << 30)
+    lru = memo.LRU(50, 1 << 30)
 
     def hammer(t):
         for i in range(2000):
             lru.put(f"{t}-{i % 80}", i, 1)
-            lru.get(f"{(t + 1) % 4}-{i % 80}")
+            lru.peek(f"{(t + 1) % 4}-{i % 80}")
 
     threads = [threading.Thread(target=hammer, args=(t,)) for t in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert len(lru) == 50 and lru._bytes == 50
+    assert len(lru) == 50 and lru.bytes == 50
 
 
 @pytest.mark.model
@@ -84,7 +84,7 @@ def test_no_page_changes_a_figure_it_was_handed(present):
     for p in pages:
         at.switch_page(p).run()
         assert not at.exception, (p, at.exception)
-    built = {k: (v, v.to_json()) for k, (v, _) in memo.BUILT._d.items() if hasattr(v, "to_json")}
+    built = {k: (v, v.to_json()) for k, v in memo.BUILT.items.items() if hasattr(v, "to_json")}
     assert len(built) >= 5, "the pages' figures come from the shared builders"
     for p in pages:
         at.switch_page(p).run()
