@@ -15,8 +15,8 @@ section that fails records its error and the rest go on):
   5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
      aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
      N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506);
-  6. exact: one request's logits alone and beside 7 others, the differing values counted (issue 34; 0 on a CPU with
-     the C kernels, the torch path's count on a GPU);
+  6. exact: one request's logits alone, beside 7 and 31 others, and from the prefix cache, the differing values
+     counted (issue 34; 0 on a CPU with the C kernels; on the H200 the torch path's count, 0 in every case measured);
   7. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: the C read probe's limit and
      one request's decode tokens/s (its share of the limit), the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
@@ -64,8 +64,16 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_check.json"
 
+    res["env"] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
     def save():
-        path.write_text(json.dumps(res, indent=1, default=float))
+        head = headline(res)
+        path.write_text(json.dumps({"env": res["env"], "headline": head, **{k: v for k, v in res.items() if k != "env"}}, indent=1, default=float))
 
     def section(name, fn):
         if name not in only:
@@ -232,34 +240,44 @@ def main():
             print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
 
     def exact():
-        """Issue 34 on this device: one request's every step's logits served alone, then beside 7 other requests that
-        arrive after its first token (their prompt chunks and decode rows in its passes), compared bit for bit: 0
-        differing values on a CPU with the C kernels; on a GPU the torch path's count (cuBLAS and SDPA choose their
-        reduction order by shape: docs/architecture.md, "Exact on a GPU")."""
+        """Issue 34 on this device: one request's every step's logits served alone, then beside 7 and 31 other requests
+        that arrive after its first token (their prompt chunks and decode rows in its passes), and with its prompt
+        served from the prefix cache (alone and beside 31), compared bit for bit: 0 differing values on a CPU with the
+        C kernels; on a GPU the torch path's count (cuBLAS and SDPA may choose their reduction order by shape:
+        docs/architecture.md, "Exact on a GPU")."""
         from pipeline.engine import Engine
 
         p = ids[0].tolist()
-        others = [p[: max(2, len(p) // 2 + 3 * k)] for k in range(7)]
 
-        def steps(with_others: bool) -> list:
-            eng = Engine(lm, prefix_cache=False, background=False)
-            h = eng.submit(p, 16, stop_ids=frozenset(), keep_logits=True)
+        def steps(n_others: int, prefix: bool) -> list:
+            eng = Engine(lm, prefix_cache=prefix, background=False)
+            if prefix:  # the prompt's blocks cached by an earlier request
+                eng.submit(p, 2, stop_ids=frozenset())
+                while eng.iterate() is not None:
+                    pass
+            h = eng.submit(p, 24, stop_ids=frozenset(), keep_logits=True)
             eng.iterate()
-            if with_others:
-                for q in others:
-                    eng.submit(q, 24, stop_ids=frozenset())
+            for k in range(n_others):  # prompts of many lengths, some sharing its first tokens
+                eng.submit(p[: max(2, len(p) // 2 + (3 * k) % 40)] + [17 + k] * (k % 50), 32, stop_ids=frozenset())
             while eng.iterate() is not None:
                 pass
             return [e.logits for e in h]
 
-        alone, shared = steps(False), steps(True)
-        res["exact"] = {
-            "steps": len(alone),
-            "logits_compared": sum(a.numel() for a in alone),
-            "differing_values": sum(int((a != b).sum()) for a, b in zip(alone, shared)),
-            "largest_difference": max(float((a.float() - b.float()).abs().max()) for a, b in zip(alone, shared)),
-            "same_tokens": [int(a.argmax()) for a in alone] == [int(b.argmax()) for b in shared],
-        }
+        alone = steps(0, False)
+        out = res["exact"] = {"steps": len(alone), "logits_compared_per_case": sum(a.numel() for a in alone)}
+        for name, (n_others, prefix) in {
+            "others_7": (7, False),
+            "others_31": (31, False),
+            "prefix_hit_alone": (0, True),
+            "prefix_hit_others_31": (31, True),
+        }.items():
+            s = steps(n_others, prefix)
+            out[name] = {
+                "differing_values": sum(int((a != b).sum()) for a, b in zip(alone, s)),
+                "largest_difference": max(float((a.float() - b.float()).abs().max()) for a, b in zip(alone, s)),
+                "same_tokens": [int(a.argmax()) for a in alone] == [int(b.argmax()) for b in s],
+            }
+            save()
 
     def cpu():
         """The CPU decode path (pipeline.cpu.row_step, with pipeline/cpu/cpu_decode.c where it builds) on this machine's own
@@ -307,6 +325,24 @@ def main():
         section(name, fn)
     print(json.dumps({k: v for k, v in res.items() if k not in ("telemetry", "attention_kernels")}, indent=1, default=float))
     print("->", path)
+
+
+def headline(res: dict) -> dict:
+    """The figures docs/benchmarks.md shows first (copied from the sections below in the same file)."""
+    prod, serving, exact, cpu = res.get("production", {}), res.get("serving", {}), res.get("exact", {}), res.get("cpu", {})
+    out = {f"{m} tokens/s": prod[m]["tokens_per_s"] for m in ("dynamic", "static", "fused", "fused+compile") if m in prod}
+    for mode in ("plain", "compile"):
+        if f"step_floor_{mode}" in prod:
+            out[f"fused step alone ({prod[f'step_floor_{mode}']['mode']}) ms"] = prod[f"step_floor_{mode}"]["step_ms"]
+    for n, row in serving.items():
+        out[f"serving {n} requests: engine / transformers static tokens/s"] = [row["tokens_per_s"], row["hf_static_tokens_per_s"]]
+    for case, row in exact.items():
+        if isinstance(row, dict):
+            out[f"exact {case}: differing logits"] = row["differing_values"]
+    if cpu:
+        out["cpu read probe GB/s"] = cpu["read_gb_per_s"]
+        out["cpu fused decode share of the probe"] = cpu.get("fused", {}).get("share_of_limit")
+    return out
 
 
 if __name__ == "__main__":

@@ -23,6 +23,15 @@ ABOUT = {
         "a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
         "bench/bench_cpu_anchor.py --reps 2",
     ),
+    "gpu_check": (
+        "The prepared GPU run (one lent NVIDIA H200, bf16, SmolLM2-135M's shape with seeded random weights): greedy decode "
+        "with the dynamic cache, the static cache, our fused step as a CUDA graph and compiled then captured; the engine at "
+        "1-256 requests against transformers' static batch of the same size; one request's logits alone against beside 7 "
+        "and 31 others and from the prefix cache, bit for bit; the machine's 16 CPU cores on the C decode path. The "
+        "headline copies the key figures from the sections; the two anchor rows are ../shared/gpu-anchors' 2026-11-30 "
+        "reference figures, measured with another script. It runs on the lent device machine and writes its JSON under $OUT.",
+        "bench/gpu_check.py",
+    ),
     "lifetime": (
         "Memory over load/use/drop cycles in one process (SmolLM2: load, one generation through the engine and one through "
         "the fused loop, drop, collect): RSS after each cycle, whether the model was freed, what each answered.",
