@@ -117,7 +117,7 @@ def main():
 
     prioritise(proc.pid, args.server_nice)
     threading.Thread(target=sample, daemon=True).start()
-    changes, errors = [], []
+    changes, errors, presenter_off = [], [], []
     try:
         with sync_playwright() as pw:
             b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -155,7 +155,11 @@ def main():
             while time.time() < deadline:
                 i += 1
                 slug, prompt = STEPS[i % len(STEPS)]
-                same_page = teacher.url.split("?")[0].endswith("/" + slug)
+                if changes:  # the presenter's own page and prompt, one interval after its last change
+                    now = teacher.evaluate("location.pathname").rsplit("/", 1)[-1] + "|" + teacher.locator("[data-testid='stSidebar'] textarea").first.input_value()
+                    if now != changes[-1][0].lstrip("/"):
+                        presenter_off.append({"change": changes[-1][0], "presenter_then": now})
+                same_page = teacher.evaluate("location.pathname").endswith("/" + slug)  # page.url misses the nav's pushState
                 t0 = time.time() * 1000  # the presenter's action that completes the change: the new prompt, or the click
                 if prompt != teacher.locator("[data-testid='stSidebar'] textarea").first.input_value():
                     set_prompt(teacher, prompt)
@@ -209,6 +213,7 @@ def main():
             "goal_p95_s": 3.0,
             "missed": missed,
             "missed_examples": missed_which[:5],
+            "presenter_off": presenter_off[:10],  # the presenter's own page or prompt not what it set (should be none)
             "first_follower": first_follower,
             "errors": errors[:20],
             "server_cpu_percent_of_one_core": {"mean": round(statistics.mean(cpu), 1) if cpu else None, "peak": max(cpu) if cpu else None},
