@@ -156,7 +156,11 @@ def main():
                 i += 1
                 slug, prompt = STEPS[i % len(STEPS)]
                 if changes:  # the presenter's own page and prompt, one interval after its last change
-                    now = teacher.evaluate("location.pathname").rsplit("/", 1)[-1] + "|" + teacher.locator("[data-testid='stSidebar'] textarea").first.input_value()
+                    now = (
+                        teacher.evaluate("location.pathname").rsplit("/", 1)[-1]
+                        + "|"
+                        + teacher.locator("[data-testid='stSidebar'] textarea").first.input_value()
+                    )
                     if now != changes[-1][0].lstrip("/"):
                         presenter_off.append({"change": changes[-1][0], "presenter_then": now})
                 same_page = teacher.evaluate("location.pathname").endswith("/" + slug)  # page.url misses the nav's pushState
