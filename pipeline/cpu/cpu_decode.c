@@ -365,16 +365,39 @@ double read_sum(const float *a, long n, int threads) {
    numbers still do not depend on what shares its pass; what the one call saves is what lay between the products:
    ~15 Python calls a layer (checks, new arrays, the threads handed work each time) and numpy's small operations,
    during which nothing read the weights (the measured split is in row_step.py's docstring). The phases are
-   worksharing loops of the one team, each ending at the team's barrier: norm (rows), QKV (panels), RoPE and the K/V
+   worksharing loops of the one team, each ending at team_wait (below): norm (rows), QKV (panels), RoPE and the K/V
    write (rows), attention (row x KV head), output product and residual (panels), norm, gate/up (panels), SiLU (rows),
    down product and residual (panels).
    ws: M * (d + (H + 2 KV) D + H D + 3 I + d) floats of workspace. */
 
+/* The team's meeting point between the layer's phases, instead of OpenMP's barrier. On this project's machines (virtual
+   CPUs) a thread that waits in libgomp's barrier for longer than a short spin sleeps, and the wake-up costs 20-60 us:
+   measured per thread inside row_layer (one row, SmolLM2), the two threads spent 7-8 ms of a 30 ms step waiting at the
+   9 barriers a layer, where their products read at the memory's full speed. Here a waiting thread keeps checking
+   (a load, no `pause`, which virtual machines may trap) and yields its processor only after ~200k checks (a few
+   hundred microseconds: another process or team needs it more). Sense-reversing; `t` lives on the caller's stack,
+   so concurrent calls (two sessions' passes) each have their own. Memory order: the last arrival's release store
+   publishes every thread's writes of the phase to the threads that acquire it. */
+#include <omp.h>
+#include <sched.h>
+typedef struct { int count, sense; } team;
+static inline void team_wait(team *t, int n, int *sense) {
+    int s = *sense = !*sense;
+    if (__atomic_add_fetch(&t->count, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&t->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->sense, s, __ATOMIC_RELEASE);
+        return;
+    }
+    for (long i = 0; __atomic_load_n(&t->sense, __ATOMIC_ACQUIRE) != s; i++)
+        if (i > 200000) sched_yield();
+}
+
 static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add) {
-    /* y = x @ W.T (+ b) over the team (an orphaned worksharing loop: every thread of the region calls it); with
-       `add`, each panel's outputs are also added into add [M, N] by the thread that computed them */
+    /* y = x @ W.T (+ b) over the team (an orphaned worksharing loop: every thread of the region calls it, and
+       meets the others at the caller's team_wait after it); with `add`, each panel's outputs are also added into
+       add [M, N] by the thread that computed them */
     int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int q = 0; q < panels; q++) {
         int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
         const float *pp = p + (size_t)q * K * NB;
@@ -409,12 +432,16 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
     int NQ = (H + 2 * KV) * D, G = H / KV;
     float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
     float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
+    team t = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
-        #pragma omp for schedule(static)
+        int n = omp_get_num_threads(), sense = 0;
+        #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
+        team_wait(&t, n, &sense);
         panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0);
-        #pragma omp for schedule(static)
+        team_wait(&t, n, &sense);
+        #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) {
             float *r = qkv + (size_t)m * NQ;
             rope_row(r, H + KV, D, cosv + (size_t)m * D, sinv + (size_t)m * D);
@@ -426,18 +453,24 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
                 }
             }
         }
-        #pragma omp for schedule(static)
+        team_wait(&t, n, &sense);
+        #pragma omp for schedule(static) nowait
         for (int task = 0; task < M * KV; task++) {
             int m = task / KV, j = task % KV;
             attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
                         lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
         }
+        team_wait(&t, n, &sense);
         panels_for(a, p_o, b_o, y, M, d, H * D, x);
-        #pragma omp for schedule(static)
+        team_wait(&t, n, &sense);
+        #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
+        team_wait(&t, n, &sense);
         panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0);
-        #pragma omp for schedule(static)
+        team_wait(&t, n, &sense);
+        #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
+        team_wait(&t, n, &sense);
         panels_for(act, p_down, b_down, y, M, d, I, x);
     }
 }

@@ -22,20 +22,25 @@ products: 121 calls from Python (checked arguments, a new output array, the two 
 small work, during which nothing reads the weights. Taking one row through 4 panels at once (8 sums in flight, not 2)
 read 31.7 GB/s against 30.7: within the noise, not kept.
 
-So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`, pipeline/cpu/layer_call.py): both norms, the four
-products, RoPE, the K/V write, attention and SiLU in one OpenMP region, the phases separated by the team's barriers,
-each row's numbers computed by the same kernels as before (bit for bit alone or in any pass: test_exact). One token,
-interleaved in one process (SmolLM2, position 60-300): 28.5 ms against 32.6 with a call per operation (another hour:
-31.3 against 36.4), 13-14% less. Still ~0.55-0.6 of the read probe, and measured where the rest goes (2026-12-04,
-/tmp scripts, interleaved): the 120 layer products called one by one read 19-22 GB/s where the LM head's one
-113 MB product reads 29-31 and the probe 33-35, so the loss is per product, not in the small work (a layer call is
-no faster than its four products alone); not the Python calls (one thread, no hand-offs at all: the layer products
-read 71% of the one-thread probe where the head reads 98%); not the TLB (2 MB pages for the panels and the probe:
-no change); not thread wake-ups (libgomp spinning, OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=1e8: 15-25% slower on
-this 2-vCPU machine; PASSIVE within the noise); not the panels' places (every layer's panels end to end in the
-step's order: products alone 10-14% faster, the whole step 7-20% slower, not kept). What is left to try: splitting
-each product by rows of the weight's K (both threads on every panel), and a kernel that starts the next product's
-stream before the current one ends.
+So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`, pipeline/cpu/layer_call.py):
+both norms, the four products, RoPE, the K/V write, attention and SiLU in one OpenMP region, each row's numbers
+computed by the same kernels as before (bit for bit alone or in any pass: test_exact). That alone gave 28.5 ms against
+32.6 with a call per operation, still ~0.55 of the read probe. Where the rest went, measured per thread inside the
+call (2026-12-04, each thread's time working and waiting in each of a layer's 9 phases, one row, 20 steps):
+
+  * the products are not the loss: each thread's share of the four products took 13.0-13.5 ms a step, 425 MB at
+    31-33 GB/s, the probe's speed (and 120 layer products called back to back from C read 28.8-29.5 GB/s where the
+    head's one product read 33.2-33.9 and the probe 35.0; the prefetch distance, 0 to 16 KB, T0 or NTA: no change);
+  * the waits were: 7.3-8.4 ms a step per thread at OpenMP's barriers, 25-65 us each, both threads waiting at the
+    same barrier: on these virtual CPUs libgomp's waiter sleeps after a short spin and its wake-up is that slow
+    (a barrier whose threads arrive together costs 0.3 us). Spinning in libgomp instead (OMP_WAIT_POLICY=ACTIVE)
+    made things worse, since its idle threads then spin between regions too, against the Python thread.
+
+So the phases now meet at cpu_decode.c's own `team_wait` (a sense-reversing barrier that keeps checking a flag and
+yields only after ~200k checks): the waits fell to 0.0-0.6 ms a step and one token from 29.7 to 20.2-20.5 ms (8 rows
+34 ms, min 26; 32 rows 70 ms against 85-98), two concurrent calls (two sessions) no slower than one after the other.
+What remains: the worker joins each layer's region ~30 us late (1 ms a step: it sleeps in libgomp during the Python
+between layers), the LM head's 113 MB (3.4-4 ms), the Python per layer (~1 ms).
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
