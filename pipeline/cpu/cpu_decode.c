@@ -374,22 +374,34 @@ double read_sum(const float *a, long n, int threads) {
    CPUs) a thread that waits in libgomp's barrier for longer than a short spin sleeps, and the wake-up costs 20-60 us:
    measured per thread inside row_layer (one row, SmolLM2), the two threads spent 7-8 ms of a 30 ms step waiting at the
    9 barriers a layer, where their products read at the memory's full speed. Here a waiting thread keeps checking
-   (a load, no `pause`, which virtual machines may trap) and yields its processor only after ~200k checks (a few
-   hundred microseconds: another process or team needs it more). Sense-reversing; `t` lives on the caller's stack,
-   so concurrent calls (two sessions' passes) each have their own. Memory order: the last arrival's release store
-   publishes every thread's writes of the phase to the threads that acquire it. */
+   (a load, no `pause`, which virtual machines may trap) for longer than a quiet step's waits, and only then sleeps
+   (a futex the last arrival wakes): when another process keeps the cores busy the thread waited for may be
+   descheduled, and spinning on (or yielding: measured, steps of 600 ms) would take the processor from it.
+   Sense-reversing; `t` lives on the caller's stack, so concurrent calls (two sessions' passes) each have their own.
+   Memory order: the last arrival's store publishes every thread's writes of the phase to the threads that acquire
+   it; the sleepers count and the flag are sequentially consistent, so a sleeper is always woken or never sleeps. */
+#include <limits.h>
+#include <linux/futex.h>
 #include <omp.h>
-#include <sched.h>
-typedef struct { int count, sense; } team;
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TEAM_SPIN 50000 /* checks before sleeping: ~50-100 us, longer than the waits of a quiet step */
+typedef struct { int count, sense, sleepers; } team;
 static inline void team_wait(team *t, int n, int *sense) {
     int s = *sense = !*sense;
     if (__atomic_add_fetch(&t->count, 1, __ATOMIC_ACQ_REL) == n) {
         __atomic_store_n(&t->count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->sense, s, __ATOMIC_RELEASE);
+        __atomic_store_n(&t->sense, s, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&t->sleepers, __ATOMIC_SEQ_CST))
+            syscall(SYS_futex, &t->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
         return;
     }
-    for (long i = 0; __atomic_load_n(&t->sense, __ATOMIC_ACQUIRE) != s; i++)
-        if (i > 200000) sched_yield();
+    for (int i = 0; i < TEAM_SPIN; i++)
+        if (__atomic_load_n(&t->sense, __ATOMIC_ACQUIRE) == s) return;
+    __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST); /* then the last arrival wakes us (or we see its flag) */
+    while (__atomic_load_n(&t->sense, __ATOMIC_SEQ_CST) != s)
+        syscall(SYS_futex, &t->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
+    __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
 static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add) {
@@ -432,7 +444,7 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
     int NQ = (H + 2 * KV) * D, G = H / KV;
     float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
     float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
-    team t = {0, 0};
+    team t = {0, 0, 0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
