@@ -435,54 +435,89 @@ static void rope_row(float *v, int heads, int D, const float *c, const float *s)
         }
 }
 
+/* One layer, run by every thread of the team (inside its parallel region); the phases meet at team_wait. */
+static void layer_team(team *t, int n, int *sense, float *x, int M, int d, int H, int KV, int D, int I,
+                       const float *n_in, float eps_in, const float *n_mid, float eps_mid, const float *p_qkv,
+                       const float *b_qkv, const float *p_o, const float *b_o, const float *p_gu, const float *b_gu,
+                       const float *p_down, const float *b_down, const float *cosv, const float *sinv, float *K, float *V,
+                       long s_blk, long s_kv, long s_pos, const int *blk, const int *off, const int *tables, int mb,
+                       const int *lo, const int *hi, int bs, float scale, float *ws, int *failed) {
+    int NQ = (H + 2 * KV) * D, G = H / KV;
+    float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
+    float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
+    #pragma omp for schedule(static) nowait
+    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
+    team_wait(t, n, sense);
+    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0);
+    team_wait(t, n, sense);
+    #pragma omp for schedule(static) nowait
+    for (int m = 0; m < M; m++) {
+        float *r = qkv + (size_t)m * NQ;
+        rope_row(r, H + KV, D, cosv + (size_t)m * D, sinv + (size_t)m * D);
+        for (int j = 0; j < KV; j++) {
+            size_t at = (size_t)blk[m] * s_blk + (size_t)j * s_kv + (size_t)off[m] * s_pos;
+            for (int e = 0; e < D; e++) {
+                K[at + e] = r[(size_t)(H + j) * D + e];
+                V[at + e] = r[(size_t)(H + KV + j) * D + e];
+            }
+        }
+    }
+    team_wait(t, n, sense);
+    #pragma omp for schedule(static) nowait
+    for (int task = 0; task < M * KV; task++) {
+        int m = task / KV, j = task % KV;
+        attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
+                    lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
+    }
+    team_wait(t, n, sense);
+    panels_for(a, p_o, b_o, y, M, d, H * D, x);
+    team_wait(t, n, sense);
+    #pragma omp for schedule(static) nowait
+    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
+    team_wait(t, n, sense);
+    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0);
+    team_wait(t, n, sense);
+    #pragma omp for schedule(static) nowait
+    for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
+    team_wait(t, n, sense);
+    panels_for(act, p_down, b_down, y, M, d, I, x);
+}
+
 void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
                const float *n_mid, float eps_mid, const float *p_qkv, const float *b_qkv, const float *p_o,
                const float *b_o, const float *p_gu, const float *b_gu, const float *p_down, const float *b_down,
                const float *cosv, const float *sinv, float *K, float *V, long s_blk, long s_kv, long s_pos,
                const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
                float scale, float *ws, int threads, int *failed) {
-    int NQ = (H + 2 * KV) * D, G = H / KV;
-    float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
-    float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
     team t = {0, 0, 0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
-        #pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
-        team_wait(&t, n, &sense);
-        panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0);
-        team_wait(&t, n, &sense);
-        #pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) {
-            float *r = qkv + (size_t)m * NQ;
-            rope_row(r, H + KV, D, cosv + (size_t)m * D, sinv + (size_t)m * D);
-            for (int j = 0; j < KV; j++) {
-                size_t at = (size_t)blk[m] * s_blk + (size_t)j * s_kv + (size_t)off[m] * s_pos;
-                for (int e = 0; e < D; e++) {
-                    K[at + e] = r[(size_t)(H + j) * D + e];
-                    V[at + e] = r[(size_t)(H + KV + j) * D + e];
-                }
-            }
+        layer_team(&t, n, &sense, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
+                   p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
+    }
+}
+
+/* Layers 0 .. L-1 in ONE parallel region (row_step's pass when nothing may interrupt it between layers): the same
+   layer_team per layer, so the same numbers as L calls of row_layer, without the team's start and the Python between
+   layers (~1 ms and ~1-2 ms a one-row step). Per layer l: its weights from the arrays, its KV memory at
+   K + l * kv_layer (floats). */
+void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, const float *const *n_in, const float *eps_in,
+                const float *const *n_mid, const float *eps_mid, const float *const *p_qkv, const float *const *b_qkv,
+                const float *const *p_o, const float *const *b_o, const float *const *p_gu, const float *const *b_gu,
+                const float *const *p_down, const float *const *b_down, const float *cosv, const float *sinv, float *K,
+                float *V, long kv_layer, long s_blk, long s_kv, long s_pos, const int *blk, const int *off,
+                const int *tables, int mb, const int *lo, const int *hi, int bs, float scale, float *ws, int threads,
+                int *failed) {
+    team t = {0, 0, 0};
+    #pragma omp parallel num_threads(threads)
+    {
+        int n = omp_get_num_threads(), sense = 0;
+        for (int l = 0; l < L; l++) {
+            if (l) team_wait(&t, n, &sense); /* the last phase's residual add into x, done by every thread */
+            layer_team(&t, n, &sense, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
+                       p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], cosv, sinv, K + (size_t)l * kv_layer,
+                       V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
         }
-        team_wait(&t, n, &sense);
-        #pragma omp for schedule(static) nowait
-        for (int task = 0; task < M * KV; task++) {
-            int m = task / KV, j = task % KV;
-            attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
-                        lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
-        }
-        team_wait(&t, n, &sense);
-        panels_for(a, p_o, b_o, y, M, d, H * D, x);
-        team_wait(&t, n, &sense);
-        #pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
-        team_wait(&t, n, &sense);
-        panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0);
-        team_wait(&t, n, &sense);
-        #pragma omp for schedule(static) nowait
-        for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
-        team_wait(&t, n, &sense);
-        panels_for(act, p_down, b_down, y, M, d, I, x);
     }
 }

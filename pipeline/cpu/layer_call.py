@@ -1,7 +1,8 @@
 """A Llama-family decoder layer in one call of pipeline/cpu/cpu_decode.c (`row_layer`), through checked arguments as
 every kernel of pipeline.cpu.matmul: the layer's weights checked once (LayerWeights), a pass's rows and their KV
-slots checked once for all its layers (LayerRows), then one call a layer (row_layer). pipeline.cpu.row_step uses it
-where the layer fits (_RowLayer.whole)."""
+slots checked once for all its layers (LayerRows), then one call a layer (row_layer), or one call for every layer
+(LayerStack, row_layers: a pass nothing interrupts between layers). pipeline.cpu.row_step uses it where the layer fits
+(_RowLayer.whole)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,51 @@ class LayerRows:
 
             lo = self._lo[window] = np.ascontiguousarray(window_start(self.hi, window), dtype=I32)
         return lo
+
+
+class LayerStack:
+    """Layers 0 .. L-1 (LayerWeights of one model) for cpu_decode.c's `row_layers`: their pointers as C arrays, built
+    once; every layer the same shape (checked)."""
+
+    def __init__(self, layers: list[LayerWeights]):
+        if not layers:
+            raise ValueError("layers: none given")
+        first = layers[0]
+        if any((w.H, w.KV, w.D, w.d, w.I) != (first.H, first.KV, first.D, first.d, first.I) for w in layers):
+            raise ValueError("layers: not all of one shape")
+        self.layers, self.L = layers, len(layers)  # held: the arrays below point into their memory
+        P, F = ctypes.c_void_p * self.L, ctypes.c_float * self.L
+        self.norms = (P(*(ptr(w.norms[0]) for w in layers)), F(*(w.norms[1] for w in layers)), P(*(ptr(w.norms[2]) for w in layers)), F(*(w.norms[3] for w in layers)))
+        self.products = [P(*(ptr(w.panels[k]) for w in layers)) for k in range(4)]
+        self.biases = [P(*(None if w.biases[k] is None else ptr(w.biases[k]) for w in layers)) for k in range(4)]
+
+
+def row_layers(x: np.ndarray, stack: LayerStack, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, scale, ws: np.ndarray | None = None) -> None:
+    """Every layer of `stack` for the rows x [M, d] (updated in place) in one call of cpu_decode.c's `row_layers`: the
+    same numbers as row_layer for layers 0, 1, ... (the same kernels, in the same order), with no sliding window.
+    `rows`' KV memory holds the stack's layers."""
+    w, M = stack.layers[0], rows.M
+    _need(x, "x", F32, (M, w.d))
+    for name, t in (("cos", cos), ("sin", sin)):
+        _need(t, name, F32, (M, w.D))
+    if (rows.KV, rows.D) != (w.KV, w.D) or stack.L * rows.layer_bytes > rows.K.nbytes:
+        raise ValueError(f"rows: {stack.L} layers with {rows.KV} KV heads of {rows.D}, the layers have {w.KV} of {w.D}")
+    if M == 0:
+        return
+    if ws is None:
+        ws = np.empty(M * w.ws, dtype=np.float32)
+    _need(ws, "ws", F32, (None,))
+    if ws.size < M * w.ws:
+        raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
+    lo, failed = rows.lo(None), ctypes.c_int(0)
+    (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
+    _library().row_layers(
+        stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd, ptr(cos), ptr(sin),
+        ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables),
+        rows.mb, ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
+    )  # fmt: skip
+    if failed.value:
+        raise MemoryError("row_layers: no memory for the attention scores")
 
 
 def row_layer(

@@ -158,6 +158,10 @@ def _build() -> ctypes.CDLL | None:
     # three strides, blk, off, tables, max blocks, lo, hi, block size, scale, workspace, threads, failed
     lib.row_layer.argtypes = [ptr, *[i] * 6, ptr, f, ptr, f, *[ptr] * 10, ptr, ptr, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
     lib.row_layer.restype = None
+    # the same for L layers in one call: L, then as row_layer with each layer's norms and products as arrays of L
+    # pointers (their epsilons as arrays of L floats) and the KV memory's floats per layer after K, V
+    lib.row_layers.argtypes = [i, ptr, *[i] * 6, *[ptr] * 14, ptr, ptr, lg, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
+    lib.row_layers.restype = None
     return lib
 
 

@@ -42,8 +42,11 @@ So the phases now meet at cpu_decode.c's own `team_wait` (a sense-reversing barr
 other. Spinning without the sleep (yielding after 2k-200k checks) was as fast when quiet, but under a second process
 keeping both cores busy a step took 30-600 ms where OpenMP's barrier took 27-72: the sleep keeps that case as it was
 (56-61 ms against 59-60, interleaved).
-What remains: the worker joins each layer's region ~30 us late (1 ms a step: it sleeps in libgomp during the Python
-between layers), the LM head's 113 MB (3.4-4 ms), the Python per layer (~1 ms).
+The worker also joined each layer's region ~30 us late (it sleeps in libgomp during the Python between layers): a pass
+that nothing interrupts between layers (ours, or the engine's of at most ONE_CALL_ROWS rows with no newcomer waiting)
+now runs every layer in one C call (`row_layers`, the same layer code, bit for bit the same): one row 19.0 against
+21.0 ms, 8 rows 30.2 against 32.4 (medians, interleaved). What remains: the LM head's 113 MB (3.4-4 ms, at the
+probe's speed), the engine's own work between passes (~2 ms a token).
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
@@ -119,6 +122,8 @@ class Norm:
 
 
 WHOLE_LAYERS = True  # a layer in one C call where it applies (_RowLayer.whole); bench_cpu_anchor's split turns it off
+ONE_CALL_ROWS = 8  # a pass of at most this many rows runs every layer in one C call even where it could be interrupted
+# (a newcomer then waits for the pass's end, ~20-35 ms, instead of its next layer)
 
 
 class _RowLayer:
@@ -212,6 +217,19 @@ class RowStep:
         self.head.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.head.t.items()}
         self.vocab = head.weight.shape[0]
         self.rope = fm.rope
+        self._stacked: tuple | None = None
+
+    def stack(self) -> layer_call.LayerStack | None:
+        """Every layer for cpu_decode.c's `row_layers` (one call a pass), where each layer is one call
+        (_RowLayer.whole) and they share their RoPE table and scale, with no sliding window."""
+        wholes = tuple(ly.whole() for ly in self.layers)
+        if any(w is None for w in wholes):
+            return None
+        if self._stacked is None or self._stacked[0] != tuple(map(id, wholes)):
+            first = self.layers[0]
+            same = all(ly.window is None and ly.rope == first.rope and ly.scale == first.scale for ly in self.layers)
+            self._stacked = (tuple(map(id, wholes)), layer_call.LayerStack(list(wholes)) if same else None)
+        return self._stacked[1]
 
     def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
         """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
@@ -252,7 +270,14 @@ class RowStep:
         if whole:  # cpu_decode.c's one-call layer: each row's RoPE rows [B, D], its KV slots checked once a pass
             flat = {lt: tuple(np.ascontiguousarray(t[:, 0], dtype=np.float32) for t in cs) for lt, cs in tables.items()}
             passes: dict = {}
-        for i, ly in enumerate(self.layers):
+        layers = self.layers
+        if whole and not first.any() and (stack := self.stack()) is not None and (at is None or (B <= ONE_CALL_ROWS and not interrupt())):
+            # every layer in one C call: the same kernels in the same order as a call a layer, no parking in between
+            rows = kv.rows(None)
+            cos, sin = flat[layers[0].rope]
+            layer_call.row_layers(x, stack, rows, cos, sin, layers[0].scale, np.empty(rows.M * stack.layers[0].ws, dtype=np.float32))
+            layers = ()
+        for i, ly in enumerate(layers):
             on = (first <= i) if at is None else (first <= i) & (at < 0)
             act = None if on.all() else np.flatnonzero(on)
             if act is not None and not len(act):

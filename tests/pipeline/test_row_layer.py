@@ -1,6 +1,7 @@
 """A Llama-family layer in one C call (cpu_decode.c's row_layer, row_step's default where it applies) against the same
 step with a call per operation: the same logits within rounding and the same top token, for one request's buffer and
-for 8 requests' paged blocks at different positions; the rows' KV slots are checked before the kernel reads them."""
+for 8 requests' paged blocks at different positions; every layer in one call (row_layers) bit for bit as a call a layer;
+the rows' KV slots are checked before the kernel reads them."""
 
 import numpy as np
 import pytest
@@ -76,6 +77,34 @@ def test_eight_requests_in_paged_blocks(step):
     assert (whole - per_op).abs().max() < 2e-3
     assert torch.equal(whole.argmax(-1), per_op.argmax(-1))
     assert (k_whole - k_per_op).abs().max() < 1e-4, "the keys written where each row's position lies"
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_every_layer_in_one_call_equals_a_call_a_layer(step, n, monkeypatch):
+    """row_layers (a pass nothing interrupts) against row_layer per layer (what a pass that may park runs): the same
+    logits and the same keys and values, bit for bit."""
+    assert step.stack() is not None, "SmolLM2's layers stack"
+    L, KV, D, bs = len(step.layers), step.KV, step.D, 16
+    rng = np.random.default_rng(n)
+    K0 = torch.from_numpy(rng.standard_normal((L, 32, KV, bs, D)).astype(np.float32) * 0.1)
+    tables = [list(rng.permutation(32)[:4]) for _ in range(n)]
+    pos = [int(p) for p in rng.integers(0, 64, n)]
+    calls = []
+
+    def run(interrupt):
+        k, v = K0.clone(), K0.clone() * 0.5
+        with torch.no_grad():
+            out = step.run(list(range(5, 5 + n)), pos, row_kv.PagedRows(k, v, tables, pos), interrupt=interrupt).logits
+        return out, k, v
+
+    one = run(None)
+    asked = run(lambda: calls.append(1) or False)  # may park, but a pass of at most ONE_CALL_ROWS rows: one call
+    assert len(calls) == 1, "asked once, before the call"
+    monkeypatch.setattr(row_step, "ONE_CALL_ROWS", 0)
+    per_layer = run(lambda: calls.append(1) or False)  # a call a layer, asked after each but the last
+    assert len(calls) == 1 + L - 1
+    for a, b, c in zip(one, asked, per_layer):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_rows_outside_the_kv_memory_are_refused(step):
