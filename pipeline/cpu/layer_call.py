@@ -102,7 +102,12 @@ class LayerStack:
             raise ValueError("layers: not all of one shape")
         self.layers, self.L = layers, len(layers)  # held: the arrays below point into their memory
         P, F = ctypes.c_void_p * self.L, ctypes.c_float * self.L
-        self.norms = (P(*(ptr(w.norms[0]) for w in layers)), F(*(w.norms[1] for w in layers)), P(*(ptr(w.norms[2]) for w in layers)), F(*(w.norms[3] for w in layers)))
+        self.norms = (
+            P(*(ptr(w.norms[0]) for w in layers)),
+            F(*(w.norms[1] for w in layers)),
+            P(*(ptr(w.norms[2]) for w in layers)),
+            F(*(w.norms[3] for w in layers)),
+        )
         self.products = [P(*(ptr(w.panels[k]) for w in layers)) for k in range(4)]
         self.biases = [P(*(None if w.biases[k] is None else ptr(w.biases[k]) for w in layers)) for k in range(4)]
 
