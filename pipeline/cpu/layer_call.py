@@ -112,23 +112,33 @@ class LayerStack:
         self.biases = [P(*(None if w.biases[k] is None else ptr(w.biases[k]) for w in layers)) for k in range(4)]
 
 
-def row_layers(x: np.ndarray, stack: LayerStack, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, scale, ws: np.ndarray | None = None) -> None:
-    """Every layer of `stack` for the rows x [M, d] (updated in place) in one call of cpu_decode.c's `row_layers`: the
-    same numbers as row_layer for layers 0, 1, ... (the same kernels, in the same order), with no sliding window.
-    `rows`' KV memory holds the stack's layers."""
-    w, M = stack.layers[0], rows.M
+def _checked(x, w: LayerWeights, rows: LayerRows, cos, sin, ws, layers: int, what: str) -> np.ndarray | None:
+    """What a layer's call and a stack's share: x [M, d], cos and sin [M, D], a KV memory holding `layers` layers of
+    the weights' heads, a workspace of M * w.ws floats (a new one where ws is None). None when there are no rows."""
+    M = rows.M
     _need(x, "x", F32, (M, w.d))
     for name, t in (("cos", cos), ("sin", sin)):
         _need(t, name, F32, (M, w.D))
-    if (rows.KV, rows.D) != (w.KV, w.D) or stack.L * rows.layer_bytes > rows.K.nbytes:
-        raise ValueError(f"rows: {stack.L} layers with {rows.KV} KV heads of {rows.D}, the layers have {w.KV} of {w.D}")
+    if (rows.KV, rows.D) != (w.KV, w.D) or layers < 1 or layers * rows.layer_bytes > rows.K.nbytes:
+        raise ValueError(f"rows: {what} with {rows.KV} KV heads of {rows.D}, the layers have {w.KV} of {w.D}")
     if M == 0:
-        return
+        return None
     if ws is None:
         ws = np.empty(M * w.ws, dtype=np.float32)
     _need(ws, "ws", F32, (None,))
     if ws.size < M * w.ws:
         raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
+    return ws
+
+
+def row_layers(x: np.ndarray, stack: LayerStack, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, scale, ws: np.ndarray | None = None) -> None:
+    """Every layer of `stack` for the rows x [M, d] (updated in place) in one call of cpu_decode.c's `row_layers`: the
+    same numbers as row_layer for layers 0, 1, ... (the same kernels, in the same order), with no sliding window.
+    `rows`' KV memory holds the stack's layers."""
+    w, M = stack.layers[0], rows.M
+    ws = _checked(x, w, rows, cos, sin, ws, stack.L, f"{stack.L} layers")
+    if ws is None:
+        return
     lo, failed = rows.lo(None), ctypes.c_int(0)
     (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
     _library().row_layers(
@@ -148,18 +158,9 @@ def row_layer(
     attention, SiLU MLP, both residual adds, in one call. `ws`: workspace of at least M * w.ws floats, reused by a
     pass's layers (else a new one)."""
     M = rows.M
-    _need(x, "x", F32, (M, w.d))
-    for name, t in (("cos", cos), ("sin", sin)):
-        _need(t, name, F32, (M, w.D))
-    if (rows.KV, rows.D) != (w.KV, w.D) or not 0 <= i or (i + 1) * rows.layer_bytes > rows.K.nbytes:
-        raise ValueError(f"rows: layer {i} with {rows.KV} KV heads of {rows.D}, the layer has {w.KV} of {w.D}")
-    if M == 0:
-        return
+    ws = _checked(x, w, rows, cos, sin, ws, i + 1, f"layer {i}")
     if ws is None:
-        ws = np.empty(M * w.ws, dtype=np.float32)
-    _need(ws, "ws", F32, (None,))
-    if ws.size < M * w.ws:
-        raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
+        return
     lo, failed, off = rows.lo(window), ctypes.c_int(0), i * rows.layer_bytes
     n_in, eps_in, n_mid, eps_mid = w.norms
     (pq, po, pg, pd), (bq, bo, bg, bd) = w.panels, [None if b is None else ptr(b) for b in w.biases]
