@@ -47,6 +47,36 @@ WATCH = """() => { window.__seen = []; let last = '';
     if (now !== last) { last = now; window.__seen.push([now, Date.now()]); } }, 100); }"""
 
 
+class SocketFollowers:
+    """n students as websocket clients (bench/socket_follower.py) on one event loop in a thread of their own."""
+
+    def __init__(self, url: str, code: str, n: int):
+        import asyncio
+
+        import socket_follower
+
+        self.loop, self.seen, self.errors = asyncio.new_event_loop(), [[] for _ in range(n)], []
+        self.stop = asyncio.Event()
+
+        async def all_of_them():
+            await asyncio.gather(*(socket_follower.follow(url, code, s, self.stop, self.errors) for s in self.seen), return_exceptions=True)
+
+        self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(all_of_them()), daemon=True)
+        self.thread.start()
+
+    def wait_joined(self, timeout: float) -> int:
+        """How many showed a page within `timeout` seconds."""
+        end = time.time() + timeout
+        while time.time() < end and not all(self.seen):
+            time.sleep(0.5)
+        return sum(1 for s in self.seen if s)
+
+    def close(self) -> list:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(10)
+        return self.seen
+
+
 def prioritise(pid: int, nice: int) -> None:
     """Every thread of process `pid` at scheduling priority `nice` (Linux: a priority is per thread)."""
     if not nice:
@@ -78,6 +108,12 @@ def main():
         default=-10,
         help="the server's scheduling priority (every thread; 0: as started): in a class the server has its own machine, "
         "here it shares 2 cores with 31 Chromium pages, which left it a thirtieth of them",
+    )
+    ap.add_argument(
+        "--sockets",
+        action="store_true",
+        help="followers are clients of Streamlit's websocket protocol (bench/socket_follower.py), not Chromium pages: the "
+        "server's delivery to students on machines of their own, without 30 browsers on this machine's 2 cores",
     )
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
@@ -131,7 +167,8 @@ def main():
             link = teacher.locator("[data-testid='stPopoverBody'] code").first.inner_text().strip()
             teacher.keyboard.press("Escape")
             followers = []
-            for _ in range(args.followers):
+            sockets = SocketFollowers(url, link.split("follow=")[1][:8], args.followers) if args.sockets else None
+            for _ in range(0 if sockets else args.followers):
                 ctx = b.new_context(viewport={"width": 1024, "height": 700})
                 ctx.add_init_script(f"({WATCH})()")
                 if not args.draw:  # the server's delivery, not 30 browsers drawing on one 2-core machine (a class has 30)
@@ -141,6 +178,8 @@ def main():
                 page.goto(link, wait_until="commit", timeout=300_000)  # 30 sessions starting at once on 2 cores
                 followers.append(page)
             t_join, joined = time.time(), 0
+            if sockets:
+                joined = sockets.wait_joined(300)
             for page in followers:
                 try:
                     page.wait_for_selector("h1", timeout=max(1000, int(1000 * (t_join + 300 - time.time()))))  # 5 min for all
@@ -177,6 +216,8 @@ def main():
                 for e in page.locator("[data-testid='stException']").all_inner_texts():
                     errors.append(e[:200])
             seen = [page.evaluate("() => window.__seen") for page in followers]
+            if sockets:
+                seen, _ = sockets.close(), errors.extend(sockets.errors)
             b.close()
     finally:
         stop.set()
@@ -201,6 +242,7 @@ def main():
         {
             "followers": args.followers,
             "followers_draw_figures": args.draw,
+            "followers_kind": "websocket clients (bench/socket_follower.py)" if args.sockets else "Chromium pages",
             "server_nice": args.server_nice,
             "followers_joined": joined,
             "join_s": round(t_joined, 1),

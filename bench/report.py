@@ -102,6 +102,14 @@ ABOUT = {
         "see live_class_1.",
         "bench/bench_live_class.py --followers 30 --minutes 5",
     ),
+    "live_class_sockets": (
+        "The same class with its 30 followers as clients of Streamlit's websocket protocol (bench/socket_follower.py: "
+        "the join link's session, the pages and the address read from the server's messages) instead of Chromium pages: "
+        "the server delivering each change to 30 students who each have a machine of their own, the presenter still a "
+        "Chromium page. The browsers' own drawing is not in it (the Chromium run above measures that on this machine). "
+        "The followers keep no timers: they show a change when the presenter's run wakes them.",
+        "bench/bench_live_class.py --sockets --followers 30 --minutes 5 --out live_class_sockets",
+    ),
     "exact_smollm2": (
         "What exactness costs (SmolLM2): every CPU engine pass through the row step (products in a fixed order for any "
         "number of rows, so a request's logits are bit for bit the same whatever shares its passes) against the torch "

@@ -1,0 +1,53 @@
+"""A student's tab without a browser: a client of Streamlit's own websocket protocol that opens the join link
+(?follow=CODE) and records, like bench_live_class's page script, when it shows which page and prompt.
+
+It sends what the browser sends to start a session (a rerun BackMsg with the address's query string) and reads the
+ForwardMsgs: `navigation` and `new_session` say which page runs, `page_info_changed` carries the address's query
+string (the bound prompt is in it unless it is the default). It runs no timers of its own: the follower's heartbeat
+fragment runs when the presenter's run wakes it (views.live_wake), so what this measures is the server delivering a
+change to each student, as if each had a machine of their own; the browsers' drawing is left out (bench_live_class's
+browser followers measure that, 31 Chromium pages on 2 cores)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import parse_qs
+
+DEFAULT_PROMPT = "The capital of France is"  # views.sidebar.DEFAULTS: absent from the address at its default
+
+
+async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: list) -> None:
+    """Follow class `code` on the server at `url` until `stop`; append (path|prompt, ms) to `seen` on each change."""
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
+    pages, page, query, last = {}, "", f"follow={code}", ""
+    async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None, open_timeout=300) as ws:
+        msg = BackMsg()
+        msg.rerun_script.query_string = query
+        await ws.send(msg.SerializeToString())
+        while not stop.is_set():
+            try:
+                data = await asyncio.wait_for(ws.recv(), timeout=0.5)
+            except TimeoutError:
+                continue
+            fwd = ForwardMsg()
+            fwd.ParseFromString(data)
+            kind = fwd.WhichOneof("type")
+            if kind == "navigation":
+                pages.update({p.page_script_hash: p.url_pathname for p in fwd.navigation.app_pages})
+                page = pages.get(fwd.navigation.page_script_hash, page)
+            elif kind == "new_session":  # the page by its hash (the navigation message names the pages)
+                page = pages.get(fwd.new_session.page_script_hash, page)
+            elif kind == "page_info_changed":
+                query = fwd.page_info_changed.query_string
+            elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element" and fwd.delta.new_element.WhichOneof("type") == "exception":
+                errors.append(fwd.delta.new_element.exception.message[:200])
+            prompt = parse_qs(query).get("prompt", [DEFAULT_PROMPT])[-1]
+            now = f"/{page}|{prompt}"
+            if now != last:
+                last = now
+                seen.append([now, time.time() * 1000])
