@@ -14,14 +14,14 @@ import asyncio
 import time
 from urllib.parse import parse_qs
 
-DEFAULT_PROMPT = "The capital of France is"  # views.sidebar.DEFAULTS: absent from the address at its default
-
 
 async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: list) -> None:
     """Follow class `code` on the server at `url` until `stop`; append (path|prompt, ms) to `seen` on each change."""
     import websockets
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    from views.sidebar import DEFAULTS  # the prompt is absent from the address at its default
 
     ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
     pages, page, query, last = {}, "", f"follow={code}", ""
@@ -46,7 +46,7 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
                 query = fwd.page_info_changed.query_string
             elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element" and fwd.delta.new_element.WhichOneof("type") == "exception":
                 errors.append(fwd.delta.new_element.exception.message[:200])
-            prompt = parse_qs(query).get("prompt", [DEFAULT_PROMPT])[-1]
+            prompt = parse_qs(query).get("prompt", [DEFAULTS["prompt"]])[-1]
             now = f"/{page}|{prompt}"
             if now != last:
                 last = now
