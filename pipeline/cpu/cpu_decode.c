@@ -5,14 +5,14 @@
      rms_norm, silu_mul   the step's two elementwise stages, one call each;
      row_layer      a whole Llama-family decoder layer for any number of rows in one call (the above, one OpenMP region).
 
-   Built and loaded by pipeline/cpu_matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
+   Built by pipeline/cpu/native_build.py, loaded by pipeline/cpu/matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
    loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust
-   their arguments: every call goes through cpu_matmul's checked wrappers, which validate shapes, dtypes,
+   their arguments: every call goes through matmul.py's checked wrappers, which validate shapes, dtypes,
    contiguity, alignment and index ranges in Python first.
    Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
    the memory's speed (every SmolLM2 weight at 8 rows: oneDNN packed 74-91 ms, OpenBLAS 81-93, MKL 155, where
    reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
-   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in cpu_matmul.py).
+   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in pipeline/cpu/matmul.py).
 
    How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels as one
    forward stream, each 64-byte line once, and every multiply-add of a panel's line is done before the next:
@@ -286,7 +286,7 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
                   const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
                   int bs, float scale, float *out, int threads, int *failed) {
     /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
-       caller (pipeline/cpu_matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
+       caller (pipeline/cpu/matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int task = 0; task < B * KV; task++) {
         int b = task / KV, kv = task % KV;

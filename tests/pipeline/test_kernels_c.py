@@ -160,7 +160,7 @@ def test_a_planted_kernel_library_never_runs_and_decoding_still_answers(tmp_path
     env = {**os.environ, "LLM_EXPLORER_KERNELS": str(kernels), "LLM_EXPLORER_STATE": str(tmp_path / "state"), "PLANT_MARK": str(mark)}
     env.pop("LLM_EXPLORER_KERNEL_SANITIZE", None)
     name = subprocess.run(
-        [sys.executable, "-c", "from pipeline.cpu import matmul as cm; print(cm.library_name())"], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", "from pipeline.cpu import native_build; print(native_build.library_name())"], capture_output=True, text=True, env=env, cwd=ROOT
     ).stdout.strip()
     cmd = f"{shutil.which('gcc')} -shared -fPIC {src} -o {kernels / name}"
     subprocess.run(cmd, shell=True, check=True)

@@ -173,8 +173,9 @@ def test_the_native_kernel_is_built_wherever_it_can_be():
     import shutil
 
     from pipeline.cpu import matmul as cm
+    from pipeline.cpu import native_build
 
     cc = shutil.which(os.environ.get("CC", "gcc"))
-    if cc is None or not cm._cpu_has_avx2_fma() or os.environ.get("LLM_EXPLORER_PANEL", "1") == "0":
+    if cc is None or not native_build.cpu_has_avx2_fma() or os.environ.get("LLM_EXPLORER_PANEL", "1") == "0":
         pytest.skip(f"no C compiler or no AVX2/FMA here: the fallback kernels serve (cc={cc})")
     assert cm.native() is not None, "gcc and AVX2 are here, but pipeline/cpu/cpu_decode.c did not build or load: see the log"
