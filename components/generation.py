@@ -387,7 +387,7 @@ def cache_modes_table(res, util_col: str):
                 "ran as": r.engine.split(" (")[0],
                 "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
                 "runs": " / ".join(f"{x:.1f}" for x in r.runs),
-                "× dynamic (median, range)": None if m == CacheMode.DYNAMIC else str(res.ratios(m)),
+                "× dynamic (median, range)": "1 (the reference)" if m == CacheMode.DYNAMIC else str(res.ratios(m)),
                 "KV MiB set aside": round(r.events[-1].kv_reserved_bytes / 2**20, 2),
                 util_col: None if r.utilisation is None else round(r.utilisation),
                 "warm-up s": round(r.warmup_s, 2),

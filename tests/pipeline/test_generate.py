@@ -167,3 +167,14 @@ def test_mode_ratios_pair_runs_of_the_same_repeat_and_flag_noise():
     assert not res.ratios("fused").noisy and str(res.ratios("fused")) == "1.50× (1.50–1.50)"  # the machine drifted 2x; the ratio did not
     assert res.ratios("static").noisy and str(res.ratios("static")).endswith("noisy: a tie")  # 0.9 .. 1.1 around 1.0
     assert CacheModeComparison({"dynamic": run([10]), "fused": run([20])}, []).ratios("fused").noisy  # one repeat cannot tell
+
+
+def test_page_12s_table_names_the_reference_instead_of_nan(lm):
+    """The dynamic cache's own ratio column said "nan" on page 12: it is the reference, and the table says so."""
+    from components.generation import cache_modes_table
+    from pipeline.generation import compare_cache_modes
+
+    table = cache_modes_table(compare_cache_modes(lm, "The capital of France is", 4, reps=1), "CPU %")
+    col = table["× dynamic (median, range)"]
+    assert col.notna().all() and not col.astype(str).str.contains("nan|None").any()
+    assert col.iloc[0] == "1 (the reference)"
