@@ -230,20 +230,37 @@ class RemoteEngine:
                     raise cause from None
                 raise EngineError(f"The serving cluster could not take the request: {type(e).__name__}") from e
 
+        def send_until(deadline: float):
+            """send(), again while the cluster fails it (a replica Serve has not yet seen die is still routed to)."""
+            while True:
+                try:
+                    return send()
+                except EngineError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+
         def send_again():  # after a replica died: another must take it within RESEND_S, or the visitor is told
             import queue
 
             got: queue.Queue = queue.Queue()
-            threading.Thread(target=lambda: got.put(_try(send)), daemon=True, name="resend").start()
+            deadline = time.monotonic() + RESEND_S
+            threading.Thread(target=lambda: got.put(_try(lambda: send_until(deadline))), daemon=True, name="resend").start()
             try:
-                ok, value = got.get(timeout=RESEND_S)
+                ok, value = got.get(timeout=RESEND_S + 1.0)
             except queue.Empty:
                 raise EngineError(f"no replica took the request again within {RESEND_S:.0f} s") from None
             if not ok:
                 raise value
             return value
 
-        gen, first = send()
+        try:
+            gen, first = send()
+        except EngineError as e:
+            # the replica it was routed to died before admitting it (its node just went away, and Serve has not
+            # noticed yet): nothing was streamed, so any request, sampled ones included, can go to another replica
+            log.warning("the cluster failed a new request (%s): sent again", e)
+            gen, first = send_again()
         # the same tokens again on another replica only where the settings fix them: greedy, or seeded sampling
         return RemoteHandle(gen, first, resubmit=send_again if sampling.greedy or sampling.seed is not None else None)
 
