@@ -12,7 +12,8 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch summing every weight
                  tensor, the first probe, is reported beside it: it read 12-22 GB/s where this reads 31-54). The
                  single-request configurations also take this probe in their own process, 3 reads before each
-                 request (ReadClock): their share of the limit at the same minutes;
+                 request (ReadClock): their share of the limit at the same minutes (against the run's fastest
+                 read, and paired: each request against the reads just before it, the median over requests);
   * ours-dynamic / ours-static / ours-fused
                  our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
                  token to last, prefill excluded) over the 8 prompts one after another;
@@ -134,13 +135,26 @@ class ReadClock:
     def __init__(self, lm):
         from pipeline.cpu.bandwidth import Reader
 
-        self.reader, self.times = Reader(weight_bytes(lm)), []
+        self.reader, self.times, self.pairs = Reader(weight_bytes(lm)), [], []
 
     def tick(self) -> None:
         self.times += [self.reader.once() for _ in range(3)]
 
+    def request(self, tokens: int, seconds: float) -> None:
+        """A request's decode, measured right after the last tick: paired with that tick's fastest read."""
+        self.pairs.append((tokens / seconds, 1 / min(self.times[-3:])))
+
     def limit(self) -> float:
         return 1 / min(self.times)
+
+    def paired(self) -> float:
+        """The median over requests of (its decode rate / the limit read just before it): the same minutes, request
+        by request, where limit() takes the run's fastest read for every request."""
+        return statistics.median(rate / limit for rate, limit in self.pairs)
+
+    def shares(self, rate: float) -> dict:
+        limit = self.limit()
+        return {"limit_in_process_tokens_per_s": limit, "share_of_limit_in_process": rate / limit, "share_of_limit_paired": self.paired()}
 
 
 def ours(lm, mode: str, ps, tokens: int) -> dict:
@@ -170,15 +184,9 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
             decode_s += ts[-1] - ts[0]
             decode_n += len(ts) - 1
             wall_s += ts[-1] - t0
+            clock.request(len(ts) - 1, ts[-1] - ts[0])
     rate = decode_n / decode_s
-    limit = clock.limit()
-    return {
-        "decode_tokens_per_s": rate,
-        "tokens_per_s": sum(map(len, answers)) / wall_s,
-        "limit_in_process_tokens_per_s": limit,
-        "share_of_limit_in_process": rate / limit,
-        "answers": answers,
-    }
+    return {"decode_tokens_per_s": rate, "tokens_per_s": sum(map(len, answers)) / wall_s, **clock.shares(rate), "answers": answers}
 
 
 def engine_batch(lm, ps, tokens: int, prefix_cache: bool) -> dict:
@@ -231,8 +239,9 @@ def ct2(lm, kind: str, n: int, ps, tokens: int) -> dict:
             answers.append(toks)
             decode_s += ts[-1] - ts[0]
             decode_n += len(ts) - 1
-        rate, limit = decode_n / decode_s, clock.limit()
-        return {"decode_tokens_per_s": rate, "limit_in_process_tokens_per_s": limit, "share_of_limit_in_process": rate / limit, "answers": answers}
+            clock.request(len(ts) - 1, ts[-1] - ts[0])
+        rate = decode_n / decode_s
+        return {"decode_tokens_per_s": rate, **clock.shares(rate), "answers": answers}
     t = time.perf_counter()
     res = gen.generate_batch(pieces, include_prompt_in_result=False, **kw)
     s = time.perf_counter() - t
@@ -433,6 +442,7 @@ def main(argv=None) -> int:
             "limit_tokens_per_s",
             "limit_in_process_tokens_per_s",
             "share_of_limit_in_process",
+            "share_of_limit_paired",
             "step_ms",
             "step_per_operation_ms",
             "products_ms",
@@ -471,6 +481,9 @@ def summarise(results: dict) -> dict:
         # the same ratio with the read probe taken inside the decode's own process, between its requests (ReadClock)
         "ours_alone_share_of_limit_in_process": med("engine-1", "share_of_limit_in_process"),
         "ct2_float32_alone_share_of_limit_in_process": med("ct2-float32-1", "share_of_limit_in_process"),
+        # ... and request by request, each with the reads taken just before it (ReadClock.paired)
+        "ours_alone_share_of_limit_paired": med("engine-1", "share_of_limit_paired"),
+        "ct2_float32_alone_share_of_limit_paired": med("ct2-float32-1", "share_of_limit_paired"),
         "ours_fused_loop_decode_tokens_per_s": med("ours-fused", "decode_tokens_per_s"),
         "ct2_float32_alone_decode_tokens_per_s": med("ct2-float32-1", "decode_tokens_per_s"),
         # batches: our prefix cache off (CTranslate2 prefills every prompt), warm-ups outside the measured prompts

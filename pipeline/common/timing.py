@@ -216,7 +216,14 @@ class Activity:
         count: dict[str, int] = {}
         with self._lock:
             entries = [(k, n) for tok, (k, n, s, o) in self._active.items() if tok != exclude and o != own and s < t1]
-            entries += [(k, n) for k, n, s, e, o in self._done if e > t0 and s < t1 and o != own]
+            # newest first: entries are kept in the order they ended (give or take the few microseconds between an
+            # entry's clock reading and its append), so the scan stops a second before t0 instead of reading all
+            # `keep` of them (0.2 ms, on every engine iteration)
+            for k, n, s, e, o in reversed(self._done):
+                if e < t0 - 1.0:
+                    break
+                if e > t0 and s < t1 and o != own:
+                    entries.append((k, n))
         for k, n in entries:
             count[k] = max(count.get(k, 0), n) if k == "generation" else count.get(k, 0) + n
         return Busy(tuple(sorted(count.items())))

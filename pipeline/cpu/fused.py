@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.common.timing import ids_of_length, syncer
+from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
 from pipeline.cpu.graphs import capture_step, compile_step
 from pipeline.cpu.kv_layout import visible
@@ -191,7 +192,7 @@ class FusedDecoder:
         return logits, self._summary(logits)
 
     def _summary(self, logits) -> GreedySummary:
-        return GreedySummary.of(logits, self.n_top)
+        return cpu_matmul.greedy_summary(logits, self.n_top)
 
     def step(self, token_id: int, position: int):
         """Decode one token at `position` (its K/V are written there). Returns (logits, summary) on the device;

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.cpu.native_build import build
+from pipeline.forward.sampling import GreedySummary
 
 KERNELS = True  # bench/bench_linear.py turns it off to measure what the choice gives
 PANEL_MAX_ROWS = 64  # 1..64 rows: pipeline/cpu/cpu_decode.c (or, without it, 1 row OpenBLAS and 2..64 oneDNN)
@@ -305,6 +306,23 @@ def silu_mul(gu: np.ndarray) -> np.ndarray:
     if gu.size:
         _library().silu_mul(ptr(gu), ptr(gu) + 4 * N, ptr(y), _dim(M, "gu rows"), _dim(N, "gu width"), two)
     return y
+
+
+def greedy_summary(logits: torch.Tensor, k: int) -> GreedySummary:
+    """GreedySummary.of(logits, k) for float32 logits [V] or [rows, V] on a CPU, in one C call (cpu_decode.c's
+    greedy_summary: one thread, where torch's three reductions each woke the OpenMP team); torch's elsewhere and
+    inside torch.compile (a traced step has no call out to C)."""
+    if torch.compiler.is_compiling() or logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.ndim not in (1, 2) or not logits.shape[-1] or (lib := native()) is None:
+        return GreedySummary.of(logits, k)
+    x = np.ascontiguousarray(logits.detach().numpy().reshape(-1, logits.shape[-1]))
+    rows, V = x.shape
+    k = min(int(k), V)
+    am, lse = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.float32)
+    vals, ids = np.empty((rows, k), dtype=np.float32), np.empty((rows, k), dtype=np.int64)
+    if rows:
+        lib.greedy_summary(ptr(x), _dim(rows, "logits rows"), _dim(V, "vocabulary"), _dim(k, "k"), ptr(am), ptr(lse), ptr(vals), ptr(ids))
+    out = GreedySummary(*(torch.from_numpy(a) for a in (am, lse, vals, ids)))
+    return out if logits.ndim == 2 else out.row(0)
 
 
 def _sgemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,8 @@ def build() -> ctypes.CDLL | None:
     lib.rms_norm.restype = None
     lib.silu_mul.argtypes = [ptr, ptr, ptr, i, i, i]
     lib.silu_mul.restype = None
+    lib.greedy_summary.argtypes = [ptr, i, i, i, ptr, ptr, ptr, ptr]
+    lib.greedy_summary.restype = None
     # x, M, d, H, KV, D, I, the norms (scale, eps) x 2, the four products' panels and biases, cos, sin, K, V, their
     # three strides, blk, off, tables, max blocks, lo, hi, block size, scale, workspace, threads, failed
     lib.row_layer.argtypes = [ptr, *[i] * 6, ptr, f, ptr, f, *[ptr] * 10, ptr, ptr, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]

@@ -35,11 +35,12 @@ from dataclasses import asdict, replace
 import torch
 
 from pipeline.common.timing import ACTIVITY
+from pipeline.cpu.matmul import greedy_summary
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
 from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
-from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, StepOutput, choose
+from pipeline.forward.sampling import GREEDY, Sampling, StepOutput, choose
 from pipeline.forward.tokens import token_pieces, token_texts
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model.loaded import LoadedModel
@@ -327,7 +328,7 @@ class Engine:
         out: list[StepOutput | None] = [None] * len(reqs)
         if greedy:
             k = max(reqs[j].sampling.n_top for j in greedy)
-            summ = GreedySummary.of(logits[torch.tensor(greedy, device=logits.device)], k).cpu()
+            summ = greedy_summary(logits[torch.tensor(greedy, device=logits.device)], k).cpu()
             for row, j in enumerate(greedy):
                 out[j] = StepOutput(summary=summ.row(row))
         for j in range(len(reqs)):

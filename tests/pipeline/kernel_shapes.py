@@ -50,6 +50,18 @@ def run(seed: int = 0, cases: int = 40) -> int:
         gu = rng.standard_normal((M, 2 * K)).astype(np.float32)
         g, u = gu[:, :K].astype(np.float64), gu[:, K:].astype(np.float64)
         _close(cm.silu_mul(gu), g / (1 + np.exp(-g)) * u)
+        # a greedy step's summary: argmax (the first of equal largest), log-sum-exp, the top k largest first with
+        # the lower id first among equals (ties made on purpose by rounding), against float64 and a stable sort
+        if N:
+            lg = (np.round(rng.standard_normal((M, N)) * 4, 0 if rng.random() < 0.5 else 3) * 3).astype(np.float32)
+            kk = int(rng.integers(1, N + 3))
+            s = cm.greedy_summary(torch.from_numpy(lg), kk)
+            order = np.argsort(-lg, axis=-1, kind="stable")[:, : min(kk, N)]
+            assert np.array_equal(s.argmax.numpy(), lg.argmax(-1)) and np.array_equal(s.ids.numpy(), order)
+            assert np.array_equal(s.values.numpy(), np.take_along_axis(lg, order, -1))
+            ld = lg.astype(np.float64)
+            if M:
+                _close(s.logsumexp, ld.max(-1) + np.log(np.exp(ld - ld.max(-1, keepdims=True)).sum(-1)), 1e-6)
         # paged attention: B rows, random block tables, random windows
         B, KV, G, D, bs = (
             int(rng.integers(0, 6)),

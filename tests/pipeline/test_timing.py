@@ -91,6 +91,23 @@ def test_activity_says_what_else_ran_and_never_counts_itself():
     assert act.during(0.5, 0.6).less_one("generation") == Busy((("generation", 2), ("trace", 1)))
 
 
+def test_activity_finds_work_that_overlapped_among_many_later_entries():
+    now = [0.0]
+    act = Activity(keep=4096, clock=lambda: now[0])
+    long = act.start("trace")  # ran from 0 to 50.5
+    for i in range(1000):  # then 1,000 short engine steps, 0.1 s each, from 10 to 110
+        tok = act.start("generation", 2) if i else None
+        now[0] = 10 + i * 0.1
+        if i == 405:
+            act.end(long)
+        if tok is not None:
+            act.end(tok)
+    assert act.during(50.0, 50.2) == Busy((("generation", 2), ("trace", 1)))
+    assert act.during(5.0, 6.0) == Busy((("trace", 1),))  # ended 400 entries before the newest: still found
+    assert act.during(60.0, 60.05) == Busy((("generation", 2),))
+    assert act.during(200.0, 201.0) == Busy()
+
+
 def test_five_of_five_slower_is_a_slowdown_not_a_tie():
     """Page 13 called 0.84x with all 5 repeats slower "too noisy to tell: a tie"."""
     slower = Ratios((0.7, 0.84, 0.9, 0.8, 0.95))
