@@ -4,8 +4,9 @@ is measured against (bench/bench_cpu_anchor.py, the roofline page).
     r = read_probe(nbytes)     # a buffer of nbytes (default: 512 MiB) summed front to back, best of `reps`
     r.gb_per_s, r.kernel
 
-With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads into four accumulators, every thread
-its own contiguous share: a STREAM-style read); without it, numpy's sum on one thread, which reads slower and says
+With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
+read as four streams side by side: a STREAM-style read; one stream a thread, as until 2026-12-04, read 13-17% less
+here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower and says
 so in `kernel`. Torch summing each weight tensor (the bench's first probe) read 12-22 GB/s where this read 31-54:
 its many small reductions measured torch's sum, not the memory.
 """
@@ -46,7 +47,7 @@ class Reader:
         if lib is not None:
             addr = self._buf.ctypes.data
             self._read = lambda: lib.read_sum(addr, n, self.threads)
-            self.kernel = f"pipeline/cpu/cpu_decode.c read_sum, AVX2, {self.threads} threads"
+            self.kernel = f"pipeline/cpu/cpu_decode.c read_sum, AVX2, {self.threads} threads x 4 streams"
         else:
             self._read, self.threads = self._buf.sum, 1
             self.kernel = "numpy sum, 1 thread (cpu_decode.c not built here)"

@@ -15,8 +15,9 @@
    reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
    8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in pipeline/cpu/matmul.py).
 
-   How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels as one
-   forward stream, each 64-byte line once, and every multiply-add of a panel's line is done before the next:
+   How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels forward
+   (one row: four panels side by side, four streams, k1x4_f32), each 64-byte line once, and every multiply-add of a
+   panel's line is done before the next:
    for each k, the 16 weights W[n0:n0+16, k] (two AVX registers) times x[m, k] (broadcast), added into
    2 x MR accumulators, MR <= 6 rows at a time (12 accumulators + 2 weights + 1 broadcast = 15 of the 16 AVX
    registers). Each output is one sum over k in order 0, 1, ..., K-1 with fused multiply-adds: the same numbers
@@ -24,6 +25,7 @@
    logits alone or with 31 others, bit for bit (tests/pipeline/test_row_step.py). */
 
 #include <immintrin.h>
+#include <omp.h>
 #include <stddef.h>
 
 #define NB 16          /* outputs per panel */
@@ -114,7 +116,8 @@ static inline void put(float *y, int n0, int nn, const float *sc, const float *b
     static void k5_##SFX(ARGS(T)) { D5 LOOP(SFX, R5) P5 }                                            \
     static void k6_##SFX(ARGS(T)) { D6 LOOP(SFX, R6) P6 }                                            \
     typedef void (*kernel_##SFX)(ARGS(T));                                                           \
-    static const kernel_##SFX KS_##SFX[7] = {0, k1_##SFX, k2_##SFX, k3_##SFX, k4_##SFX, k5_##SFX, k6_##SFX}; \
+    static const kernel_##SFX KS_##SFX[7] = {0, k1_##SFX, k2_##SFX, k3_##SFX, k4_##SFX, k5_##SFX, k6_##SFX};
+#define LINEAR_FOR(SFX, T)                                                                           \
     static void linear_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y,   \
                              int M, int N, int K, int threads) {                                     \
         int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;                                        \
@@ -132,9 +135,71 @@ static inline void put(float *y, int n0, int nn, const float *sc, const float *b
 KERNELS_FOR(f32, float)
 KERNELS_FOR(i8, signed char)
 KERNELS_FOR(bf16, unsigned short)
+LINEAR_FOR(i8, signed char)
+LINEAR_FOR(bf16, unsigned short)
+
+/* One row against four panels at once: four forward streams for the core to read ahead in, where one stream kept too
+   few reads in flight. Measured (a C harness, 2026-12-04, SmolLM2's 120 layer products for one row, best of 8 passes,
+   interleaved with the read probe): one panel at a time read 0.82-0.87 of a one-stream probe, two at once 0.91-0.97,
+   four at once 0.98-1.16 (47.9 GB/s where the probe read 44.3 in a fast minute). Each output is the same fused
+   multiply-adds in the same order as k1_f32's (and as row 0's in any k2..k6): the same bits whichever kernel ran it. */
+#define S4_ACC(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const float *w##i = p##i;
+#define S4_FMA(i) a##i##0 = _mm256_fmadd_ps(xb, _mm256_load_ps(w##i + (size_t)k * NB), a##i##0); \
+                  a##i##1 = _mm256_fmadd_ps(xb, _mm256_load_ps(w##i + (size_t)k * NB + 8), a##i##1);
+static void k1x4_f32(const float *x, int K, const float *p0, const float *p1, const float *p2, const float *p3, float *y,
+                     int N, const int *n0, const float *b) {
+    S4_ACC(0) S4_ACC(1) S4_ACC(2) S4_ACC(3)
+    for (int k = 0; k < K; k++) {
+        __m256 xb = _mm256_broadcast_ss(x + k);
+        S4_FMA(0) S4_FMA(1) S4_FMA(2) S4_FMA(3)
+    }
+    #define S4_PUT(i) put(y, n0[i], N - n0[i] < NB ? N - n0[i] : NB, 0, b, a##i##0, a##i##1);
+    S4_PUT(0) S4_PUT(1) S4_PUT(2) S4_PUT(3)
+}
+
+/* Panels [lo, hi) of y [M, N] = x [M, K] @ W.T (+ b), by the calling thread; with `add`, each panel's outputs also
+   added into add [M, N]. One row: four streams (k1x4_f32) over the span's four quarters; several: each panel once,
+   its rows in balanced chunks of at most 6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache. */
+static void panel_span(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int lo, int hi, float *add) {
+    int q = lo, chunks = (M + 5) / 6;
+    if (M == 1) {
+        int qu = (hi - lo) / 4;
+        for (; q < lo + qu; q++) {
+            int n0[4] = {q * NB, (q + qu) * NB, (q + 2 * qu) * NB, (q + 3 * qu) * NB};
+            k1x4_f32(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N, n0, b);
+        }
+        if (add)
+            for (int j = 0; j < 4 * qu * NB && lo * NB + j < N; j++) add[lo * NB + j] += y[lo * NB + j];
+        q = lo + 4 * qu;
+    }
+    for (; q < hi; q++) {
+        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
+        const float *pp = p + (size_t)q * K * NB;
+        for (int c = 0, m0 = 0; c < chunks; c++) {
+            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
+            KS_f32[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, 0, b);
+            m0 += mm;
+        }
+        if (add)
+            for (int m = 0; m < M; m++)
+                for (int j = 0; j < nn; j++) add[(size_t)m * N + n0 + j] += y[(size_t)m * N + n0 + j];
+    }
+}
+
+/* the calling thread's share of `panels` among the team's n: contiguous, as OpenMP's schedule(static) splits */
+static inline void share(int panels, int *lo, int *hi) {
+    int n = omp_get_num_threads(), t = omp_get_thread_num();
+    *lo = (int)((long)panels * t / n);
+    *hi = (int)((long)panels * (t + 1) / n);
+}
 
 void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
-    linear_f32(x, p, 0, b, y, M, N, K, threads);
+    #pragma omp parallel num_threads(threads)
+    {
+        int lo, hi;
+        share((N + NB - 1) / NB, &lo, &hi);
+        panel_span(x, p, b, y, M, N, K, lo, hi, 0);
+    }
 }
 void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
     linear_i8(x, p, scale, b, y, M, N, K, threads);
@@ -362,25 +427,29 @@ void greedy_summary(const float *x, int rows, int V, int k, long long *argmax, f
     }
 }
 
-/* read_sum: the sum of n floats read once, front to back, with AVX2 loads into four accumulators, the range split in
-   `threads` contiguous shares (OpenMP): a STREAM-style read, the most a decode step's weight reads can reach on this
-   machine (pipeline.cpu.bandwidth times it over a buffer as large as a model's weights). The sum is returned so the
-   reads cannot be optimised away. */
+/* read_sum: the sum of n floats, each read once, with AVX2 loads: the range split in `threads` contiguous shares
+   (OpenMP), each thread reading its share as four forward streams at once (its four quarters side by side, an
+   accumulator each): a STREAM-style read, the most a decode step's weight reads can reach on this machine
+   (pipeline.cpu.bandwidth times it over a buffer as large as a model's weights). Four streams, because one stream a
+   thread (this probe until 2026-12-04) read 13-17% less on this project's machines, measured interleaved: the limit
+   is what the memory gives to the best reader we can write, and the products read that way too (k1x4_f32). The sum
+   is returned so the reads cannot be optimised away. */
 double read_sum(const float *a, long n, int threads) {
     double total = 0.0;
-    long chunks = (n + 65535) / 65536;
-    #pragma omp parallel for schedule(static) reduction(+:total) num_threads(threads)
-    for (long c = 0; c < chunks; c++) {
-        long i = c * 65536, hi = i + 65536 < n ? i + 65536 : n;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (; i + 32 <= hi; i += 32) {
-            s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
-            s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
-            s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
-            s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+    #pragma omp parallel num_threads(threads) reduction(+:total)
+    {
+        long t = omp_get_thread_num(), T = omp_get_num_threads();
+        long lo = n * t / T, hi = n * (t + 1) / T, q = (hi - lo) / 32 * 8; /* each stream: q floats, a multiple of 8 */
+        const float *s0 = a + lo, *s1 = s0 + q, *s2 = s1 + q, *s3 = s2 + q;
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (long i = 0; i < q; i += 8) {
+            c0 = _mm256_add_ps(c0, _mm256_loadu_ps(s0 + i));
+            c1 = _mm256_add_ps(c1, _mm256_loadu_ps(s1 + i));
+            c2 = _mm256_add_ps(c2, _mm256_loadu_ps(s2 + i));
+            c3 = _mm256_add_ps(c3, _mm256_loadu_ps(s3 + i));
         }
-        float rest = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-        for (; i < hi; i++) rest += a[i];
+        float rest = hsum(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
+        for (long i = lo + 4 * q; i < hi; i++) rest += a[i];
         total += rest;
     }
     return total;
@@ -415,7 +484,6 @@ double read_sum(const float *a, long n, int threads) {
    it; the sleepers count and the flag are sequentially consistent, so a sleeper is always woken or never sleeps. */
 #include <limits.h>
 #include <linux/futex.h>
-#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TEAM_SPIN 50000 /* checks before sleeping: ~50-100 us, longer than the waits of a quiet step */
@@ -438,23 +506,12 @@ static inline void team_wait(team *t, int n, int *sense) {
 }
 
 static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add) {
-    /* y = x @ W.T (+ b) over the team (an orphaned worksharing loop: every thread of the region calls it, and
-       meets the others at the caller's team_wait after it); with `add`, each panel's outputs are also added into
-       add [M, N] by the thread that computed them */
-    int panels = (N + NB - 1) / NB, chunks = (M + 5) / 6;
-    #pragma omp for schedule(static) nowait
-    for (int q = 0; q < panels; q++) {
-        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
-        const float *pp = p + (size_t)q * K * NB;
-        for (int c = 0, m0 = 0; c < chunks; c++) {
-            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
-            KS_f32[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, 0, b);
-            m0 += mm;
-        }
-        if (add)
-            for (int m = 0; m < M; m++)
-                for (int j = 0; j < nn; j++) add[(size_t)m * N + n0 + j] += y[(size_t)m * N + n0 + j];
-    }
+    /* y = x @ W.T (+ b) over the team: every thread of the region calls it for its share of the panels, and meets
+       the others at the caller's team_wait after it; with `add`, each panel's outputs are also added into add [M, N]
+       by the thread that computed them */
+    int lo, hi;
+    share((N + NB - 1) / NB, &lo, &hi);
+    panel_span(x, p, b, y, M, N, K, lo, hi, add);
 }
 
 static void rope_row(float *v, int heads, int D, const float *c, const float *s) {

@@ -45,8 +45,20 @@ keeping both cores busy a step took 30-600 ms where OpenMP's barrier took 27-72:
 The worker also joined each layer's region ~30 us late (it sleeps in libgomp during the Python between layers): a pass
 that nothing interrupts between layers (ours, or the engine's of at most ONE_CALL_ROWS rows with no newcomer waiting)
 now runs every layer in one C call (`row_layers`, the same layer code, bit for bit the same): one row 19.0 against
-21.0 ms, 8 rows 30.2 against 32.4 (medians, interleaved). What remains: the LM head's 113 MB (3.4-4 ms, at the
+21.0 ms, 8 rows 30.2 against 32.4 (medians, interleaved). What remained: the LM head's 113 MB (3.4-4 ms, at the
 probe's speed), the engine's own work between passes (~2 ms a token).
+
+Then (2026-12-04, evening) three more, each measured first:
+  * one stream a thread kept too few reads in flight: a C harness reading the 120 layer products for one row read
+    0.82-0.87 of the probe one panel at a time, 0.98-1.16 four panels at once (and the probe itself, one stream a
+    thread, read 13-17% less than as four). One row now runs four panels side by side (cpu_decode.c's k1x4_f32, the
+    same sums in the same order) and the probe reads four streams a thread. One request in the engine, old against
+    new code in alternating processes: 47.3-50.9 tok/s against 52.3-59.1;
+  * the greedy step's summary (argmax, log-sum-exp, top k over 49,152 logits) cost 0.6 ms a token as three torch
+    reductions, each waking the OpenMP team; one C call on one thread takes ~60 us (cpu_decode.c's greedy_summary);
+  * the server's activity record scanned its 2,048 entries on every engine iteration (0.2 ms); it stops at the
+    first entry that ended a second before the interval.
+A one-row engine iteration is now the layers ~13.3-14.8 ms, the head ~3.4, the rest ~1 ms (cProfile's counts).
 
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
