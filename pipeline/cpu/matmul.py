@@ -312,7 +312,14 @@ def greedy_summary(logits: torch.Tensor, k: int) -> GreedySummary:
     """GreedySummary.of(logits, k) for float32 logits [V] or [rows, V] on a CPU, in one C call (cpu_decode.c's
     greedy_summary: one thread, where torch's three reductions each woke the OpenMP team); torch's elsewhere and
     inside torch.compile (a traced step has no call out to C)."""
-    if torch.compiler.is_compiling() or logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.ndim not in (1, 2) or not logits.shape[-1] or (lib := native()) is None:
+    if (
+        torch.compiler.is_compiling()
+        or logits.device.type != "cpu"
+        or logits.dtype != torch.float32
+        or logits.ndim not in (1, 2)
+        or not logits.shape[-1]
+        or (lib := native()) is None
+    ):
         return GreedySummary.of(logits, k)
     x = np.ascontiguousarray(logits.detach().numpy().reshape(-1, logits.shape[-1]))
     rows, V = x.shape
