@@ -214,7 +214,7 @@ class Engine:
                 with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
                     prefilled, first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
                     parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
-                    outs = self._outputs([r for r, _ in first] + rows, torch.cat(parts)) if parts else []
+                    outs = self._outputs([r for r, _ in first] + rows, parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
                 live = [(r, Phase.PREFILL) for r, _ in first] + [(r, Phase.DECODE) for r in rows]
                 choices = {}
@@ -298,7 +298,8 @@ class Engine:
                 self._parked[r.id] = seqs[j]
             else:
                 done.append(j)
-        return prefilled, first, [rows[j - len(chunks)] for j in done], logits[done] if done else None
+        kept = logits if len(done) == len(seqs) else logits[done] if done else None  # (indexing copies the logits)
+        return prefilled, first, [rows[j - len(chunks)] for j in done], kept
 
     def newcomer_waiting(self) -> bool:
         """Asked by the forward after every layer: should the parkable rows stop here for a short request that
@@ -328,7 +329,8 @@ class Engine:
         out: list[StepOutput | None] = [None] * len(reqs)
         if greedy:
             k = max(reqs[j].sampling.n_top for j in greedy)
-            summ = greedy_summary(logits[torch.tensor(greedy, device=logits.device)], k).cpu()
+            every = len(greedy) == len(reqs)  # (indexing the logits copies them: 0.1-0.2 ms a pass)
+            summ = greedy_summary(logits if every else logits[torch.tensor(greedy, device=logits.device)], k).cpu()
             for row, j in enumerate(greedy):
                 out[j] = StepOutput(summary=summ.row(row))
         for j in range(len(reqs)):
