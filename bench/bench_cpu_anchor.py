@@ -8,12 +8,13 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
   * row-step-split  one row step's time: as it runs (a layer per C call), with a call per operation, and that
                  without its matrix products (pipeline.cpu.row_step's docstring);
   * probe        the machine's read bandwidth: a buffer as large as the model's weights (the bytes a decode step
-                 must read) read by pipeline/cpu/cpu_decode.c's read_sum (AVX2, both threads), best of 15; the limit
-                 is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch summing every weight
-                 tensor, the first probe, is reported beside it: it read 12-22 GB/s where this reads 31-54). The
-                 single-request configurations also take this probe in their own process, 3 reads before each
-                 request (ReadClock): their share of the limit at the same minutes (against the run's fastest
-                 read, and paired: each request against the reads just before it, the median over requests);
+                 must read) read by pipeline/cpu/cpu_decode.c's read_sum (AVX2, both threads, four streams each),
+                 best of 15; the limit is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch
+                 summing every weight tensor, the first probe, is reported beside it: it read 12-22 GB/s where this
+                 read 31-54 as one stream a thread, and reads more as four). The single-request configurations
+                 also take this probe in their own process, 3 reads before each request (ReadClock): their share
+                 of the limit at the same minutes (against the run's fastest read, and paired: each request against
+                 the reads just before it, the median over requests);
   * ours-dynamic / ours-static / ours-fused
                  our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
                  token to last, prefill excluded) over the 8 prompts one after another;

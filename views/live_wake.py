@@ -3,10 +3,9 @@
 A follower's heartbeat (views.live._watch, a fragment) is timed by its browser. With 30 browser pages on one 2-core
 machine the timers fired seconds late, and 30 heartbeats a second were work for the server and every browser. So each
 follower's heartbeat registers its session here, and the presenter's run that publishes a new view asks Streamlit to
-run every follower's heartbeat now: the rerun its browser would have asked for (that fragment, the browser's last
-address and page, the widgets' values as the server holds them), scheduled on the server's event loop, where browser
-messages are handled. The heartbeat stays, slower, for
-anything this misses.
+run every follower's page now: the rerun the heartbeat would have asked for (the browser's last address and page, the
+widgets' values as the server holds them), scheduled on the server's event loop, where browser messages are handled.
+The heartbeat stays, slower, for anything this misses.
 
 This uses Streamlit's runtime internals (Runtime._session_mgr, AppSession.request_rerun and _client_state, the
 fragment's ThreadState): streamlit is pinned (requirements.txt), and where any of it is missing (AppTest, another
@@ -21,12 +20,13 @@ import weakref
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_followers: dict[str, dict[str, tuple[weakref.ref, str]]] = {}  # class code -> follower id -> (session, fragment)
+_followers: dict[str, dict[str, weakref.ref]] = {}  # class code -> follower id -> its session
 MAX_PER_CLASS = 512
 
 
 def register(code: str, me: str) -> bool:
-    """From a follower's heartbeat fragment: this session, to be woken when class `code` shows something new."""
+    """From a follower's heartbeat fragment (only there: a page that follows): this session, to be woken when class
+    `code` shows something new."""
     try:
         from streamlit.runtime import Runtime, exists
         from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState, get_script_run_ctx
@@ -40,9 +40,9 @@ def register(code: str, me: str) -> bool:
         return False
     with _lock:
         known = _followers.setdefault(code, {})
-        known[me] = (weakref.ref(session), fragment)
+        known[me] = weakref.ref(session)
         if len(known) > MAX_PER_CLASS:  # closed tabs first, then the oldest
-            for k in [k for k, (ref, _) in known.items() if ref() is None] or list(known)[: len(known) - MAX_PER_CLASS]:
+            for k in [k for k, ref in known.items() if ref() is None] or list(known)[: len(known) - MAX_PER_CLASS]:
                 del known[k]
     return True
 
@@ -57,28 +57,31 @@ def forget(code: str, me: str | None = None) -> None:
 
 
 def wake(code: str) -> int:
-    """Run every registered follower's heartbeat of class `code` now; how many were asked."""
+    """Run every registered follower's page of class `code` now; how many were asked."""
     with _lock:
         known = _followers.get(code, {})
         items = list(known.items())
-        for k, (ref, _) in items:
+        for k, ref in items:
             if ref() is None:
                 del known[k]
     n = 0
-    for _, (ref, fragment) in items:
+    for _, ref in items:
         session = ref()
         if session is None:
             continue
         try:
-            session._call_soon_on_event_loop(functools.partial(_rerun, ref, fragment))
+            session._call_soon_on_event_loop(functools.partial(_rerun, ref))
             n += 1
         except Exception:  # noqa: BLE001 - a session shutting down: its heartbeat (if any) follows
             log.debug("could not wake a follower", exc_info=True)
     return n
 
 
-def _rerun(ref: weakref.ref, fragment: str) -> None:
-    """On the event loop: the follower's heartbeat fragment, with the browser's last address and page."""
+def _rerun(ref: weakref.ref) -> None:
+    """On the event loop: the follower's whole page, with the browser's last address and page (what the heartbeat
+    fragment's st.rerun(scope="app") asked for, without running the fragment first: every wake-up is something new
+    to show, and that run was ~30 more script runs on one interpreter for a class of 30). A run still drawing the
+    previous view is stopped for it (Streamlit's fast reruns)."""
     session = ref()
     if session is None:
         return
@@ -87,11 +90,12 @@ def _rerun(ref: weakref.ref, fragment: str) -> None:
 
         state = ClientState()
         state.CopyFrom(session._client_state)
-        state.fragment_id = fragment
-        # no widget values: the browser's last message may hold a prompt from before the server applied the
-        # presenter's (a run the server started sends nothing back), and it would set the follower's prompt back
+        state.ClearField("fragment_id")
+        # no widget values (the session keeps the ones it has): the browser's last message may hold a prompt from
+        # before the server applied the presenter's (a run the server started sends nothing back), and it would set
+        # the follower's prompt back
         state.ClearField("widget_states")
-        state.is_auto_rerun = True  # as the browser's timer asks: a fragment gone since is skipped quietly
+        state.is_auto_rerun = False
         session.request_rerun(state)
     except Exception:  # noqa: BLE001 - the session went away in between
         log.debug("could not wake a follower", exc_info=True)

@@ -6,9 +6,9 @@ is measured against (bench/bench_cpu_anchor.py, the roofline page).
 
 With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
 read as four streams side by side: a STREAM-style read; one stream a thread, as until 2026-12-04, read 13-17% less
-here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower and says
-so in `kernel`. Torch summing each weight tensor (the bench's first probe) read 12-22 GB/s where this read 31-54:
-its many small reductions measured torch's sum, not the memory.
+here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower
+and says so in `kernel`. Torch summing each weight tensor (the bench's first probe) read 12-22 GB/s where this read
+31-54 as one stream a thread (more as four): its many small reductions measured torch's sum, not the memory.
 """
 
 from __future__ import annotations

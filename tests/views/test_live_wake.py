@@ -1,5 +1,6 @@
 """Waking followers (views.live_wake) with stand-in sessions: the presenter's new view asks each registered
-follower's heartbeat fragment to run now, with the browser's last client state, on the session's event loop; a
+follower's page to run now (the whole page, not the heartbeat fragment first), with the browser's last address and
+page and no widget values, on the session's event loop; a
 closed tab (its session gone) is dropped, a follower who explores is not woken, an ended class forgets them all.
 (The real thing is walked in Chromium by tests/browser/test_live_class.py and measured by bench/bench_live_class.py.)"""
 
@@ -28,23 +29,24 @@ class Session:
         self.asked.append(state)
 
 
-def _add(code, me, session, fragment="frag-1"):
+def _add(code, me, session):
     import weakref
 
     with live_wake._lock:
-        live_wake._followers.setdefault(code, {})[me] = (weakref.ref(session), fragment)
+        live_wake._followers.setdefault(code, {})[me] = weakref.ref(session)
 
 
-def test_a_new_view_runs_each_followers_heartbeat_now():
+def test_a_new_view_runs_each_followers_page_now():
     a, b = Session("follow=ABCDEFGH&prompt=x"), Session("follow=ABCDEFGH")
-    _add("ABCDEFGH", "a", a, "beat-a")
-    _add("ABCDEFGH", "b", b, "beat-b")
+    a._client_state.fragment_id = "beat-a"  # the browser's last message was its heartbeat
+    _add("ABCDEFGH", "a", a)
+    _add("ABCDEFGH", "b", b)
     assert live_wake.wake("ABCDEFGH") == 2
     (sa,), (sb,) = a.asked, b.asked
-    assert (sa.fragment_id, sa.query_string, sa.page_script_hash, sa.is_auto_rerun) == ("beat-a", "follow=ABCDEFGH&prompt=x", "page", True)
-    assert sb.fragment_id == "beat-b"
+    assert (sa.fragment_id, sa.query_string, sa.page_script_hash, sa.is_auto_rerun) == ("", "follow=ABCDEFGH&prompt=x", "page", False)
+    assert sb.fragment_id == "" and sb.query_string == "follow=ABCDEFGH"
     assert not sa.widget_states.widgets, "no widget values from the browser's last message (they may predate the view)"
-    assert a._client_state.fragment_id == "" and len(a._client_state.widget_states.widgets) == 1, "the session's own state is left as it was"
+    assert a._client_state.fragment_id == "beat-a" and len(a._client_state.widget_states.widgets) == 1, "the session's own state is left as it was"
     assert live_wake.wake("ZZZZZZZZ") == 0, "another class: nobody"
 
     live_wake.forget("ABCDEFGH", "a")  # explores on their own
