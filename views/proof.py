@@ -1,5 +1,5 @@
 """Every page's "How do we know?" box: the cross-checks of its numbers against an independent computation, run once
-per trace (or run) and kept in the session, each drawn as one line with its verdict and measured discrepancy."""
+per trace (or run) for the whole server, each drawn as one line with its verdict and measured discrepancy."""
 
 from __future__ import annotations
 
@@ -16,14 +16,18 @@ def verdict(ok: bool | None) -> str:
     return SKIP if ok is None else (PASS if ok else FAIL)
 
 
+@st.cache_resource(show_spinner=False)
 def _check_results() -> appstate.CheckResults:
-    return st.session_state.setdefault("_checks", appstate.CheckResults())
+    """The server's cross-check results (one store: a shared trace is checked once, whoever opens its page)."""
+    return appstate.CheckResults()
 
 
 def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks on this run", ask: bool = False):
-    """An expander that runs `checks_fn()` -> [Check] once per `tr` (a trace, or a run's result object) and shows
-    each measured discrepancy. Results live in the session (appstate.CheckResults), never on the shared trace.
-    Checks that need extra forward passes on long prompts (or, with `ask`, always) wait for a click."""
+    """An expander that runs `checks_fn()` -> [Check] once per (`key`, `tr`: a trace, or a run's result object) for
+    the whole server and shows each measured discrepancy. The results live in one store beside the traces
+    (appstate.CheckResults, weakly keyed by `tr`), never on the trace itself; `key` names everything else the checks
+    depend on (a layer and head, the sampling settings). Checks that need extra forward passes on long prompts (or,
+    with `ask`, always) wait for a click."""
     with st.expander(label):
         store = _check_results()
         results = store.get(key, tr)
@@ -37,11 +41,10 @@ def how_do_we_know(checks_fn, key: str, tr, label="How do we know? Cross-checks 
                 )
                 return
             try:
-                results = checks_fn()
+                results = store.compute(key, tr, checks_fn)
             except Exception as e:  # noqa: BLE001 - a failed check is shown, the page keeps serving
                 guard.fail(e, "run a check", level="error")
                 return
-            store.put(key, tr, results)
         show_checks(results)
 
 

@@ -132,6 +132,35 @@ def test_check_results_never_keep_their_trace_alive():
     assert store.get("k0", keep[0]) is None and store.get("k2", keep[2]) == 2  # bounded
 
 
+def test_check_results_are_computed_once_for_every_session_and_a_failure_is_retried():
+    import threading
+    import time
+
+    store, tr, calls = appstate.CheckResults(), FakeTrace(1), []
+
+    def slow():  # a check that re-runs the model: the other sessions asking meanwhile wait for its result
+        calls.append(1)
+        time.sleep(0.2)
+        return ["ok"]
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(store.compute("attn0-0", tr, slow))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [["ok"]] * 8 and len(calls) == 1
+    assert store.compute("attn0-1", tr, lambda: ["other head"]) == ["other head"]  # another key: its own results
+
+    def broken():
+        raise RuntimeError("the check failed")
+
+    with pytest.raises(RuntimeError):
+        store.compute("layer", tr, broken)
+    assert store.compute("layer", tr, lambda: ["second try"]) == ["second try"]
+    assert not store._running, "no computation left registered"
+
+
 @pytest.mark.parametrize("slot", ["gen", "kv"])
 def test_recall_of_a_missing_slot_is_none(slot):
     assert appstate.recall({}, slot, "smol") is None
