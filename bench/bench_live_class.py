@@ -5,7 +5,9 @@ presenter's change to each follower showing it (p50, p95, max), changes a follow
 server's CPU (mean and peak, of one core) and RSS (after warm-up and at the end), and the whole machine's CPU and the
 browsers' (Chromium and Playwright's driver), to tell the server's delivery from the browsers' own share. The server logs its own figure too
 (LLM_EXPLORER_CLASS_LOG): from the presenter's run publishing a view to each follower's run drawing it to its end, which
-leaves out the browsers' share.
+leaves out the browsers' share. The presenter's publishing is logged too, which splits each delay in two: the
+presenter's own share (its Chromium taking the bench's typing or click, and its run: on this machine's 2 cores beside
+every client) and the server's delivery from the publishing to each follower's address.
 
 By default the followers' pages do not draw their Plotly figures (the chart's code is not served to them): 30 Chromium
 pages drawing every figure on this machine's 2 cores measured the browsers, not the server (p50 35 s, p95 70 s, 82 of
@@ -223,10 +225,16 @@ def main():
         stop.set()
         end_rss = rss[-1] if rss else None
         stop_server(proc)
-    drawn = [json.loads(line)["delay_s"] for line in log.read_text().splitlines()] if log.exists() else []
-    delays, missed, missed_which, first_follower = [], 0, [], []
+    lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    drawn = [x["delay_s"] for x in lines if "delay_s" in x]
+    published = [(f"/{x['slug']}|{x['prompt']}", x["published"] * 1000) for x in lines if "published" in x]
+    delays, missed, missed_which, first_follower, presenter, after_publish = [], 0, [], [], [], []
     for k, (want, t0) in enumerate(changes):
         t_next = changes[k + 1][1] if k + 1 < len(changes) else float("inf")
+        # when the presenter's run published this view (its browser and its run: not the server's delivery)
+        pub = next((t for label, t in published if label == want and t0 <= t < t_next), None)
+        if pub is not None:
+            presenter.append((pub - t0) / 1000)
         for j, log in enumerate(seen):
             # shown after the change and before the next one (a later step that returns to the same view is not this one)
             hit = next((t for path, t in log if path.endswith(want) and t0 <= t < t_next), None)  # pathname may carry a base
@@ -237,6 +245,8 @@ def main():
                 missed_which.append({"change": want, "follower_then": [p for p, t in log if t < t0][-1:]})
             else:
                 delays.append((hit - t0) / 1000)
+                if pub is not None:
+                    after_publish.append((hit - pub) / 1000)
     write(
         args.out,
         {
@@ -249,6 +259,20 @@ def main():
             "minutes": args.minutes,
             "changes": len(changes),
             "delay_s": {"p50": pct(delays, 50), "p95": pct(delays, 95), "max": max(delays) if delays else None, "n": len(delays)},
+            "presenter_s": {
+                "what": "from the presenter's action (the bench's typing or click in its Chromium) to its run publishing the view",
+                "p50": pct(presenter, 50),
+                "p95": pct(presenter, 95),
+                "max": max(presenter) if presenter else None,
+                "n": len(presenter),
+            },
+            "after_publish_s": {
+                "what": "from the presenter's run publishing the view to the change in each follower's address (the server's delivery)",
+                "p50": pct(after_publish, 50),
+                "p95": pct(after_publish, 95),
+                "max": max(after_publish) if after_publish else None,
+                "n": len(after_publish),
+            },
             "server_delay_s": {
                 "what": "from the presenter's run publishing a view to a follower's run drawing it to its end, on the server (before the browser renders)",
                 "p50": pct(drawn, 50),

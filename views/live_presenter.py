@@ -4,6 +4,10 @@ over, the end). The students' side is views.live; the question on the next-token
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import streamlit as st
 
 import appstate
@@ -20,7 +24,13 @@ def publish(slug: str) -> None:
         view = classes().publish(c.code, session_key(), slug, current_view())
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
-            live_wake.wake(c.code)  # the followers' heartbeats now, not at their browsers' next tick
+            live_wake.wake(c.code)  # the followers' pages now, not at their browsers' next tick
+            path = os.environ.get("LLM_EXPLORER_CLASS_LOG")  # the load bench's clock: when the view left the presenter
+            if path:
+                with open(path, "a") as f:
+                    f.write(
+                        json.dumps({"code": c.code, "view": view.number, "published": time.time(), "slug": slug, "prompt": view.state.get("prompt")}) + "\n"
+                    )
 
 
 def join_link(code: str) -> str:
