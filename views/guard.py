@@ -6,37 +6,32 @@ The policy itself and its data structures live in demo.py, which knows nothing o
 from __future__ import annotations
 
 import os
-import time
 
 import streamlit as st
 
 import demo
 import pipeline
+from pipeline.common.memo import fresh_for
 from pipeline.forward.tracing import over_cap
 from views.session import client_address, session_key
 
-_policy: tuple | None = None  # (the environment's LLM_EXPLORER_ variables, when read, the policy)
-POLICY_TTL_S = 1.0
+
+def _environment() -> tuple:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("LLM_EXPLORER_")))
 
 
+@fresh_for(1.0, key=_environment)
 def policy() -> demo.Policy:
     """Demo mode's policy: LLM_EXPLORER_DEMO=1 or a [demo] section in .streamlit/secrets.toml. Read again when the
     environment's LLM_EXPLORER_ variables change (a test switches it per server) and at most once a second otherwise:
     a page asks for it at each capped control, and looking for the secrets file each time (Streamlit reads the
     configuration and checks every path when there is none) was 12% of the server's work with a class of 30 following
     (sampled by py-spy)."""
-    global _policy
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("LLM_EXPLORER_")))
-    now, memo = time.monotonic(), _policy
-    if memo is not None and memo[0] == env and now - memo[1] < POLICY_TTL_S:
-        return memo[2]
     try:
         secrets = st.secrets.to_dict() if st.secrets.load_if_toml_exists() else {}
     except Exception:  # noqa: BLE001 - a malformed secrets file must not take the app down
         secrets = {}
-    p = demo.load_policy(secrets)
-    _policy = (env, now, p)
-    return p
+    return demo.load_policy(secrets)
 
 
 def cap(name: str, page_max: int | None = None) -> int | None:

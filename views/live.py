@@ -103,10 +103,16 @@ def shown() -> None:
     if not code or number is None or st.session_state.get("_live_exploring"):
         return
     delay = classes().shown(code, _me(), number)
+    if delay is not None:
+        class_log({"code": code, "view": number, "follower": _me(), "delay_s": round(delay, 4)})
+
+
+def class_log(record: dict) -> None:
+    """One JSON line in LLM_EXPLORER_CLASS_LOG, when set: the load bench's server-side clock (bench_live_class.py)."""
     path = os.environ.get("LLM_EXPLORER_CLASS_LOG")
-    if delay is not None and path:
+    if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"code": code, "view": number, "follower": _me(), "delay_s": round(delay, 4)}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 def _explore() -> None:

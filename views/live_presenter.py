@@ -4,8 +4,6 @@ over, the end). The students' side is views.live; the question on the next-token
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import streamlit as st
@@ -13,7 +11,7 @@ import streamlit as st
 import appstate
 from components.join import join_url, qr_svg
 from views import guard, live_wake
-from views.live import classes, current_view
+from views.live import class_log, classes, current_view
 from views.session import freeze_runs, session_key
 
 
@@ -25,12 +23,8 @@ def publish(slug: str) -> None:
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
             live_wake.wake(c.code)  # the followers' pages now, not at their browsers' next tick
-            path = os.environ.get("LLM_EXPLORER_CLASS_LOG")  # the load bench's clock: when the view left the presenter
-            if path:
-                with open(path, "a") as f:
-                    f.write(
-                        json.dumps({"code": c.code, "view": view.number, "published": time.time(), "slug": slug, "prompt": view.state.get("prompt")}) + "\n"
-                    )
+            # the load bench's clock: when the view left the presenter
+            class_log({"code": c.code, "view": view.number, "published": time.time(), "slug": slug, "prompt": view.state.get("prompt")})
 
 
 def join_link(code: str) -> str:

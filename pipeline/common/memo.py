@@ -1,6 +1,7 @@
 """Memos. Per object (`per_object`): values that die with their object (a model, a tokenizer, a trace), never keyed
 by id(), which keeps the value alive forever and can hand it to a new object that reuses the address. By value
-(`shared`, `digest`, `LRU`): results kept for equal plain-data arguments, bounded (see below)."""
+(`shared`, `digest`, `LRU`): results kept for equal plain-data arguments, bounded (see below). For a while
+(`fresh_for`): a value read from outside the process (a file, installed packages) asked for on every page run."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ def per_object(fn):
 
     wrapper.memo = memo
     return wrapper
+
+
+def fresh_for(seconds: float, key=None):
+    """Memoise a function of no arguments for `seconds` (time.monotonic), and again at once when `key()` (if given)
+    changes: for what the server reads from outside (the secrets file, installed packages) that pages ask for on
+    every run, where reading it each time was measurable (views.guard.policy, registry.available_models). One value,
+    swapped whole (thread-safe: two callers at the edge may both read, either result is current)."""
+
+    def wrap(fn):
+        last: list = [None]  # (key, when, value)
+
+        @functools.wraps(fn)
+        def wrapper():
+            import time
+
+            k, now, got = key() if key else None, time.monotonic(), last[0]
+            if got is not None and got[0] == k and now - got[1] < seconds:
+                return got[2]
+            value = fn()
+            last[0] = (k, now, value)
+            return value
+
+        wrapper.forget = lambda: last.__setitem__(0, None)
+        return wrapper
+
+    return wrap
 
 
 def give_back_freed_memory() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
+from pipeline.common.memo import fresh_for  # noqa: E402
 
 EMBEDDED = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
@@ -139,22 +140,20 @@ def builtin(key: str | None) -> Builtin | None:
     return BUILTINS.get(key or "")
 
 
-_installed: tuple[float, dict[str, bool]] | None = None  # (when looked, built-in key -> installed)
-INSTALLED_TTL_S = 10.0
+@fresh_for(10.0)
+def _installed() -> dict[str, bool]:
+    """Built-in key -> installed, looked up at most every 10 s: the sidebar asks on every page run, and finding the
+    packages' folders was 4.5% of the server's work with a class of 30 following (`make models` while the server runs
+    shows within that time)."""
+    return {b.key: b.installed() for b in BUILTINS.values()}
 
 
 def available_models(extra_paths: list[str] | None = None) -> list[ModelChoice]:
-    """The picker's list: the built-in models (installed or not, with how to install) and user folders. Whether a
-    built-in is installed is looked up at most every INSTALLED_TTL_S seconds (the sidebar asks on every page run, and
-    finding the packages' folders was 4.5% of the server's work with a class of 30 following; `make models` while the
-    server runs shows within that time)."""
-    global _installed
-    now, known = time.monotonic(), _installed
-    if known is None or now - known[0] > INSTALLED_TTL_S:
-        known = _installed = (now, {b.key: b.installed() for b in BUILTINS.values()})
+    """The picker's list: the built-in models (installed or not, with how to install) and user folders."""
+    installed = _installed()
     out = []
     for b in BUILTINS.values():
-        ok = known[1][b.key]
+        ok = installed[b.key]
         out.append(ModelChoice(b.key, b.picker, ok, "" if ok else b.install))
     for p in extra_paths or []:
         out.append(ModelChoice(p, f"Local: {p}", True))

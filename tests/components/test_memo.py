@@ -91,3 +91,26 @@ def test_no_page_changes_a_figure_it_was_handed(present):
     changed = [k for k, (fig, before) in built.items() if fig.to_json() != before]
     assert not changed, f"{len(changed)} shared figures changed by a page run"
     assert memo.BUILT.hits > 0, "the second visit drew figures built by the first"
+
+
+@pytest.mark.unit
+def test_fresh_for_reads_again_after_its_time_or_when_its_key_changes(monkeypatch):
+    import time
+
+    now, key, reads = [100.0], ["a"], []
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+
+    @memo.fresh_for(1.0, key=lambda: key[0])
+    def read():
+        reads.append(1)
+        return len(reads)
+
+    assert read() == 1 and read() == 1  # within the second: kept
+    now[0] += 0.5
+    assert read() == 1
+    key[0] = "b"  # the environment changed: read at once
+    assert read() == 2
+    now[0] += 1.5  # the time passed: read again
+    assert read() == 3 and len(reads) == 3
+    read.forget()
+    assert read() == 4
