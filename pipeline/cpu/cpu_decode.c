@@ -186,19 +186,30 @@ static void panel_span(const float *x, const float *p, const float *b, float *y,
     }
 }
 
-/* the calling thread's share of `panels` among the team's n: contiguous, as OpenMP's schedule(static) splits */
-static inline void share(int panels, int *lo, int *hi) {
-    int n = omp_get_num_threads(), t = omp_get_thread_num();
-    *lo = (int)((long)panels * t / n);
-    *hi = (int)((long)panels * (t + 1) / n);
+/* The calling thread's part of a product's panels among the team's: units of 4 panels for one row (k1x4_f32's four
+   streams), of one panel for several, handed out as threads finish: thread t takes unit t first, then the next unit
+   of the shared counter `grab`. Where each thread had a fixed half (until 2026-12-04), the one the memory served more
+   slowly kept the other waiting at every product's end: 0.5-0.7 ms a one-row step per thread, measured per phase
+   inside row_layers (SmolLM2). Which thread computes a unit changes no bit (each output is the same sums in the same
+   order). `base` (each thread's own copy, the same value in all) is the counter's value at this product's start:
+   every thread leaves the loop on one failed grab, so the counter ends at base + units, whoever took what. */
+static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add,
+                       long *grab, long *base) {
+    int n = omp_get_num_threads(), per = M == 1 ? 4 : 1, panels = (N + NB - 1) / NB;
+    long units = (panels + per - 1) / per, b0 = *base;
+    for (long u = omp_get_thread_num(); u < units; u = n + __atomic_fetch_add(grab, 1, __ATOMIC_RELAXED) - b0) {
+        int lo = (int)u * per, hi = lo + per < panels ? lo + per : panels;
+        panel_span(x, p, b, y, M, N, K, lo, hi, add);
+    }
+    *base = b0 + units;
 }
 
 void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
+    long grab = 0;
     #pragma omp parallel num_threads(threads)
     {
-        int lo, hi;
-        share((N + NB - 1) / NB, &lo, &hi);
-        panel_span(x, p, b, y, M, N, K, lo, hi, 0);
+        long base = 0;
+        panels_for(x, p, b, y, M, N, K, 0, &grab, &base);
     }
 }
 void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
@@ -487,8 +498,8 @@ double read_sum(const float *a, long n, int threads) {
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TEAM_SPIN 50000 /* checks before sleeping: ~50-100 us, longer than the waits of a quiet step */
-typedef struct { int count, sense, sleepers; } team;
-static inline void team_wait(team *t, int n, int *sense) {
+typedef struct { int count, sense, sleepers; long grab; } team; /* grab: panels_for's counter */
+static inline void team_wait_pf(team *t, int n, int *sense, const char *pf, const char *pe) {
     int s = *sense = !*sense;
     if (__atomic_add_fetch(&t->count, 1, __ATOMIC_ACQ_REL) == n) {
         __atomic_store_n(&t->count, 0, __ATOMIC_RELAXED);
@@ -497,21 +508,23 @@ static inline void team_wait(team *t, int n, int *sense) {
             syscall(SYS_futex, &t->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
         return;
     }
-    for (int i = 0; i < TEAM_SPIN; i++)
+    for (int i = 0; i < TEAM_SPIN; i++) {
         if (__atomic_load_n(&t->sense, __ATOMIC_ACQUIRE) == s) return;
+        if (pf < pe) { _mm_prefetch(pf, _MM_HINT_T0); pf += 64; }
+    }
     __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST); /* then the last arrival wakes us (or we see its flag) */
     while (__atomic_load_n(&t->sense, __ATOMIC_SEQ_CST) != s)
         syscall(SYS_futex, &t->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
     __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
 }
-
-static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add) {
-    /* y = x @ W.T (+ b) over the team: every thread of the region calls it for its share of the panels, and meets
-       the others at the caller's team_wait after it; with `add`, each panel's outputs are also added into add [M, N]
-       by the thread that computed them */
-    int lo, hi;
-    share((N + NB - 1) / NB, &lo, &hi);
-    panel_span(x, p, b, y, M, N, K, lo, hi, add);
+static inline void team_wait(team *t, int n, int *sense) { team_wait_pf(t, n, sense, 0, 0); }
+/* the bytes of the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for) */
+#define FIRST(p, N, K, M) (const char *)((p) + first_unit(N, K, M, 0)), (const char *)((p) + first_unit(N, K, M, 1))
+static inline size_t first_unit(int N, int K, int M, int end) {
+    int per = M == 1 ? 4 : 1, panels = (N + NB - 1) / NB, lo = omp_get_thread_num() * per;
+    if (lo >= panels) return 0;
+    int hi = lo + per < panels ? lo + per : panels;
+    return (size_t)(end ? hi : lo) * K * NB;
 }
 
 static void rope_row(float *v, int heads, int D, const float *c, const float *s) {
@@ -526,7 +539,7 @@ static void rope_row(float *v, int heads, int D, const float *c, const float *s)
 }
 
 /* One layer, run by every thread of the team (inside its parallel region); the phases meet at team_wait. */
-static void layer_team(team *t, int n, int *sense, float *x, int M, int d, int H, int KV, int D, int I,
+static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, int d, int H, int KV, int D, int I,
                        const float *n_in, float eps_in, const float *n_mid, float eps_mid, const float *p_qkv,
                        const float *b_qkv, const float *p_o, const float *b_o, const float *p_gu, const float *b_gu,
                        const float *p_down, const float *b_down, const float *cosv, const float *sinv, float *K, float *V,
@@ -537,9 +550,9 @@ static void layer_team(team *t, int n, int *sense, float *x, int M, int d, int H
     float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
-    team_wait(t, n, sense);
-    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0);
-    team_wait(t, n, sense);
+    team_wait_pf(t, n, sense, FIRST(p_qkv, NQ, d, M));
+    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0, &t->grab, base);
+    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
         float *r = qkv + (size_t)m * NQ;
@@ -552,25 +565,25 @@ static void layer_team(team *t, int n, int *sense, float *x, int M, int d, int H
             }
         }
     }
-    team_wait(t, n, sense);
+    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int task = 0; task < M * KV; task++) {
         int m = task / KV, j = task % KV;
         attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
                     lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
     }
-    team_wait(t, n, sense);
-    panels_for(a, p_o, b_o, y, M, d, H * D, x);
-    team_wait(t, n, sense);
+    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
+    panels_for(a, p_o, b_o, y, M, d, H * D, x, &t->grab, base);
+    team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
-    team_wait(t, n, sense);
-    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0);
-    team_wait(t, n, sense);
+    team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
+    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0, &t->grab, base);
+    team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
-    team_wait(t, n, sense);
-    panels_for(act, p_down, b_down, y, M, d, I, x);
+    team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
+    panels_for(act, p_down, b_down, y, M, d, I, x, &t->grab, base);
 }
 
 void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
@@ -579,11 +592,12 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
                const float *cosv, const float *sinv, float *K, float *V, long s_blk, long s_kv, long s_pos,
                const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
                float scale, float *ws, int threads, int *failed) {
-    team t = {0, 0, 0};
+    team t = {0, 0, 0, 0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
-        layer_team(&t, n, &sense, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
+        long base = 0;
+        layer_team(&t, n, &sense, &base, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
                    p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
     }
 }
@@ -591,23 +605,34 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
 /* Layers 0 .. L-1 in ONE parallel region (row_step's pass when nothing may interrupt it between layers): the same
    layer_team per layer, so the same numbers as L calls of row_layer, without the team's start and the Python between
    layers (~1 ms and ~1-2 ms a one-row step). Per layer l: its weights from the arrays, its KV memory at
-   K + l * kv_layer (floats). */
+   K + l * kv_layer (floats). With p_head: then the rows keep[0..MK) through the final norm (n_final, eps_final) and the
+   LM head (p_head packed, b_head or NULL) into logits [MK, vocab], as panel_linear would compute them, without a second
+   region and the Python between (~0.2 ms a one-row step). */
 void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, const float *const *n_in, const float *eps_in,
                 const float *const *n_mid, const float *eps_mid, const float *const *p_qkv, const float *const *b_qkv,
                 const float *const *p_o, const float *const *b_o, const float *const *p_gu, const float *const *b_gu,
                 const float *const *p_down, const float *const *b_down, const float *cosv, const float *sinv, float *K,
                 float *V, long kv_layer, long s_blk, long s_kv, long s_pos, const int *blk, const int *off,
                 const int *tables, int mb, const int *lo, const int *hi, int bs, float scale, float *ws, int threads,
-                int *failed) {
-    team t = {0, 0, 0};
+                int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head, int vocab,
+                const int *keep, int MK, float *logits) {
+    team t = {0, 0, 0, 0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
+        long base = 0;
         for (int l = 0; l < L; l++) {
-            if (l) team_wait(&t, n, &sense); /* the last phase's residual add into x, done by every thread */
-            layer_team(&t, n, &sense, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
+            if (l) team_wait_pf(&t, n, &sense, FIRST(p_qkv[l], (H + 2 * KV) * D, d, M)); /* the last phase's residual add into x, done by every thread */
+            layer_team(&t, n, &sense, &base, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
                        p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], cosv, sinv, K + (size_t)l * kv_layer,
                        V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
+        }
+        if (p_head) { /* the final norm of the rows `keep` and the LM head, in the same region */
+            team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
+            #pragma omp for schedule(static) nowait
+            for (int m = 0; m < MK; m++) rms_norm(x + (size_t)keep[m] * d, n_final, ws + (size_t)m * d, 1, d, eps_final);
+            team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
+            panels_for(ws, p_head, b_head, logits, MK, vocab, d, 0, &t.grab, &base);
         }
     }
 }

@@ -112,6 +112,21 @@ class LayerStack:
         self.biases = [P(*(None if w.biases[k] is None else ptr(w.biases[k]) for w in layers)) for k in range(4)]
 
 
+class Head:
+    """The final norm and the LM head for `row_layers`, checked once: the norm's scale [d] and epsilon, the head's
+    panels (and bias) of vocab x d."""
+
+    def __init__(self, scale: np.ndarray, eps: float, w: torch.Tensor, b: torch.Tensor | None):
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() != 2:
+            raise ValueError(f"head: a 2-D float32 tensor is needed, not {getattr(w, 'dtype', type(w).__name__)}")
+        self.vocab, self.d = (_dim(n, "a head dimension") for n in w.shape)
+        _need(scale, "final norm", F32, (self.d,))
+        self.scale, self.eps, self.panels = scale, float(eps), panel(w)
+        self.bias = None if b is None else np.ascontiguousarray(b.detach().numpy())
+        if self.bias is not None:
+            _need(self.bias, "head bias", F32, (self.vocab,))
+
+
 def _checked(x, w: LayerWeights, rows: LayerRows, cos, sin, ws, layers: int, what: str) -> np.ndarray | None:
     """What a layer's call and a stack's share: x [M, d], cos and sin [M, D], a KV memory holding `layers` layers of
     the weights' heads, a workspace of M * w.ws floats (a new one where ws is None). None when there are no rows."""
@@ -131,23 +146,47 @@ def _checked(x, w: LayerWeights, rows: LayerRows, cos, sin, ws, layers: int, wha
     return ws
 
 
-def row_layers(x: np.ndarray, stack: LayerStack, rows: LayerRows, cos: np.ndarray, sin: np.ndarray, scale, ws: np.ndarray | None = None) -> None:
+def row_layers(
+    x: np.ndarray,
+    stack: LayerStack,
+    rows: LayerRows,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    scale,
+    ws: np.ndarray | None = None,
+    head: Head | None = None,
+    keep=None,
+) -> np.ndarray | None:
     """Every layer of `stack` for the rows x [M, d] (updated in place) in one call of cpu_decode.c's `row_layers`: the
     same numbers as row_layer for layers 0, 1, ... (the same kernels, in the same order), with no sliding window.
-    `rows`' KV memory holds the stack's layers."""
+    `rows`' KV memory holds the stack's layers. With `head`: then, in the same call, the rows `keep` (default all)
+    through the final norm and the LM head, returned as logits [len(keep), vocab] (the same numbers as panel_linear's)."""
     w, M = stack.layers[0], rows.M
     ws = _checked(x, w, rows, cos, sin, ws, stack.L, f"{stack.L} layers")
     if ws is None:
-        return
+        return None
+    tail: tuple = (None, 0.0, None, None, 0, None, 0, None)
+    logits = None
+    if head is not None:
+        if head.d != w.d:
+            raise ValueError(f"head: {head.d} inputs, the layers give {w.d}")
+        kept = np.ascontiguousarray(np.arange(M) if keep is None else keep, dtype=I32)
+        if kept.ndim != 1 or (len(kept) and (kept.min() < 0 or kept.max() >= M)):
+            raise ValueError(f"keep: rows of 0..{M - 1} are needed")
+        logits = np.empty((len(kept), head.vocab), dtype=np.float32)
+        if len(kept):
+            b = None if head.bias is None else ptr(head.bias)
+            tail = (ptr(head.scale), head.eps, ptr(head.panels), b, head.vocab, ptr(kept), len(kept), ptr(logits))
     lo, failed = rows.lo(None), ctypes.c_int(0)
     (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
     _library().row_layers(
         stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd, ptr(cos), ptr(sin),
         ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables),
-        rows.mb, ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
+        rows.mb, ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed), *tail,
     )  # fmt: skip
     if failed.value:
         raise MemoryError("row_layers: no memory for the attention scores")
+    return logits
 
 
 def row_layer(

@@ -98,5 +98,6 @@ def build() -> ctypes.CDLL | None:
     # the same for L layers in one call: L, then as row_layer with each layer's norms and products as arrays of L
     # pointers (their epsilons as arrays of L floats) and the KV memory's floats per layer after K, V
     lib.row_layers.argtypes = [i, ptr, *[i] * 6, *[ptr] * 14, ptr, ptr, lg, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
+    lib.row_layers.argtypes += [ptr, f, ptr, ptr, i, ptr, i, ptr]  # then the final norm and LM head (NULL: none)
     lib.row_layers.restype = None
     return lib

@@ -60,6 +60,21 @@ Then (2026-12-04, evening) three more, each measured first:
     first entry that ended a second before the interval.
 A one-row engine iteration is now the layers ~13.3-14.8 ms, the head ~3.4, the rest ~1 ms (cProfile's counts).
 
+Then (2026-12-04, late) the time between the products, measured per thread and phase inside row_layers (one row,
+20 steps, clock_gettime around each phase and each team_wait): each thread spent 0.7-1.8 ms a step waiting at the 270
+meeting points, mostly at the products' ends, where a fixed half of the panels each had kept the thread the memory
+served faster waiting for the other; and the second thread idled through the first's small work (norms, RoPE,
+attention, SiLU: ~0.5 ms). Now:
+  * a product's panels go out in units (4 panels for one row, 1 for several) to whichever thread is free
+    (cpu_decode.c's panels_for), the first unit of each thread fixed;
+  * a thread that waits at a meeting point prefetches its first unit of the next product meanwhile (team_wait_pf);
+  * the final norm and the LM head run in row_layers' own region (layer_call.Head): no second team start, no Python
+    between (the logits the same bits: tests/pipeline/test_row_layer.py, kernel_shapes.py);
+  * a plain embedding is a numpy take of its table (the module's call took 0.17 ms).
+The engine's time outside the C calls went from 1.40-1.54 to 0.97-1.04 ms an iteration (medians of 10 blocks of 30,
+old and new code in alternating processes); the first two, A/B in one process (12 blocks of 16 iterations each,
+interleaved): old/new iteration time 1.023 (0.90-1.09).
+
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
 each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
@@ -230,6 +245,10 @@ class RowStep:
         self.vocab = head.weight.shape[0]
         self.rope = fm.rope
         self._stacked: tuple | None = None
+        self._head: layer_call.Head | None = None
+        emb = lm.arch.decoder.embed_tokens
+        # a plain embedding is a row of its table: numpy's take (the module's call cost 0.17 ms a pass); else the module
+        self._table = view(emb.weight) if type(emb) is torch.nn.Embedding else None
 
     def stack(self) -> layer_call.LayerStack | None:
         """Every layer for cpu_decode.c's `row_layers` (one call a pass), where each layer is one call
@@ -242,6 +261,15 @@ class RowStep:
             same = all(ly.window is None and ly.rope == first.rope and ly.scale == first.scale for ly in self.layers)
             self._stacked = (tuple(map(id, wholes)), layer_call.LayerStack(list(wholes)) if same else None)
         return self._stacked[1]
+
+    def head_call(self) -> layer_call.Head | None:
+        """The final norm and LM head for `row_layers`' same call, where the head is the model's own fp32 product."""
+        if self.head.custom is not None:
+            return None
+        if self._head is None:
+            w, b = self.head.t["head"]
+            self._head = layer_call.Head(self.final_norm.scale, self.final_norm.eps, w, b)
+        return self._head
 
     def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:
         """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
@@ -270,7 +298,10 @@ class RowStep:
         H, KV, D, G = self.H, self.KV, self.D, self.G
         half, B, L = D // 2, len(tokens), len(self.layers)
         pos = np.asarray(positions)
-        x = view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
+        if self._table is not None:
+            x = self._table[tokens]
+        else:
+            x = view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
         first = np.zeros(B, dtype=np.int64) if first is None else np.asarray(first)
         if x0 is not None and first.any():
             x[first > 0] = x0[first > 0]
@@ -285,9 +316,14 @@ class RowStep:
         layers = self.layers
         if whole and not first.any() and (stack := self.stack()) is not None and (at is None or (B <= ONE_CALL_ROWS and not interrupt())):
             # every layer in one C call: the same kernels in the same order as a call a layer, no parking in between
-            rows = kv.rows(None)
+            # (and the final norm and LM head for the rows wanted, in the same call)
+            rows, head = kv.rows(None), self.head_call()
             cos, sin = flat[layers[0].rope]
-            layer_call.row_layers(x, stack, rows, cos, sin, layers[0].scale, np.empty(rows.M * stack.layers[0].ws, dtype=np.float32))
+            keep = np.arange(B) if want is None else np.asarray(want, dtype=np.int64)
+            ws = np.empty(rows.M * stack.layers[0].ws, dtype=np.float32)
+            out = layer_call.row_layers(x, stack, rows, cos, sin, layers[0].scale, ws, head=head, keep=keep)
+            if out is not None:
+                return RowPass(self.lm.arch.apply_softcap(torch.from_numpy(out)) if len(keep) else None, at, x, keep)
             layers = ()
         for i, ly in enumerate(layers):
             on = (first <= i) if at is None else (first <= i) & (at < 0)

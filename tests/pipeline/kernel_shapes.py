@@ -89,8 +89,52 @@ def run(seed: int = 0, cases: int = 40) -> int:
                 p = np.exp(s - s.max(-1, keepdims=True))
                 ref[r, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h]
         _close(out, ref.reshape(B, KV * G * D))
+        _layers_case(rng)
         n += 1
     return n
+
+
+def _layers_case(rng) -> None:
+    """row_layers over random small layers (rows 1-9, the last layer's head for some of them) against row_layer a
+    layer and the head through rms_norm and panel_rows: the same kernels, so the same bits (the products' units are
+    handed out to the threads as they finish, the head runs in the same call)."""
+    import torch
+
+    from pipeline.cpu import layer_call as lc
+    from pipeline.cpu import matmul as cm
+
+    L, KV, G, D, bs = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([2, 8, 16])), 4
+    H, d, inner, vocab, M = KV * G, int(rng.choice([8, 24, 40])), int(rng.choice([8, 40, 72])), int(rng.choice([5, 33, 100])), int(rng.integers(1, 10))
+
+    def t(*shape):
+        return torch.from_numpy((rng.standard_normal(shape) * 0.3).astype(np.float32))
+
+    def arr(*shape):
+        return t(*shape).numpy()
+
+    ws_ = [
+        lc.LayerWeights(t((H + 2 * KV) * D, d), None, t(d, H * D), None, t(2 * inner, d), None, t(d, inner), None, arr(d), 1e-5, arr(d), 1e-5, H, KV, D)
+        for _ in range(L)
+    ]
+    wh, bh = t(vocab, d), t(vocab) if rng.random() < 0.5 else None
+    head = lc.Head(arr(d), 1e-5, wh, bh)
+    blocks = 3 * M  # every row its own blocks (two rows writing one slot would race)
+    tables = rng.permutation(blocks).reshape(M, 3).astype(np.int32)
+    K0, V0 = arr(L, blocks, KV, bs, D), arr(L, blocks, KV, bs, D)
+    pos = rng.integers(0, 3 * bs, M)
+    blk, off = tables[np.arange(M), pos // bs], pos % bs
+    cos, sin = arr(M, D), arr(M, D)
+    keep = np.sort(rng.choice(M, int(rng.integers(0, M + 1)), replace=False))
+    x0 = arr(M, d)
+    x1, K1, V1 = x0.copy(), K0.copy(), V0.copy()
+    out = lc.row_layers(x1, lc.LayerStack(ws_), lc.LayerRows(K1, V1, blk, off, tables, pos + 1, bs), cos, sin, 0.3, head=head, keep=keep)
+    x2, K2, V2 = x0.copy(), K0.copy(), V0.copy()
+    rows = lc.LayerRows(K2, V2, blk, off, tables, pos + 1, bs)
+    for i, w in enumerate(ws_):
+        lc.row_layer(i, x2, w, rows, cos, sin, None, 0.3)
+    ref = cm.panel_rows(cm.rms_norm(np.ascontiguousarray(x2[keep]), head.scale, head.eps), wh, bh) if len(keep) else np.empty((0, vocab), np.float32)
+    assert np.array_equal(x1, x2) and np.array_equal(K1, K2) and np.array_equal(V1, V2)
+    assert out.shape == (len(keep), vocab) and np.array_equal(out, ref)
 
 
 if __name__ == "__main__":

@@ -91,13 +91,17 @@ def test_every_layer_in_one_call_equals_a_call_a_layer(step, n, monkeypatch):
     pos = [int(p) for p in rng.integers(0, 64, n)]
     calls = []
 
-    def run(interrupt):
+    def run(interrupt, want=None):
         k, v = K0.clone(), K0.clone() * 0.5
         with torch.no_grad():
-            out = step.run(list(range(5, 5 + n)), pos, row_kv.PagedRows(k, v, tables, pos), interrupt=interrupt).logits
+            out = step.run(list(range(5, 5 + n)), pos, row_kv.PagedRows(k, v, tables, pos), interrupt=interrupt, want=want).logits
         return out, k, v
 
     one = run(None)
+    # the final norm and LM head inside the same call, for the rows asked (the last, as a prompt chunk's pass asks)
+    last = run(None, want=[n - 1])
+    assert last[0].shape == (1, step.vocab) and torch.equal(last[0][0], one[0][n - 1])
+    assert run(None, want=[])[0] is None
     asked = run(lambda: calls.append(1) or False)  # may park, but a pass of at most ONE_CALL_ROWS rows: one call
     assert len(calls) == 1, "asked once, before the call"
     monkeypatch.setattr(row_step, "ONE_CALL_ROWS", 0)
@@ -118,3 +122,6 @@ def test_rows_outside_the_kv_memory_are_refused(step):
     x = np.zeros((2, step.layers[0].whole().d), dtype=np.float32)
     with pytest.raises(ValueError, match="shape"):
         layer_call.row_layer(0, x, step.layers[0].whole(), rows, np.zeros((1, step.D), np.float32), np.zeros((1, step.D), np.float32), None, 0.125)
+    x1, cs = np.zeros((1, x.shape[1]), dtype=np.float32), np.zeros((1, step.D), np.float32)
+    with pytest.raises(ValueError, match="keep"):
+        layer_call.row_layers(x1, step.stack(), rows, cs, cs.copy(), 0.125, head=step.head_call(), keep=[1])  # row 1 of 1
