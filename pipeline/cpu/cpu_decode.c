@@ -187,18 +187,25 @@ static void panel_span(const float *x, const float *p, const float *b, float *y,
 }
 
 /* The calling thread's part of a product's panels among the team's: units of 4 panels for one row (k1x4_f32's four
-   streams), of one panel for several, handed out as threads finish: thread t takes unit t first, then the next unit
-   of the shared counter `grab`. Where each thread had a fixed half (until 2026-12-04), the one the memory served more
-   slowly kept the other waiting at every product's end: 0.5-0.7 ms a one-row step per thread, measured per phase
-   inside row_layers (SmolLM2). Which thread computes a unit changes no bit (each output is the same sums in the same
-   order). `base` (each thread's own copy, the same value in all) is the counter's value at this product's start:
-   every thread leaves the loop on one failed grab, so the counter ends at base + units, whoever took what. */
+   streams; the last ~4 a thread single panels, so that the threads finish within a panel of each other), of one panel
+   for several, handed out as threads finish: thread t takes unit t first, then the next unit of the shared counter
+   `grab`. Where each thread had a fixed half (until 2026-12-04), the one the memory served more slowly kept the other
+   waiting at every product's end: 0.5-0.7 ms a one-row step per thread, measured per phase inside row_layers
+   (SmolLM2). Which thread computes a unit changes no bit (each output is the same sums in the same order). `base`
+   (each thread's own copy, the same value in all) is the counter's value at this product's start: every thread
+   leaves the loop on one failed grab, so the counter ends at base + units, whoever took what. */
+static inline int quads(int M, int panels, int n) { return M == 1 && panels >= 8 * n ? (panels - 4 * n) / 4 : 0; }
+static inline int unit_span(int u, int M, int panels, int n, int *hi) {
+    int q = quads(M, panels, n), lo = u < q ? 4 * u : 4 * q + (u - q);
+    *hi = u < q ? lo + 4 : lo + 1;
+    return lo;
+}
 static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add,
                        long *grab, long *base) {
-    int n = omp_get_num_threads(), per = M == 1 ? 4 : 1, panels = (N + NB - 1) / NB;
-    long units = (panels + per - 1) / per, b0 = *base;
+    int n = omp_get_num_threads(), panels = (N + NB - 1) / NB, hi;
+    long units = panels - 3 * quads(M, panels, n), b0 = *base;
     for (long u = omp_get_thread_num(); u < units; u = n + __atomic_fetch_add(grab, 1, __ATOMIC_RELAXED) - b0) {
-        int lo = (int)u * per, hi = lo + per < panels ? lo + per : panels;
+        int lo = unit_span((int)u, M, panels, n, &hi);
         panel_span(x, p, b, y, M, N, K, lo, hi, add);
     }
     *base = b0 + units;
@@ -521,9 +528,9 @@ static inline void team_wait(team *t, int n, int *sense) { team_wait_pf(t, n, se
 /* the bytes of the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for) */
 #define FIRST(p, N, K, M) (const char *)((p) + first_unit(N, K, M, 0)), (const char *)((p) + first_unit(N, K, M, 1))
 static inline size_t first_unit(int N, int K, int M, int end) {
-    int per = M == 1 ? 4 : 1, panels = (N + NB - 1) / NB, lo = omp_get_thread_num() * per;
-    if (lo >= panels) return 0;
-    int hi = lo + per < panels ? lo + per : panels;
+    int panels = (N + NB - 1) / NB, t = omp_get_thread_num(), hi, lo;
+    if (t >= panels - 3 * quads(M, panels, omp_get_num_threads())) return 0;
+    lo = unit_span(t, M, panels, omp_get_num_threads(), &hi);
     return (size_t)(end ? hi : lo) * K * NB;
 }
 
