@@ -8,7 +8,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, header, live, live_presenter, loading, pages, sidebar  # noqa: E402  (after set_page_config)
+from views import guard, header, live, live_presenter, live_wake, loading, pages, sidebar  # noqa: E402  (after set_page_config)
 
 
 def _page(spec: pages.PageSpec) -> st.Page:
@@ -17,6 +17,7 @@ def _page(spec: pages.PageSpec) -> st.Page:
 
 
 NAV = {spec.title: _page(spec) for spec in pages.ALL}
+live_wake.know_pages({spec.slug: getattr(NAV[spec.title], "_script_hash", "") for spec in pages.ALL})  # a class's wake-ups
 # One flat list (the stage numbers carry the order): with section headers Streamlit draws headers and items as
 # children of a <div> inside its <ul>, which screen readers cannot read as a list (axe-core: list, listitem).
 page = st.navigation(list(NAV.values()), expanded=True)
@@ -28,6 +29,10 @@ live.follow(spec.slug, lambda slug: NAV[pages.BY_SLUG[slug].title])  # a student
 sidebar.sidebar()
 prev_spec, next_spec = pages.neighbours(spec)
 header.page_header(spec, NAV[prev_spec.title] if prev_spec else None, NAV[next_spec.title] if next_spec else None)
+# a presenter's view to the class (if any) as this run starts: the page, model, prompt and settings are known before
+# the page does its own work (a new prompt's trace: seconds the class need not wait); again after the page, below, for
+# what its widgets changed (a new number, and a wake-up, only if the view did change)
+live_presenter.publish(spec.slug)
 try:
     if demo_mode:  # a visitor never sees a traceback: the server logs it under a request id, the page shows the id
         try:
@@ -38,5 +43,5 @@ try:
         page.run()
 finally:
     header.finish()  # the lesson handout, if asked for: after the page, so its results are in it
-    live_presenter.publish(spec.slug)  # a presenter's view, with every widget of the page drawn, to the class (if any)
+    live_presenter.publish(spec.slug)  # the view with every widget of the page drawn (the same view: nothing sent)
 live.shown()  # a student's page drew the presenter's view to its end (not reached when the run stopped or restarted)

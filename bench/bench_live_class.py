@@ -258,6 +258,9 @@ def main():
             "join_s": round(t_joined, 1),
             "minutes": args.minutes,
             "changes": len(changes),
+            # the presenter's run publishes as it starts and after its page: a second publish (and wake-up) only where
+            # the page's own widgets changed the view
+            "publishes": len(published),
             "delay_s": {"p50": pct(delays, 50), "p95": pct(delays, 95), "max": max(delays) if delays else None, "n": len(delays)},
             "presenter_s": {
                 "what": "from the presenter's action (the bench's typing or click in its Chromium) to its run publishing the view",

@@ -11,7 +11,7 @@ import streamlit as st
 import appstate
 from components.join import join_url, qr_svg
 from views import guard, live_wake
-from views.live import class_log, classes, current_view
+from views.live import NOT_FOLLOWED, class_log, classes, current_view
 from views.session import freeze_runs, session_key
 
 
@@ -22,7 +22,7 @@ def publish(slug: str) -> None:
         view = classes().publish(c.code, session_key(), slug, current_view())
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
-            live_wake.wake(c.code)  # the followers' pages now, not at their browsers' next tick
+            live_wake.wake(c.code, slug, frozenset(NOT_FOLLOWED))  # the followers' pages now, on this page
             # the load bench's clock: when the view left the presenter
             class_log({"code": c.code, "view": view.number, "published": time.time(), "slug": slug, "prompt": view.state.get("prompt")})
 

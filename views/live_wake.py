@@ -22,6 +22,14 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _followers: dict[str, dict[str, weakref.ref]] = {}  # class code -> follower id -> its session
 MAX_PER_CLASS = 512
+_pages: dict[str, str] = {}  # page slug -> Streamlit's page hash (know_pages)
+
+
+def know_pages(hashes: dict[str, str]) -> None:
+    """From the app's navigation (every run; the same each time): each page's hash, so that a wake-up can run a follower
+    straight on the presenter's page."""
+    if hashes != _pages:
+        _pages.update(hashes)
 
 
 def register(code: str, me: str) -> bool:
@@ -56,8 +64,9 @@ def forget(code: str, me: str | None = None) -> None:
             _followers.get(code, {}).pop(me, None)
 
 
-def wake(code: str) -> int:
-    """Run every registered follower's page of class `code` now; how many were asked."""
+def wake(code: str, slug: str | None = None, own: frozenset[str] = frozenset()) -> int:
+    """Run every registered follower's page of class `code` now (with `slug`, the presenter's page: straight there,
+    keeping of the follower's address only the parameters `own`); how many were asked."""
     with _lock:
         known = _followers.get(code, {})
         items = list(known.items())
@@ -70,18 +79,23 @@ def wake(code: str) -> int:
         if session is None:
             continue
         try:
-            session._call_soon_on_event_loop(functools.partial(_rerun, ref))
+            session._call_soon_on_event_loop(functools.partial(_rerun, ref, _pages.get(slug) if slug is not None else None, code, own))
             n += 1
         except Exception:  # noqa: BLE001 - a session shutting down: its heartbeat (if any) follows
             log.debug("could not wake a follower", exc_info=True)
     return n
 
 
-def _rerun(ref: weakref.ref) -> None:
+def _rerun(ref: weakref.ref, page: str | None = None, code: str = "", own: frozenset[str] = frozenset()) -> None:
     """On the event loop: the follower's whole page, with the browser's last address and page (what the heartbeat
     fragment's st.rerun(scope="app") asked for, without running the fragment first: every wake-up is something new
     to show, and that run was ~30 more script runs on one interpreter for a class of 30). A run still drawing the
-    previous view is stopped for it (Streamlit's fast reruns)."""
+    previous view is stopped for it (Streamlit's fast reruns).
+
+    With `page` (the presenter's page's hash): that page, at an address that keeps only the parameters `own` (what a
+    view never carries: views.live.NOT_FOLLOWED, the student's own switches) and the class's code; the run applies the view before any
+    widget (views.live.follow), and the bound widgets write the rest of the address. Else a page change took two runs
+    a follower: the old page's, to learn of the change and switch, then the new page's."""
     session = ref()
     if session is None:
         return
@@ -91,6 +105,11 @@ def _rerun(ref: weakref.ref) -> None:
         state = ClientState()
         state.CopyFrom(session._client_state)
         state.ClearField("fragment_id")
+        if page and state.page_script_hash != page:
+            from urllib.parse import parse_qsl, urlencode
+
+            kept = [(k, v) for k, v in parse_qsl(state.query_string, keep_blank_values=True) if k in own and k != "follow"]
+            state.page_script_hash, state.query_string = page, urlencode([*kept, ("follow", code)])
         # no widget values (the session keeps the ones it has): the browser's last message may hold a prompt from
         # before the server applied the presenter's (a run the server started sends nothing back), and it would set
         # the follower's prompt back

@@ -485,7 +485,7 @@ double read_sum(const float *a, long n, int threads) {
    numbers still do not depend on what shares its pass; what the one call saves is what lay between the products:
    ~15 Python calls a layer (checks, new arrays, the threads handed work each time) and numpy's small operations,
    during which nothing read the weights (the measured split is in row_step.py's docstring). The phases are
-   worksharing loops of the one team, each ending at team_wait (below): norm (rows), QKV (panels), RoPE and the K/V
+   worksharing loops of the one team, each ending at team_wait_pf (below): norm (rows), QKV (panels), RoPE and the K/V
    write (rows), attention (row x KV head), output product and residual (panels), norm, gate/up (panels), SiLU (rows),
    down product and residual (panels).
    ws: M * (d + (H + 2 KV) D + H D + 3 I + d) floats of workspace. */
@@ -497,7 +497,9 @@ double read_sum(const float *a, long n, int threads) {
    (a load, no `pause`, which virtual machines may trap) for longer than a quiet step's waits, and only then sleeps
    (a futex the last arrival wakes): when another process keeps the cores busy the thread waited for may be
    descheduled, and spinning on (or yielding: measured, steps of 600 ms) would take the processor from it.
-   Sense-reversing; `t` lives on the caller's stack, so concurrent calls (two sessions' passes) each have their own.
+   While it checks, a waiting thread prefetches [pf, pe) a line a check: its first unit of the next product
+   (panels_for, FIRST), so the time it waits reads what it will need. Sense-reversing; `t` lives on the caller's
+   stack, so concurrent calls (two sessions' passes) each have their own.
    Memory order: the last arrival's store publishes every thread's writes of the phase to the threads that acquire
    it; the sleepers count and the flag are sequentially consistent, so a sleeper is always woken or never sleeps. */
 #include <limits.h>
@@ -524,7 +526,6 @@ static inline void team_wait_pf(team *t, int n, int *sense, const char *pf, cons
         syscall(SYS_futex, &t->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
     __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
 }
-static inline void team_wait(team *t, int n, int *sense) { team_wait_pf(t, n, sense, 0, 0); }
 /* the bytes of the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for) */
 #define FIRST(p, N, K, M) (const char *)((p) + first_unit(N, K, M, 0)), (const char *)((p) + first_unit(N, K, M, 1))
 static inline size_t first_unit(int N, int K, int M, int end) {
@@ -545,7 +546,7 @@ static void rope_row(float *v, int heads, int D, const float *c, const float *s)
         }
 }
 
-/* One layer, run by every thread of the team (inside its parallel region); the phases meet at team_wait. */
+/* One layer, run by every thread of the team (inside its parallel region); the phases meet at team_wait_pf. */
 static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, int d, int H, int KV, int D, int I,
                        const float *n_in, float eps_in, const float *n_mid, float eps_mid, const float *p_qkv,
                        const float *b_qkv, const float *p_o, const float *b_o, const float *p_gu, const float *b_gu,

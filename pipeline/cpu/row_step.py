@@ -36,7 +36,7 @@ call (2026-12-04, each thread's time working and waiting in each of a layer's 9 
     (a barrier whose threads arrive together costs 0.3 us). Spinning in libgomp instead (OMP_WAIT_POLICY=ACTIVE)
     made things worse, since its idle threads then spin between regions too, against the Python thread.
 
-So the phases now meet at cpu_decode.c's own `team_wait` (a sense-reversing barrier that keeps checking a flag for
+So the phases now meet at cpu_decode.c's own `team_wait_pf` (a sense-reversing barrier that keeps checking a flag for
 ~50k checks, then sleeps on a futex): the waits fell to 0.0-0.6 ms a step and one token from 29.7 to 20.2-20.5 ms
 (8 rows 34 ms, min 26; 32 rows 70 ms against 85-98), two concurrent calls (two sessions) no slower than one after the
 other. Spinning without the sleep (yielding after 2k-200k checks) was as fast when quiet, but under a second process

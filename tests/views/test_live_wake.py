@@ -72,3 +72,18 @@ def test_an_ended_class_forgets_its_followers_and_a_broken_session_does_not_stop
 
 def test_outside_a_streamlit_server_nothing_registers():
     assert live_wake.register("ABCDEFGH", "me") is False
+
+
+def test_a_page_change_runs_each_follower_straight_on_the_presenters_page():
+    """One run a follower, on the presenter's page (not the old page's run that then switches): the address keeps the
+    student's own switches and the code; the view's values are applied by that run before any widget."""
+    live_wake.know_pages({"attention": "hash-of-attention", "tokens": "page"})
+    a = Session("follow=ABCDEFGH&prompt=old&present=1&temperature=0.5")
+    _add("JKLMNPQR", "a", a)
+    assert live_wake.wake("JKLMNPQR", "attention", frozenset({"present", "follow"})) == 1
+    (sa,) = a.asked
+    assert sa.page_script_hash == "hash-of-attention" and sa.query_string == "present=1&follow=JKLMNPQR"
+    assert live_wake.wake("JKLMNPQR", "tokens") == 1, "already on that page: its address as it is"
+    assert a.asked[1].page_script_hash == "page" and a.asked[1].query_string == "follow=ABCDEFGH&prompt=old&present=1&temperature=0.5"
+    assert live_wake.wake("JKLMNPQR", "no-such-page") == 1 and a.asked[2].page_script_hash == "page", "an unknown page: as before"
+    live_wake.forget("JKLMNPQR")
