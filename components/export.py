@@ -19,7 +19,7 @@ import zipfile
 
 import plotly.graph_objects as go
 
-from .figures import TEMPLATE
+from .figures import TEMPLATE, copy_figure
 from .tokens import plot_text
 
 SCALE = 3  # PNG pixels per layout pixel: a 1,200-px-wide figure becomes 3,600 px
@@ -90,7 +90,7 @@ def for_export(fig: go.Figure, note: str = "", title: str = "") -> go.Figure:
     axis title and tick label inside the canvas (automargin), the title kept, no text under 16 px, a fixed width
     so the file does not depend on the visitor's window, and `note` (the model, the prompt, the settings) as a
     subtitle inside the image, so a slide says what it shows."""
-    f = floor_fonts(go.Figure(fig), EXPORT_FONT)
+    f = floor_fonts(copy_figure(fig), EXPORT_FONT)
     f.update_layout(template=TEMPLATE, paper_bgcolor="white", width=WIDTH, height=max(int(f.layout.height or 500), 360))
     f.update_xaxes(automargin=True)
     f.update_yaxes(automargin=True)
@@ -356,7 +356,7 @@ def labelled(fig: go.Figure, max_cells: int = 300, max_bars: int = 40) -> go.Fig
     presentation mode): values on bars, values in small heatmaps, names next to scatter points with text. Over
     `max_bars` bars in all (page 4's 31 layers x 2: 62 values piled on each other at 1280 px), each series' largest
     bar keeps its value, the others none."""
-    f = go.Figure(fig)
+    f = copy_figure(fig)
 
     def values(tr):
         return tr.y if (tr.orientation or "v") == "v" else tr.x

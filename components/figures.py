@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -339,12 +341,26 @@ def _pfmt(v: float) -> str:
     return "✗" if v <= 0 else prob(v)
 
 
+_COPYING = threading.Lock()
+
+
+def copy_figure(fig: go.Figure) -> go.Figure:
+    """A copy of a figure that other visitors' threads may be copying at the same moment (memo.shared's figures and
+    views.ready's page copies are one object for the whole server). Plotly's constructor takes each source trace's
+    `type` out of that trace's own properties while it copies and puts it back after (validate_coerce's pop), so two
+    threads copying one figure at once built scatter traces from bar and heatmap properties: "Invalid property
+    specified for object of type Scatter: 'colorscale'" on two of 30 followers' pages in a live class bench
+    (2026-12-04). Every copy of a figure goes through here, one at a time."""
+    with _COPYING:
+        return type(fig)(fig)
+
+
 def clickable_cells(fig: go.Figure) -> go.Figure:
     """A copy of a one-heatmap figure that can be clicked cell by cell in the page: Plotly selects no heatmap
     cell on click, so an invisible square marker sits on every cell, carrying its (row, column) as customdata
     and the heatmap's hover text, and the nearest one is picked wherever the click lands. For the page only:
     the exported figure is the original."""
-    f = go.Figure(fig)
+    f = copy_figure(fig)
     hm = next(t for t in f.data if t.type == "heatmap")
     z = np.asarray(hm.z, dtype=float)
     rows, cols = z.shape

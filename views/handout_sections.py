@@ -14,7 +14,7 @@ import plotly.io as pio
 import pipeline
 from components import export
 from components.attention_figures import attention_heads
-from components.figures import labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
+from components.figures import copy_figure, labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
 from components.fmt import prob
 from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible
@@ -42,7 +42,7 @@ def _checks(found) -> str:
 
 
 def figure_html(fig: go.Figure, title: str) -> str:
-    fig = export.floor_fonts(go.Figure(fig))
+    fig = export.floor_fonts(copy_figure(fig))
     body = pio.to_html(fig, include_plotlyjs=False, full_html=False, config={"displaylogo": False, "responsive": True})
     return f"<figure role='group' aria-label='{html.escape(export.alt_text(fig, title))}'>{body}</figure>"
 

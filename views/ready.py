@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from components import export
+from components.figures import copy_figure
 from pipeline.common import memo
 
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
@@ -25,7 +26,7 @@ def figure(fig, title: str, present: bool, main: bool):
     hit = key and _FIGURES.peek(key)
     if hit:
         return hit
-    fig = export.labelled(fig) if present else type(fig)(fig)
+    fig = export.labelled(fig) if present else copy_figure(fig)
     export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
     if present and main:
         fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
