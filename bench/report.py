@@ -107,7 +107,9 @@ ABOUT = {
         "the join link's session, the pages and the address read from the server's messages) instead of Chromium pages: "
         "the server delivering each change to 30 students who each have a machine of their own, the presenter still a "
         "Chromium page. The browsers' own drawing is not in it (the Chromium run above measures that on this machine). "
-        "The followers keep no timers: they show a change when the presenter's run wakes them.",
+        "The followers keep no timers: they show a change when the presenter's run wakes them, straight on the presenter's "
+        "page. The presenter's run publishes as it starts and again after its page (publishes: a second only where the "
+        "page's widgets changed the view); presenter_s and after_publish_s split each delay at the publishing.",
         "bench/bench_live_class.py --sockets --followers 30 --minutes 5 --out live_class_sockets",
     ),
     "exact_smollm2": (
