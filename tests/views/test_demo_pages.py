@@ -82,10 +82,14 @@ def caps(monkeypatch):
 
     real = demo.load_policy
 
+    from views import guard
+
     def set_caps(**kw):
         monkeypatch.setattr(demo, "load_policy", lambda *a, **k: dataclasses.replace(p := real(*a, **k), caps=dataclasses.replace(p.caps, **kw)))
+        guard.policy.forget()  # read for at most a second (views.guard.policy): the caps from the next page run on
 
-    return set_caps
+    yield set_caps
+    guard.policy.forget()  # and the next test not under this test's caps (its policy is read anew)
 
 
 def test_the_rate_limit_says_when_to_try_again(demo_env, caps):
