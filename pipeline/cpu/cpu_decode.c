@@ -644,3 +644,57 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
         }
     }
 }
+
+/* ------------------------------------------------------------------------------------------------------------
+   Up to `steps` greedy decode tokens for M rows in one call (vLLM's multi-step scheduling: the engine's Python
+   between passes, ~1 ms a pass on the project's 2-core machine with the caches the weights' stream has just
+   emptied, is paid once for several tokens). Step s, for each row m: its token's embedding (row tok[m] of `table`,
+   a plain embedding), RoPE rows of its position pos[m] (cos_all, sin_all [positions, D]), its KV slot from its block
+   table, then row_layers (every layer, the final norm and the LM head: the same numbers as a pass of its own), then
+   greedy_summary of its logits row into step s's outputs: argmax [steps, M], lse [steps, M], vals, ids
+   [steps, M, k]; the argmax is the row's next token, at pos[m] + 1. Stops after the step where a row's token is one
+   of its stop ids (stop [M, S], -1 for none), or where a row has made left[m] tokens, or where *flag is non-zero
+   (the engine's scheduler sets it when a request arrives or is cancelled): the rows stay in step with each other.
+   x, cs: workspace [M, d] and [2, M, D]; blk, off, hi: workspace [M] ints; lo [M] zeros (no sliding window).
+   Returns the steps done (>= 1 when steps >= 1); with *failed set, the pass that failed is the last done. */
+int row_steps(int steps, const float *table, const float *cos_all, const float *sin_all, long long *tok, int *pos,
+              const int *stop, int S, const int *left, const int *flag, int k, long long *argmax, float *lse,
+              float *vals, long long *ids, float *cs, int *blk, int *off, int *hi,
+              int L, float *x, int M, int d, int H, int KV, int D, int I, const float *const *n_in, const float *eps_in,
+              const float *const *n_mid, const float *eps_mid, const float *const *p_qkv, const float *const *b_qkv,
+              const float *const *p_o, const float *const *b_o, const float *const *p_gu, const float *const *b_gu,
+              const float *const *p_down, const float *const *b_down, float *K, float *V, long kv_layer, long s_blk,
+              long s_kv, long s_pos, const int *tables, int mb, const int *lo, int bs, float scale, float *ws,
+              int threads, int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head,
+              int vocab, const int *keep, float *logits) {
+    float *cosv = cs, *sinv = cs + (size_t)M * D;
+    for (int s = 0; s < steps; s++) {
+        for (int m = 0; m < M; m++) {
+            int p = pos[m];
+            const float *e = table + (size_t)tok[m] * d;
+            for (int j = 0; j < d; j++) x[(size_t)m * d + j] = e[j];
+            for (int j = 0; j < D; j++) {
+                cosv[(size_t)m * D + j] = cos_all[(size_t)p * D + j];
+                sinv[(size_t)m * D + j] = sin_all[(size_t)p * D + j];
+            }
+            blk[m] = tables[(size_t)m * mb + p / bs];
+            off[m] = p % bs;
+            hi[m] = p + 1;
+        }
+        row_layers(L, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu, p_down,
+                   b_down, cosv, sinv, K, V, kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws,
+                   threads, failed, n_final, eps_final, p_head, b_head, vocab, keep, M, logits);
+        greedy_summary(logits, M, vocab, k, argmax + (size_t)s * M, lse + (size_t)s * M, vals + (size_t)s * M * k,
+                       ids + (size_t)s * M * k);
+        int end = *failed || s + 1 == steps || __atomic_load_n(flag, __ATOMIC_RELAXED);
+        for (int m = 0; m < M; m++) {
+            long long t = argmax[(size_t)s * M + m];
+            for (int j = 0; j < S; j++) end |= stop[(size_t)m * S + j] == t;
+            end |= s + 1 >= left[m];
+            tok[m] = t;
+            pos[m] += 1;
+        }
+        if (end) return s + 1;
+    }
+    return steps;
+}

@@ -7,6 +7,7 @@ slots checked once for all its layers (LayerRows), then one call a layer (row_la
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -211,3 +212,77 @@ def row_layer(
     )  # fmt: skip
     if failed.value:
         raise MemoryError("row_layer: no memory for the attention scores")
+
+
+class Steps(NamedTuple):
+    """What row_steps made: `n` steps (each row one token a step), and each step's greedy summary of every row:
+    argmax [n, M] (the tokens), lse [n, M], vals and ids [n, M, k] (the k largest logits, largest first)."""
+
+    n: int
+    argmax: np.ndarray
+    lse: np.ndarray
+    vals: np.ndarray
+    ids: np.ndarray
+
+
+def row_steps(
+    stack: LayerStack,
+    head: Head,
+    rows: LayerRows,
+    table: np.ndarray,
+    cos_all: np.ndarray,
+    sin_all: np.ndarray,
+    tokens,
+    positions,
+    room,
+    stop: np.ndarray,
+    left,
+    flag: ctypes.c_int,
+    steps: int,
+    scale,
+    k: int,
+) -> Steps:
+    """Up to `steps` greedy decode tokens for M rows in one call of cpu_decode.c's `row_steps`: each step the rows'
+    tokens (tokens [M] first, then each row's argmax) at positions [M] (then + 1 each step) through every layer of
+    `stack` and `head`, the same numbers as a row_layers pass of its own per step. `rows` gives the KV memory and
+    each row's block table (its blk/off/hi are not read); room [M]: the positions each row's blocks hold (a step
+    past them is refused here); table [vocab_in, d]: the embedding; cos_all, sin_all [positions, D]: RoPE; stop
+    [M, S] int32 (-1: none): a row's stop ids; left [M]: tokens each row may still make; flag: stops the call after
+    the current step when set (by another thread). The call ends after the step where a row stopped or ran out, or
+    where the flag was set."""
+    w, M = stack.layers[0], rows.M
+    if not 1 <= steps or not 1 <= k <= head.vocab or head.d != w.d:
+        raise ValueError(f"row_steps: steps {steps} and k {k} of {head.vocab} (head of {head.d} inputs, layers of {w.d})")
+    tok = np.array(tokens, dtype=np.int64)
+    pos, room, left = (np.array(a, dtype=I32) for a in (positions, room, left))
+    if not (len(tok) == len(pos) == len(room) == len(left) == M) or M == 0:
+        raise ValueError(f"row_steps: {M} rows of KV memory, {len(tok)} tokens, {len(pos)} positions, {len(room)} rooms, {len(left)} lefts")
+    _need(table, "table", F32, (None, w.d))
+    for name, t in (("cos_all", cos_all), ("sin_all", sin_all)):
+        _need(t, name, F32, (None, w.D))
+    stop = np.ascontiguousarray(stop, dtype=I32)
+    _need(stop, "stop", I32, (M, None))
+    n = min(steps, int(left.min()))  # no row makes more than it may: the call does at most n steps
+    if left.min() < 1 or tok.min() < 0 or tok.max() >= table.shape[0] or pos.min() < 0:
+        raise ValueError("row_steps: a row with no tokens left, a token outside the embedding, or a negative position")
+    if (pos + n > np.minimum(room, rows.mb * rows.bs)).any() or pos.max() + n > min(len(cos_all), len(sin_all)):
+        raise ValueError("row_steps: the steps would pass a row's KV blocks or the RoPE tables")
+    S = stop.shape[1]
+    out = Steps(n, np.empty((n, M), np.int64), np.empty((n, M), np.float32), np.empty((n, M, k), np.float32), np.empty((n, M, k), np.int64))
+    x, cs, logits = np.empty((M, w.d), np.float32), np.empty((2, M, w.D), np.float32), np.empty((M, head.vocab), np.float32)
+    blk, off, hi, lo = (np.zeros(M, dtype=I32) for _ in range(4))
+    keep = np.arange(M, dtype=I32)
+    ws, failed = np.empty(M * w.ws, dtype=np.float32), ctypes.c_int(0)
+    (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
+    b = None if head.bias is None else ptr(head.bias)
+    done = _library().row_steps(
+        n, ptr(table), ptr(cos_all), ptr(sin_all), ptr(tok), ptr(pos), ptr(stop) if S else None, S, ptr(left),
+        ctypes.addressof(flag), k, *(ptr(a) for a in out[1:]), ptr(cs), ptr(blk), ptr(off), ptr(hi),
+        stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd,
+        ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.tables), rows.mb, ptr(lo), rows.bs,
+        float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
+        ptr(head.scale), head.eps, ptr(head.panels), b, head.vocab, ptr(keep), ptr(logits),
+    )  # fmt: skip
+    if failed.value:
+        raise MemoryError("row_steps: no memory for the attention scores")
+    return Steps(done, *(a[:done] for a in out[1:]))

@@ -100,4 +100,10 @@ def build() -> ctypes.CDLL | None:
     lib.row_layers.argtypes = [i, ptr, *[i] * 6, *[ptr] * 14, ptr, ptr, lg, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
     lib.row_layers.argtypes += [ptr, f, ptr, ptr, i, ptr, i, ptr]  # then the final norm and LM head (NULL: none)
     lib.row_layers.restype = None
+    # steps, embedding table, RoPE tables, tok, pos, stop, S, left, flag, k, the summaries' four outputs, cos/sin, blk,
+    # off and hi workspace; then row_layers' arguments less cos, sin, blk, off, hi and the head's MK
+    lib.row_steps.argtypes = [i, ptr, ptr, ptr, ptr, ptr, ptr, i, ptr, ptr, i, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.row_steps.argtypes += [i, ptr, *[i] * 6, *[ptr] * 12, ptr, ptr, lg, lg, lg, lg, ptr, i, ptr, i, f, ptr, i, ptr]
+    lib.row_steps.argtypes += [ptr, f, ptr, ptr, i, ptr, ptr]
+    lib.row_steps.restype = i
     return lib

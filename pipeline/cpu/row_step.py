@@ -285,6 +285,48 @@ class RowStep:
             return None
         return r.logits
 
+    def _embed(self, tokens: list[int]) -> np.ndarray:
+        """The rows' embeddings [B, d], a new array (the layers update it in place)."""
+        if self._table is not None:
+            return self._table[tokens]
+        return view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
+
+    def _one_call(self, x: np.ndarray, positions, kv, interrupt, want) -> RowPass | None:
+        """Every layer in ONE C call (cpu_decode.c's row_layers: the same kernels in the same order as a call a layer),
+        and the final norm and LM head for the rows `want` in the same call, where that applies: every layer is one
+        call (stack), the rows enter at layer 0, and nothing may stop them between layers (no `interrupt`, or at most
+        ONE_CALL_ROWS rows and no newcomer now). None where it does not apply. Only what this call needs is computed
+        here (each row's RoPE row, its KV slots): the Python of a one-row pass runs with caches the weights' stream
+        has just emptied, and each small operation cost 10-40 us there (measured)."""
+        B = len(x)
+        if not (B and WHOLE_LAYERS and native() is not None and hasattr(kv, "rows")) or (stack := self.stack()) is None:
+            return None
+        if interrupt is not None and (B > ONE_CALL_ROWS or interrupt()):
+            return None
+        first = self.layers[0]
+        cos_t, sin_t = self.rope.numpy(max(positions) + 1)
+        pos = np.asarray(positions)
+        cos = np.ascontiguousarray(cos_t[first.rope][pos], dtype=np.float32)
+        sin = np.ascontiguousarray(sin_t[first.rope][pos], dtype=np.float32)
+        keep = np.arange(B) if want is None else np.asarray(want, dtype=np.int64)
+        out = layer_call.row_layers(x, stack, kv.rows(None), cos, sin, first.scale, head=self.head_call(), keep=keep)
+        logits = self.lm.arch.apply_softcap(torch.from_numpy(out)) if len(keep) else None
+        return RowPass(logits, None if interrupt is None else np.full(B, -1), x, keep)
+
+    def decode_steps(self, tokens, positions, kv, room, stop, left, flag, steps: int, k: int) -> layer_call.Steps | None:
+        """Up to `steps` greedy tokens for these decode rows in ONE C call (layer_call.row_steps: each step the same
+        numbers as a pass of its own), where it applies: a plain embedding, every layer one call (stack), the
+        model's own head, no logit softcap, KV rows with block tables. None elsewhere (the caller runs one pass)."""
+        if self._table is None or self.lm.arch.softcap or native() is None or not hasattr(kv, "rows") or (stack := self.stack()) is None:
+            return None
+        if (head := self.head_call()) is None:
+            return None
+        first = self.layers[0]
+        cos_t, sin_t = self.rope.numpy(max(positions) + steps)
+        return layer_call.row_steps(
+            stack, head, kv.rows(None), self._table, cos_t[first.rope], sin_t[first.rope], tokens, positions, room, stop, left, flag, steps, first.scale, k
+        )
+
     def run(self, tokens, positions, kv, *, interrupt=None, first=None, x0=None, parkable=None, want=None):
         """Rows of any requests at any positions through the layers: a decode token is one row, a prompt chunk one
         row per token (each row attends to its request's positions up to its own, so the K/V of the whole chunk are
@@ -298,11 +340,12 @@ class RowStep:
         x [B, d]: the hidden states, a parked row's entering the layer it stopped at."""
         H, KV, D, G = self.H, self.KV, self.D, self.G
         half, B, L = D // 2, len(tokens), len(self.layers)
+        x = self._embed(tokens)
+        if first is None or not any(first):
+            done = self._one_call(x, positions, kv, interrupt, want)
+            if done is not None:
+                return done
         pos = np.asarray(positions)
-        if self._table is not None:
-            x = self._table[tokens]
-        else:
-            x = view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(B, -1).copy()
         first = np.zeros(B, dtype=np.int64) if first is None else np.asarray(first)
         if x0 is not None and first.any():
             x[first > 0] = x0[first > 0]
@@ -315,17 +358,6 @@ class RowStep:
             flat = {lt: tuple(np.ascontiguousarray(t[:, 0], dtype=np.float32) for t in cs) for lt, cs in tables.items()}
             passes: dict = {}
         layers = self.layers
-        if whole and not first.any() and (stack := self.stack()) is not None and (at is None or (B <= ONE_CALL_ROWS and not interrupt())):
-            # every layer in one C call: the same kernels in the same order as a call a layer, no parking in between
-            # (and the final norm and LM head for the rows wanted, in the same call)
-            rows, head = kv.rows(None), self.head_call()
-            cos, sin = flat[layers[0].rope]
-            keep = np.arange(B) if want is None else np.asarray(want, dtype=np.int64)
-            ws = np.empty(rows.M * stack.layers[0].ws, dtype=np.float32)
-            out = layer_call.row_layers(x, stack, rows, cos, sin, layers[0].scale, ws, head=head, keep=keep)
-            if out is not None:
-                return RowPass(self.lm.arch.apply_softcap(torch.from_numpy(out)) if len(keep) else None, at, x, keep)
-            layers = ()
         for i, ly in enumerate(layers):
             on = (first <= i) if at is None else (first <= i) & (at < 0)
             act = None if on.all() else np.flatnonzero(on)

@@ -43,6 +43,11 @@ class EngineConfig:
     # a pass that gives newcomers their first token runs without the decode rows, up to 2 passes in a row
     # (measured in bench_serving.py against "engine-mixed", which has it off: the README's figures)
     max_decode_stall: int = 2
+    # greedy decode rows with nobody waiting take up to this many tokens in one pass, one C call (vLLM's multi-step
+    # scheduling): the engine's Python between passes (~1 ms on a 2-core CPU, where a token takes ~17) is paid once
+    # for them. A newcomer or a cancel stops the pass after its current step. None: 8 with a background worker, 1
+    # where the caller drives iterate() (a token a pass, to watch pass by pass: the batching page's scene, tests)
+    decode_steps: int | None = None
 
     def for_device(self, lm: LoadedModel) -> EngineConfig:
         """Every None filled with this model's device's default."""
@@ -54,4 +59,5 @@ class EngineConfig:
             max_batch=self.max_batch or (256 if gpu else 16),
             prefill_chunk=self.prefill_chunk or (2048 if gpu else 256),
             request_chunk=self.request_chunk or (512 if gpu else 64),
+            decode_steps=self.decode_steps or (8 if self.background else 1),
         )

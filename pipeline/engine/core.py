@@ -40,7 +40,7 @@ from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
 from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
-from pipeline.forward.sampling import GREEDY, Sampling, StepOutput, choose
+from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, StepOutput, choose
 from pipeline.forward.tokens import token_pieces, token_texts
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
 from pipeline.model.loaded import LoadedModel
@@ -209,26 +209,28 @@ class Engine:
                 return None
             rows = [r for r in plan.decode if r.state in (State.DECODE, State.PADDING)]
             batch = len(rows) + len(plan.prefill)
-            ended, decoded, padded, first = {}, [], [], []
+            ended, decoded, padded, first, n = {}, [], [], [], 1
             try:
                 with self.lm.lock, torch.inference_mode(), ACTIVITY.doing("generation", batch):  # what a time shown elsewhere shared the server with
-                    prefilled, first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
-                    parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
-                    outs = self._outputs([r for r, _ in first] + rows, parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else []
+                    steps = self._decode_steps(plan, rows)
+                    if steps is None:
+                        prefilled, first, rows, logits = self._forward(plan.prefill, rows)  # rows: those not parked
+                        parts = ([torch.stack([lg for _, lg in first])] if first else []) + ([logits] if rows else [])
+                        outs = self._outputs([r for r, _ in first] + rows, parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
-                live = [(r, Phase.PREFILL) for r, _ in first] + [(r, Phase.DECODE) for r in rows]
-                choices = {}
-                for (r, phase), out in zip(live, outs):
-                    if r.state == State.PADDING:  # static batching: a finished row computed as padding
-                        padded.append(r.id)
-                        continue
-                    c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
-                    choices[r.id] = (r, phase, r.context_len, len(r.blocks), c, out.logits if r.keep_logits else None)
-                ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: ch[4].token_id for rid, ch in choices.items()}, t_done))
-                for rid, (r, phase, ctx, held, c, kept) in choices.items():
-                    self._emit(r, c, phase, ctx, held, t0, t_done, batch, ended[rid], kept)
-                    if phase == Phase.DECODE:
-                        decoded.append(rid)
+                if steps is not None:  # several tokens a row, each step reported and sent as a pass of its own
+                    n, per = steps.n, (t_done - t0) / steps.n
+                    for j in range(n):
+                        summ = GreedySummary(*(torch.from_numpy(a[j]) for a in steps[1:]))
+                        live = [(r, Phase.DECODE, StepOutput(summary=summ.row(b))) for b, r in enumerate(rows) if ended.get(r.id) is None]
+                        ended.update(self._deliver(plan, live, {}, t_done - per, t_done, batch))
+                    decoded = [r.id for r in rows]
+                else:
+                    live = [(r, Phase.PREFILL, out) for (r, _), out in zip(first, outs)] + [(r, Phase.DECODE, out) for r, out in zip(rows, outs[len(first) :])]
+                    padded = [r.id for r, _, _ in live if r.state == State.PADDING]  # static batching: finished rows computed as padding
+                    live = [x for x in live if x[0].state != State.PADDING]
+                    ended = self._deliver(plan, live, prefilled, t0, t_done, batch)
+                    decoded = [r.id for r, phase, _ in live if phase == Phase.DECODE]
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -242,11 +244,11 @@ class Engine:
             for r in self.scheduler.release_static_batch():
                 self._forget(r)
             self.iterations += 1
-            self.tokens_out.append((t_done, len(first) + len(decoded)))
+            self.tokens_out.append((t_done, len(first) + n * len(decoded)))
             if batch and not plan.prefill:  # decode passes only: a prompt's pass is longer and once per request
-                b = batch.bit_length()
+                b, step = batch.bit_length(), (t_done - t0) / n
                 old = self._step_s.get(b)
-                self._step_s[b] = (t_done - t0) if old is None else 0.7 * old + 0.3 * (t_done - t0)
+                self._step_s[b] = step if old is None else 0.7 * old + 0.3 * step
             blocks, waiting = self.scheduler.occupancy()
             done = [c.request.prefilled - c.start for c in plan.prefill]  # 0 for a chunk parked (or failed)
             rec = IterationRecord(
@@ -259,9 +261,44 @@ class Engine:
                 blocks,
                 [rid for rid, end in ended.items() if end is not None],
                 padded,
+                n,
             )
             self.records.append(rec)
             return rec
+
+    def _deliver(self, plan, live: list, prefilled: dict, t0: float, t_done: float, batch: int) -> dict:
+        """One step's outputs: each live (request, phase, StepOutput) sampled with its own settings, the tokens and
+        the prompt tokens now cached (`prefilled`) reported to the scheduler, then each request's event sent.
+        Returns the scheduler's answer: request id -> why it ended (None: it goes on)."""
+        choices = {}
+        for r, phase, out in live:
+            c = choose(out, self._dec, r.sampling, self._gens.get(r.id))
+            choices[r.id] = (r, phase, r.context_len, len(r.blocks), c, out.logits if r.keep_logits else None)
+        ended = self.scheduler.update(plan, PassOutput(prefilled, {rid: ch[4].token_id for rid, ch in choices.items()}, t_done))
+        for rid, (r, phase, ctx, held, c, kept) in choices.items():
+            self._emit(r, c, phase, ctx, held, t0, t_done, batch, ended[rid], kept)
+        return ended
+
+    def _decode_steps(self, plan, rows: list[Request]):
+        """Several decode tokens for every row in this pass, in one C call (at most config.decode_steps; vLLM's
+        multi-step scheduling), where that applies: decode rows only (no prompt chunk, nothing parked, at most
+        ONE_CALL_ROWS), each greedy without kept logits, and nobody waiting or cancelled (a request that arrives
+        meanwhile stops the call after its current step: Scheduler.news). Each step's numbers are those of a pass of
+        its own (cpu_decode.c's row_steps runs the same row_layers), so a request's tokens and probabilities do not
+        depend on how many steps its passes took (tests/pipeline/test_decode_steps.py). A layer_call.Steps, or None:
+        one step, as every other pass."""
+        from pipeline.cpu.row_step import ONE_CALL_ROWS
+        from pipeline.engine.paged import Seq
+
+        steps = self.config.decode_steps
+        if steps < 2 or self.step is None or plan.prefill or not rows or len(rows) > ONE_CALL_ROWS or self._parked:
+            return None
+        if any(r.state != State.DECODE or not r.sampling.greedy or r.keep_logits for r in rows) or not self.scheduler.quiet():
+            return None
+        seqs = [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
+        left = [r.max_new_tokens - len(r.generated) for r in rows]
+        k = max(r.sampling.n_top for r in rows)
+        return self.step.decode_steps(seqs, [r.stop_ids for r in rows], left, self.scheduler.news, steps, k)
 
     def _forward(self, chunks: list[Chunk], rows: list[Request]):
         """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns

@@ -22,12 +22,13 @@ class IterationRecord:
     index: int
     t0: float  # seconds since the engine started
     t1: float
-    decode: list[int]  # request ids that decoded one token
+    decode: list[int]  # request ids that decoded (a token each step)
     prefill: list[tuple[int, int]]  # (request id, prompt tokens prefilled this iteration)
     waiting: list[int]  # request ids still queued after admission
     blocks: dict[int, int]  # request id -> KV blocks it holds
     finished: list[int]  # request ids retired this iteration
     padded: list[int] = field(default_factory=list)  # static batching: rows computed only as padding
+    steps: int = 1  # tokens each row of `decode` made (a pass of several decode steps: EngineConfig.decode_steps)
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,22 @@ class PagedStep:
         full[keep] = out
         return full
 
+    def decode_steps(self, seqs: list[Seq], stops: list[frozenset[int]], left: list[int], flag, steps: int, k: int):
+        """Up to `steps` greedy tokens for decode seqs (one token each, at layer 0) in one C call, each step the same
+        numbers as a pass of its own (RowStep.decode_steps, layer_call.row_steps): a layer_call.Steps, or None where
+        it does not apply (no C kernels, or a model the call does not cover). stops: each seq's stop ids; left: the
+        tokens each may still make; flag (a ctypes int): set by another thread, the call stops after its step."""
+        if self.row is None or native() is None or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
+            return None
+        bs = self.kv.block_size
+        width = max(map(len, stops))
+        stop = np.full((len(seqs), width), -1, dtype=np.int32)
+        for j, ids in enumerate(stops):
+            stop[j, : len(ids)] = sorted(ids)
+        rows = PagedRows(self.kv.K, self.kv.V, [s.table for s in seqs], [s.start for s in seqs])
+        room = [len(s.table) * bs for s in seqs]
+        return self.row.decode_steps([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, room, stop, left, flag, steps, k)
+
     def _rows(self, seqs: list[Seq], logits: bool, interrupt) -> torch.Tensor | None:
         """A pass through pipeline.cpu.row_step: every token of every seq one row (numpy for the small work, each
         row's attention over exactly its request's positions, the weights read once for all rows). With the native

@@ -156,6 +156,7 @@ def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, 
         # users decode in every pass (no prefill first: a newcomer's pass carries them too, as in Orca)
         prefix_cache=False,
         max_decode_stall=0,
+        decode_steps=1,  # the Gantt draws a token a pass
     )
 
 

@@ -43,6 +43,7 @@ cached block nobody holds counts as free and is reused, least recently freed fir
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import time
@@ -178,6 +179,9 @@ class Scheduler:
         self.policy, self.static_batch_size = Policy(policy), static_batch_size
         self.static_batch: list[Request] = []  # Policy.STATIC: the batch being run
         self._cancelled: set[int] = set()  # asked to stop (from a visitor's thread), retired at the next plan or token
+        # set to 1 when a request arrives or is cancelled: a pass of several decode steps (the engine's decode_steps)
+        # reads it after each step and stops there, so neither waits for the rest of the pass
+        self.news = ctypes.c_int(0)
 
     # -- visitors' side ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -195,6 +199,7 @@ class Scheduler:
                     "try again in a few seconds."
                 )
             self.waiting.append(req)
+            self.news.value = 1
             self.changed.notify_all()
 
     def cancel(self, req: Request) -> None:
@@ -202,6 +207,7 @@ class Scheduler:
         with self.lock:
             if req.state != State.FINISHED:
                 self._cancelled.add(req.id)
+                self.news.value = 1
             self.changed.notify_all()
 
     def wake(self) -> None:
@@ -327,6 +333,12 @@ class Scheduler:
         except IndexError:
             return False
         return len(r.prompt_ids) <= self.request_chunk and len(self.running) < self.max_batch and self.pool.blocks_for(r.n_tokens) <= self.pool.n_free
+
+    def quiet(self) -> bool:
+        """Nobody waiting and nothing cancelled since the last plan: the running rows may take several decode steps
+        in one pass. Clears `news` first, so a request that arrives after this answer sets it again."""
+        self.news.value = 0
+        return not self.waiting and not self._cancelled
 
     def blocks_for(self, n_tokens: int) -> int:
         """KV blocks that n_tokens tokens take."""
