@@ -19,7 +19,9 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  our own single-request loop (pipeline.generate) in each cache mode: decode tokens/s (first
                  token to last, prefill excluded) over the 8 prompts one after another;
   * engine-1 / engine-8 / engine-32
-                 the shared engine (pipeline.engine) with 1 request at a time, 8 and 32 at once: generated
+                 the shared engine (pipeline.engine, its defaults: passes of up to 8 greedy decode steps where
+                 nobody waits, EngineConfig.decode_steps; engine-1-onestep: a pass a token, for contrast in the
+                 same run) with 1 request at a time, 8 and 32 at once: generated
                  tokens / wall time from the first submit to the last token (prefill included, as for
                  CTranslate2's batch below); engine-1 also reports decode tokens/s like ours-*. For the comparison
                  with CTranslate2 the batches run with the prefix cache OFF (it prefills every prompt, so do we)
@@ -67,6 +69,7 @@ TIMED = (
     "ours-static",
     "ours-fused",
     "engine-1",
+    "engine-1-onestep",
     "engine-8",
     "engine-32",
     "engine-8-prefix",
@@ -76,7 +79,7 @@ TIMED = (
 )
 CT2 = ("ct2-float32-1", "ct2-float32-8", "ct2-float32-32", "ct2-int8-1", "ct2-int8-8")
 LOADED = ("engine-1-loaded", "engine-1-fallback-loaded", "engine-1-fallback-loaded-noplan", "ct2-float32-1-loaded")
-SUFFIXES = ("-noplan", "-loaded", "-fallback", "-prefix")
+SUFFIXES = ("-noplan", "-loaded", "-fallback", "-prefix", "-onestep")
 
 
 def base_of(config: str) -> str:
@@ -158,13 +161,14 @@ class ReadClock:
         return {"limit_in_process_tokens_per_s": limit, "share_of_limit_in_process": rate / limit, "share_of_limit_paired": self.paired()}
 
 
-def ours(lm, mode: str, ps, tokens: int) -> dict:
-    """One request at a time: our own loop in a cache mode, or (mode "engine") the shared engine."""
+def ours(lm, mode: str, ps, tokens: int, steps: int | None = None) -> dict:
+    """One request at a time: our own loop in a cache mode, or (mode "engine") the shared engine (`steps`: its
+    decode_steps, None: its default)."""
     from pipeline import generation
     from pipeline.engine import Engine
     from pipeline.generation.events import StepEvent
 
-    eng = Engine(lm) if mode == "engine" else None
+    eng = Engine(lm, decode_steps=steps) if mode == "engine" else None
     clock = ReadClock(lm)
     answers, decode_s, decode_n, wall_s = [], 0.0, 0, 0.0
     for i, ids in enumerate([ps[0]] + ps):  # the first one again as a warm-up, not counted
@@ -187,7 +191,8 @@ def ours(lm, mode: str, ps, tokens: int) -> dict:
             wall_s += ts[-1] - t0
             clock.request(len(ts) - 1, ts[-1] - ts[0])
     rate = decode_n / decode_s
-    return {"decode_tokens_per_s": rate, "tokens_per_s": sum(map(len, answers)) / wall_s, **clock.shares(rate), "answers": answers}
+    out = {"decode_tokens_per_s": rate, "tokens_per_s": sum(map(len, answers)) / wall_s, **clock.shares(rate), "answers": answers}
+    return out | ({"decode_steps": eng.config.decode_steps} if eng is not None else {})
 
 
 def engine_batch(lm, ps, tokens: int, prefix_cache: bool) -> dict:
@@ -340,7 +345,7 @@ def worker(config: str, tokens: int) -> dict:
     if base.startswith("ours-"):
         return ours(lm, base.removeprefix("ours-"), ps, tokens)
     if base == "engine-1":
-        return ours(lm, "engine", ps, tokens)
+        return ours(lm, "engine", ps, tokens, steps=1 if "-onestep" in config else None)
     if base.startswith("engine-"):
         return engine_batch(lm, ps, tokens, prefix_cache=config.endswith("-prefix"))
     if base.startswith("ct2-"):
@@ -450,6 +455,8 @@ def main(argv=None) -> int:
             "rest_ms",
         )
         entry = {k: spread([r[k] for r in ok]) for k in keys if ok and k in ok[0]}
+        if ok and "decode_steps" in ok[0]:
+            entry["decode_steps"] = ok[0]["decode_steps"]  # the engine's greedy decode steps a pass at most
         if ok and "answers" in ok[0]:
             ans = ok[0]["answers"]
             if ref:  # the reference answers all 32 prompts; the 8 are its first 8: every answer is checked
@@ -485,6 +492,9 @@ def summarise(results: dict) -> dict:
         # ... and request by request, each with the reads taken just before it (ReadClock.paired)
         "ours_alone_share_of_limit_paired": med("engine-1", "share_of_limit_paired"),
         "ct2_float32_alone_share_of_limit_paired": med("ct2-float32-1", "share_of_limit_paired"),
+        # the engine's passes of several decode steps (EngineConfig.decode_steps) against a pass a token, same run
+        "ours_alone_one_step_a_pass_decode_tokens_per_s": med("engine-1-onestep", "decode_tokens_per_s"),
+        "ours_alone_one_step_a_pass_share_of_limit_paired": med("engine-1-onestep", "share_of_limit_paired"),
         "ours_fused_loop_decode_tokens_per_s": med("ours-fused", "decode_tokens_per_s"),
         "ct2_float32_alone_decode_tokens_per_s": med("ct2-float32-1", "decode_tokens_per_s"),
         # batches: our prefix cache off (CTranslate2 prefills every prompt), warm-ups outside the measured prompts
