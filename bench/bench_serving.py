@@ -12,7 +12,10 @@ or staggered, served four ways, interleaved, repeated:
   (d) hf-static: one left-padded `model.generate` batch (everyone waits for the batch; no late arrivals).
 
 Aggregate tokens/s, TTFT and inter-token latency p50/p95 (where the method streams tokens), and each policy's
-ratio to one request alone on the same path, medians over the repeats with their spread.
+ratio to one request alone on the same path, medians over the repeats with their spread. The inter-token latency is
+what a visitor sees: where the engine takes several decode steps a pass (EngineConfig.decode_steps, when nobody
+waits), tokens arrive in bursts, so its p50 falls toward 0 and its p95 toward a pass's time (results until
+2026-12-04 were measured with a token a pass; --decode-steps 1 measures that way again).
 
     .venv/bin/python bench/bench_serving.py [--ns 1,4,8,16,32] [--tokens 32] [--reps 2] [--threads-max 8]
 """
@@ -125,6 +128,9 @@ def main():
     ap.add_argument("--request-chunk", type=int, default=None, help="the engine's prompt tokens per request per iteration (default: the engine's)")
     ap.add_argument("--block-size", type=int, default=BLOCK_SIZE, help="the engine's KV block size in tokens (what the prefix cache shares)")
     ap.add_argument("--out", default="serving", help="results file name under bench/results/")
+    ap.add_argument(
+        "--decode-steps", type=int, default=None, help="the engine's greedy decode steps a pass at most (default: the engine's, 8; 1: a token a pass)"
+    )
     args = ap.parse_args()
     import torch
 
@@ -145,6 +151,7 @@ def main():
             park=m != "engine-unparked",
             prefix_cache=m != "engine-nocache",
             **({"max_decode_stall": 0} if m == "engine-mixed" else {}),
+            decode_steps=args.decode_steps,
         )
         for m in methods
         if m.startswith("engine")
@@ -279,6 +286,7 @@ def main():
                     "engine_block_size": eng.kv.block_size,
                     "engine_prefill_chunk": eng.scheduler.prefill_chunk,
                     "engine_request_chunk": eng.scheduler.request_chunk,
+                    "engine_decode_steps": eng.config.decode_steps,
                 }
                 if (eng := next(iter(engines.values()), None))
                 else {}

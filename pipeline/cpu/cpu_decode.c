@@ -186,37 +186,53 @@ static void panel_span(const float *x, const float *p, const float *b, float *y,
     }
 }
 
-/* The calling thread's part of a product's panels among the team's: units of 4 panels for one row (k1x4_f32's four
-   streams; the last ~4 a thread single panels, so that the threads finish within a panel of each other), of one panel
-   for several, handed out as threads finish: thread t takes unit t first, then the next unit of the shared counter
-   `grab`. Where each thread had a fixed half (until 2026-12-04), the one the memory served more slowly kept the other
-   waiting at every product's end: 0.5-0.7 ms a one-row step per thread, measured per phase inside row_layers
-   (SmolLM2). Which thread computes a unit changes no bit (each output is the same sums in the same order). `base`
-   (each thread's own copy, the same value in all) is the counter's value at this product's start: every thread
-   leaves the loop on one failed grab, so the counter ends at base + units, whoever took what. */
-static inline int quads(int M, int panels, int n) { return M == 1 && panels >= 8 * n ? (panels - 4 * n) / 4 : 0; }
-static inline int unit_span(int u, int M, int panels, int n, int *hi) {
-    int q = quads(M, panels, n), lo = u < q ? 4 * u : 4 * q + (u - q);
-    *hi = u < q ? lo + 4 : lo + 1;
-    return lo;
+/* The calling thread's part of a product's panels among the team's (inside a parallel region). One row: units of four
+   panels read side by side (k1x4_f32's four streams), unit u being panels u, Q + u, 2Q + u and 3Q + u of the product's
+   first 4Q (its four quarters), so that a thread taking units u, u + 1, ... reads four long forward streams. Each thread
+   owns a contiguous range of units and takes them front first from its range's counter; done, it takes what is left
+   of the others' ranges from the same counters (a thread the memory serves faster finishes the product's tail); then
+   the last panels (4Q..) go one at a time from the shared counter `grab`, thread t's first being 4Q + t. Several rows:
+   one panel a unit, from `grab`. Measured (2026-12-04, one region reading SmolLM2's 121 products back to back, pure
+   loads, against the read probe): units of four ADJACENT panels handed out one by one read 0.97 of the probe in a
+   normal minute and 0.82 in a fast one (the probe at ~57 GB/s); these ranges 0.99 and 0.92; fixed quarters of each
+   thread's half 0.99 and 0.88 (and they kept one thread waiting at every product's end: 0.5-0.7 ms a one-row step).
+   Which thread computes a unit changes no bit (each output is the same sums in the same order).
+   Counters: each thread leaves each range's loop (and grab's) on exactly one failed claim, so at the product's end
+   range r's counter stands at its start + its units + n and grab's at its start + the single panels: every thread
+   keeps those starts in `base` (base[0] grab's, base[1 + r] range r's), the same values in all. */
+#define TEAM_MAX 64 /* threads the ranges serve; more: one panel a unit from grab */
+typedef struct { int count, sense, sleepers; long grab; long rc[TEAM_MAX][8]; } team; /* rc[r][0]: range r's counter */
+static inline int quads(int M, int panels, int n) { return M == 1 && n <= TEAM_MAX && panels >= 8 * n ? (panels - 4 * n) / 4 : 0; }
+static void quad_unit(const float *x, const float *p, const float *b, float *y, int N, int K, long q, int Q, float *add) {
+    int n0[4] = {(int)q * NB, (int)(q + Q) * NB, (int)(q + 2 * Q) * NB, (int)(q + 3 * Q) * NB};
+    k1x4_f32(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N, n0, b);
+    if (add)
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < NB && n0[j] + i < N; i++) add[n0[j] + i] += y[n0[j] + i];
 }
 static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add,
-                       long *grab, long *base) {
-    int n = omp_get_num_threads(), panels = (N + NB - 1) / NB, hi;
-    long units = panels - 3 * quads(M, panels, n), b0 = *base;
-    for (long u = omp_get_thread_num(); u < units; u = n + __atomic_fetch_add(grab, 1, __ATOMIC_RELAXED) - b0) {
-        int lo = unit_span((int)u, M, panels, n, &hi);
-        panel_span(x, p, b, y, M, N, K, lo, hi, add);
+                       team *t, long *base) {
+    int n = omp_get_num_threads(), me = omp_get_thread_num(), panels = (N + NB - 1) / NB, Q = quads(M, panels, n);
+    if (Q) {
+        for (int v = 0; v < n; v++) {
+            int r = (me + v) % n;
+            long lo = (long)Q * r / n, size = (long)Q * (r + 1) / n - lo, b0 = base[1 + r], u;
+            while ((u = __atomic_fetch_add(&t->rc[r][0], 1, __ATOMIC_RELAXED) - b0) < size) quad_unit(x, p, b, y, N, K, lo + u, Q, add);
+        }
+        for (int r = 0; r < n; r++) base[1 + r] += (long)Q * (r + 1) / n - (long)Q * r / n + n;
     }
-    *base = b0 + units;
+    long singles = panels - 4L * Q, b0 = base[0];
+    for (long u = me; u < singles; u = n + __atomic_fetch_add(&t->grab, 1, __ATOMIC_RELAXED) - b0)
+        panel_span(x, p, b, y, M, N, K, (int)(4 * Q + u), (int)(4 * Q + u + 1), add);
+    base[0] = b0 + singles;
 }
 
 void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
-    long grab = 0;
+    team t = {0};
     #pragma omp parallel num_threads(threads)
     {
-        long base = 0;
-        panels_for(x, p, b, y, M, N, K, 0, &grab, &base);
+        long base[1 + TEAM_MAX] = {0};
+        panels_for(x, p, b, y, M, N, K, 0, &t, base);
     }
 }
 void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
@@ -507,8 +523,10 @@ double read_sum(const float *a, long n, int threads) {
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TEAM_SPIN 50000 /* checks before sleeping: ~50-100 us, longer than the waits of a quiet step */
-typedef struct { int count, sense, sleepers; long grab; } team; /* grab: panels_for's counter */
-static inline void team_wait_pf(team *t, int n, int *sense, const char *pf, const char *pe) {
+/* what a waiting thread prefetches: `lines` cache lines from `at`, over four streams `stride` bytes apart (a unit of
+   four panels) or one (stride 0) */
+typedef struct { const char *at; long stride, lines; } ahead;
+static inline void team_wait_pf(team *t, int n, int *sense, ahead a) {
     int s = *sense = !*sense;
     if (__atomic_add_fetch(&t->count, 1, __ATOMIC_ACQ_REL) == n) {
         __atomic_store_n(&t->count, 0, __ATOMIC_RELAXED);
@@ -517,22 +535,24 @@ static inline void team_wait_pf(team *t, int n, int *sense, const char *pf, cons
             syscall(SYS_futex, &t->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
         return;
     }
-    for (int i = 0; i < TEAM_SPIN; i++) {
+    for (long i = 0; i < TEAM_SPIN; i++) {
         if (__atomic_load_n(&t->sense, __ATOMIC_ACQUIRE) == s) return;
-        if (pf < pe) { _mm_prefetch(pf, _MM_HINT_T0); pf += 64; }
+        if (i < a.lines) _mm_prefetch(a.at + (a.stride ? (i & 3) * a.stride + (i >> 2) * 64 : i * 64), _MM_HINT_T0);
     }
     __atomic_add_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST); /* then the last arrival wakes us (or we see its flag) */
     while (__atomic_load_n(&t->sense, __ATOMIC_SEQ_CST) != s)
         syscall(SYS_futex, &t->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
     __atomic_sub_fetch(&t->sleepers, 1, __ATOMIC_SEQ_CST);
 }
-/* the bytes of the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for) */
-#define FIRST(p, N, K, M) (const char *)((p) + first_unit(N, K, M, 0)), (const char *)((p) + first_unit(N, K, M, 1))
-static inline size_t first_unit(int N, int K, int M, int end) {
-    int panels = (N + NB - 1) / NB, t = omp_get_thread_num(), hi, lo;
-    if (t >= panels - 3 * quads(M, panels, omp_get_num_threads())) return 0;
-    lo = unit_span(t, M, panels, omp_get_num_threads(), &hi);
-    return (size_t)(end ? hi : lo) * K * NB;
+/* the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for): the first
+   unit of its range (four panels), or its first single panel; nothing where it has none */
+#define FIRST(p, N, K, M) first_unit(p, N, K, M)
+static inline ahead first_unit(const float *p, int N, int K, int M) {
+    int panels = (N + NB - 1) / NB, n = omp_get_num_threads(), me = omp_get_thread_num(), Q = quads(M, panels, n);
+    long panel = (long)K * NB * sizeof(float), q = Q ? (long)Q * me / n : 4L * Q + me;
+    ahead a = {(const char *)p + q * panel, Q ? Q * panel : 0, 0};
+    if (Q ? (long)Q * (me + 1) / n > q : q < panels) a.lines = (Q ? 4 : 1) * panel / 64;
+    return a;
 }
 
 static void rope_row(float *v, int heads, int D, const float *c, const float *s) {
@@ -559,7 +579,7 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
     team_wait_pf(t, n, sense, FIRST(p_qkv, NQ, d, M));
-    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0, &t->grab, base);
+    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0, t, base);
     team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
@@ -581,17 +601,17 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
                     lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
     }
     team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
-    panels_for(a, p_o, b_o, y, M, d, H * D, x, &t->grab, base);
+    panels_for(a, p_o, b_o, y, M, d, H * D, x, t, base);
     team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
     team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
-    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0, &t->grab, base);
+    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0, t, base);
     team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
     team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
-    panels_for(act, p_down, b_down, y, M, d, I, x, &t->grab, base);
+    panels_for(act, p_down, b_down, y, M, d, I, x, t, base);
 }
 
 void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
@@ -600,12 +620,12 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
                const float *cosv, const float *sinv, float *K, float *V, long s_blk, long s_kv, long s_pos,
                const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
                float scale, float *ws, int threads, int *failed) {
-    team t = {0, 0, 0, 0};
+    team t = {0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
-        long base = 0;
-        layer_team(&t, n, &sense, &base, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
+        long base[1 + TEAM_MAX] = {0};
+        layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
                    p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
     }
 }
@@ -624,14 +644,14 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
                 const int *tables, int mb, const int *lo, const int *hi, int bs, float scale, float *ws, int threads,
                 int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head, int vocab,
                 const int *keep, int MK, float *logits) {
-    team t = {0, 0, 0, 0};
+    team t = {0};
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
-        long base = 0;
+        long base[1 + TEAM_MAX] = {0};
         for (int l = 0; l < L; l++) {
             if (l) team_wait_pf(&t, n, &sense, FIRST(p_qkv[l], (H + 2 * KV) * D, d, M)); /* the last phase's residual add into x, done by every thread */
-            layer_team(&t, n, &sense, &base, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
+            layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
                        p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], cosv, sinv, K + (size_t)l * kv_layer,
                        V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
         }
@@ -640,7 +660,7 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
             #pragma omp for schedule(static) nowait
             for (int m = 0; m < MK; m++) rms_norm(x + (size_t)keep[m] * d, n_final, ws + (size_t)m * d, 1, d, eps_final);
             team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
-            panels_for(ws, p_head, b_head, logits, MK, vocab, d, 0, &t.grab, &base);
+            panels_for(ws, p_head, b_head, logits, MK, vocab, d, 0, &t, base);
         }
     }
 }

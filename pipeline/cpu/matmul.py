@@ -75,7 +75,9 @@ def packed(w: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------- pipeline/cpu/cpu_decode.c
 _PANEL = "_panel_packed"
-_lib_lock = threading.Lock()
+# re-entrant: panel() packs under it, and packing builds the library first where nothing has yet (a plain Lock
+# deadlocked a process whose first kernel call was panel())
+_lib_lock = threading.RLock()
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: not available here
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ arrives during a pass does not wait for all of it: the decode tokens and long pr
 the layer they reached; the newcomer's prompt is prefilled first, alone, and they resume after it (at most 2
 passes later: the scheduler's prefill first). A prompt that starts like an earlier one (the chat template's
 system turn, the same question again) shares that prompt's KV blocks and prefills only the rest (the
-scheduler's prefix cache).
+scheduler's prefix cache). Where only greedy decode rows run (at most ONE_CALL_ROWS) and nobody waits, a pass takes up
+to config.decode_steps tokens a row in one C call (vLLM's multi-step scheduling; each step's numbers those of a pass
+of its own), and a request that arrives meanwhile stops it after the step under way.
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 

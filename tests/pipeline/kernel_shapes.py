@@ -26,7 +26,8 @@ def run(seed: int = 0, cases: int = 40) -> int:
     assert cm.native() is not None, "pipeline/cpu/cpu_decode.c is not built"
     rng = np.random.default_rng(seed)
     n = 0
-    sizes = [0, 1, 2, 3, 5, 6, 7, 8, 13, 16, 17, 31, 33, 64, 65, 100, 129]
+    # 300 and 520 outputs: enough panels (19, 33) for one row's units of four panels over the product's quarters
+    sizes = [0, 1, 2, 3, 5, 6, 7, 8, 13, 16, 17, 31, 33, 64, 65, 100, 129, 300, 520]
     for _ in range(cases):
         M, N, K = int(rng.choice(sizes)), int(rng.choice(sizes[1:])), int(rng.choice(sizes[1:]))
         x = rng.standard_normal((M, K)).astype(np.float32)
@@ -104,7 +105,7 @@ def _layers_case(rng) -> None:
     from pipeline.cpu import matmul as cm
 
     L, KV, G, D, bs = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([2, 8, 16])), 4
-    H, d, inner, vocab, M = KV * G, int(rng.choice([8, 24, 40])), int(rng.choice([8, 40, 72])), int(rng.choice([5, 33, 100])), int(rng.integers(1, 10))
+    H, d, inner, vocab, M = KV * G, int(rng.choice([8, 24, 40])), int(rng.choice([8, 40, 72, 136])), int(rng.choice([5, 33, 100, 300])), int(rng.integers(1, 10))
 
     def t(*shape):
         return torch.from_numpy((rng.standard_normal(shape) * 0.3).astype(np.float32))
