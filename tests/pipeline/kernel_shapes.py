@@ -105,7 +105,13 @@ def _layers_case(rng) -> None:
     from pipeline.cpu import matmul as cm
 
     L, KV, G, D, bs = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([2, 8, 16])), 4
-    H, d, inner, vocab, M = KV * G, int(rng.choice([8, 24, 40])), int(rng.choice([8, 40, 72, 136])), int(rng.choice([5, 33, 100, 300])), int(rng.integers(1, 10))
+    H, d, inner, vocab, M = (
+        KV * G,
+        int(rng.choice([8, 24, 40])),
+        int(rng.choice([8, 40, 72, 136])),
+        int(rng.choice([5, 33, 100, 300])),
+        int(rng.integers(1, 10)),
+    )
 
     def t(*shape):
         return torch.from_numpy((rng.standard_normal(shape) * 0.3).astype(np.float32))
