@@ -4,7 +4,10 @@
      paged_attend   one decode token's attention per row, over its KV blocks where they lie;
      rms_norm, silu_mul   the step's two elementwise stages, one call each;
      greedy_summary the argmax, log-sum-exp and top k of logits rows (a greedy step's choice and its probabilities);
-     row_layer      a whole Llama-family decoder layer for any number of rows in one call (the above, one OpenMP region).
+     row_layer      a whole Llama-family decoder layer for any number of rows in one call (the above, one OpenMP region);
+     row_layers     every layer (and the final norm and LM head) in one region; row_steps: several greedy decode
+                    steps of it in one call (the engine's EngineConfig.decode_steps);
+     read_sum       the read probe (pipeline.cpu.bandwidth): the limit the products are held against.
 
    Built by pipeline/cpu/native_build.py, loaded by pipeline/cpu/matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
    loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust
@@ -572,14 +575,22 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
                        const float *b_qkv, const float *p_o, const float *b_o, const float *p_gu, const float *b_gu,
                        const float *p_down, const float *b_down, const float *cosv, const float *sinv, float *K, float *V,
                        long s_blk, long s_kv, long s_pos, const int *blk, const int *off, const int *tables, int mb,
-                       const int *lo, const int *hi, int bs, float scale, float *ws, int *failed) {
+                       const int *lo, const int *hi, int bs, float scale, float *ws, float *own, int *failed) {
     int NQ = (H + 2 * KV) * D, G = H / KV;
     float *h = ws, *qkv = h + (size_t)M * d, *a = qkv + (size_t)M * NQ, *gu = a + (size_t)M * H * D;
     float *act = gu + (size_t)M * 2 * I, *y = act + (size_t)M * I;
-    #pragma omp for schedule(static) nowait
-    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
-    team_wait_pf(t, n, sense, FIRST(p_qkv, NQ, d, M));
-    panels_for(h, p_qkv, b_qkv, qkv, M, NQ, d, 0, t, base);
+    /* one row with `own` (d + I floats a thread): every thread computes the normed row and the SiLU output into its own
+       copy (the same function, the same bits) instead of waiting for one thread at a meeting point: 3 of the layer's
+       9 meeting points fewer */
+    float *hn = own ? own + (size_t)omp_get_thread_num() * (d + I) : h, *an = own ? hn + d : act;
+    if (own) {
+        rms_norm(x, n_in, hn, 1, d, eps_in);
+    } else {
+        #pragma omp for schedule(static) nowait
+        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
+        team_wait_pf(t, n, sense, FIRST(p_qkv, NQ, d, M));
+    }
+    panels_for(hn, p_qkv, b_qkv, qkv, M, NQ, d, 0, t, base);
     team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
@@ -603,15 +614,23 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
     team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
     panels_for(a, p_o, b_o, y, M, d, H * D, x, t, base);
     team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
-    #pragma omp for schedule(static) nowait
-    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
-    team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
-    panels_for(h, p_gu, b_gu, gu, M, 2 * I, d, 0, t, base);
+    if (own) {
+        rms_norm(x, n_mid, hn, 1, d, eps_mid);
+    } else {
+        #pragma omp for schedule(static) nowait
+        for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
+        team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
+    }
+    panels_for(hn, p_gu, b_gu, gu, M, 2 * I, d, 0, t, base);
     team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
-    #pragma omp for schedule(static) nowait
-    for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
-    team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
-    panels_for(act, p_down, b_down, y, M, d, I, x, t, base);
+    if (own) {
+        silu_mul(gu, gu + I, an, 1, I, 2 * I);
+    } else {
+        #pragma omp for schedule(static) nowait
+        for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
+        team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
+    }
+    panels_for(an, p_down, b_down, y, M, d, I, x, t, base);
 }
 
 void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
@@ -621,13 +640,15 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
                const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
                float scale, float *ws, int threads, int *failed) {
     team t = {0};
+    float *own = M == 1 ? malloc(sizeof(float) * (size_t)threads * (d + I)) : NULL; /* NULL: the shared path */
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
         long base[1 + TEAM_MAX] = {0};
         layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
-                   p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
+                   p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, own, failed);
     }
+    free(own);
 }
 
 /* Layers 0 .. L-1 in ONE parallel region (row_step's pass when nothing may interrupt it between layers): the same
@@ -645,6 +666,7 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
                 int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head, int vocab,
                 const int *keep, int MK, float *logits) {
     team t = {0};
+    float *own = M == 1 ? malloc(sizeof(float) * (size_t)threads * (d + I)) : NULL; /* NULL: the shared path */
     #pragma omp parallel num_threads(threads)
     {
         int n = omp_get_num_threads(), sense = 0;
@@ -653,7 +675,7 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
             if (l) team_wait_pf(&t, n, &sense, FIRST(p_qkv[l], (H + 2 * KV) * D, d, M)); /* the last phase's residual add into x, done by every thread */
             layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
                        p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], cosv, sinv, K + (size_t)l * kv_layer,
-                       V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, failed);
+                       V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, own, failed);
         }
         if (p_head) { /* the final norm of the rows `keep` and the LM head, in the same region */
             team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
@@ -663,6 +685,7 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
             panels_for(ws, p_head, b_head, logits, MK, vocab, d, 0, &t, base);
         }
     }
+    free(own);
 }
 
 /* ------------------------------------------------------------------------------------------------------------

@@ -76,6 +76,19 @@ The engine's time outside the C calls went from 1.40-1.54 to 0.97-1.04 ms an ite
 old and new code in alternating processes); the first two, A/B in one process (12 blocks of 16 iterations each,
 interleaved): old/new iteration time 1.023 (0.90-1.09).
 
+Then (2026-12-04, night), measured in the engine, one request, each thread's products, waits and small work timed
+inside the call: in a quiet minute the products read at the probe's speed (14.7 ms for a token against a 14.5 ms
+read), the call took 15.3 ms and the token 16.3: what was left were ~0.5 ms of small work and waits inside the call
+and ~1.0 ms of the engine's Python between calls. That Python runs with the caches the weights' stream has just
+emptied (`choose` took 107 us a token there, 9 in a loop), so trimming it saved nothing measurable; the engine now
+makes up to 8 greedy tokens a row in one C call where nobody waits (cpu_decode.c's `row_steps`, engine
+EngineConfig.decode_steps: each step the same row_layers, so the same numbers): 0.823 -> 0.876 of the paired probe
+(one process, interleaved). And the probe has fast minutes (reading 55-65 GB/s where it reads ~35 otherwise) in which
+one row's products followed at only ~0.75: units of four ADJACENT panels restart four short streams every unit; a
+product's units are now its four quarters side by side and each thread works through its own range of them (four
+long streams), then the others' leftovers: a C harness reading the 121 products in one region, 0.82 -> 0.92 of a
+fast probe; one request in the engine 0.70 -> 0.74 in fast minutes (interleaved, same process).
+
 How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
 each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
