@@ -18,10 +18,11 @@ MAX_ROWS = 40  # per section; the rest stay in the JSON
 ABOUT = {
     "cpu_anchor": (
         "One request's CPU decode against the machine's read-bandwidth limit and CTranslate2 (float32, int8), the engine "
+        "(passes of up to 8 greedy decode steps where nobody waits; engine-1-onestep: a token a pass, for contrast) "
         "at 1, 8 and 32 requests against CTranslate2's static batches, the same on the fallback kernels (without "
         "pipeline/cpu/cpu_decode.c), one request under a second busy process (the fallback with and without its thread plan); "
         "a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
-        "bench/bench_cpu_anchor.py --reps 2",
+        "bench/bench_cpu_anchor.py --reps 3",
     ),
     "gpu_check": (
         "The prepared GPU run (one lent NVIDIA H200, bf16, SmolLM2-135M's shape with seeded random weights): greedy decode "
