@@ -37,8 +37,8 @@ class StepEvent:
     top_raw: list[tuple[int, str, float]]  # the same before the filters (softmax at temperature 1)
     p: float  # probability of the chosen token after the filters
     p_raw: float  # ... and before them
-    step_s: float  # this step's forward + sampling time
-    t_s: float  # time since the request arrived (tokenization included)
+    step_s: float  # this step's forward + sampling time (an engine pass of several decode steps: its time / its steps)
+    t_s: float  # time since the request arrived (tokenization included): when the event was sent
     context_len: int  # tokens the step attended over
     # the keys and values of the context's tokens after this step, per layer and in all (LoadedModel.kv_layer_bytes:
     # the same meaning on every path; on the dynamic cache read from its tensors)
