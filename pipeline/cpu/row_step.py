@@ -2,94 +2,24 @@
 
 Decoding one token multiplies one row of activations by every weight matrix: for SmolLM2 in fp32 that is
 538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
-memory streams those bytes (bench/bench_cpu_anchor.py measures that limit and this step side by side). Where one
-token's time goes, measured on the project's 2-core build machine (SmolLM2, 30 layers; bench/bench_cpu_anchor.py,
-"row-step-split": the step against the same step with its products stubbed out, two runs):
+memory streams those bytes (bench/bench_cpu_anchor.py measures that limit, the C read probe pipeline.cpu.bandwidth,
+and this step side by side). Where one token's time goes now, measured in the engine, one request, each thread's
+products, waits and small work timed inside the C call (2026-12-04, the project's 2-core build machine):
 
-  * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over
-    49,152 rows): 21.1-22.5 ms of a 23.7-25.3 ms token, pipeline/cpu/cpu_decode.c's kernel streaming the weights'
-    panel copy (538 MB in 21.8 ms: 24.7 GB/s, where torch summing the same tensors read 21.7 GB/s that hour);
-  * everything else (norms, RoPE, writing K/V, attention over the context, the activation, residual adds):
-    2.6-2.8 ms, ~15 small operations a layer.
-In a slower hour (the probe at 12.6-15.3 GB/s) the same split read products 34.2-38.7 ms of a 38.5-44.7 ms
-token (538 MB at 14.8 GB/s) and the rest 4.3-6.0 ms: the products follow the memory, the rest the processor.
+  * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over 49,152
+    rows): 14.7 ms, at the read probe's speed in a quiet minute (its read took 14.5 ms); pipeline/cpu/cpu_decode.c's
+    kernel streams the weights' panel copy, one row as four long streams a thread (`panels_for`);
+  * the small work between them (norms, RoPE, the K/V write, attention, SiLU, residual adds) and the threads'
+    waits at the layer's meeting points: ~0.5-0.6 ms, all inside one C call for every layer and the head
+    (`row_layers`), during which nothing streams;
+  * the engine's Python between calls: ~1.0 ms a pass, with caches the weights' stream has just flushed; the
+    engine pays it once for up to 8 greedy tokens (cpu_decode.c's `row_steps`, EngineConfig.decode_steps).
+So one request reads at ~0.92 of the probe in a quiet minute; in the probe's fast minutes (55-70 GB/s instead of
+~36) at ~0.75, the small work then weighing more. Each of these was measured before it was built; the findings (OpenMP's
+slow wake-ups on these virtual CPUs, one stream a thread keeping too few reads in flight, fixed halves, cold-cache
+Python, the fast minutes) are in docs/architecture.md, "CPU decode at the weights' read speed".
 
-Against the C read probe (pipeline.cpu.bandwidth, 2026-12-04; issue 34 asks for 85% of it): the step's products
-read 538 MB in 24.0-26.4 ms (20-22 GB/s) and the rest took 3.0-3.1 ms, where the same products called back to back
-from C (one row, the step's five weight shapes, 127 MB) read 30.7 GB/s and the probe 34.6 GB/s in one process
-(median of 15, interleaved). The kernel itself runs at ~89% of the memory; the step loses the difference between
-products: 121 calls from Python (checked arguments, a new output array, the two threads woken each time) and the
-small work, during which nothing reads the weights. Taking one row through 4 panels at once (8 sums in flight, not 2)
-read 31.7 GB/s against 30.7: within the noise, not kept.
-
-So a Llama-family layer is now ONE C call (cpu_decode.c's `row_layer`, `_RowLayer.whole`, pipeline/cpu/layer_call.py):
-both norms, the four products, RoPE, the K/V write, attention and SiLU in one OpenMP region, each row's numbers
-computed by the same kernels as before (bit for bit alone or in any pass: test_exact). That alone gave 28.5 ms against
-32.6 with a call per operation, still ~0.55 of the read probe. Where the rest went, measured per thread inside the
-call (2026-12-04, each thread's time working and waiting in each of a layer's 9 phases, one row, 20 steps):
-
-  * the products are not the loss: each thread's share of the four products took 13.0-13.5 ms a step, 425 MB at
-    31-33 GB/s, the probe's speed (and 120 layer products called back to back from C read 28.8-29.5 GB/s where the
-    head's one product read 33.2-33.9 and the probe 35.0; the prefetch distance, 0 to 16 KB, T0 or NTA: no change);
-  * the waits were: 7.3-8.4 ms a step per thread at OpenMP's barriers, 25-65 us each, both threads waiting at the
-    same barrier: on these virtual CPUs libgomp's waiter sleeps after a short spin and its wake-up is that slow
-    (a barrier whose threads arrive together costs 0.3 us). Spinning in libgomp instead (OMP_WAIT_POLICY=ACTIVE)
-    made things worse, since its idle threads then spin between regions too, against the Python thread.
-
-So the phases now meet at cpu_decode.c's own `team_wait_pf` (a sense-reversing barrier that keeps checking a flag for
-~50k checks, then sleeps on a futex): the waits fell to 0.0-0.6 ms a step and one token from 29.7 to 20.2-20.5 ms
-(8 rows 34 ms, min 26; 32 rows 70 ms against 85-98), two concurrent calls (two sessions) no slower than one after the
-other. Spinning without the sleep (yielding after 2k-200k checks) was as fast when quiet, but under a second process
-keeping both cores busy a step took 30-600 ms where OpenMP's barrier took 27-72: the sleep keeps that case as it was
-(56-61 ms against 59-60, interleaved).
-The worker also joined each layer's region ~30 us late (it sleeps in libgomp during the Python between layers): a pass
-that nothing interrupts between layers (ours, or the engine's of at most ONE_CALL_ROWS rows with no newcomer waiting)
-now runs every layer in one C call (`row_layers`, the same layer code, bit for bit the same): one row 19.0 against
-21.0 ms, 8 rows 30.2 against 32.4 (medians, interleaved). What remained: the LM head's 113 MB (3.4-4 ms, at the
-probe's speed), the engine's own work between passes (~2 ms a token).
-
-Then (2026-12-04, evening) three more, each measured first:
-  * one stream a thread kept too few reads in flight: a C harness reading the 120 layer products for one row read
-    0.82-0.87 of the probe one panel at a time, 0.98-1.16 four panels at once (and the probe itself, one stream a
-    thread, read 13-17% less than as four). One row now runs four panels side by side (cpu_decode.c's k1x4_f32, the
-    same sums in the same order) and the probe reads four streams a thread. One request in the engine, old against
-    new code in alternating processes: 47.3-50.9 tok/s against 52.3-59.1;
-  * the greedy step's summary (argmax, log-sum-exp, top k over 49,152 logits) cost 0.6 ms a token as three torch
-    reductions, each waking the OpenMP team; one C call on one thread takes ~60 us (cpu_decode.c's greedy_summary);
-  * the server's activity record scanned its 2,048 entries on every engine iteration (0.2 ms); it stops at the
-    first entry that ended a second before the interval.
-A one-row engine iteration is now the layers ~13.3-14.8 ms, the head ~3.4, the rest ~1 ms (cProfile's counts).
-
-Then (2026-12-04, late) the time between the products, measured per thread and phase inside row_layers (one row,
-20 steps, clock_gettime around each phase and each team_wait): each thread spent 0.7-1.8 ms a step waiting at the 270
-meeting points, mostly at the products' ends, where a fixed half of the panels each had kept the thread the memory
-served faster waiting for the other; and the second thread idled through the first's small work (norms, RoPE,
-attention, SiLU: ~0.5 ms). Now:
-  * a product's panels go out in units (4 panels for one row, the last few single; 1 for several) to whichever
-    thread is free (cpu_decode.c's panels_for), the first unit of each thread fixed: the waits fell to 0.28-0.52 ms
-    a step per thread (from 0.46-1.8 with fixed halves, the same instrumented build);
-  * a thread that waits at a meeting point prefetches its first unit of the next product meanwhile (team_wait_pf);
-  * the final norm and the LM head run in row_layers' own region (layer_call.Head): no second team start, no Python
-    between (the logits the same bits: tests/pipeline/test_row_layer.py, kernel_shapes.py);
-  * a plain embedding is a numpy take of its table (the module's call took 0.17 ms).
-The engine's time outside the C calls went from 1.40-1.54 to 0.97-1.04 ms an iteration (medians of 10 blocks of 30,
-old and new code in alternating processes); the first two, A/B in one process (12 blocks of 16 iterations each,
-interleaved): old/new iteration time 1.023 (0.90-1.09).
-
-Then (2026-12-04, night), measured in the engine, one request, each thread's products, waits and small work timed
-inside the call: in a quiet minute the products read at the probe's speed (14.7 ms for a token against a 14.5 ms
-read), the call took 15.3 ms and the token 16.3: what was left were ~0.5 ms of small work and waits inside the call
-and ~1.0 ms of the engine's Python between calls. That Python runs with the caches the weights' stream has just
-emptied (`choose` took 107 us a token there, 9 in a loop), so trimming it saved nothing measurable; the engine now
-makes up to 8 greedy tokens a row in one C call where nobody waits (cpu_decode.c's `row_steps`, engine
-EngineConfig.decode_steps: each step the same row_layers, so the same numbers): 0.823 -> 0.876 of the paired probe
-(one process, interleaved). And the probe has fast minutes (reading 55-65 GB/s where it reads ~35 otherwise) in which
-one row's products followed at only ~0.75: units of four ADJACENT panels restart four short streams every unit; a
-product's units are now its four quarters side by side and each thread works through its own range of them (four
-long streams), then the others' leftovers: a C harness reading the 121 products in one region, 0.82 -> 0.92 of a
-fast probe; one request in the engine 0.70 -> 0.74 in fast minutes (interleaved, same process).
-
-How it got there (docs/architecture.md, "CPU decode at the weights' read speed"): the same step written with torch
+Why not torch for the small work: the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
 each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
 So the small work here is numpy on views of the model's own tensors (nothing copied: the arrays ARE the torch
@@ -308,9 +238,7 @@ class RowStep:
         """Every layer in ONE C call (cpu_decode.c's row_layers: the same kernels in the same order as a call a layer),
         and the final norm and LM head for the rows `want` in the same call, where that applies: every layer is one
         call (stack), the rows enter at layer 0, and nothing may stop them between layers (no `interrupt`, or at most
-        ONE_CALL_ROWS rows and no newcomer now). None where it does not apply. Only what this call needs is computed
-        here (each row's RoPE row, its KV slots): the Python of a one-row pass runs with caches the weights' stream
-        has just emptied, and each small operation cost 10-40 us there (measured)."""
+        ONE_CALL_ROWS rows and no newcomer now). None where it does not apply (`run` then goes layer by layer)."""
         B = len(x)
         if not (B and WHOLE_LAYERS and native() is not None and hasattr(kv, "rows")) or (stack := self.stack()) is None:
             return None

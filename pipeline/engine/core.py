@@ -26,7 +26,6 @@ is done. Which engine serves a model (this one in-process, or Ray Serve's) is en
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ import torch
 
 from pipeline.common.timing import ACTIVITY
 from pipeline.cpu.matmul import greedy_summary
+from pipeline.engine import worker
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
@@ -77,6 +77,7 @@ class Engine:
             max_decode_stall=cfg.max_decode_stall if continuous else 0,
             policy=policy,
             static_batch_size=cfg.static_batch_size,
+            decode_steps=cfg.decode_steps if continuous else 1,
         )
         self.records: deque[IterationRecord] = deque(maxlen=cfg.history)
         self.t_start = time.perf_counter()
@@ -92,7 +93,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._thread_lock = threading.Lock()
         self._iter_lock = threading.Lock()
-        _all_engines.add(self)
+        worker.started(self)
 
     # ------------------------------------------------------------------------------------------ visitors
     def submit(
@@ -195,7 +196,7 @@ class Engine:
             if self._thread is None:
                 # the thread holds the engine weakly between iterations: an engine whose model was dropped is freed,
                 # and its thread ends, however busy it was (a thread holding it strongly kept every model alive)
-                self._thread = threading.Thread(target=_work, args=(weakref.ref(self),), daemon=True, name=f"engine-{self.lm.label}")
+                self._thread = threading.Thread(target=worker.work, args=(weakref.ref(self),), daemon=True, name=f"engine-{self.lm.label}")
                 self._thread.start()
 
     def iterate(self) -> IterationRecord | None:
@@ -282,25 +283,21 @@ class Engine:
         return ended
 
     def _decode_steps(self, plan, rows: list[Request]):
-        """Several decode tokens for every row in this pass, in one C call (at most config.decode_steps; vLLM's
-        multi-step scheduling), where that applies: decode rows only (no prompt chunk, nothing parked, at most
-        ONE_CALL_ROWS), each greedy without kept logits, and nobody waiting or cancelled (a request that arrives
-        meanwhile stops the call after its current step: Scheduler.news). Each step's numbers are those of a pass of
-        its own (cpu_decode.c's row_steps runs the same row_layers), so a request's tokens and probabilities do not
-        depend on how many steps its passes took (tests/pipeline/test_decode_steps.py). A layer_call.Steps, or None:
-        one step, as every other pass."""
+        """The pass's decode tokens in one C call, where the scheduler allows several (Plan.steps: decode rows only,
+        greedy, nobody waiting; a request arriving meanwhile stops the call after its current step) and the step can:
+        at most ONE_CALL_ROWS rows, nothing parked. Each step's numbers are those of a pass of its own (cpu_decode.c's
+        row_steps runs the same row_layers), so a request's tokens and probabilities do not depend on how many steps
+        its passes took (tests/pipeline/test_decode_steps.py). A layer_call.Steps, or None: one step, as every other
+        pass."""
         from pipeline.cpu.row_step import ONE_CALL_ROWS
         from pipeline.engine.paged import Seq
 
-        steps = self.config.decode_steps
-        if steps < 2 or self.step is None or plan.prefill or not rows or len(rows) > ONE_CALL_ROWS or self._parked:
-            return None
-        if any(r.state != State.DECODE or not r.sampling.greedy or r.keep_logits for r in rows) or not self.scheduler.quiet():
+        if plan.steps < 2 or self.step is None or len(rows) > ONE_CALL_ROWS or self._parked:
             return None
         seqs = [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
         left = [r.max_new_tokens - len(r.generated) for r in rows]
         k = max(r.sampling.n_top for r in rows)
-        return self.step.decode_steps(seqs, [r.stop_ids for r in rows], left, self.scheduler.news, steps, k)
+        return self.step.decode_steps(seqs, [r.stop_ids for r in rows], left, self.scheduler.news, plan.steps, k)
 
     def _forward(self, chunks: list[Chunk], rows: list[Request]):
         """ONE forward for this iteration: the prompt chunks and a decode token for every running row. Returns
@@ -428,47 +425,3 @@ class Engine:
         st = self._fallback.pop(r.id, None)
         if st is not None:
             st.close()
-
-
-_exiting = threading.Event()
-_all_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def _work(ref: weakref.ref) -> None:
-    """An engine's background thread: iterates while the engine lives and has work; after 5 s without work it ends
-    (a later submit starts another). It holds the engine only during an iteration: while it waits it holds the
-    scheduler alone (which knows nothing of the model), so a model dropped by everyone else is freed at once, not
-    after the wait."""
-    eng = ref()
-    if eng is None:
-        return
-    sched = eng.scheduler
-    del eng
-    while not _exiting.is_set():
-        busy = sched.wait_for_work(5.0)
-        eng = ref()
-        if eng is None:
-            return
-        if not busy:
-            with eng._thread_lock:
-                if not sched.wait_for_work(0.0):
-                    eng._thread = None
-                    return
-        try:
-            eng.iterate()
-        except Exception:  # noqa: BLE001 - iterate fails its own requests; a bug elsewhere must not end the worker
-            log.exception("engine iteration failed")
-            time.sleep(0.1)
-        del eng
-
-
-@atexit.register
-def _stop_workers() -> None:
-    """At interpreter exit, let each worker finish its iteration and stop (a thread killed inside a torch call
-    can abort the process: "terminate called without an active exception")."""
-    _exiting.set()
-    for eng in list(_all_engines):
-        eng._wake()
-        t = eng._thread
-        if t is not None:
-            t.join(timeout=10)

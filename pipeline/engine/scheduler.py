@@ -133,6 +133,7 @@ class Plan:
     prefill: list[Chunk]
     decode: list[Request]  # requests that decode one token this iteration
     retired: list[Request]  # cancelled since the last plan (blocks already freed)
+    steps: int = 1  # decode tokens each row may make in this pass (several: Scheduler.decode_steps)
 
     @property
     def empty(self) -> bool:
@@ -166,6 +167,7 @@ class Scheduler:
         max_decode_stall: int = 0,
         policy: Policy = Policy.CONTINUOUS,
         static_batch_size: int | None = None,
+        decode_steps: int = 1,
     ):
         self.pool, self.max_batch, self.max_queue, self.prefill_chunk = pool, max_batch, max_queue, prefill_chunk
         self.prefix_cache = prefix_cache  # admitted prompts share the cached blocks of the prompts they start with
@@ -179,8 +181,10 @@ class Scheduler:
         self.policy, self.static_batch_size = Policy(policy), static_batch_size
         self.static_batch: list[Request] = []  # Policy.STATIC: the batch being run
         self._cancelled: set[int] = set()  # asked to stop (from a visitor's thread), retired at the next plan or token
-        # set to 1 when a request arrives or is cancelled: a pass of several decode steps (the engine's decode_steps)
-        # reads it after each step and stops there, so neither waits for the rest of the pass
+        # a pass of decode rows only, each greedy without kept logits, with nobody waiting, may make up to this many
+        # tokens a row (vLLM's multi-step scheduling; Plan.steps); `news` is set to 1 when a request arrives or is
+        # cancelled, and such a pass reads it after each step and stops there, so neither waits for the rest of it
+        self.decode_steps = decode_steps
         self.news = ctypes.c_int(0)
 
     # -- visitors' side ----------------------------------------------------------------------------------
@@ -270,7 +274,16 @@ class Scheduler:
             decode, self._stalled = [], self._stalled + 1
         else:
             self._stalled = 0
-        return Plan(prefill, decode, retired)
+        return Plan(prefill, decode, retired, self._steps(prefill, decode))
+
+    def _steps(self, prefill: list[Chunk], decode: list[Request]) -> int:
+        """Decode tokens each row may make in this pass (under the lock): decode_steps for a pass of decode rows
+        only, each greedy without kept logits, with nobody waiting or cancelled; else 1. Clears `news` first, so a
+        request that arrives after this answer stops the pass after its current step."""
+        self.news.value = 0
+        if self.decode_steps < 2 or prefill or not decode or self.waiting or self._cancelled:
+            return 1
+        return self.decode_steps if all(r.sampling.greedy and not r.keep_logits for r in decode) else 1
 
     def _plan_static(self, retired: list[Request]) -> Plan:
         """Static batching: admit only a whole batch at once (everyone waiting, up to max_batch, once at least
@@ -333,12 +346,6 @@ class Scheduler:
         except IndexError:
             return False
         return len(r.prompt_ids) <= self.request_chunk and len(self.running) < self.max_batch and self.pool.blocks_for(r.n_tokens) <= self.pool.n_free
-
-    def quiet(self) -> bool:
-        """Nobody waiting and nothing cancelled since the last plan: the running rows may take several decode steps
-        in one pass. Clears `news` first, so a request that arrives after this answer sets it again."""
-        self.news.value = 0
-        return not self.waiting and not self._cancelled
 
     def blocks_for(self, n_tokens: int) -> int:
         """KV blocks that n_tokens tokens take."""

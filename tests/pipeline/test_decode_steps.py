@@ -9,7 +9,8 @@ import pytest
 from pipeline.cpu.matmul import native
 from pipeline.engine import Engine
 from pipeline.engine.paged import Seq
-from pipeline.engine.scheduler import BlockPool, Request, Scheduler
+from pipeline.engine.scheduler import BlockPool, PassOutput, Request, Scheduler
+from pipeline.forward.sampling import Sampling
 from pipeline.generation import generate, prepare
 from pipeline.generation.events import StepEvent
 
@@ -83,13 +84,21 @@ def test_the_call_never_passes_a_rows_blocks(smol):
     assert eng.step.decode_steps([short], [frozenset()], [room], ctypes.c_int(0), room + 1, 5).n == room
 
 
-def test_a_newcomer_or_a_cancel_sets_the_news_and_quiet_clears_it():
-    s = Scheduler(BlockPool(64, 8))
-    assert s.quiet() and s.news.value == 0
+def test_the_scheduler_allows_several_steps_only_to_greedy_decode_rows_with_nobody_waiting():
+    s = Scheduler(BlockPool(64, 8), decode_steps=8)
     a = Request([1, 2, 3], 4)
     s.submit(a)
-    assert s.news.value == 1 and not s.quiet() and s.news.value == 0
-    s.plan()
-    assert s.quiet()
-    s.cancel(a)
-    assert s.news.value == 1 and not s.quiet()
+    assert s.news.value == 1  # a newcomer: a pass of several steps under way stops after its step
+    p = s.plan()
+    assert p.prefill and p.steps == 1 and s.news.value == 0
+    s.update(p, PassOutput({a.id: 3}, {a.id: 7}, 0.0))
+    assert s.plan().steps == 8  # decode rows only, greedy, nobody waiting
+    b = Request([4, 5], 4, Sampling(temperature=0.7, seed=1))
+    s.submit(b)
+    p = s.plan()
+    assert p.prefill and p.steps == 1  # b's prompt in the pass
+    s.update(p, PassOutput({b.id: 2}, {b.id: 9}, 0.0))
+    assert s.plan().steps == 1  # b samples: a token a pass
+    s.cancel(b)
+    assert s.news.value == 1  # a cancel stops a pass of several steps too
+    assert s.plan().steps == 8  # b retired: a alone again
