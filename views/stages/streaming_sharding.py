@@ -32,6 +32,13 @@ if rec:
     lines = sse_lines(ev)
     m = metrics(ev)
     st.caption(f"{len(ev)} tokens: the first after {m.ttft_parts()}, then one every {(m.tpot_s or 0) * 1000:.0f} ms on average.")
+    together = sum(b.t_s == a.t_s for a, b in zip(ev, ev[1:]))
+    if together:  # the engine's passes of several decode steps (EngineConfig.decode_steps): said, not hidden
+        st.caption(
+            f"{together} of these tokens left with the one before them: where nobody else was waiting, the engine ran up to "
+            "8 decode steps in one pass (its Python between passes is paid once for them) and sent their tokens together "
+            "at the pass's end, as vLLM's multi-step scheduling does. A newcomer stops such a pass after its current step."
+        )
     render.busy_note(rec.busy)
     st.container(key="main_figure").code("".join(lines[:12]), language="text", height=380 if render.presenting() else "content")
     if len(lines) > 12:  # said outside the stream's text, which stays exactly what was sent
