@@ -194,18 +194,24 @@ static void panel_span(const float *x, const float *p, const float *b, float *y,
    first 4Q (its four quarters), so that a thread taking units u, u + 1, ... reads four long forward streams. Each thread
    owns a contiguous range of units and takes them front first from its range's counter; done, it takes what is left
    of the others' ranges from the same counters (a thread the memory serves faster finishes the product's tail); then
-   the last panels (4Q..) go one at a time from the shared counter `grab`, thread t's first being 4Q + t. Several rows:
-   one panel a unit, from `grab`. Measured (2026-12-04, one region reading SmolLM2's 121 products back to back, pure
-   loads, against the read probe): units of four ADJACENT panels handed out one by one read 0.97 of the probe in a
-   normal minute and 0.82 in a fast one (the probe at ~57 GB/s); these ranges 0.99 and 0.92; fixed quarters of each
-   thread's half 0.99 and 0.88 (and they kept one thread waiting at every product's end: 0.5-0.7 ms a one-row step).
+   the panels past 4Q (at most 3: Q = panels / 4) go one at a time from the shared counter `grab`, thread t's first
+   being 4Q + t. Several rows: one panel a unit, from `grab`. Measured (2026-12-04, one region reading SmolLM2's 121
+   products back to back, pure loads, against the read probe): units of four ADJACENT panels handed out one by one read
+   0.97 of the probe in a normal minute and 0.82 in a fast one (the probe at ~57 GB/s); these ranges 0.99 and 0.92;
+   fixed quarters of each thread's half 0.99 and 0.88 (and they kept one thread waiting at every product's end: 0.5-0.7
+   ms a one-row step). Until 2026-12-05 the last 4n-4n+3 panels went one at a time, single streams, to even out the
+   threads' ends: 8 of o's and down's 36 panels, 12% of a layer's bytes, read at a fraction of the memory's speed in a
+   fast minute. Without them (2026-12-05, one request in the engine, paired with the other way in one process, the
+   probe at ~8 ms): the products read 0.92 of the probe where they read 0.83, one request decodes 6% faster (median of
+   64 pairs; share 0.79 -> 0.84), and splitting each range's last two units into halves (two streams) to even out the
+   ends more finely changed nothing measurable (0.816 against 0.82 in fast minutes).
    Which thread computes a unit changes no bit (each output is the same sums in the same order).
    Counters: each thread leaves each range's loop (and grab's) on exactly one failed claim, so at the product's end
    range r's counter stands at its start + its units + n and grab's at its start + the single panels: every thread
    keeps those starts in `base` (base[0] grab's, base[1 + r] range r's), the same values in all. */
 #define TEAM_MAX 64 /* threads the ranges serve; more: one panel a unit from grab */
 typedef struct { int count, sense, sleepers; long grab; long rc[TEAM_MAX][8]; } team; /* rc[r][0]: range r's counter */
-static inline int quads(int M, int panels, int n) { return M == 1 && n <= TEAM_MAX && panels >= 8 * n ? (panels - 4 * n) / 4 : 0; }
+static inline int quads(int M, int panels, int n) { return M == 1 && n <= TEAM_MAX && panels >= 8 * n ? panels / 4 : 0; }
 static void quad_unit(const float *x, const float *p, const float *b, float *y, int N, int K, long q, int Q, float *add) {
     int n0[4] = {(int)q * NB, (int)(q + Q) * NB, (int)(q + 2 * Q) * NB, (int)(q + 3 * Q) * NB};
     k1x4_f32(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N, n0, b);
