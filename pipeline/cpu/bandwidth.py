@@ -7,7 +7,11 @@ is measured against (bench/bench_cpu_anchor.py, the roofline page).
 With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
 read as four streams side by side: a STREAM-style read; one stream a thread, as until 2026-12-04, read 13-17% less
 here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower
-and says so in `kernel`. Torch summing each weight tensor (the bench's first probe) read 12-22 GB/s where this read
+and says so in `kernel`. The buffer is in transparent huge pages (matmul.aligned), as the
+weights' panels are: measured 2026-12-05 in the probe's fast minutes, the same read over 4 KiB pages gave 55-58 GB/s
+where huge pages gave 62-64 (alike in normal minutes). Until then the probe's numpy buffer had huge pages (numpy
+advises them for its large arrays) and the panels did not, so the products' share was measured against faster memory
+than they were in. Torch summing each weight tensor (the bench's first probe) read 12-22 GB/s where this read
 31-54 as one stream a thread (more as four): its many small reductions measured torch's sum, not the memory.
 """
 
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.cpu.matmul import native
+from pipeline.cpu.matmul import aligned, native
 
 
 @dataclass
@@ -41,7 +45,8 @@ class Reader:
             raise ValueError(f"read_probe: a buffer of at least 1 MiB is needed to measure memory, not {nbytes:,} bytes")
         self.n = n = nbytes // 4
         self.bytes = n * 4
-        self._buf = np.ones(n, dtype=np.float32)
+        self._buf = aligned(n, np.float32)  # in huge pages, as the weights' panels are (matmul.aligned)
+        self._buf[:] = 1.0
         lib = native()
         self.threads = threads or torch.get_num_threads()
         if lib is not None:
