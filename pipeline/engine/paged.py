@@ -38,9 +38,8 @@ import torch.nn.functional as F
 
 from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
 from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.matmul import aligned
 from pipeline.cpu.kv_layout import block_span, window_start
-from pipeline.cpu.matmul import native
+from pipeline.cpu.matmul import aligned, native
 from pipeline.cpu.row_kv import PagedRows
 from pipeline.cpu.row_step import row_step
 from pipeline.model.loaded import LoadedModel
