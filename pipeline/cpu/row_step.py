@@ -4,20 +4,27 @@ Decoding one token multiplies one row of activations by every weight matrix: for
 538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
 memory streams those bytes (bench/bench_cpu_anchor.py measures that limit, the C read probe pipeline.cpu.bandwidth,
 and this step side by side). Where one token's time goes now, measured in the engine, one request, each thread's
-products, waits and small work timed inside the C call (2026-12-04, the project's 2-core build machine):
+products, waits and attention timed inside the C call (an instrumented build, 2026-12-05, the project's 2-core
+machine; the panels, the KV pool and the probe's buffer in huge pages, `matmul.aligned`):
 
   * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over 49,152
-    rows): 14.7 ms, at the read probe's speed in a quiet minute (its read took 14.5 ms); pipeline/cpu/cpu_decode.c's
-    kernel streams the weights' panel copy, one row as four long streams a thread (`panels_for`);
-  * the small work between them (norms, RoPE, the K/V write, attention, SiLU, residual adds) and the threads'
-    waits at the layer's meeting points: ~0.5-0.6 ms, all inside one C call for every layer and the head
+    rows): 14.1-14.7 ms in a quiet minute, the probe's read taking 14.5-15.0 (they read as fast as it); in a fast
+    minute (the probe at ~8.1 ms, ~66 GB/s) 8.4 ms, 0.97 of it (0.92 with the panels in 4 KiB pages, 0.83 with
+    the last panels of each product read one at a time). pipeline/cpu/cpu_decode.c's kernel streams the weights'
+    panel copy, one row as four long streams a thread (`panels_for`);
+  * the threads' waits at the layer's meeting points: 0.3-0.4 ms a token on the thread with more small work, 0.6-0.8
+    on the other, which waits for it (it has two of the three KV heads' attention and the RoPE);
+  * attention: 0.24 and 0.15 ms (0.28 and 0.20 in a fast minute), most of it reading each layer's keys and values
+    cold (0.07 read a second time);
+    norms, RoPE, the K/V write, SiLU and residual adds ~0.2 ms; all inside one C call for every layer and the head
     (`row_layers`), during which nothing streams;
-  * the engine's Python between calls: ~1.0 ms a pass, with caches the weights' stream has just flushed; the
-    engine pays it once for up to 8 greedy tokens (cpu_decode.c's `row_steps`, EngineConfig.decode_steps).
-So one request reads at ~0.92 of the probe in a quiet minute; in the probe's fast minutes (55-70 GB/s instead of
-~36) at ~0.75, the small work then weighing more. Each of these was measured before it was built; the findings (OpenMP's
-slow wake-ups on these virtual CPUs, one stream a thread keeping too few reads in flight, fixed halves, cold-cache
-Python, the fast minutes) are in docs/architecture.md, "CPU decode at the weights' read speed".
+  * greedy_summary 0.06 ms, and the engine's Python between calls ~1 ms a pass, paid once for up to 8 greedy tokens
+    (cpu_decode.c's `row_steps`, EngineConfig.decode_steps): ~0.15 ms a token.
+So one request reads at 0.94-0.96 of the probe in a quiet minute (token 15.1-15.7 ms), and at ~0.855 in a fast
+one (token 9.5 ms), where the fixed ~1 ms of waits and small work weighs 12% of an 8 ms read. Each of these was measured before it was built; the findings
+(OpenMP's slow wake-ups on these virtual CPUs, one stream a thread keeping too few reads in flight, fixed halves,
+cold-cache Python, the fast minutes, huge pages, what was tried and not kept) are in docs/architecture.md, "CPU
+decode at the weights' read speed".
 
 Why not torch for the small work: the same step written with torch
 operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
