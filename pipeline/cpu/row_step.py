@@ -16,8 +16,8 @@ machine; the panels, the KV pool and the probe's buffer in huge pages, `matmul.a
     on the other, which waits for it (it has two of the three KV heads' attention and the RoPE);
   * attention: 0.24 and 0.15 ms (0.28 and 0.20 in a fast minute), most of it reading each layer's keys and values
     cold (0.07 read a second time);
-    norms, RoPE, the K/V write, SiLU and residual adds ~0.2 ms; all inside one C call for every layer and the head
-    (`row_layers`), during which nothing streams;
+  * norms, RoPE, the K/V write, SiLU and residual adds: ~0.2 ms. These three are inside one C call for every layer
+    and the head (`row_layers`), and nothing streams during them;
   * greedy_summary 0.06 ms, and the engine's Python between calls ~1 ms a pass, paid once for up to 8 greedy tokens
     (cpu_decode.c's `row_steps`, EngineConfig.decode_steps): ~0.15 ms a token.
 So one request reads at 0.94-0.96 of the probe in a quiet minute (token 15.1-15.7 ms), and at ~0.855 in a fast
