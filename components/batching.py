@@ -6,8 +6,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pipeline.common.memo import shared
+from pipeline.engine.request import State
 from pipeline.engine.scene import ScenePolicy
-from pipeline.engine.scheduler import State
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
 

@@ -5,7 +5,8 @@ from pipeline.engine.blocks import BlockPool
 from pipeline.engine.core import BLOCK_SIZE, Engine, EngineConfig
 from pipeline.engine.handle import EngineError, EngineStats, Handle, IterationRecord, Waiting
 from pipeline.engine.registry import engine_for, use_remote
-from pipeline.engine.scheduler import Chunk, PassOutput, Plan, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.engine.request import Chunk, PassOutput, Plan, Policy, QueueFull, Request, State, TooLarge
+from pipeline.engine.scheduler import Scheduler
 from pipeline.forward.sampling import Sampling
 
 __all__ = [

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pipeline.engine.scheduler import Policy
+from pipeline.engine.request import Policy
 from pipeline.model.loaded import LoadedModel
 
 DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)

@@ -41,7 +41,8 @@ from pipeline.engine import worker
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
 from pipeline.engine.handle import EngineStats, Handle, IterationRecord
-from pipeline.engine.scheduler import Chunk, PassOutput, Policy, Request, Scheduler, State
+from pipeline.engine.request import Chunk, PassOutput, Policy, Request, State
+from pipeline.engine.scheduler import Scheduler
 from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, StepOutput, choose
 from pipeline.forward.tokens import token_pieces, token_texts
 from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids

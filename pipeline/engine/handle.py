@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from pipeline.engine.scheduler import QueueStats, Request, State
+from pipeline.engine.request import QueueStats, Request, State
 
 
 class EngineError(RuntimeError):

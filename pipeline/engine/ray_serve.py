@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict
 
 from pipeline.engine.handle import EngineError, EngineStats, Waiting
-from pipeline.engine.scheduler import QueueFull, TooLarge
+from pipeline.engine.request import QueueFull, TooLarge
 from pipeline.forward.sampling import GREEDY, Sampling
 from pipeline.generation.events import StepEvent
 

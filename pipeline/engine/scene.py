@@ -22,7 +22,7 @@ from enum import StrEnum
 from pipeline.common.telemetry import Sampler
 from pipeline.engine.core import Engine
 from pipeline.engine.handle import IterationRecord
-from pipeline.engine.scheduler import Policy
+from pipeline.engine.request import Policy
 from pipeline.forward.sampling import GREEDY
 from pipeline.generation.loop import prepare
 from pipeline.model.loaded import LoadedModel

@@ -8,8 +8,10 @@ import pytest
 
 from pipeline.cpu.matmul import native
 from pipeline.engine import Engine
+from pipeline.engine.blocks import BlockPool
 from pipeline.engine.paged import Seq
-from pipeline.engine.scheduler import BlockPool, PassOutput, Request, Scheduler
+from pipeline.engine.request import PassOutput, Request
+from pipeline.engine.scheduler import Scheduler
 from pipeline.forward.sampling import Sampling
 from pipeline.generation import generate, prepare
 from pipeline.generation.events import StepEvent

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from pipeline.engine.blocks import BlockPool
-from pipeline.engine.scheduler import Chunk, PassOutput, Plan, Policy, QueueFull, Request, Scheduler, State, TooLarge
+from pipeline.engine.request import Chunk, PassOutput, Plan, Policy, QueueFull, Request, State, TooLarge
+from pipeline.engine.scheduler import Scheduler
 from pipeline.generation.events import Finish
 
 pytestmark = pytest.mark.unit
