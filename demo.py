@@ -47,6 +47,7 @@ class Caps:
     requests_per_minute: int | None = 20  # runs one browser may start per minute (generations, sweeps, traces, tokenizing)
     address_at_once: int | None = 40  # runs one client address may have queued or running at once (a class behind one NAT fits)
     address_per_minute: int | None = 400  # runs one client address may start per minute, whatever its sessions or cookies
+    classes_per_hour: int | None = 5  # live classes one client address (and one browser) may start per hour
     tokenize_chars: int | None = 20_000  # characters the tokens page tokenizes (outside demo mode: the prompt box's 200,000)
     heavy_at_once: int | None = 1  # heavy experiments running at once on the server (the rest wait in line, fairly)
     compile: bool = False  # production mode's torch.compile (a minute of the whole server's CPU)
@@ -67,6 +68,7 @@ UNCAPPED = Caps(  # outside demo mode: no limit on anything
     requests_per_minute=None,
     address_at_once=None,
     address_per_minute=None,
+    classes_per_hour=None,
     tokenize_chars=None,
     heavy_at_once=None,
     compile=True,
@@ -107,10 +109,11 @@ OWN = object()  # RateLimiter: the limit given at construction
 
 
 class RateLimiter:
-    """At most `per_minute` starts per session in any sliding minute (None: no limit)."""
+    """At most `per_minute` starts per session in any sliding minute (None: no limit); with `window_s`, in any sliding
+    window of that many seconds (the limit's name stays: 5 with window_s=3600 is five an hour)."""
 
-    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096):
-        self.per_minute, self.clock, self.max_sessions = per_minute, clock, max_sessions
+    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096, window_s: float = 60.0):
+        self.per_minute, self.clock, self.max_sessions, self.window_s = per_minute, clock, max_sessions, window_s
         self._seen: OrderedDict[str, deque] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -121,8 +124,8 @@ class RateLimiter:
             return 0.0
         now = self.clock()
         with self._lock:
-            q = [t for t in self._seen.get(session, ()) if now - t < 60.0]
-            return 60.0 - (now - q[0]) if len(q) >= limit else 0.0
+            q = [t for t in self._seen.get(session, ()) if now - t < self.window_s]
+            return self.window_s - (now - q[0]) if len(q) >= limit else 0.0
 
     def allow(self, session: str, per_minute: int | None | object = OWN) -> float:
         """Record a start and return 0, or return the seconds until one is allowed (nothing recorded).
@@ -134,10 +137,10 @@ class RateLimiter:
         with self._lock:
             q = self._seen.setdefault(session, deque())
             self._seen.move_to_end(session)
-            while q and now - q[0] >= 60.0:
+            while q and now - q[0] >= self.window_s:
                 q.popleft()
             if len(q) >= limit:
-                return 60.0 - (now - q[0])
+                return self.window_s - (now - q[0])
             q.append(now)
             while len(self._seen) > self.max_sessions:
                 self._seen.popitem(last=False)

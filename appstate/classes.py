@@ -2,16 +2,21 @@
 model, prompt, chat mode, the page's settings) is published as a numbered View; followers ask for the current view
 (a heartbeat, which is also how they are counted) and apply it when its number moved on.
 
-    classes = Classes(idle_s=3 * 3600)
-    c = classes.start(owner="<presenter's browser id>")      # the same class again for the same browser
-    classes.publish(c.code, owner, {"slug": "attention", "state": {...}})   # only the owner can
-    view = classes.follow(code, follower="<session id>")     # None: no such class, or it ended / expired
+    classes = Classes(idle_s=3600)
+    c = classes.start(owner="<presenter's browser id>")      # the same class again for the same browser; Full at the limit
+    classes.publish(c.code, owner, "attention", {...})        # only the owner can
+    classes.beat(c.code, owner)                                # the presenter's open tab: the class is not idle
+    view = classes.follow(code, follower="<session id>")     # Ended: no such class now (or, to one who was in it, why it ended)
     classes.shown(code, follower, view.number)                # the follower's page finished drawing that view
     classes.hand(code, owner, frozen_view_id); classes.handed(code)   # the presenter's results, as a frozen copy
-    classes.followers(code); classes.caught_up(code); classes.end(code, owner)
+    classes.followers(code); classes.caught_up(code); classes.end(code, owner); classes.close(code, why)  # the operator's
 
-Codes are 8 characters from 31 without look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes, and a wrong code costs a
-visitor one guess of the demo server's rate limit. A follower learns the view, never the owner's browser id.
+Who can end a class: its presenter, the operator, or time (no presenter heartbeat and nothing published for `idle_s`).
+Nobody else: at the limit a new class is refused, never made room for. Codes are 8 characters from 31 without
+look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes; a code that names no running class gets one message whether it never
+existed or has ended (only a follower who was in the class learns why it ended), and the page counts it against the
+visitor's limits (views.live). A follower learns the view, never the owner's browser id; a published view never holds a
+key that starts with "_" (a session's private state), whatever the caller passes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ from typing import Any
 ALPHABET = "23456789abcdefghjkmnpqrstuvwxyz"  # 31 characters: no 0, 1, i, l, o
 CODE_LEN = 8
 SEEN_S = 6.0  # a follower counts while its last heartbeat is this recent (they beat every second)
+
+
+def no_class(code: str) -> str:
+    """The one message for a code that names no running class: never existed, ended or expired read the same."""
+    return f"There is no live class with the code {code!r} on this server now."
 
 
 def is_code(text: str | None) -> bool:
@@ -45,23 +55,28 @@ class View:
 @dataclass
 class Question:
     """ "What comes next?": the presenter's prompt and the candidates offered, the class's answers (one per browser,
-    the latest counts; kept by browser id on the server, never shown), and whether the model's answer is revealed."""
+    the latest counts; kept by browser id on the server, never shown), whether only the offered choices are taken (no
+    typed words), the answers the presenter hid from the chart, and whether the model's answer is revealed."""
 
     number: int
     prompt: str
     options: list[str]
+    choices_only: bool = False
     answers: dict[str, str] = field(default_factory=dict)
+    hidden: set[str] = field(default_factory=set)
     revealed: bool = False
     answer: str | None = None  # the model's, set when revealed
 
-    def tally(self) -> dict[str, int]:
-        """Guesses by text (as typed, trimmed), most common first."""
+    def tally(self, hidden: bool = False) -> dict[str, int]:
+        """Guesses by text (as typed, trimmed), most common first; the ones the presenter hid only with `hidden`."""
         out: dict[str, int] = {}
         for a in self.answers.values():
-            out[a] = out.get(a, 0) + 1
+            if hidden or a not in self.hidden:
+                out[a] = out.get(a, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+MAX_MEMBERS = 2048  # followers a class remembers, to tell each why it ended (bounded: 256 ended classes keep ~40 MB at most)
 MAX_ANSWER_CHARS = 40
 MIN_ANSWER_GAP_S = 2.0  # one answer per browser every 2 seconds at most
 
@@ -71,46 +86,58 @@ class LiveClass:
     code: str
     owner: str
     started: float
-    last_active: float
+    last_active: float  # the presenter's last heartbeat, publish or click
     view: View | None = None
     ended: bool = False
     question: Question | None = None
     handed: tuple[int, str] | None = None  # (number, a frozen view's id): the presenter's results handed to the class
     _seen: dict[str, float] = field(default_factory=dict)
+    _members: set[str] = field(default_factory=set)  # every follower it had (bounded): told why it ended
     _shown: dict[str, int] = field(default_factory=dict)  # follower -> the view number its page last finished drawing
     _delays: list[float] = field(default_factory=list)  # seconds from the current view's publishing to each page drawn
     _answered: dict[str, float] = field(default_factory=dict)
 
 
 class Ended(LookupError):
-    """The class this code named has ended (or expired, or never existed): the message says which."""
+    """The code names no running class. `member`: the follower asking was in it (the message then says why it ended);
+    otherwise the message is no_class(code) whatever happened, and the page counts it as a wrong code."""
+
+    def __init__(self, message: str, member: bool = False):
+        super().__init__(message)
+        self.member = member
+
+
+class Full(RuntimeError):
+    """The server runs as many live classes as it may: a new one is refused (no running class is ever ended for it)."""
 
 
 class Classes:
-    """Every live class of this server, thread-safe. A class no presenter published to for `idle_s` expires; at most
-    `max_classes` run at once (the oldest idle one goes first)."""
+    """Every live class of this server, thread-safe. A class whose presenter neither beat (an open tab), published nor
+    clicked for `idle_s` expires; at most `max_classes` run at once, and a start beyond that is refused (Full)."""
 
-    def __init__(self, idle_s: float = 3 * 3600, max_classes: int = 64, clock=time.monotonic):
+    def __init__(self, idle_s: float = 3600, max_classes: int = 64, clock=time.monotonic):
         self.idle_s, self.max_classes, self._clock = idle_s, max_classes, clock
         self._lock = threading.Lock()
         self._by_code: dict[str, LiveClass] = {}
-        self._ended: dict[str, str] = {}  # code -> why, for a follower's message (bounded below)
+        self._ended: dict[str, tuple[str, frozenset[str]]] = {}  # code -> (why, its followers), bounded below
 
     def _expire(self, now: float) -> None:
         for code, c in list(self._by_code.items()):
             if now - c.last_active > self.idle_s:
-                self._close(code, "expired: its presenter showed nothing for a while")
+                self._close(code, "expired: its presenter's page was closed for a while")
 
     def _close(self, code: str, why: str) -> None:
         c = self._by_code.pop(code, None)
-        if c is not None:
-            c.ended = True
-        self._ended[code] = why
+        if c is None:
+            return
+        c.ended = True
+        self._ended[code] = (why, frozenset(c._members))
         while len(self._ended) > 4 * self.max_classes:
             self._ended.pop(next(iter(self._ended)))
 
     def start(self, owner: str) -> LiveClass:
-        """The owner's live class: a new one, or the one this browser already runs (every tab drives the same)."""
+        """The owner's live class: a new one, or the one this browser already runs (every tab drives the same). Full
+        (with a message for the page) when the server runs `max_classes` already."""
         with self._lock:
             now = self._clock()
             self._expire(now)
@@ -118,8 +145,11 @@ class Classes:
             if mine is not None:
                 return mine
             if len(self._by_code) >= self.max_classes:
-                oldest = min(self._by_code.values(), key=lambda c: c.last_active)
-                self._close(oldest.code, "ended: the server makes room for a new class")
+                raise Full(
+                    f"This server runs {self.max_classes} live classes already, the most it may: no class was started. "
+                    f"A class ends when its presenter ends it, or {self.idle_s / 60:.0f} minutes after its presenter's page "
+                    "was closed; try again later, or ask whoever runs this server."
+                )
             code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
             while code in self._by_code or code in self._ended:
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
@@ -135,8 +165,20 @@ class Classes:
             self._expire(self._clock())
             return self._of(owner)
 
+    def beat(self, code: str, owner: str) -> bool:
+        """The presenter's heartbeat (an open tab, whether or not anyone clicks): the class stays. False when it is
+        not this owner's or has ended."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner:
+                return False
+            c.last_active = self._clock()
+            return True
+
     def publish(self, code: str, owner: str, slug: str, state: dict[str, Any]) -> View:
-        """The presenter's current view (a new number only when it changed). Only the owner publishes."""
+        """The presenter's current view (a new number only when it changed). Only the owner publishes; a key that
+        starts with "_" (a session's private state) is never published."""
+        state = {k: v for k, v in state.items() if isinstance(k, str) and not k.startswith("_")}
         with self._lock:
             c = self._by_code.get(code)
             if c is None or c.owner != owner:
@@ -148,16 +190,20 @@ class Classes:
             return c.view
 
     def follow(self, code: str, follower: str) -> View | None:
-        """A follower's heartbeat: the current view (None before the presenter showed one). Ended with why when the
-        code names no running class."""
+        """A follower's heartbeat: the current view (None before the presenter showed one). Ended when the code names
+        no running class: why it ended to a follower who was in it, no_class(code) to anyone else."""
         with self._lock:
             now = self._clock()
             self._expire(now)
             c = self._by_code.get(code) if is_code(code) else None
             if c is None:
-                why = self._ended.get(code)
-                raise Ended(f"The live class {code} has {why}." if why else f"There is no live class with the code {code!r} on this server.")
+                why, members = self._ended.get(code, ("", frozenset()))
+                if follower in members:
+                    raise Ended(f"The live class {code} has {why}.", member=True)
+                raise Ended(no_class(str(code)))
             c._seen[follower] = now
+            if len(c._members) < MAX_MEMBERS:
+                c._members.add(follower)
             if len(c._seen) > 4096:  # a bound whatever the followers do: the long-gone first
                 for k in sorted(c._seen, key=c._seen.get)[:1024]:
                     del c._seen[k]
@@ -211,6 +257,29 @@ class Classes:
             if c is not None and c.owner == owner:
                 self._close(code, "ended: the presenter closed it")
 
+    def close(self, code: str, why: str = "ended: the server's operator closed it") -> None:
+        """The operator ends a class (the operator page); its followers are told `why`."""
+        with self._lock:
+            self._close(code, why)
+
+    def running(self) -> list[dict]:
+        """The running classes, for the operator page: code, minutes since it started, seconds since its presenter
+        was last seen, followers now, the page shown, whether a question is open. Never the owner's browser id."""
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            return [
+                {
+                    "code": c.code,
+                    "started, min ago": round((now - c.started) / 60, 1),
+                    "presenter seen, s ago": round(now - c.last_active),
+                    "following": sum(1 for t in c._seen.values() if now - t <= SEEN_S),
+                    "page": (c.view.slug or "overview") if c.view else "",
+                    "question": "open" if c.question and not c.question.revealed else ("revealed" if c.question else ""),
+                }
+                for c in sorted(self._by_code.values(), key=lambda c: c.started)
+            ]
+
     def hand(self, code: str, owner: str, view_id: str) -> int:
         """The presenter hands the class a frozen copy of their results (a RunStore view id, as "Share this view"
         makes); followers take it once. Only the owner hands; returns the hand-over's number."""
@@ -227,15 +296,26 @@ class Classes:
             c = self._by_code.get(code)
             return c.handed if c is not None else None
 
-    def ask(self, code: str, owner: str, prompt: str, options: list[str]) -> Question:
-        """The presenter opens a question (replacing the last one)."""
+    def ask(self, code: str, owner: str, prompt: str, options: list[str], choices_only: bool = False) -> Question:
+        """The presenter opens a question (replacing the last one); with `choices_only`, only the offered options
+        are taken as answers (no typed words reach the projected chart)."""
         with self._lock:
             c = self._by_code.get(code)
             if c is None or c.owner != owner:
                 raise Ended("This live class is not yours, or it has ended.")
             c.last_active = self._clock()
-            c.question = Question((c.question.number + 1) if c.question else 1, prompt, list(options))
+            c.question = Question((c.question.number + 1) if c.question else 1, prompt, list(options), bool(choices_only))
             c._answered.clear()
+            return c.question
+
+    def hide(self, code: str, owner: str, answers: set[str] | list[str]) -> Question:
+        """The presenter's choice of answers kept off the chart (the class's guesses as typed); only the owner."""
+        with self._lock:
+            c = self._by_code.get(code)
+            if c is None or c.owner != owner or c.question is None:
+                raise Ended("This live class is not yours, or it asks nothing.")
+            c.last_active = self._clock()
+            c.question.hidden = {str(a) for a in answers}
             return c.question
 
     def question(self, code: str) -> Question | None:
@@ -256,6 +336,8 @@ class Classes:
             q = c.question if c is not None else None
             if q is None or q.revealed:
                 raise ValueError("The question is closed: the model's answer is on the board.")
+            if q.choices_only and text not in q.options:
+                raise ValueError("This question takes one of the offered choices only: pick one from the list.")
             now = self._clock()
             if now - c._answered.get(browser, -1e9) < MIN_ANSWER_GAP_S:
                 raise ValueError("One answer every 2 seconds: try again in a moment.")
@@ -268,6 +350,7 @@ class Classes:
             c = self._by_code.get(code)
             if c is None or c.owner != owner or c.question is None:
                 raise Ended("This live class is not yours, or it asks nothing.")
+            c.last_active = self._clock()
             c.question.revealed, c.question.answer = True, answer
             return c.question
 

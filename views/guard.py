@@ -93,10 +93,11 @@ def fail(e: BaseException, what: str, where=None, level: str = "warning") -> Non
         getattr(w, level)(f"Could not {what}: {type(e).__name__}: {e}")
 
 
-def refusal(browser: str, address: str, what: str) -> str | None:
+def refusal(browser: str, address: str, what: str, record: bool = True) -> str | None:
     """Why a demo server refuses `browser` at `address` a new run now (None: allowed, and the run is counted against
-    both). Streamlit-free in its inputs, so a download's deferred callable (an export) can ask it too. The address
-    is asked first without recording anything: a refusal for the address does not spend the browser's quota."""
+    both unless `record` is False). Streamlit-free in its inputs, so a download's deferred callable (an export) can ask
+    it too. The address is asked first without recording anything: a refusal for the address does not spend the
+    browser's quota."""
     p = policy()
     if not p.enabled:
         return None
@@ -112,9 +113,36 @@ def refusal(browser: str, address: str, what: str) -> str | None:
             f"Refused: too many runs from your network address ({p.caps.address_per_minute} a minute is the most one address may start "
             f"on this demo server). Try {what} again in {wait:.0f} s."
         )
+    if not record:
+        return None
     _limiter().allow(browser, p.caps.requests_per_minute)
     _address_limiter().allow(address, p.caps.address_per_minute)
     return None
+
+
+@st.cache_resource(show_spinner=False)
+def _class_starts() -> demo.RateLimiter:
+    return demo.RateLimiter(0, window_s=3600.0)
+
+
+def class_start_refusal(browser: str, address: str) -> str | None:
+    """Why a demo server refuses `browser` at `address` a new live class now (None: allowed, and counted): at most
+    classes_per_hour per browser and per address, and a start counts as a run against the per-minute limits too."""
+    p = policy()
+    if not p.enabled:
+        return None
+    n, starts = p.caps.classes_per_hour, _class_starts()
+    wait = max(starts.wait(f"browser:{browser}", n), starts.wait(f"address:{address}", n))
+    if wait:
+        return (
+            f"Refused: this demo server lets one browser or network address start {n} live classes an hour, and yours has. "
+            f"Try again in {max(1, round(wait / 60))} min, or keep presenting the class you started."
+        )
+    why = refusal(browser, address, "starting a live class")
+    if why is None:
+        starts.allow(f"browser:{browser}", n)
+        starts.allow(f"address:{address}", n)
+    return why
 
 
 def allowed(what: str) -> bool:

@@ -108,9 +108,10 @@ def _prompt_box(bar) -> None:
     """Presentation mode hides the sidebar: its prompt and chat switch, here, in a popover of the page's row."""
     st.session_state["_present_prompt"] = st.session_state.get("prompt") or ""
     pop = bar.popover("Prompt", icon=":material/edit_note:", width="content", help="The prompt every page runs (the sidebar's, hidden while presenting)")
-    pop.text_area("Prompt", key="_present_prompt", height=120, on_change=_take_prompt, help="Ctrl+Enter applies it")
+    led = live.following()  # a follower's prompt is the presenter's
+    pop.text_area("Prompt", key="_present_prompt", height=120, on_change=_take_prompt, help="Ctrl+Enter applies it", disabled=led)
     st.session_state["_present_chat"] = bool(st.session_state.get("chat"))
-    pop.toggle("Chat mode (wrap in the chat template)", key="_present_chat", on_change=_take_chat)
+    pop.toggle("Chat mode (wrap in the chat template)", key="_present_chat", on_change=_take_chat, disabled=led)
 
 
 def _take_chat() -> None:

@@ -6,7 +6,11 @@ new view sends the followers.
 
 Following applies the presenter's widget values to the student's own session before any widget is drawn (bound
 widgets then write the address bar themselves), so a student's runs stay theirs and a prompt costs the server one
-trace whoever follows (the shared trace cache)."""
+trace whoever follows (the shared trace cache). What a view may carry is one allowlist, views.pages.view_of (the page,
+model, prompt, chat mode and the page's bound settings): the presenter publishes through it and a follower applies
+through it, so no identity (the browser id), limit or live-class state can travel. A code that names no running class
+costs the visitor one run of the demo server's limits (a flood of guesses is refused), and reads the same whether it
+never existed or has ended."""
 
 from __future__ import annotations
 
@@ -18,18 +22,20 @@ import secrets
 import streamlit as st
 
 from appstate.classes import Classes, Ended, is_code
-from views import live_wake
+from views import guard, live_wake, pages
+from views.session import browser_key, client_address
 
-# what a view never carries: the student's own presentation switch, a link's frozen copy or stored prompt, the code
+# the address parameters a follower keeps of its own when the presenter's page is opened for it (the student's own
+# presentation switch, a link's frozen copy or stored prompt, the code); what a view carries is pages.view_of
 NOT_FOLLOWED = {"follow", "present", "view", "p", "s"}
-SHARED_KEYS = ("model_choice", "prompt", "chat")  # the sidebar's (bound, but absent from the address at their defaults)
 
 
 @st.cache_resource(show_spinner=False)
 def classes() -> Classes:
-    """This server's live classes (one store per process); an idle class expires after LLM_EXPLORER_CLASS_IDLE_MIN
-    minutes (default 180)."""
-    return Classes(idle_s=60 * float(os.environ.get("LLM_EXPLORER_CLASS_IDLE_MIN", "180")))
+    """This server's live classes (one store per process): a class whose presenter's page was closed (no heartbeat)
+    and showed nothing for LLM_EXPLORER_CLASS_IDLE_MIN minutes (default 60) ends; at most LLM_EXPLORER_MAX_CLASSES
+    (default 64) run at once, and a start beyond that is refused."""
+    return Classes(idle_s=60 * float(os.environ.get("LLM_EXPLORER_CLASS_IDLE_MIN", "60")), max_classes=int(os.environ.get("LLM_EXPLORER_MAX_CLASSES", "64")))
 
 
 def _me() -> str:
@@ -37,11 +43,23 @@ def _me() -> str:
     return st.session_state.setdefault("_live_me", secrets.token_hex(8))
 
 
-def current_view() -> dict:
-    """The widget values that make this page as this browser sees it: the sidebar's, and every bound setting that is
-    not at its default (those are the ones in the address)."""
-    keys = [k for k in st.query_params if k not in NOT_FOLLOWED] + list(SHARED_KEYS)
-    return {k: st.session_state[k] for k in dict.fromkeys(keys) if k in st.session_state}
+def current_view(slug: str) -> dict:
+    """The widget values that make page `slug` as this browser sees it, through the one allowlist (pages.view_of):
+    the sidebar's model, prompt and chat mode, and the page's bound settings that are not at their default (those
+    are the ones in the address)."""
+    ss = st.session_state
+    shown = {k: ss[k] for k in pages.SHARED_SETTINGS if k in ss} | {k: ss[k] for k in st.query_params if k in ss}
+    return pages.view_of(slug, shown)
+
+
+def following() -> bool:
+    """Whether this session's page follows a presenter now (not exploring on its own)."""
+    return bool(st.session_state.get("_live_code")) and not st.session_state.get("_live_exploring")
+
+
+def _stop_following() -> None:
+    st.session_state["_live_code"] = None
+    st.query_params.pop("follow", None)
 
 
 def follow(slug: str, page_of) -> None:
@@ -60,19 +78,30 @@ def follow(slug: str, page_of) -> None:
     code = st.session_state.get("_live_code")
     if not code or st.session_state.get("_live_exploring"):
         return
+    browser, address = browser_key(), client_address()
+    if st.session_state.get("_live_in") != code:  # joining: a visitor out of runs may not try codes either
+        why = guard.refusal(browser, address, "following a live class", record=False)
+        if why:
+            _stop_following()
+            st.warning(why, icon=":material/block:")
+            return
     try:
         view = classes().follow(code, _me())
     except Ended as e:
-        st.session_state["_live_code"] = None
-        st.query_params.pop("follow", None)
+        _stop_following()
+        if not e.member:  # a wrong or ended code, tried: one run of the browser's and the address's limits
+            guard.refusal(browser, address, "following a live class")
         st.info(f"{e} This page is yours to explore now.", icon=":material/co_present:")
         return
+    st.session_state["_live_in"] = code
+    state = pages.view_of(view.slug, view.state) if view is not None and view.slug in pages.BY_SLUG else None
     # applied when the presenter moved on, and again when a value drifted from the view (_drifted)
-    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(view.state)):
+    if state is not None and (view.number != st.session_state.get("_live_applied") or _drifted(state)):
         st.session_state["_live_applied"] = view.number
-        for k in [k for k in st.query_params if k not in NOT_FOLLOWED and k not in view.state]:
-            st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
-        st.session_state.update(copy.deepcopy(view.state))  # the student's own values from here on (lists too)
+        for k in pages.view_of(view.slug, {k: None for k in st.query_params}):
+            if k not in state:
+                st.session_state.pop(k, None)  # at the presenter's default: back to the default here too
+        st.session_state.update(copy.deepcopy(state))  # the student's own values from here on (lists too)
         if view.slug != slug:
             # a bound setting cannot ride in the new address, and leaving the page drops it from there: the new page's
             # first run applies the view again, before its widgets are drawn
@@ -153,7 +182,7 @@ def _check(code: str) -> None:
         view = classes().follow(code, _me())
     except Ended:
         st.rerun(scope="app")  # follow() says so and stops
-    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(view.state)):
+    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(pages.view_of(view.slug, view.state))):
         st.rerun(scope="app")
     handed = classes().handed(code)
     if handed is not None and handed[0] != st.session_state.get("_live_handed"):

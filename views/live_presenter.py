@@ -1,6 +1,10 @@
 """A live class, the presenter's side: publishing what this browser shows, and the header's controls (start a class;
 the running class's join link, code, QR code, how many follow and how many show the current view, handing results
-over, the end). The students' side is views.live; the question on the next-token page views.live_question."""
+over, the end). The students' side is views.live; the question on the next-token page views.live_question.
+
+The popover's follower count is also the presenter's heartbeat: while a presenter's tab is open the class is present
+(appstate.classes.Classes.beat), whether or not anyone clicks; a class ends when its presenter ends it, the operator
+does, or its presenter's page has been closed for the configured idle time."""
 
 from __future__ import annotations
 
@@ -9,17 +13,18 @@ import time
 import streamlit as st
 
 import appstate
+from appstate.classes import Full
 from components.join import join_url, qr_svg
 from views import guard, live_wake
 from views.live import NOT_FOLLOWED, class_log, classes, current_view
-from views.session import freeze_runs, session_key
+from views.session import client_address, freeze_runs, session_key
 
 
 def publish(slug: str) -> None:
     """A presenter's run: the class (if this browser runs one) gets this view."""
     c = classes().of_owner(session_key())
     if c is not None:
-        view = classes().publish(c.code, session_key(), slug, current_view())
+        view = classes().publish(c.code, session_key(), slug, current_view(slug))
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
             live_wake.wake(c.code, slug, frozenset(NOT_FOLLOWED))  # the followers' pages now, on this page
@@ -62,6 +67,8 @@ def _end() -> None:
 
 @st.fragment(run_every="2s")
 def _count(code: str) -> None:
+    """Who follows, every 2 s; and the presenter's heartbeat (this tab is open: the class is not idle)."""
+    classes().beat(code, session_key())
     n, done, slowest = classes().caught_up(code)
     st.metric("Following now", n, help="Students whose page followed within the last few seconds")
     if n:
@@ -83,9 +90,16 @@ def controls(bar, short: bool = False) -> None:
             width="content",
             help="Students who open the join link see what this browser shows (page, model, prompt, settings) as you go",
         )
-        if go and guard.allowed("starting a live class"):  # a demo server's limits apply
-            classes().start(session_key())
-            st.rerun()
+        if go:
+            why = guard.class_start_refusal(session_key(), client_address())  # a demo server's limits apply
+            if why is None:
+                try:
+                    classes().start(session_key())
+                except Full as e:
+                    why = str(e)
+                else:
+                    st.rerun()
+            st.warning(why, icon=":material/block:")
         return
     pop = bar.popover(
         c.code if short else f"Live class {c.code}",

@@ -1,7 +1,8 @@
 """ "What comes next?" in a live class (the next-token page): the presenter asks, students guess (a word, typed or
 picked), the presenter's screen fills the class's guesses beside the model's distribution as they come, and the
 presenter reveals the model's answer to everyone. The question lives in appstate.classes; answers are kept per browser
-on the server and never shown one by one."""
+on the server and never shown one by one. The presenter decides what the projected chart shows: a question can take
+the offered choices only (no typed words), and any answer can be hidden from the chart (and shown again)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,12 @@ def guesses_figure(tally: dict[str, int], model: dict[str, float], title: str) -
 
 def _ask(code: str, prompt: str, options: list[str]) -> None:
     shuffled = sorted(options, key=str.lower)  # alphabetical: the list gives nothing away
-    live.classes().ask(code, session_key(), prompt, shuffled)
+    live.classes().ask(code, session_key(), prompt, shuffled, choices_only=bool(st.session_state.get("live_choices_only")))
     live_wake.wake(code)  # the students see the question now
+
+
+def _hide(code: str) -> None:
+    live.classes().hide(code, session_key(), st.session_state.get("live_hidden") or [])
 
 
 def _reveal(code: str, answer: str) -> None:
@@ -65,8 +70,24 @@ def _board(code: str, model: dict[str, float]) -> None:
     if q is None:
         return
     tally = q.tally()
-    st.metric("Answers", sum(tally.values()))
+    everything = q.tally(hidden=True)
+    st.metric("Answers", sum(everything.values()), help="Every answer, the hidden ones too")
     render.figure(guesses_figure(tally, model, "What the class guessed, and the model's probabilities"), "class guesses")
+    _hider(code, q, everything)
+
+
+def _hider(code: str, q, everything: dict[str, int]) -> None:
+    """The presenter's choice of answers kept off the chart (the server's record, so every tab of theirs agrees)."""
+    st.session_state["live_hidden"] = sorted(q.hidden)
+    st.multiselect(
+        "Hide answers from the chart",
+        sorted(set(everything) | q.hidden, key=str.lower),
+        key="live_hidden",
+        on_change=_hide,
+        args=(code,),
+        placeholder="An answer the class should not see projected",
+        help="Hidden answers still count in “Answers” but are not drawn; remove one here to show it again.",
+    )
 
 
 def presenter(lm, tr) -> None:
@@ -82,7 +103,13 @@ def presenter(lm, tr) -> None:
         if q is not None and q.revealed and q.prompt == tr.prompt:
             tally = q.tally()
             render.figure(guesses_figure(tally, model, "What the class guessed, and the model's probabilities"), "class guesses")
-            st.caption(f"Revealed: the model's answer is {lit(repr(q.answer))}. {sum(tally.values())} answers.")
+            st.caption(f"Revealed: the model's answer is {lit(repr(q.answer))}. {sum(q.tally(hidden=True).values())} answers.")
+            _hider(c.code, q, q.tally(hidden=True))
+        st.checkbox(
+            "Choices only (no typed answers)",
+            key="live_choices_only",
+            help="Students pick one of the model's top candidates (listed alphabetically); nothing they type can reach the projected chart.",
+        )
         st.button("Ask the class what comes next", key="live_ask", on_click=_ask, args=(c.code, tr.prompt, options), icon=":material/quiz:")
         return
     _board(c.code, model)
@@ -99,7 +126,7 @@ def follower(lm, tr) -> None:
     st.subheader("The presenter asks: what comes next?")
     st.code(q.prompt, language=None, wrap_lines=True)
     if q.revealed:
-        tally = q.tally()
+        tally = q.tally()  # as projected: without the answers the presenter hid
         top = next(iter(tally), None)
         st.success(
             f"The model's answer: {lit(repr(q.answer))}."
@@ -109,7 +136,7 @@ def follower(lm, tr) -> None:
     with st.form(f"live_guess_{q.number}", border=False):
         cols = st.columns(2)
         picked = cols[0].selectbox("Pick one", ["—", *q.options], key=f"live_pick_{q.number}")
-        typed = cols[1].text_input("… or type a word", key=f"live_type_{q.number}", max_chars=40)
+        typed = "" if q.choices_only else cols[1].text_input("… or type a word", key=f"live_type_{q.number}", max_chars=40)
         if st.form_submit_button("Send my guess"):
             try:
                 kept = live.classes().answer(code, session_key(), typed or ("" if picked == "—" else picked))

@@ -197,6 +197,16 @@ def keep_runs() -> None:
         del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
 
 
+def browser_key() -> str:
+    """This browser's id for a demo server's limits from a run's first line on: session_key() once the sidebar has
+    attached the session (keep_runs), before that the cookie, and for a browser with neither this tab's own id (a
+    visitor who sheds its cookie for every try still meets its address's limit)."""
+    sid = st.session_state.get("_sid") or _browser_id()
+    if sid:
+        return sid
+    return st.session_state.setdefault("_tab_id", secrets.token_hex(8))
+
+
 def session_key() -> str:
     """This browser's id (its cookie; a new one for a browser that has none yet): what its runs and its rate limit
     are kept under. Never in the address, so a link hands it to nobody."""

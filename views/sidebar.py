@@ -9,7 +9,7 @@ import streamlit as st
 import appstate
 import pipeline
 from pipeline.model.registry import available_models
-from views import session
+from views import live, session
 from views.guard import _sessions, cap_note, policy
 from views.loading import LOCAL
 from views.session import session_key
@@ -68,13 +68,18 @@ def sidebar():
             "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded."
         )
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
-    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=lambda k: labels.get(k, k), help=helptext)
+    led = live.following()  # the presenter sets the model, prompt and chat mode: shown here, not editable
+    if led:
+        sb.caption("You follow a live class: the model, prompt and chat mode are the presenter's. “Explore on my own” to change them.")
+    sb.selectbox("Model", keys, key="model_choice", bind="query-params", format_func=lambda k: labels.get(k, k), help=helptext, disabled=led)
     if st.session_state["model_choice"] == LOCAL:
         roots = ", ".join(str(r) for r in appstate.models_roots())
         sb.text_input(
             "Folder path", key="local_path", placeholder=f"{roots}/my-model", help=f"A Hugging Face model folder under {roots} (config.json + *.safetensors)."
         )
-    sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset)
+    if led:
+        _prompt_edited()  # the presenter's prompt is in the box: the preset box says whether it is one
+    sb.selectbox("Preset prompt", ["—"] + list(PRESETS), key="preset", on_change=_apply_preset, disabled=led)
     sb.text_area(
         "Prompt",
         key="prompt",
@@ -82,12 +87,14 @@ def sidebar():
         max_chars=200_000,
         on_change=_prompt_edited,
         bind=None if long else "query-params",
+        disabled=led,
         help="Any text: it is shown as typed, never read as Markdown or HTML." + cap_note("prompt_tokens", "tokens"),
     )
     sb.toggle(
         "Chat mode (wrap in the chat template)",
         key="chat",
         bind="query-params",
+        disabled=led,
         help="One switch for every page: the prompt wrapped in the model's chat template (instruct models answer "
         "questions in chat mode; a completion such as 'The capital of France is' reads better without it).",
     )

@@ -1,11 +1,14 @@
 """Live classes without Streamlit (appstate.classes): codes without look-alikes, one class per presenter's browser, only
-the owner publishes, followers counted by their heartbeats, ending and expiry said to a follower, a bound on classes."""
+the owner publishes (and never a private key), followers counted by their heartbeats, ending and expiry said to a
+follower who was in the class and one message for every other code, the presenter's heartbeat keeping an idle class,
+a full server refusing a start rather than ending a class, the operator's list and end, the presenter's control of the
+projected answers."""
 
 import threading
 
 import pytest
 
-from appstate.classes import ALPHABET, CODE_LEN, SEEN_S, Classes, Ended, is_code
+from appstate.classes import ALPHABET, CODE_LEN, SEEN_S, Classes, Ended, Full, is_code, no_class
 
 pytestmark = pytest.mark.unit
 
@@ -83,35 +86,99 @@ def test_the_presenter_sees_how_many_show_the_current_view_and_how_late():
     assert cs.caught_up("23456789") == (0, 0, None)
 
 
-def test_an_ended_or_expired_class_says_so_and_a_wrong_code_says_so():
+def _ended(cs, code, who) -> Ended:
+    with pytest.raises(Ended) as e:
+        cs.follow(code, who)
+    return e.value
+
+
+def test_an_ended_class_is_told_to_its_followers_and_reads_as_no_class_to_anyone_else():
     clock = Clock()
     cs = Classes(idle_s=60, clock=clock)
     c = cs.start("owner")
     cs.end(c.code, "a-student")  # only the owner ends it
     cs.follow(c.code, "s1")
+    cs.leave(c.code, "s1")  # exploring on one's own: still one of the class
     cs.end(c.code, "owner")
-    with pytest.raises(Ended, match="presenter closed it"):
-        cs.follow(c.code, "s1")
+    e = _ended(cs, c.code, "s1")
+    assert e.member and "presenter closed it" in str(e)
     d = cs.start("owner")
     assert d.code != c.code
-    clock.t += 61
-    with pytest.raises(Ended, match="expired"):
-        cs.follow(d.code, "s1")
-    with pytest.raises(Ended, match="no live class"):
-        cs.follow("23456789", "s1")
-    with pytest.raises(Ended, match="no live class"):
-        cs.follow("<script>", "s1")
+    cs.follow(d.code, "s1")
+    clock.t += 61  # no heartbeat, nothing published: the presenter's page was closed
+    e = _ended(cs, d.code, "s1")
+    assert e.member and "expired" in str(e)
+    # a guesser cannot tell a code that existed from one that never did: the same message, and not a member
+    messages = set()
+    for code in (c.code, d.code, "23456789"):
+        e = _ended(cs, code, "guesser")
+        assert not e.member
+        messages.add(str(e).replace(code, "CODE"))
+    assert messages == {no_class("CODE")}, messages
+    e = _ended(cs, "<script>", "s1")
+    assert not e.member and "no live class" in str(e)
 
 
-def test_many_classes_at_once_are_bounded_and_thread_safe():
-    cs = Classes(max_classes=8)
-    out = []
-    threads = [threading.Thread(target=lambda i=i: out.append(cs.start(f"b{i}"))) for i in range(40)]
+def test_an_open_presenter_tab_keeps_an_idle_class_and_a_closed_one_lets_it_expire():
+    clock = Clock()
+    cs = Classes(idle_s=60, clock=clock)
+    c = cs.start("owner")
+    cs.publish(c.code, "owner", "tokens", {"prompt": "Dog bites man."})
+    for _ in range(10):  # ten minutes of talking, not clicking: the tab's heartbeat every 2 s (here every 30 s)
+        for _ in range(2):
+            clock.t += 30
+            assert cs.beat(c.code, "owner")
+        cs.follow(c.code, "s1")
+    assert cs.of_owner("owner") is c and cs.follow(c.code, "s1").state == {"prompt": "Dog bites man."}
+    assert not cs.beat(c.code, "a-student"), "only the presenter's heartbeat counts"
+    clock.t += 61  # the tab closed
+    assert cs.of_owner("owner") is None and _ended(cs, c.code, "s1").member
+
+
+def test_a_full_server_refuses_a_new_class_and_never_ends_a_running_one():
+    clock = Clock()
+    cs = Classes(max_classes=8, clock=clock)
+    teacher = cs.start("teacher")
+    cs.publish(teacher.code, "teacher", "tokens", {"prompt": "Dog bites man."})
+    clock.t += 600  # the teacher talks: the longest idle, if anything went by idleness
+    out, refused = [], []
+
+    def start(i):
+        try:
+            out.append(cs.start(f"stranger-{i}"))
+        except Full as e:
+            refused.append(str(e))
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(70)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(out) == 40 and len(cs) == 8 and len({c.code for c in out}) == 40
+    assert len(out) == 7 and len(refused) == 63 and len(cs) == 8 and len({c.code for c in out}) == 7
+    assert "8 live classes already" in refused[0] and "no class was started" in refused[0]
+    assert cs.follow(teacher.code, "s1").slug == "tokens", "the teacher's class still runs"
+    assert cs.start("teacher") is teacher, "the presenter's own class, again, at the limit too"
+
+
+def test_the_operator_lists_the_running_classes_and_ends_one():
+    cs = Classes()
+    a, b = cs.start("a"), cs.start("b")
+    cs.publish(a.code, "a", "attention", {"prompt": "x"})
+    cs.follow(a.code, "s1")
+    rows = cs.running()
+    assert [r["code"] for r in rows] == [a.code, b.code] and rows[0]["following"] == 1 and rows[0]["page"] == "attention"
+    assert "a" not in {str(v) for r in rows for v in r.values()}, "never a presenter's browser id"
+    cs.close(a.code)
+    e = _ended(cs, a.code, "s1")
+    assert e.member and "operator" in str(e)
+    assert [r["code"] for r in cs.running()] == [b.code]
+
+
+def test_a_published_view_never_holds_a_private_key():
+    cs = Classes()
+    c = cs.start("owner")
+    v = cs.publish(c.code, "owner", "tokens", {"prompt": "x", "_sid": "0123456789abcdef", "_live_code": "zzzzzzzz", 3: "x"})
+    assert v.state == {"prompt": "x"}
 
 
 def test_a_question_takes_one_answer_per_browser_rate_limited_until_it_is_revealed():
@@ -139,6 +206,25 @@ def test_a_question_takes_one_answer_per_browser_rate_limited_until_it_is_reveal
         cs.answer(c.code, "b5", "Rome")
     assert cs.question(c.code).answer == "Paris" and cs.ask(c.code, "owner", "Dog bites", ["man"]).number == 2
 
+
+def test_the_presenter_hides_answers_from_the_chart_and_can_take_choices_only():
+    clock = Clock()
+    cs = Classes(clock=clock)
+    c = cs.start("owner")
+    q = cs.ask(c.code, "owner", "The capital of France is", ["London", "Paris"])
+    for b, text in (("b1", "Paris"), ("b2", "something rude"), ("b3", "Paris")):
+        cs.answer(c.code, b, text)
+    with pytest.raises(Ended):
+        cs.hide(c.code, "a-student", ["Paris"])
+    cs.hide(c.code, "owner", ["something rude"])
+    assert q.tally() == {"Paris": 2} and q.tally(hidden=True) == {"Paris": 2, "something rude": 1}
+    cs.hide(c.code, "owner", [])
+    assert q.tally() == {"Paris": 2, "something rude": 1}, "shown again"
+    q2 = cs.ask(c.code, "owner", "Dog bites", ["man", "the"], choices_only=True)
+    clock.t += 3
+    with pytest.raises(ValueError, match="offered choices only"):
+        cs.answer(c.code, "b1", "something rude")
+    assert cs.answer(c.code, "b2", " man ") == "man" and q2.tally() == {"man": 1}
 
 def test_the_join_link_is_the_front_page_with_the_code_and_its_qr_code_an_svg():
     from components.join import join_url, qr_svg

@@ -45,6 +45,17 @@ def test_rate_limit_per_session_over_a_sliding_minute():
     assert demo.RateLimiter(0).allow("a") == 0.0  # 0: no limit
 
 
+def test_an_hourly_limit_is_the_same_limiter_over_an_hour():
+    now = [0.0]
+    rl = demo.RateLimiter(5, clock=lambda: now[0], window_s=3600.0)
+    assert [rl.allow("address") for _ in range(5)] == [0.0] * 5
+    now[0] = 600.0
+    assert rl.wait("address") == pytest.approx(3000.0) and rl.allow("address") == pytest.approx(3000.0)
+    now[0] = 3600.5
+    assert rl.wait("address") == 0.0 and rl.allow("address") == 0.0
+    assert demo.Caps().classes_per_hour == 5 and demo.UNCAPPED.classes_per_hour is None
+
+
 def test_the_fair_line_serves_one_at_a_time_one_place_per_visitor_and_says_where_each_stands():
     line = demo.FairQueue(at_once=1)
     order, positions = [], {}

@@ -54,3 +54,58 @@ def test_a_student_follows_sees_the_count_and_takes_the_presenters_results():
     student.run()
     assert student.session_state["_runs"]["handed-test"] == ("test", "the student's own"), "handed once, not on every run"
     teacher.button(key="live_end").click().run()
+
+
+def test_a_view_carries_only_the_allowlist_never_the_presenters_identity_or_private_keys():
+    """The presenter opened an address carrying `_sid=`, `_live_*` and an unknown key (a link a student sent), and its
+    session holds private keys: the published view holds none of them, and none reaches a follower's session."""
+    from views import live, pages
+
+    teacher = _session(prompt="Dog bites man.", zz="evil", _live_secret="presenter only")
+    teacher.run()
+    teacher.button(key="live_start").click().run()
+    sid = teacher.session_state["_sid"]
+    teacher.query_params.update({"_sid": sid, "_live_code": "zzzzzzzz", "_live_exploring": "true", "zz": "evil", "_operator": "true"})
+    teacher.switch_page("views/stages/attention.py").run()
+    assert not teacher.exception, teacher.exception
+    c = live.classes().of_owner(sid)
+    assert c.view.slug == "attention" and set(c.view.state) <= {*pages.SHARED_SETTINGS, *pages.BY_SLUG["attention"].settings}, c.view.state
+    assert sid not in repr(c.view.state) and "evil" not in repr(c.view.state)
+
+    student = _session()
+    student.query_params["follow"] = c.code
+    student.run()
+    student.run()
+    assert not student.exception, student.exception
+    mine = student.session_state["_sid"]
+    assert mine != sid and student.session_state["prompt"] == "Dog bites man."
+    for key in ("zz", "_live_secret", "_operator"):
+        assert key not in student.session_state, key
+    assert student.session_state["_live_code"] == c.code and not student.session_state["_live_exploring"]
+    # a follower's view, applied: its prompt box shows the presenter's prompt and cannot be edited while following
+    box = student.text_area(key="prompt")
+    assert box.value == "Dog bites man." and box.disabled
+    # and a view someone forged into the store (a private key, an unknown page) is still applied through the allowlist
+    c.view.state["_sid"], c.view.state["zz"] = sid, "evil"
+    c.view.number += 1
+    student.run()
+    assert student.session_state["_sid"] == mine and "zz" not in student.session_state
+    teacher.button(key="live_end").click().run()
+
+
+def test_every_widget_a_page_binds_to_the_link_is_named_in_its_view_settings():
+    """pages.view_of is the one allowlist of a live class's view: a page that binds a new widget to the link and does not
+    name it in its PageSpec.settings would not be followed. Read from Streamlit's binding registry as each page draws."""
+    from views import live, pages
+
+    for spec in pages.ALL:
+        if spec.hidden:
+            continue
+        at = _session()
+        at.run()
+        if spec.slug:
+            at.switch_page(spec.file).run()
+        assert not at.exception, (spec.slug, at.exception)
+        bound = set(at._session_state._state.query_params._bindings_by_param)  # Streamlit's registry (a test may read it)
+        missing = bound - {*pages.SHARED_SETTINGS, *spec.settings, *live.NOT_FOLLOWED}
+        assert not missing, f"page {spec.slug!r} binds {sorted(missing)} to the link; name them in its PageSpec.settings"

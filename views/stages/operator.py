@@ -1,5 +1,5 @@
 """The operator's page (/operator, not in the navigation): who is here, what waits, what the engine serves,
-memory, the errors visitors hit. Behind the password in .streamlit/secrets.toml ([demo] operator_password)."""
+memory, the live classes running (and ending one), the errors visitors hit. Behind the password in .streamlit/secrets.toml ([demo] operator_password)."""
 
 import hmac
 import os
@@ -8,7 +8,7 @@ import pandas as pd
 import psutil
 import streamlit as st
 
-from views import guard, runs
+from views import guard, live, live_wake, runs
 
 pol = guard.policy()
 if pol.operator_password is None and pol.enabled:
@@ -89,4 +89,36 @@ def status():
     st.caption("Each error's traceback is in the server's log under its request id.")
 
 
+def _end_class() -> None:
+    code = st.session_state.get("op_class")
+    if code:
+        live.classes().close(code)
+        live_wake.wake(code)  # its followers are told now
+        live_wake.forget(code)
+        st.session_state["op_class_msg"] = f"Class {code} ended: its presenter and followers are told."
+
+
+@st.fragment
+def classes() -> None:
+    """The running live classes, and the operator's way to end one (drawn again when the page or this part is used:
+    not on a timer, so the choice of class stays put)."""
+    rows = live.classes().running()
+    st.subheader(f"Live classes ({len(rows)} of at most {live.classes().max_classes})")
+    if not rows:
+        st.caption("None running.")
+    else:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        c = st.columns([2, 1, 3], vertical_alignment="bottom")
+        c[0].selectbox("Class", [r["code"] for r in rows], key="op_class")
+        c[1].button("End this class", key="op_class_end", on_click=_end_class, icon=":material/stop_circle:")
+    if st.session_state.get("op_class_msg"):
+        st.caption(st.session_state["op_class_msg"])
+    st.caption(
+        f"A class ends when its presenter ends it, when you do, or {live.classes().idle_s / 60:.0f} minutes after its presenter's "
+        "page was closed (LLM_EXPLORER_CLASS_IDLE_MIN); a start beyond the limit (LLM_EXPLORER_MAX_CLASSES) is refused, and "
+        "no running class is ended to make room."
+    )
+
+
 status()
+classes()
