@@ -105,7 +105,7 @@ def refusal(browser: str, address: str, what: str, record: bool = True) -> str |
     if wait:
         return (
             f"Refused: too many runs from this browser. This demo server allows {p.caps.requests_per_minute} a minute per browser "
-            f"(model runs, generations, sweeps, tokenizing and exports all count). Try {what} again in {wait:.0f} s."
+            f"(model runs, generations, sweeps, tokenizing, exports and live-class codes all count). Try {what} again in {wait:.0f} s."
         )
     wait = _address_limiter().wait(address, p.caps.address_per_minute)
     if wait:

@@ -144,6 +144,16 @@ def class_log(record: dict) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def close_chosen(key: str) -> None:
+    """The operator page's button: end the class whose code widget `key` holds; its followers are told now."""
+    code = st.session_state.get(key)
+    if code:
+        classes().close(code)
+        live_wake.wake(code)
+        live_wake.forget(code)
+        st.session_state[f"{key}_msg"] = f"Class {code} ended: its presenter and followers are told."
+
+
 def _explore() -> None:
     st.session_state["_live_exploring"] = True
     st.query_params.pop("follow", None)

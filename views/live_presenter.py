@@ -67,8 +67,11 @@ def _end() -> None:
 
 @st.fragment(run_every="2s")
 def _count(code: str) -> None:
-    """Who follows, every 2 s; and the presenter's heartbeat (this tab is open: the class is not idle)."""
-    classes().beat(code, session_key())
+    """Who follows, every 2 s; and the presenter's heartbeat (this tab is open: the class is not idle). A class that
+    ended elsewhere (the operator, another tab of this browser) redraws the page, which says so."""
+    if not classes().beat(code, session_key()):
+        st.session_state["_live_gone"] = code
+        st.rerun(scope="app")
     n, done, slowest = classes().caught_up(code)
     st.metric("Following now", n, help="Students whose page followed within the last few seconds")
     if n:
@@ -83,6 +86,9 @@ def controls(bar, short: bool = False) -> None:
         return  # a follower does not present
     c = classes().of_owner(session_key())
     if c is None:
+        gone = st.session_state.pop("_live_gone", None)
+        if gone:
+            st.toast(f"Your live class {gone} has ended.", icon=":material/stop_circle:")
         go = bar.button(
             "Live class" if short else "Start a live class",
             key="live_start",

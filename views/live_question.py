@@ -79,14 +79,14 @@ def _board(code: str, model: dict[str, float]) -> None:
 def _hider(code: str, q, everything: dict[str, int]) -> None:
     """The presenter's choice of answers kept off the chart (the server's record, so every tab of theirs agrees)."""
     st.session_state["live_hidden"] = sorted(q.hidden)
-    st.multiselect(
-        "Hide answers from the chart",
+    st.pills(
+        "Hide answers from the chart (click one; click again to show it)",
         sorted(set(everything) | q.hidden, key=str.lower),
+        selection_mode="multi",
         key="live_hidden",
         on_change=_hide,
         args=(code,),
-        placeholder="An answer the class should not see projected",
-        help="Hidden answers still count in “Answers” but are not drawn; remove one here to show it again.",
+        help="A hidden answer still counts in “Answers” but is not drawn on the projected chart.",
     )
 
 

@@ -10,7 +10,8 @@ import streamlit as st
 import appstate
 import pipeline
 from pipeline.model.registry import ModelLoadError, canonical_key
-from views.guard import fail, policy
+from views import guard
+from views.guard import fail
 
 LOCAL = "Local folder…"
 
@@ -44,13 +45,13 @@ def _loader(key: str) -> appstate.Loader:
 def warm() -> None:
     """Start loading every model of the demo allowlist (each once per process; `make demo` has built their
     caches before the server opened, so this is seconds)."""
-    for key in policy().models:
+    for key in guard.policy().models:
         _loader(key)
 
 
 def model_key() -> str:
     choice = st.session_state.get("model_choice") or pipeline.model.DEFAULT
-    pol = policy()
+    pol = guard.policy()
     if pol.enabled:
         return choice if choice in pol.models else pol.models[0]
     if choice == LOCAL:
@@ -100,7 +101,7 @@ def _wait_loaded(key: str, what: str):
 def _load_failed(e: ModelLoadError, what: str) -> None:
     """A model that cannot be opened or loaded: its own message on one's own machine (it names the folder the
     user typed); on a demo server only a request id."""
-    if policy().enabled:
+    if guard.policy().enabled:
         fail(e, what, level="error")
     else:
         st.error(str(e))
@@ -108,7 +109,7 @@ def _load_failed(e: ModelLoadError, what: str) -> None:
 
 def load_other_model(key: str):
     """Load a second model (e.g. a draft) with progress; a clear message and None when it cannot load."""
-    pol = policy()
+    pol = guard.policy()
     if pol.enabled and not pol.caps.draft_folders and key not in pol.models:
         st.warning("This demo server loads only the models its operator chose.")
         return None

@@ -16,7 +16,8 @@ from pipeline.common.timing import ACTIVITY
 from pipeline.engine.handle import ordinal
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import TraceError, check_prompt
-from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap, policy
+from views import guard
+from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap
 from views.loading import _loader, _loaders, get_model, model_key, remember
 from views.session import session_key
 
@@ -161,7 +162,7 @@ def heavy(what: str, slot: str | None = None):
     waits its turn in a fair line (one per visitor, `heavy_at_once` at a time), saying where it stands; a tab
     closed while waiting leaves the line. Elsewhere it just runs. With `slot`, what else ran on the server while
     it ran is kept beside the page's result (busy_note(slot) says it)."""
-    p = policy()
+    p = guard.policy()
     if not p.enabled:
         with timed(slot):
             yield
@@ -209,7 +210,7 @@ def server_status() -> dict:
     """What the operator page shows: plain numbers from this process's shared state."""
     import datetime
 
-    p = policy()
+    p = guard.policy()
     engines = []
     for key in _loaders().keys():
         ldr = _loader(key)

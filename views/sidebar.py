@@ -9,8 +9,8 @@ import streamlit as st
 import appstate
 import pipeline
 from pipeline.model.registry import available_models
-from views import live, session
-from views.guard import _sessions, cap_note, policy
+from views import guard, live, session
+from views.guard import _sessions, cap_note
 from views.loading import LOCAL
 from views.session import session_key
 
@@ -52,7 +52,7 @@ def sidebar():
     session.keep_runs()
     long = session.shared_prompt()
     sb = st.sidebar
-    pol = policy()
+    pol = guard.policy()
     _sessions().seen(session_key())
     if pol.enabled:  # only the operator's allowlist; nothing a visitor types is ever a server path
         known = {m.key: m for m in available_models()}

@@ -226,6 +226,7 @@ def test_the_presenter_hides_answers_from_the_chart_and_can_take_choices_only():
         cs.answer(c.code, "b1", "something rude")
     assert cs.answer(c.code, "b2", " man ") == "man" and q2.tally() == {"man": 1}
 
+
 def test_the_join_link_is_the_front_page_with_the_code_and_its_qr_code_an_svg():
     from components.join import join_url, qr_svg
 

@@ -8,7 +8,7 @@ import pandas as pd
 import psutil
 import streamlit as st
 
-from views import guard, live, live_wake, runs
+from views import guard, live, runs
 
 pol = guard.policy()
 if pol.operator_password is None and pol.enabled:
@@ -89,15 +89,6 @@ def status():
     st.caption("Each error's traceback is in the server's log under its request id.")
 
 
-def _end_class() -> None:
-    code = st.session_state.get("op_class")
-    if code:
-        live.classes().close(code)
-        live_wake.wake(code)  # its followers are told now
-        live_wake.forget(code)
-        st.session_state["op_class_msg"] = f"Class {code} ended: its presenter and followers are told."
-
-
 @st.fragment
 def classes() -> None:
     """The running live classes, and the operator's way to end one (drawn again when the page or this part is used:
@@ -110,7 +101,7 @@ def classes() -> None:
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
         c = st.columns([2, 1, 3], vertical_alignment="bottom")
         c[0].selectbox("Class", [r["code"] for r in rows], key="op_class")
-        c[1].button("End this class", key="op_class_end", on_click=_end_class, icon=":material/stop_circle:")
+        c[1].button("End this class", key="op_class_end", on_click=live.close_chosen, args=("op_class",), icon=":material/stop_circle:")
     if st.session_state.get("op_class_msg"):
         st.caption(st.session_state["op_class_msg"])
     st.caption(
