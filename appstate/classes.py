@@ -146,7 +146,8 @@ class Classes:
                 return mine
             if len(self._by_code) >= self.max_classes:
                 raise Full(
-                    f"This server runs {self.max_classes} live classes already, the most it may: no class was started. "
+                    f"This server runs {self.max_classes} live class{'es' if self.max_classes != 1 else ''} already, the most it may: "
+                    "no class was started. "
                     f"A class ends when its presenter ends it, or {self.idle_s / 60:.0f} minutes after its presenter's page "
                     "was closed; try again later, or ask whoever runs this server."
                 )

@@ -135,7 +135,8 @@ def class_start_refusal(browser: str, address: str) -> str | None:
     wait = max(starts.wait(f"browser:{browser}", n), starts.wait(f"address:{address}", n))
     if wait:
         return (
-            f"Refused: this demo server lets one browser or network address start {n} live classes an hour, and yours has. "
+            f"Refused: this demo server lets one browser or network address start {n} live class{'es' if n != 1 else ''} an hour, "
+            "and yours has. "
             f"Try again in {max(1, round(wait / 60))} min, or keep presenting the class you started."
         )
     why = refusal(browser, address, "starting a live class")
