@@ -13,7 +13,7 @@ import time
 import streamlit as st
 
 import appstate
-from appstate.classes import Full
+from appstate.classes import Ended, Full
 from components.join import join_url, qr_svg
 from views import guard, live_wake
 from views.live import NOT_FOLLOWED, class_log, classes, current_view
@@ -24,7 +24,10 @@ def publish(slug: str) -> None:
     """A presenter's run: the class (if this browser runs one) gets this view."""
     c = classes().of_owner(session_key())
     if c is not None:
-        view = classes().publish(c.code, session_key(), slug, current_view(slug))
+        try:
+            view = classes().publish(c.code, session_key(), slug, current_view(slug))
+        except Ended:  # ended between the two calls (the operator, another tab)
+            return
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
             live_wake.wake(c.code, slug, frozenset(NOT_FOLLOWED))  # the followers' pages now, on this page
@@ -88,7 +91,7 @@ def controls(bar, short: bool = False) -> None:
     if c is None:
         gone = st.session_state.pop("_live_gone", None)
         if gone:
-            st.toast(f"Your live class {gone} has ended.", icon=":material/stop_circle:")
+            st.toast(f"Your live class{' ' + gone if isinstance(gone, str) else ''} has ended.", icon=":material/stop_circle:")
         go = bar.button(
             "Live class" if short else "Start a live class",
             key="live_start",

@@ -6,10 +6,13 @@ the offered choices only (no typed words), and any answer can be hidden from the
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from appstate.classes import Ended
 from components.figures import BLUE, ORANGE, _layout
 from components.tokens import lit, plot_text, visible
 from pipeline.forward.tokens import text_of
@@ -51,17 +54,29 @@ def guesses_figure(tally: dict[str, int], model: dict[str, float], title: str) -
 
 def _ask(code: str, prompt: str, options: list[str]) -> None:
     shuffled = sorted(options, key=str.lower)  # alphabetical: the list gives nothing away
-    live.classes().ask(code, session_key(), prompt, shuffled, choices_only=bool(st.session_state.get("live_choices_only")))
-    live_wake.wake(code)  # the students see the question now
+    with _gone():
+        live.classes().ask(code, session_key(), prompt, shuffled, choices_only=bool(st.session_state.get("live_choices_only")))
+        live_wake.wake(code)  # the students see the question now
 
 
 def _hide(code: str) -> None:
-    live.classes().hide(code, session_key(), st.session_state.get("live_hidden") or [])
+    with _gone():
+        live.classes().hide(code, session_key(), st.session_state.get("live_hidden") or [])
 
 
 def _reveal(code: str, answer: str) -> None:
-    live.classes().reveal(code, session_key(), answer)
-    live_wake.wake(code)
+    with _gone():
+        live.classes().reveal(code, session_key(), answer)
+        live_wake.wake(code)
+
+
+@contextlib.contextmanager
+def _gone():
+    """A presenter's click on a class that ended meanwhile (the operator, another tab): the page redraws without it."""
+    try:
+        yield
+    except Ended:
+        st.session_state["_live_gone"] = True
 
 
 @st.fragment(run_every="1s")

@@ -109,3 +109,37 @@ def test_every_widget_a_page_binds_to_the_link_is_named_in_its_view_settings():
         bound = set(at._session_state._state.query_params._bindings_by_param)  # Streamlit's registry (a test may read it)
         missing = bound - {*pages.SHARED_SETTINGS, *spec.settings, *live.NOT_FOLLOWED}
         assert not missing, f"page {spec.slug!r} binds {sorted(missing)} to the link; name them in its PageSpec.settings"
+
+
+def test_a_question_with_choices_only_offers_no_text_box_and_a_hidden_answer_leaves_the_chart():
+    from views import live
+
+    teacher = _session(prompt="The capital of France is")
+    teacher.run()
+    teacher.switch_page("views/stages/next_token.py").run()
+    teacher.button(key="live_start").click().run()
+    c = live.classes().of_owner(teacher.session_state["_sid"])
+    teacher.checkbox(key="live_choices_only").check().run()
+    teacher.button(key="live_ask").click().run()
+    assert not teacher.exception, teacher.exception
+    q = live.classes().question(c.code)
+    assert q.choices_only and "Paris" in q.options
+
+    student = _session()
+    student.query_params["follow"] = c.code
+    student.run()
+    student.run()
+    assert not student.exception, student.exception
+    assert not [t for t in student.text_input if t.key == f"live_type_{q.number}"], "no typed answers"
+    student.selectbox(key=f"live_pick_{q.number}").select("Paris")
+    next(b for b in student.button if "Send my guess" in str(b.label)).click()
+    student.run()
+    assert q.tally() == {"Paris": 1}, q.tally()
+
+    teacher.run()  # the board: the answer, then hidden from the chart by the presenter's click
+    teacher.button_group(key="live_hidden").set_value(["Paris"]).run()
+    assert not teacher.exception, teacher.exception
+    assert q.tally() == {} and q.tally(hidden=True) == {"Paris": 1} and next(m for m in teacher.metric if m.label == "Answers").value == "1", "hidden, still counted"
+    teacher.button_group(key="live_hidden").set_value([]).run()
+    assert q.tally() == {"Paris": 1}, "shown again"
+    teacher.button(key="live_end").click().run()
