@@ -139,7 +139,9 @@ def test_a_question_with_choices_only_offers_no_text_box_and_a_hidden_answer_lea
     teacher.run()  # the board: the answer, then hidden from the chart by the presenter's click
     teacher.button_group(key="live_hidden").set_value(["Paris"]).run()
     assert not teacher.exception, teacher.exception
-    assert q.tally() == {} and q.tally(hidden=True) == {"Paris": 1} and next(m for m in teacher.metric if m.label == "Answers").value == "1", "hidden, still counted"
+    assert q.tally() == {} and q.tally(hidden=True) == {"Paris": 1} and next(m for m in teacher.metric if m.label == "Answers").value == "1", (
+        "hidden, still counted"
+    )
     teacher.button_group(key="live_hidden").set_value([]).run()
     assert q.tally() == {"Paris": 1}, "shown again"
     teacher.button(key="live_end").click().run()
