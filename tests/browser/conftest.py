@@ -33,6 +33,16 @@ def browser():
         b.close()
 
 
+@pytest.fixture
+def opened():
+    """Every browser context a test opens, closed after it (a live class's follower left open keeps beating against the
+    server)."""
+    ctxs = []
+    yield ctxs
+    for c in ctxs:
+        c.close()
+
+
 @pytest.fixture(scope="module")
 def tracker():
     """A server that records every request: a rendered <img>, a Markdown image or a followed link would call it."""

@@ -31,15 +31,6 @@ def at(page, slug):
     page.wait_for_function(f"() => location.pathname.endsWith('/{slug}')", timeout=SOON)
 
 
-@pytest.fixture
-def opened():
-    """Every browser context a test opens, closed after it (a follower left open keeps beating against the server)."""
-    ctxs = []
-    yield ctxs
-    for c in ctxs:
-        c.close()
-
-
 # load tier (make test-load): five browsers at once. In the 2-worker `make test`, beside the other worker's model
 # tests, a student's page once took over 60 s to follow (2 fresh-clone runs of 3); alone it passes in about 3 minutes.
 @pytest.mark.load

@@ -38,14 +38,6 @@ def server(tmp_path_factory):
     stop_server(proc)
 
 
-@pytest.fixture
-def opened():
-    ctxs = []
-    yield ctxs
-    for c in ctxs:
-        c.close()
-
-
 def fresh(browser, url, opened):
     """A new browser (its own cookies) on `url`, idle."""
     ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
