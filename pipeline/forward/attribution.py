@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.model.arch import norm_spec
+from pipeline.model.arch import frozen_norm
 from pipeline.model.loaded import LoadedModel
 
 
@@ -38,12 +38,13 @@ class Attribution:
     embedding: float
     heads: np.ndarray  # [L, H]
     ffn: np.ndarray  # [L]
-    bias: np.ndarray  # [L]: o_proj's and down_proj's biases (0 for models without them)
-    final_rms: float  # the final norm's root mean square in this run (frozen in every share)
+    bias: np.ndarray  # [L]: the blocks' output projections' biases (and their post-norms'), 0 for models without them
+    final_rms: float  # the final norm's root mean square (LayerNorm: standard deviation) in this run, frozen in every share
+    final_bias: float = 0.0  # the final norm's own bias read by the unembedding (LayerNorm, GPT-2), 0 for an RMSNorm
 
     @property
     def total(self) -> float:
-        return float(self.embedding + self.heads.sum() + self.ffn.sum() + self.bias.sum())
+        return float(self.embedding + self.heads.sum() + self.ffn.sum() + self.bias.sum() + self.final_bias)
 
     def components(self) -> list[dict]:
         """Every component with its share, largest |share| first: {"name", "kind": "embed"|"head"|"mlp"|"bias",
@@ -52,6 +53,8 @@ class Attribution:
         out += [{"name": f"L{i} H{h}", "kind": "head", "layer": i, "head": h, "contribution": float(v)} for (i, h), v in np.ndenumerate(self.heads)]
         out += [{"name": f"L{i} FFN", "kind": "mlp", "layer": i, "head": None, "contribution": float(v)} for i, v in enumerate(self.ffn)]
         out += [{"name": f"L{i} bias", "kind": "bias", "layer": i, "head": None, "contribution": float(v)} for i, v in enumerate(self.bias) if v]
+        if self.final_bias:
+            out.append({"name": "final norm bias", "kind": "bias", "layer": None, "head": None, "contribution": float(self.final_bias)})
         return sorted(out, key=lambda c: -abs(c["contribution"]))
 
     def largest(self, n: int = 10) -> list[tuple[str, float]]:
@@ -60,11 +63,16 @@ class Attribution:
         items += [(f"L{i} H{h}", float(v)) for (i, h), v in np.ndenumerate(self.heads)]
         items += [(f"L{i} FFN", float(v)) for i, v in enumerate(self.ffn)]
         items += [(f"L{i} bias", float(v)) for i, v in enumerate(self.bias) if v]
+        if self.final_bias:
+            items.append(("final norm bias", float(self.final_bias)))
         return sorted(items, key=lambda kv: -abs(kv[1]))[:n]
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.sqrt(x.float().pow(2).mean() + eps)
+def _frozen(mod, x: torch.Tensor, what: str):
+    fn = frozen_norm(mod, x)
+    if fn is None:
+        raise ValueError(f"{type(mod).__name__}: no known formula for the {what} of this architecture")
+    return fn
 
 
 def _last_position_parts(lm: LoadedModel, prompt_ids: list[int]):
@@ -93,11 +101,11 @@ def _last_position_parts(lm: LoadedModel, prompt_ids: list[int]):
             keep["emb"] = x[0, -1].detach().float().clone()
 
         hooks.append(layers[0].register_forward_pre_hook(first, with_kwargs=True))
-        for i, layer in enumerate(layers):
-            hooks.append(layer.self_attn.o_proj.register_forward_pre_hook(pre(keep["z"], i)))
-            hooks.append(layer.self_attn.o_proj.register_forward_hook(post(keep["attn"], i)))
-            hooks.append(layer.mlp.register_forward_hook(post(keep["ffn"], i)))
-        hooks.append(arch.decoder.norm.register_forward_pre_hook(lambda _m, args: keep.__setitem__("final", args[0][0, -1].detach().float().clone())))
+        for i in range(len(layers)):
+            hooks.append(arch.attn_out(i).register_forward_pre_hook(pre(keep["z"], i)))
+            hooks.append(arch.attn_out(i).register_forward_hook(post(keep["attn"], i)))
+            hooks.append(arch.ffn(i).register_forward_hook(post(keep["ffn"], i)))
+        hooks.append(arch.final_norm_module().register_forward_pre_hook(lambda _m, args: keep.__setitem__("final", args[0][0, -1].detach().float().clone())))
         with lm.lock, torch.inference_mode():
             out = lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device), use_cache=False, logits_to_keep=1)
         keep["logits"] = out.logits[0, -1].detach().float().cpu()
@@ -114,42 +122,40 @@ def attribute(lm: LoadedModel, prompt_ids: list[int], target: int | None = None,
     keep = _last_position_parts(lm, prompt_ids)
     if target is None:
         target = int(keep["logits"].argmax())
-    spec = norm_spec(arch.decoder.norm)
-    if spec is None:
-        raise ValueError(f"{type(arch.decoder.norm).__name__}: no known formula for the final norm of this architecture")
-    final = keep["final"].cpu()
-    rms = _rms(final, spec.eps)
-    W_U = lm.model.lm_head.weight.detach().float().cpu()
+    final = _frozen(arch.final_norm_module(), keep["final"], "final norm")
+    W_U = lm.model.get_output_embeddings().weight.detach().float().cpu()
     row = W_U[target] - (W_U[versus] if versus is not None else 0)
-    u = row * spec.scale.detach().float().cpu() / rms  # the logit is u . stream (the final norm frozen)
+    u = final.read(row)  # the logit is u . stream + row . (the final norm's bias), the final norm frozen
+    head_bias = float(row @ final.b) if final.b is not None else 0.0
     H, D = f.n_heads, f.head_dim
     heads = np.zeros((f.n_layers, H))
     ffn, bias = np.zeros(f.n_layers), np.zeros(f.n_layers)
-    for i, layer in enumerate(arch.layers):
-        attn_scale, ffn_scale = 1.0, 1.0
-        if arch.sandwich(i):  # Gemma: the block's output is normalised before it joins the stream (frozen here)
-            pa, pf = norm_spec(layer.post_attention_layernorm), norm_spec(layer.post_feedforward_layernorm)
-            attn_scale = pa.scale.detach().float().cpu() / _rms(keep["attn"][i].cpu(), pa.eps)
-            ffn_scale = pf.scale.detach().float().cpu() / _rms(keep["ffn"][i].cpu(), pf.eps)
-        W_o = layer.self_attn.o_proj.weight.detach().float().cpu()  # [d, H * D]
+    for i in range(f.n_layers):
+        ua, uf, ca, cf = u, u, 0.0, 0.0  # each block's readout (through its post-norm, if any) and that norm's bias
+        post_attn, post_ffn = arch.post_norms(i)
+        if post_attn is not None:  # Gemma, OLMo-2: the block's output is normalised before it joins the stream (frozen)
+            pa, pf = _frozen(post_attn, keep["attn"][i], "post-attention norm"), _frozen(post_ffn, keep["ffn"][i], "post-feed-forward norm")
+            ua, uf = pa.read(u), pf.read(u)
+            ca, cf = (float(u @ pa.b) if pa.b is not None else 0.0), (float(u @ pf.b) if pf.b is not None else 0.0)
+        W_o = arch.attn_out_weight(i).detach().float().cpu()  # [d, H * D]
         z = keep["z"][i].cpu().view(H, D)
-        per_head = torch.einsum("dhk,hk->hd", W_o.view(-1, H, D), z)  # [H, d]: each head's slice of o_proj
-        heads[i] = ((per_head * attn_scale) @ u).numpy()
-        b_o = layer.self_attn.o_proj.bias
-        b_f = getattr(layer.mlp.down_proj, "bias", None)
+        per_head = torch.einsum("dhk,hk->hd", W_o.view(-1, H, D), z)  # [H, d]: each head's slice of the projection
+        heads[i] = (per_head @ ua).numpy()
+        b_o, b_f = arch.attn_out(i).bias, getattr(arch.ffn_out(i), "bias", None)
+        bias[i] += ca + cf
         if b_o is not None:
-            bias[i] += float((b_o.detach().float().cpu() * attn_scale) @ u)
+            bias[i] += float(b_o.detach().float().cpu() @ ua)
         mlp_out = keep["ffn"][i].cpu()
         if b_f is not None:  # the bias is shown on its own; the feed-forward share is the rest
             mlp_out = mlp_out - b_f.detach().float().cpu()
-            bias[i] += float((b_f.detach().float().cpu() * ffn_scale) @ u)
-        ffn[i] = float((mlp_out * ffn_scale) @ u)
+            bias[i] += float(b_f.detach().float().cpu() @ uf)
+        ffn[i] = float(mlp_out @ uf)
     logits = keep["logits"]
     logit = float(logits[target] - (logits[versus] if versus is not None else 0))
     if arch.softcap:  # the shares add up to the logit before the soft-cap: undo it on the model's value
         raw = lambda x: float(arch.softcap * np.arctanh(np.clip(float(x) / arch.softcap, -1 + 1e-7, 1 - 1e-7)))  # noqa: E731
         logit = raw(logits[target]) - (raw(logits[versus]) if versus is not None else 0.0)
-    return Attribution(target, versus, logit, float(keep["emb"].cpu() @ u), heads, ffn, bias, float(rms))
+    return Attribution(target, versus, logit, float(keep["emb"].cpu() @ u), heads, ffn, bias, final.denominator, head_bias)
 
 
 @dataclass
@@ -209,8 +215,8 @@ def ablate(lm: LoadedModel, prompt_ids: list[int], heads=(), ffn=(), mode: str =
         before = torch.softmax(logits, -1)
         if not by_layer and not ffn:  # nothing switched off: the same forward, not a second one
             return Ablated(before, before, logits, 0.0, int(before.argmax()), 0)
-        hooks = [arch.layers[i].self_attn.o_proj.register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
-        hooks += [arch.layers[i].mlp.register_forward_hook(off_ffn) for i in set(ffn)]
+        hooks = [arch.attn_out(i).register_forward_pre_hook(off_heads(hs)) for i, hs in by_layer.items()]
+        hooks += [arch.ffn(i).register_forward_hook(off_ffn) for i in set(ffn)]
         try:
             logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
             after = torch.softmax(logits, -1)
@@ -265,7 +271,7 @@ def _grab(lm: LoadedModel, ids: torch.Tensor, where: str) -> tuple[list[torch.Te
         return hook
 
     if where == "heads":
-        hooks = [layer.self_attn.o_proj.register_forward_pre_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
+        hooks = [lm.arch.attn_out(i).register_forward_pre_hook(grab(i)) for i in range(len(lm.arch.layers))]
     else:
         hooks = [layer.register_forward_hook(grab(i)) for i, layer in enumerate(lm.arch.layers)]
     try:
@@ -330,7 +336,7 @@ def patch(lm: LoadedModel, clean_ids: list[int], corrupt_ids: list[int], progres
             replayed = lm.arch.layers[: i + 1 if over == "position" else i]
             for k, earlier in enumerate(replayed):
                 earlier.forward = _replay(corrupt_states[k].expand(n, -1, -1))
-            hook = layer.register_forward_hook(restore) if over == "position" else layer.self_attn.o_proj.register_forward_pre_hook(restore_head)
+            hook = layer.register_forward_hook(restore) if over == "position" else lm.arch.attn_out(i).register_forward_pre_hook(restore_head)
             try:
                 logits = lm.model(input_ids=batch, use_cache=False, logits_to_keep=1).logits[:, -1].float()
             finally:
@@ -408,10 +414,10 @@ def flow(lm: LoadedModel, prompt_ids: list[int]) -> Flow:
             h.remove()
     edges, residual, last = np.zeros((L, T, T)), np.zeros((L, T)), np.zeros((L, H, T))
     with torch.inference_mode():
-        for i, layer in enumerate(lm.arch.layers):
+        for i in range(L):
             A = cap.full[i].float()  # [H, T, T]
             v = cap.qkv[i]["v"][torch.arange(H) // (H // KV)]  # [H, T, D]: each query head's value vectors
-            W_o = layer.self_attn.o_proj.weight.detach().float().cpu().view(-1, H, D)  # [d, H, D]
+            W_o = lm.arch.attn_out_weight(i).detach().float().cpu().view(-1, H, D)  # [d, H, D]
             norms = torch.einsum("dhk,htk->htd", W_o, v).norm(dim=-1)  # [H, T]: |W_O^h v_j|
             per_head = A * norms[:, None, :]  # [H, T(query), T(key)]
             w = per_head.sum(0)

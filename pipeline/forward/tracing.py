@@ -159,7 +159,7 @@ def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[tor
     """Apply the final norm and LM head to hidden states [..., d]: (top ids, top probs) [..., top]."""
     head = lm.model.get_output_embeddings()
     with torch.inference_mode():
-        logits = lm.arch.apply_softcap(head(lm.arch.decoder.norm(hidden.to(lm.device, lm.dtype))).float())
+        logits = lm.arch.apply_softcap(head(lm.arch.final_norm_module()(hidden.to(lm.device, lm.dtype))).float())
         v, i = logits.topk(top, dim=-1)
         p = torch.exp(v - torch.logsumexp(logits, dim=-1, keepdim=True))
     return i.cpu(), p.cpu()
@@ -250,21 +250,27 @@ def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
     def on_normed(m, a, o, i):
         acts.normed[i] = o[0].detach().float().norm(dim=-1)
 
+    def on_attn_input(m, a, k, i):  # post-norm layers (OLMo-2): attention reads the stream itself
+        acts.normed[i] = (a[0] if a else k["hidden_states"])[0].detach().float().norm(dim=-1)
+
     def on_mid(m, a, i):  # residual after attention = input + what attention adds
         acts.mid[i] = a[0][0].detach()
         acts.attn[i] = (acts.mid[i].float() - acts.h[i].float()).norm(dim=-1)
 
-    dec = arch.decoder
-    handles = [dec.embed_tokens.register_forward_pre_hook(mark("embed0")), dec.embed_tokens.register_forward_hook(on_embed)]
+    emb, final = arch.embed(), arch.final_norm_module()
+    handles = [emb.register_forward_pre_hook(mark("embed0")), emb.register_forward_hook(on_embed)]
     try:
         for i, layer in enumerate(arch.layers):
+            norm = arch.in_norm(i)
             handles += [
                 layer.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True),
                 layer.register_forward_hook(lambda m, a, k, o, i=i: post(m, a, k, o, i), with_kwargs=True),
-                layer.input_layernorm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i)),
-                arch.pre_ffn_norm(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)),
+                norm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i))
+                if norm is not None
+                else arch.attn(i).register_forward_pre_hook(lambda m, a, k, i=i: on_attn_input(m, a, k, i), with_kwargs=True),
+                arch.ffn_input(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)),
             ]
-        handles += [dec.norm.register_forward_pre_hook(mark("norm0")), dec.norm.register_forward_hook(mark("norm1"))]
+        handles += [final.register_forward_pre_hook(mark("norm0")), final.register_forward_hook(mark("norm1"))]
         yield
     finally:
         for h in handles:

@@ -8,6 +8,13 @@ final logit softcap, the text config, and how close two computations in this dty
     arch.layers             [L] decoder layers
     arch.layer_types        [L] "full_attention" | "sliding_attention"
     arch.windows            [L] tokens a layer attends to (the new one included), None = every earlier token
+    arch.embed()            the token embedding; arch.final_norm_module(): the norm before the LM head
+    arch.attn(i), arch.attn_out(i), arch.attn_out_weight(i)   layer i's attention, the projection that reads its
+                            heads side by side (o_proj, GPT-2's c_proj) and that projection's [d, H*D] weight
+    arch.ffn(i), arch.ffn_out(i)   layer i's feed-forward block and its last projection
+    arch.in_norm(i)         the norm before attention (None: post-norm layers, OLMo-2)
+    arch.ffn_input(i)       the module whose INPUT is the residual after attention (the pre-FFN norm, or the block)
+    arch.post_norms(i)      (after attention, after the feed-forward block): Gemma's sandwich and OLMo-2's post-norms
     arch.pre_ffn_norm(i)    the norm whose INPUT is the residual after attention
     arch.bytes_per_value    bytes of one weight / activation / KV value in the model's dtype
     arch.softcap            final logit softcapping (Gemma 2) or None
@@ -100,11 +107,60 @@ class Arch:
     def n_sliding(self) -> int:
         return sum(w is not None for w in self.windows)
 
-    def pre_ffn_norm(self, i: int) -> torch.nn.Module:
-        """The norm whose INPUT is the residual after attention: Llama `post_attention_layernorm`, Gemma
-        `pre_feedforward_layernorm` (Gemma's post_attention_layernorm normalises attention's output)."""
+    # ---- the model's parts by role: transformers' module names for each family (Llama-style, GPT-2, OLMo-2) ----
+    def embed(self) -> torch.nn.Module:
+        """The token embedding (Llama `embed_tokens`, GPT-2 `wte`)."""
+        return self.model.get_input_embeddings()
+
+    def final_norm_module(self) -> torch.nn.Module:
+        """The norm before the LM head (Llama `norm`, GPT-2 `ln_f`)."""
+        return _first_attr(self.decoder, "norm", "ln_f", "final_layernorm", "norm_f")
+
+    def attn(self, i: int) -> torch.nn.Module:
+        return _first_attr(self.layers[i], "self_attn", "attn")
+
+    def attn_out(self, i: int) -> torch.nn.Module:
+        """The projection whose input is the heads' outputs side by side, [.., H*D] -> [.., d] (o_proj, GPT-2 c_proj)."""
+        return _first_attr(self.attn(i), "o_proj", "c_proj", "out_proj", "dense")
+
+    def attn_out_weight(self, i: int) -> torch.Tensor:
+        """attn_out(i)'s weight as [d, H*D] (GPT-2's Conv1D keeps it transposed)."""
+        return _linear_weight(self.attn_out(i))
+
+    def ffn(self, i: int) -> torch.nn.Module:
+        return self.layers[i].mlp
+
+    def ffn_out(self, i: int) -> torch.nn.Module:
+        """The feed-forward block's last projection (down_proj, GPT-2 c_proj)."""
+        return _first_attr(self.ffn(i), "down_proj", "c_proj", "fc2", "dense_4h_to_h")
+
+    def in_norm(self, i: int) -> torch.nn.Module | None:
+        """The norm before attention (Llama `input_layernorm`, GPT-2 `ln_1`); None for post-norm layers (OLMo-2)."""
         layer = self.layers[i]
-        return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+        return getattr(layer, "input_layernorm", None) or getattr(layer, "ln_1", None)
+
+    def post_norms(self, i: int) -> tuple:
+        """(the norm of attention's output, the norm of the feed-forward block's output) before each joins the stream:
+        Gemma's sandwich and OLMo-2's post-norms; (None, None) for pre-norm layers (Llama, GPT-2)."""
+        layer = self.layers[i]
+        if hasattr(layer, "post_feedforward_layernorm"):
+            return layer.post_attention_layernorm, layer.post_feedforward_layernorm
+        return None, None
+
+    def ffn_input(self, i: int) -> torch.nn.Module:
+        """The module whose INPUT is the residual after attention: the pre-FFN norm, or the block itself (OLMo-2)."""
+        return self.pre_ffn_norm(i) or self.ffn(i)
+
+    def pre_ffn_norm(self, i: int) -> torch.nn.Module | None:
+        """The norm whose INPUT is the residual after attention: Llama `post_attention_layernorm`, Gemma
+        `pre_feedforward_layernorm` (Gemma's post_attention_layernorm normalises attention's output), GPT-2 `ln_2`;
+        None where the feed-forward block reads the residual itself (OLMo-2)."""
+        layer = self.layers[i]
+        if hasattr(layer, "pre_feedforward_layernorm"):
+            return layer.pre_feedforward_layernorm
+        if hasattr(layer, "post_feedforward_layernorm"):  # post-norm: post_attention_layernorm is attention's output's
+            return None
+        return getattr(layer, "post_attention_layernorm", None) or getattr(layer, "ln_2", None)
 
     def sandwich(self, i: int) -> bool:
         """Gemma-style layer: norms before and after both attention and the feed-forward network."""
@@ -151,10 +207,63 @@ class Arch:
         return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
 
 
+def _first_attr(mod: torch.nn.Module, *names: str) -> torch.nn.Module:
+    for n in names:
+        m = getattr(mod, n, None)
+        if m is not None:
+            return m
+    raise AttributeError(f"{type(mod).__name__} has none of {', '.join(names)}: an architecture the explorer does not know")
+
+
+def _linear_weight(mod: torch.nn.Module) -> torch.Tensor:
+    """A projection's weight as [out, in] (nn.Linear's layout; transformers' Conv1D, GPT-2's, keeps [in, out])."""
+    return mod.weight.t() if type(mod).__name__ == "Conv1D" else mod.weight
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A norm frozen at the input x of one run, as the affine map it is there: norm(y) = (y - mean(y) if centred) * s
+    + b at y = x, and for any y sharing x's statistics. What direct logit attribution splits a logit with."""
+
+    s: torch.Tensor  # [d] float32
+    centred: bool  # LayerNorm subtracts the mean; RMSNorm does not
+    b: torch.Tensor | None  # [d] LayerNorm's bias
+    denominator: float  # x's RMS (RMSNorm) or standard deviation (LayerNorm)
+
+    def read(self, u: torch.Tensor) -> torch.Tensor:
+        """A readout u . norm(y) as a readout of y itself: the vector r with r . y = u . (norm(y) - b)."""
+        r = u * self.s
+        return r - r.mean() if self.centred else r
+
+
+def frozen_norm(mod: torch.nn.Module, x: torch.Tensor) -> FrozenNorm | None:
+    """`mod` frozen at x ([d]); None for a norm whose formula we do not know."""
+    x = x.detach().float().cpu()
+    if isinstance(mod, torch.nn.LayerNorm):
+        eps = float(mod.eps)
+        sd = float(torch.sqrt(x.var(unbiased=False) + eps))
+        w = mod.weight.detach().float().cpu() if mod.weight is not None else torch.ones_like(x)
+        b = mod.bias.detach().float().cpu() if mod.bias is not None else None
+        return FrozenNorm(w / sd, True, b, sd)
+    spec = norm_spec(mod)
+    if spec is None:
+        return None
+    rms = float(torch.sqrt(x.pow(2).mean() + spec.eps))
+    return FrozenNorm(spec.scale.detach().float().cpu() / rms, False, None, rms)
+
+
 # The RMSNorms our own steps re-implement (the row step, the fused step), by module type: "weight" scales the
 # normalised row by w (Llama, Mistral, Qwen), "one_plus_weight" by (1 + w) in fp32 (Gemma 3). Another norm: the
 # steps are not offered (pipeline.cpu.fused.supported), the model runs through transformers' forward.
-NORM_KINDS = {"LlamaRMSNorm": "weight", "MistralRMSNorm": "weight", "Qwen2RMSNorm": "weight", "Qwen3RMSNorm": "weight", "Gemma3RMSNorm": "one_plus_weight"}
+NORM_KINDS = {
+    "LlamaRMSNorm": "weight",
+    "MistralRMSNorm": "weight",
+    "Qwen2RMSNorm": "weight",
+    "Qwen3RMSNorm": "weight",
+    "Phi3RMSNorm": "weight",
+    "Olmo2RMSNorm": "weight",  # w * normalise(x) in fp32, then the cast: the same in float32
+    "Gemma3RMSNorm": "one_plus_weight",
+}
 
 
 @dataclass(frozen=True)

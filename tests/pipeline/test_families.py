@@ -1,0 +1,98 @@
+"""Eight decoder families that transformers ships, each a small seeded random model saved as a local Hugging Face folder
+(safetensors, the embedded model's tokenizer beside it; nothing downloaded), opened as a user opens theirs
+(`load_model(folder)`): the traced next-token distribution against a plain transformers forward, direct logit
+attribution summing to the model's own logit, and a feed-forward block switched off against the model with that
+block's output projection zeroed. The model parts each of these reads come from the adapter (pipeline.model.arch):
+GPT-2 (learned positions, LayerNorm with bias, Conv1D), Phi-3 (fused qkv and gate_up) and OLMo-2 (norms after the
+sublayers) failed here before."""
+
+import shutil
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.model
+
+V = 49152  # the embedded tokenizer's vocabulary
+COMMON = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=V, max_position_embeddings=512
+)
+FAMILIES = {
+    "llama": dict(COMMON, head_dim=16),
+    "qwen2": dict(COMMON),  # biases on q/k/v
+    "qwen3": dict(COMMON, head_dim=16),  # q/k norms
+    "mistral": dict(COMMON, head_dim=16, sliding_window=4),
+    "gemma3_text": dict(COMMON, head_dim=16, sliding_window=4, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
+    "phi3": dict(COMMON, pad_token_id=0),  # fused qkv_proj and gate_up_proj
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=512, bos_token_id=1, eos_token_id=2),
+    "olmo2": dict(COMMON, eos_token_id=2),  # post-norms
+}
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pipeline.model.store import cached_folder
+
+    tok = cached_folder("smollm2-135m-instruct")
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family, kw in FAMILIES.items():
+        cfg = AutoConfig.for_model(family, **kw)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        with torch.no_grad():  # weights large enough that the next token is not a near-uniform guess
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0, 0.3)
+        model.save_pretrained(root / family)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (tok / name).exists():
+                shutil.copy(tok / name, root / family / name)
+        out[family] = root / family
+    return out
+
+
+def _plain(folder, ids):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model, model(torch.tensor([ids])).logits[0, -1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_model(folders, family):
+    from pipeline import trace
+    from pipeline.forward.attribution import ablate, attribute
+    from pipeline.model.loaded import load_model
+
+    lm = load_model(str(folders[family]))
+    tr = trace(lm, PROMPT)
+    model, ref = _plain(folders[family], list(tr.input_ids))
+    p_ours = torch.softmax(torch.as_tensor(tr.next_logits).double(), -1)
+    p_ref = torch.softmax(ref.double(), -1)
+    top = int(p_ref.argmax())
+    assert int(p_ours.argmax()) == top and abs(float(p_ours[top] - p_ref[top])) < 1e-4, (family, float(p_ours[top]), float(p_ref[top]))
+    assert float(p_ref[top]) > 2 / V, "the fixture's top token stands out of a uniform guess"
+
+    a = attribute(lm, list(tr.input_ids))
+    assert a.target == top
+    assert abs(a.total - a.logit) < 1e-4 * max(1.0, abs(a.logit)), (family, a.total, a.logit)
+    assert abs(a.logit - float(ref[top])) < 1e-3 * max(1.0, abs(float(ref[top]))), "the model's own logit"
+
+    # the last layer's feed-forward block switched off = the same model with that block's output projection zeroed
+    last = lm.facts.n_layers - 1
+    off = ablate(lm, list(tr.input_ids), ffn=[last])
+    out = lm.arch.ffn_out(last)
+    zeroed = dict(lm.model.named_modules())
+    name = next(n for n, m in zeroed.items() if m is out)
+    with torch.no_grad():
+        mod = dict(model.named_modules())[name]
+        mod.weight.zero_()
+        if getattr(mod, "bias", None) is not None:
+            mod.bias.zero_()
+        want = model(torch.tensor([list(tr.input_ids)])).logits[0, -1]
+    assert torch.allclose(off.logits_after, want.float(), atol=1e-4), (family, float((off.logits_after - want).abs().max()))
