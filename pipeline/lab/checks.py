@@ -390,7 +390,7 @@ def check_ablation(lm: LoadedModel, prompt_ids: list[int], layer: int, head: int
 
     got = ablate(lm, prompt_ids, heads=[(layer, head)]).after
     D = lm.facts.head_dim
-    W = lm.arch.layers[layer].self_attn.o_proj.weight
+    W = lm.arch.attn_out_weight(layer)  # [d, H*D] (a view of GPT-2's transposed Conv1D weight: writes reach it)
     with lm.lock, torch.no_grad():
         saved = W.detach().clone()
         try:

@@ -91,12 +91,13 @@ def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
     accelerate's device_map="balanced"; its own placement may differ by a layer), with the embeddings on the
     first device and the final norm and LM head on the last. A plan, from the model's parameter shapes."""
     model = lm.model
-    base, layers, bpv = lm.arch.decoder, lm.arch.layers, lm.arch.bytes_per_value
+    layers, bpv = lm.arch.layers, lm.arch.bytes_per_value
     N = max(1, n_devices)
-    emb = _params(base.embed_tokens)
+    emb = _params(lm.arch.embed()) + (_params(lm.arch.pos_embed()) if lm.arch.pos_embed() is not None else 0)
     head = 0 if lm.facts.tied_embeddings else _params(model.get_output_embeddings())
     per_layer = [_params(layer) for layer in layers]
-    counts = _balanced_split(per_layer, emb, _params(base.norm) + head, N)
+    final = _params(lm.arch.final_norm_module())
+    counts = _balanced_split(per_layer, emb, final + head, N)
     plan, start = [], 0
     for i, n in enumerate(counts):
         p = sum(per_layer[start : start + n])
@@ -105,7 +106,7 @@ def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
             p += emb
             extra.append("embeddings")
         if i == N - 1:
-            p += _params(base.norm) + head
+            p += final + head
             extra.append("final norm + LM head" + (" (tied: reads device 0's embedding)" if head == 0 else ""))
         plan.append(PipelineStage(i, f"{start}–{start + n - 1}" if n else "—", n, ", ".join(extra), p * bpv / 2**20))
         start += n

@@ -8,7 +8,8 @@ final logit softcap, the text config, and how close two computations in this dty
     arch.layers             [L] decoder layers
     arch.layer_types        [L] "full_attention" | "sliding_attention"
     arch.windows            [L] tokens a layer attends to (the new one included), None = every earlier token
-    arch.embed()            the token embedding; arch.final_norm_module(): the norm before the LM head
+    arch.embed()            the token embedding; arch.pos_embed(): learned positions (GPT-2), None with RoPE
+    arch.final_norm_module()   the norm before the LM head
     arch.attn(i), arch.attn_out(i), arch.attn_out_weight(i)   layer i's attention, the projection that reads its
                             heads side by side (o_proj, GPT-2's c_proj) and that projection's [d, H*D] weight
     arch.ffn(i), arch.ffn_out(i)   layer i's feed-forward block and its last projection
@@ -111,6 +112,10 @@ class Arch:
     def embed(self) -> torch.nn.Module:
         """The token embedding (Llama `embed_tokens`, GPT-2 `wte`)."""
         return self.model.get_input_embeddings()
+
+    def pos_embed(self) -> torch.nn.Module | None:
+        """Learned position embeddings (GPT-2 `wpe`); None for models that rotate positions (RoPE) instead."""
+        return getattr(self.decoder, "wpe", None) or getattr(self.decoder, "embed_positions", None)
 
     def final_norm_module(self) -> torch.nn.Module:
         """The norm before the LM head (Llama `norm`, GPT-2 `ln_f`)."""

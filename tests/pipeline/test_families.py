@@ -96,3 +96,54 @@ def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_mo
             mod.bias.zero_()
         want = model(torch.tensor([list(tr.input_ids)])).logits[0, -1]
     assert torch.allclose(off.logits_after, want.float(), atol=1e-4), (family, float((off.logits_after - want).abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_engine_serves_a_family_with_transformers_answers(folders, family):
+    """Three requests at once through the engine every visitor shares (on the C kernels where they implement the
+    family, on the torch path elsewhere), each equal to transformers' greedy `generate` on that prompt alone."""
+    from pipeline.engine import Engine
+    from pipeline.generation import prepare
+    from pipeline.model.loaded import load_model
+
+    lm = load_model(str(folders[family]))
+    prompts = ["The capital of France is", "Dog bites man.", "Alice, Bob, Charlie and Diana each ordered"]
+    model, _ = _plain(folders[family], prepare(lm, prompts[0], 1).prompt_ids)
+    model.generation_config.eos_token_id = None
+    eng = Engine(lm, kv_bytes=8 << 20, background=False)
+    hs = {p: eng.submit(prepare(lm, p, 1).prompt_ids, 8, stop_ids=frozenset()) for p in prompts}
+    while eng.iterate() is not None:
+        pass
+    for p, h in hs.items():
+        ids = prepare(lm, p, 1).prompt_ids
+        with torch.no_grad():
+            want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids) :].tolist()
+        assert [e.token_id for e in h] == want, (family, p)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_page_renders_on_a_family_opened_as_a_local_folder(folders, family):
+    """Every page of the app (AppTest) on the family's folder chosen as a visitor does ("Local folder…" and its path):
+    drawn without an exception or an error message."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from views.loading import LOCAL
+    from views.pages import ALL
+
+    app = str(Path(__file__).resolve().parents[2] / "app.py")
+    for spec in ALL:
+        if spec.hidden:
+            continue
+        at = AppTest.from_file(app, default_timeout=300)
+        at.session_state["model_choice"] = LOCAL
+        at.session_state["local_path"] = str(folders[family])
+        at.run()
+        if spec.slug:
+            at.switch_page(spec.file).run()
+        assert not at.exception, (family, spec.slug, [e.value for e in at.exception])
+        assert not at.error, (family, spec.slug, [e.value for e in at.error])
+        if not spec.slug:  # the model the pages ran is the family's, not a fallback
+            said = "\n".join(str(e.value) for kind in ("markdown", "caption", "info") for e in getattr(at, kind))
+            assert f"Loaded from `{folders[family]}`" in said, said[:500]
