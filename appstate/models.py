@@ -70,14 +70,17 @@ MODELS_ROOT_ENV = "LLM_EXPLORER_MODELS_ROOT"
 
 def models_roots() -> list[Path]:
     """The folders under which the app's "Local folder" loader opens models: LLM_EXPLORER_MODELS_ROOT (several
-    separated by ":"), else ~/models; and the explorer's own cache of converted models. The library and the CLI open any folder; a visitor of the app never names
+    separated by ":"), else ~/models; the explorer's own cache of converted models; the local Hugging Face cache. The library and the CLI open any folder; a visitor of the app never names
     one outside these."""
 
     from pipeline.model.registry import cache_dir
 
     raw = os.environ.get(MODELS_ROOT_ENV) or str(Path.home() / "models")
     roots = [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]
-    return roots + [Path(os.path.realpath(cache_dir()))]  # and the models this explorer converted itself
+    from huggingface_hub import constants
+
+    # and the models this explorer converted itself, and the local Hugging Face cache (a model opened by its id)
+    return roots + [Path(os.path.realpath(cache_dir())), Path(os.path.realpath(constants.HF_HUB_CACHE))]
 
 
 def folder_refusal(path: str, roots: list[Path] | None = None) -> str | None:

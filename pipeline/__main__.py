@@ -19,9 +19,11 @@ from pipeline.forward.tokens import text_of
 
 
 def _load(args):
+    """The model named by --model (a built-in key, a folder, or a Hugging Face id in the local cache); for a folder or
+    an id its size and the free memory are said on stderr before it loads."""
     from pipeline.model.loaded import load_model
 
-    return load_model(args.model)
+    return load_model(args.model, told=lambda sentence: sys.stderr.write(sentence + "\n"))
 
 
 def cmd_tokens(args, out):

@@ -65,7 +65,7 @@ def get_model():
     Stops the page with a clear message when it cannot load."""
     key = model_key()
     if not key:
-        st.info("Type the path of a local Hugging Face model folder in the sidebar.")
+        st.info("Type the path of a local Hugging Face model folder, or the id of a model in the local Hugging Face cache, in the sidebar.")
         st.stop()
     if pipeline.model.builtin(key) is None:  # a local folder: checked before anything loads
         try:

@@ -75,7 +75,11 @@ def sidebar():
     if st.session_state["model_choice"] == LOCAL:
         roots = ", ".join(str(r) for r in appstate.models_roots())
         sb.text_input(
-            "Folder path", key="local_path", placeholder=f"{roots}/my-model", help=f"A Hugging Face model folder under {roots} (config.json + *.safetensors)."
+            "Folder path or Hugging Face id",
+            key="local_path",
+            placeholder=f"{roots.split(', ')[0]}/my-model or HuggingFaceTB/SmolLM2-360M",
+            help=f"A Hugging Face model folder under {roots} (config.json + *.safetensors), or the id of a model in the local "
+            "Hugging Face cache. Nothing is downloaded; its size and this machine's free memory are said before it loads.",
         )
     if led:
         _prompt_edited()  # the presenter's prompt is in the box: the preset box says whether it is one

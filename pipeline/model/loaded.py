@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from pipeline.model.arch import Arch, decoder_of
-from pipeline.model.registry import ModelLoadError, ProgressFn, builtin, canonical_key, default_device
-from pipeline.model.store import built_folder, cache_problem, cached_folder, check_folder, check_weights
+from pipeline.model.registry import ModelLoadError, ProgressFn, builtin, canonical_key, default_device, label_of
+from pipeline.model.store import built_folder, cache_problem, cached_folder, check_folder, check_weights, memory_estimate
 
 log = logging.getLogger("llm_explorer")
 
@@ -278,11 +278,15 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
     )
 
 
-def load_model(name: str | None = None, device: str | torch.device | None = None, progress: ProgressFn | None = None) -> LoadedModel:
-    """Load a model by key (a built-in model's, the default when None) or local folder path. Never downloads.
+def load_model(
+    name: str | None = None, device: str | torch.device | None = None, progress: ProgressFn | None = None, told: Callable[[str], None] | None = None
+) -> LoadedModel:
+    """Load a model by key (a built-in model's, the default when None), local folder path, or Hugging Face id found in
+    the local Hugging Face cache. Never downloads.
 
-    `progress(fraction, message)` is called during the one-time GGUF conversion and the load.
-    """
+    `progress(fraction, message)` is called during the one-time GGUF conversion and the load. For a folder or an id,
+    its size and the free memory (store.memory_estimate) are said before anything loads (to `told` and as a progress
+    message), and a model that would not fit is refused with that sentence (ModelLoadError)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -296,11 +300,19 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     else:
         folder = check_folder(key)
         check_weights(folder)
-        label = folder.name
+        label = label_of(folder)
     dev, dtype = default_device()
     if device is not None:
         dev = torch.device(device)
         dtype = dtype if dev.type == "cuda" else torch.float32
+    if not builtin(key):  # a folder or a cached id: its size said first, and a model that cannot fit refused
+        fits, sentence = memory_estimate(folder, dtype, dev)
+        if told:
+            told(f"{label}: {sentence}")
+        if progress:
+            progress(0.8, f"{label}: {sentence}")
+        if not fits:
+            raise ModelLoadError(f"{label}: {sentence}")
     if progress:
         progress(0.85, f"loading {label} from {folder.name} (safetensors)")
     try:

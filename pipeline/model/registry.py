@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,12 +168,40 @@ def default_device() -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.float32
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_folder(model_id: str) -> Path | None:
+    """A Hugging Face id ("org/name") found in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub): the folder of
+    its cached snapshot; None when it is not an id or not cached. Never downloads (local_files_only)."""
+    if not HUB_ID.fullmatch(model_id or "") or Path(model_id).expanduser().exists():
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError), or a broken cache entry
+        return None
+
+
+def label_of(folder: Path) -> str:
+    """A model folder's name for people: the Hugging Face id of a cached snapshot (…/models--org--name/snapshots/<rev>),
+    else the folder's own name."""
+    parts = Path(folder).parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots":
+            return part[len("models--") :].replace("--", "/")
+    return Path(folder).name
+
+
 def canonical_key(key: str | None) -> str:
     """One key per model: the built-in keys as they are, a folder as its resolved absolute path (so "x/", "x//"
-    and a symlink to x are the same model, loaded once)."""
+    and a symlink to x are the same model, loaded once), a Hugging Face id in the local cache as its snapshot's folder."""
     key = (key or DEFAULT).strip()
     if builtin(key):
         return key
+    if (hub := hub_folder(key)) is not None:
+        return str(hub)
     try:
         return str(Path(key).expanduser().resolve())
     except (OSError, RuntimeError):

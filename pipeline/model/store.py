@@ -195,6 +195,7 @@ def check_weights(folder: Path) -> None:
         cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the user needs the reason
         raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    check_architecture(cfg, folder.name)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layers_cfg = getattr(text, "num_hidden_layers", None)
     layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k and k.split("layers.")[1].split(".")[0].isdigit()}
@@ -231,6 +232,52 @@ def check_weights(folder: Path) -> None:
             + "; ".join(problems)
             + ". Loading it would give a model with random weights, so it is refused."
         )
+
+
+SUPPORTED_FAMILIES = "Llama, Qwen2/2.5, Qwen3, Mistral, Gemma-3, Phi-3, GPT-2, OLMo-2 and decoders of their shape"
+ENCODER_ONLY = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "camembert", "modernbert", "mpnet"}
+
+
+def check_architecture(cfg, name: str) -> None:
+    """Refuse, with a sentence naming the architecture and what is supported, a model the explorer cannot take apart:
+    an encoder-only or encoder-decoder model (neither predicts the next token of a prompt) or a mixture of experts."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    mt = getattr(cfg, "model_type", "?")
+    arch = ", ".join(getattr(cfg, "architectures", None) or []) or mt
+    what = None
+    if getattr(cfg, "is_encoder_decoder", False):
+        what = "an encoder-decoder model (it translates or summarises a whole input; this explorer follows a decoder writing one token at a time)"
+    elif mt in ENCODER_ONLY or any(
+        a.endswith(("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")) for a in getattr(cfg, "architectures", None) or []
+    ):
+        what = "an encoder-only model (it reads text but does not write the next token)"
+    elif any((getattr(text, k, 0) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")):
+        what = "a mixture of experts (its feed-forward blocks route each token to a few of many experts; the pages take one feed-forward block a layer apart)"
+    if what:
+        raise ModelLoadError(f"{name} is {arch}: {what}. The explorer runs decoder-only causal language models: {SUPPORTED_FAMILIES}.")
+
+
+def memory_estimate(folder: Path, dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
+    """(whether it fits, a sentence): the parameter count from the safetensors headers (no tensor is read), the bytes
+    the weights take in their own files and in `dtype` as the explorer loads them, and the memory free now on
+    `device` (a quarter kept free for activations, the KV cache and the page)."""
+    params = sum(int(torch.Size(shape).numel()) for f in sorted(folder.glob("*.safetensors")) for shape in _safetensors_header(f).values())
+    on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    ours = params * torch.tensor([], dtype=dtype).element_size()
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    fits = ours <= 0.75 * free
+    gb = lambda b: f"{b / 1e9:,.2f} GB"  # noqa: E731
+    sentence = (
+        f"{params / 1e6:,.1f} M parameters: {gb(on_disk)} in its files, {gb(ours)} in {str(dtype).replace('torch.', '')} as the explorer "
+        f"loads it; {gb(free)} of memory is free on this {'GPU' if device.type == 'cuda' else 'machine'}"
+        + ("." if fits else f", and a model may take at most three quarters of it ({gb(0.75 * free)}): it does not fit, so it is not loaded.")
+    )
+    return fits, sentence
 
 
 def check_folder(path: str | Path) -> Path:
