@@ -69,7 +69,7 @@ VIEW_OPS = {
 
 
 def project(mod, x: torch.Tensor) -> torch.Tensor:
-    """A model's own projection (o_proj, down_proj) through `linear` when it is a plain nn.Linear."""
+    """A model's own projection (attention's output, the down projection) through `linear` when it is a plain nn.Linear."""
     return linear(x, mod.weight, mod.bias) if type(mod) is torch.nn.Linear else mod(x)
 
 
@@ -79,16 +79,16 @@ def project_qkv(ly: _Layer, x: torch.Tensor, H: int, KV: int, D: int, cos: torch
     B = x.shape[0]
     qkv = linear(ly.norm_in(x), ly.wqkv, ly.bqkv).view(B, H + 2 * KV, D)
     qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
-    if ly.q_norm is not None:
-        qk = torch.cat([ly.q_norm(qk[:, :H]), ly.k_norm(qk[:, H:])], dim=1)
+    if ly.norm_q is not None:
+        qk = torch.cat([ly.norm_q(qk[:, :H]), ly.norm_k(qk[:, H:])], dim=1)
     qk = qk * cos[:, None] + _rotate_half(qk) * sin[:, None]
     return qk[:, :H], qk[:, H:], v
 
 
-def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+def finish_layer(ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
     """The rest of a layer after attention: att [B, 1, H*D] through the output projection into the residual
     stream x [B, 1, d], then the feed-forward network (fused gate/up), with Llama's or Gemma's norms."""
-    o = project(layer.self_attn.o_proj, att)
+    o = project(ly.out, att)
     if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
         x = x + ly.norm_mid(o)
         h = ly.norm_ff(x)
@@ -96,7 +96,7 @@ def finish_layer(layer, ly: _Layer, x: torch.Tensor, att: torch.Tensor) -> torch
         x = x + o
         h = ly.norm_mid(x)
     g, u = linear(h, ly.wgu).chunk(2, dim=-1)
-    m = project(layer.mlp.down_proj, layer.mlp.act_fn(g) * u)
+    m = project(ly.down, ly.act(g) * u)
     return x + (ly.norm_out(m) if ly.norm_out is not None else m)
 
 
@@ -142,6 +142,7 @@ class FusedDecoder:
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.windows = fm.windows
         self.final_norm = fm.final_norm
+        self.embed, self.head = fm.lm.arch.embed(), fm.lm.arch.unembedding()  # the model's own modules, found once
         self._run = self._body
         self.out_logits = self.out_summary = self.graph = None
         self.capture_s = self.compile_s = None
@@ -174,21 +175,18 @@ class FusedDecoder:
     def _body(self):
         """One token through the model at position self.pos; returns (logits, packed) where packed =
         [argmax, logsumexp, top values..., top ids...] (float32), all computed on the device."""
-        core = self.lm.arch.decoder
         pos = self.pos
-        x = core.embed_tokens(self.tok.view(1, 1))
+        x = self.embed(self.tok.view(1, 1))
         masks = {w: m.view(1, 1, 1, -1) for w, m in window_masks(pos.view(1), self.ar, self.windows).items()}
         rope = {lt: (self.cos[lt].index_select(0, pos), self.sin[lt].index_select(0, pos)) for lt in self.cos}
         H, KV, D, G = self.H, self.KV, self.D, self.G
-        for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
+        for i, ly in enumerate(self.layers):
             q, k, v = project_qkv(ly, x, H, KV, D, *rope[ly.rope])
             self.K[i, :, pos] = k.view(KV, 1, D)  # index_put_: in place, also under torch.compile
             self.V[i, :, pos] = v.reshape(KV, 1, D)
-            att = F.scaled_dot_product_attention(
-                q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=layer.self_attn.scaling
-            )
-            x = finish_layer(layer, ly, x, att.reshape(1, 1, H * D))
-        logits = self.lm.arch.apply_softcap(project(self.lm.model.lm_head, self.final_norm(x)).float().view(-1))
+            att = F.scaled_dot_product_attention(q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=ly.scale)
+            x = finish_layer(ly, x, att.reshape(1, 1, H * D))
+        logits = self.lm.arch.apply_softcap(project(self.head, self.final_norm(x)).float().view(-1))
         return logits, self._summary(logits)
 
     def _summary(self, logits) -> GreedySummary:

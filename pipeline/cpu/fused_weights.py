@@ -27,14 +27,11 @@ def supported(lm: LoadedModel) -> tuple[bool, str]:
         return False, (f"the fused decode step implements {', '.join(SUPPORTED_TYPES)}; this model is '{mt}'. The dynamic and static cache loops work for it.")
     if getattr(c, "attn_logit_softcapping", None):
         return False, "attn_logit_softcapping is set in this model's config; the fused step does not implement it."
-    core, layers = lm.arch.decoder, lm.arch.layers
-    if not layers or not hasattr(core, "rotary_emb"):
-        return False, "the model has no `model.layers` / `model.rotary_emb` in the Llama layout."
-    for layer in layers:
-        a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if not all(hasattr(a, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")) or not all(
-            hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")
-        ):
+    arch = lm.arch
+    if not arch.layers or arch.rotary() is None:
+        return False, "the model has no decoder layers with RoPE in the Llama layout."
+    for i in range(len(arch.layers)):
+        if arch.qkv_projs(i) is None or arch.gate_up_projs(i) is None or arch.attn_scaling(i) is None or arch.act(i) is None:
             return False, "a layer lacks the q/k/v/o and gate/up/down projections of the Llama layout."
     return True, ""
 
@@ -66,13 +63,17 @@ class _Layer:
     wgu: torch.Tensor
     window: int | None  # sliding window (tokens attended, the current one included) or None
     rope: str  # key into the cos/sin tables
+    out: torch.nn.Module  # attention's output projection (the model's own module)
+    down: torch.nn.Module  # the feed-forward block's down projection
+    act: object  # the feed-forward activation (callable)
+    scale: float  # attention's score scaling
     # the norms as our steps run them (pipeline.model.arch.norm_of: a NormSpec, callable, or the module itself)
     norm_in: object  # before attention
     norm_mid: object  # after attention (Gemma) or before the MLP (Llama)
     norm_ff: object = None  # Gemma: before the MLP
     norm_out: object = None  # Gemma: after the MLP
-    q_norm: object = None  # Qwen3 / Gemma: per-head norms of queries and keys
-    k_norm: object = None
+    norm_q: object = None  # Qwen3 / Gemma: per-head norms of queries and keys
+    norm_k: object = None
 
 
 def fuse_weights(lm: LoadedModel) -> list[_Layer]:
@@ -84,9 +85,21 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
     arch = lm.arch
     with lm.lock, _fuse_lock, torch.no_grad():  # no forward runs while parameters are re-pointed
         if lm.model not in _fused:
-            fused = [(_fuse([ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj]), _fuse([ly.mlp.gate_proj, ly.mlp.up_proj])) for ly in arch.layers]
+            fused = [(_fuse(list(arch.qkv_projs(i))), _fuse(list(arch.gate_up_projs(i)))) for i in range(len(arch.layers))]
             _fused[lm.model] = [
-                _Layer(wqkv, bqkv, wgu, arch.windows[i], arch.layer_types[i], *arch.layer_norms(i)) for i, ((wqkv, bqkv), (wgu, _)) in enumerate(fused)
+                _Layer(
+                    wqkv,
+                    bqkv,
+                    wgu,
+                    arch.windows[i],
+                    arch.layer_types[i],
+                    arch.attn_out(i),
+                    arch.ffn_out(i),
+                    arch.act(i),
+                    float(arch.attn_scaling(i)),
+                    *arch.layer_norms(i),
+                )
+                for i, ((wqkv, bqkv), (wgu, _)) in enumerate(fused)
             ]
     return _fused[lm.model]
 
@@ -118,15 +131,15 @@ def fused_model(lm: LoadedModel) -> FusedModel:
 
 def rope_tables(lm: LoadedModel, layers: list[_Layer], n_positions: int) -> tuple[dict, dict]:
     """The model's own RoPE cos / sin for positions 0..n_positions-1, one table [n_positions, D] per layer type
-    (Gemma 3 rotates local and global layers differently), from its rotary_emb module."""
-    core, D = lm.arch.decoder, lm.facts.head_dim
+    (Gemma 3 rotates local and global layers differently), from its RoPE module (the adapter's rotary())."""
+    rotary, D = lm.arch.rotary(), lm.facts.head_dim
     pos_ids = torch.arange(n_positions, device=lm.device)[None]
     dummy = torch.zeros(1, 1, D, device=lm.device, dtype=lm.dtype)
     cos, sin = {}, {}
     with torch.no_grad():
         for lt in {ly.rope for ly in layers}:
-            args = (lt,) if "layer_type" in inspect.signature(core.rotary_emb.forward).parameters else ()
-            cs, sn = core.rotary_emb(dummy, pos_ids, *args)
+            args = (lt,) if "layer_type" in inspect.signature(rotary.forward).parameters else ()
+            cs, sn = rotary(dummy, pos_ids, *args)
             cos[lt], sin[lt] = cs[0].contiguous(), sn[0].contiguous()
     return cos, sin
 

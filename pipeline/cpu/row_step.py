@@ -105,17 +105,16 @@ ONE_CALL_ROWS = 8  # a pass of at most this many rows runs every layer in one C 
 
 
 class _RowLayer:
-    def __init__(self, layer, ly):
-        a, m = layer.self_attn, layer.mlp
+    def __init__(self, ly):
         # torch weights (for several rows: pipeline.cpu.matmul) and numpy views of the same memory (for one)
-        self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (a.o_proj.weight, a.o_proj.bias), "gu": (ly.wgu, None), "down": (m.down_proj.weight, m.down_proj.bias)}
+        self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (ly.out.weight, ly.out.bias), "gu": (ly.wgu, None), "down": (ly.down.weight, ly.down.bias)}
         self.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.t.items()}
-        self.act = m.act_fn
-        self.silu = type(m.act_fn).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
-        self.scale = np.float32(a.scaling)
+        self.act = ly.act
+        self.silu = type(ly.act).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
+        self.scale = np.float32(ly.scale)
         self.window, self.rope = ly.window, ly.rope
         self.norm_in, self.norm_mid = Norm(ly.norm_in), Norm(ly.norm_mid)
-        self.norm_ff, self.norm_out, self.q_norm, self.k_norm = (Norm(n) if n is not None else None for n in (ly.norm_ff, ly.norm_out, ly.q_norm, ly.k_norm))
+        self.norm_ff, self.norm_out, self.norm_q, self.norm_k = (Norm(n) if n is not None else None for n in (ly.norm_ff, ly.norm_out, ly.norm_q, ly.norm_k))
 
     def act_mul(self, gu: np.ndarray) -> np.ndarray:
         """act(g) * u for gu = [g | u] [B, 2I]: the model's own activation module, or (SiLU, where
@@ -136,7 +135,7 @@ class _RowLayer:
             return None
         if self._whole is False:
             ok = native() is not None and self.silu
-            ok = ok and all(n is None for n in (self.norm_ff, self.norm_out, self.q_norm, self.k_norm))
+            ok = ok and all(n is None for n in (self.norm_ff, self.norm_out, self.norm_q, self.norm_k))
             self._whole = None
             if ok:
                 (wqkv, bqkv), (wo, bo), (wgu, bgu), (wd, bd) = (self.t[k] for k in ("qkv", "o", "gu", "down"))
@@ -185,11 +184,11 @@ class RowStep:
     def __init__(self, fm: FusedModel):
         self.lm = lm = fm.lm
         self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
-        self.layers = [_RowLayer(layer, ly) for layer, ly in zip(lm.arch.layers, fm.layers)]
+        self.layers = [_RowLayer(ly) for ly in fm.layers]
         for ly in self.layers:
             ly.dims = (self.H, self.KV, self.D)
         self.final_norm = Norm(fm.final_norm)
-        head = lm.model.lm_head
+        head = lm.arch.unembedding()
         self.head = _RowLayer.__new__(_RowLayer)
         self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
         self.head.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.head.t.items()}
@@ -197,7 +196,7 @@ class RowStep:
         self.rope = fm.rope
         self._stacked: tuple | None = None
         self._head: layer_call.Head | None = None
-        emb = lm.arch.decoder.embed_tokens
+        emb = lm.arch.embed()
         # a plain embedding is a row of its table: numpy's take (the module's call cost 0.17 ms a pass); else the module
         self._table = view(emb.weight) if type(emb) is torch.nn.Embedding else None
 
@@ -239,7 +238,7 @@ class RowStep:
         """The rows' embeddings [B, d], a new array (the layers update it in place)."""
         if self._table is not None:
             return self._table[tokens]
-        return view(self.lm.arch.decoder.embed_tokens(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
+        return view(self.lm.arch.embed()(torch.tensor([tokens]))).reshape(len(tokens), -1).copy()
 
     def _one_call(self, x: np.ndarray, positions, kv, interrupt, want) -> RowPass | None:
         """Every layer in ONE C call (cpu_decode.c's row_layers: the same kernels in the same order as a call a layer),
@@ -329,8 +328,8 @@ class RowStep:
             xa, kva = (x, kv) if act is None else (x[act], kv.select(act))
             qkv = ly.project("qkv", ly.norm_in(xa)).reshape(-1, H + 2 * KV, D)
             qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
-            if ly.q_norm is not None:  # per-head norms (contiguous: the C norm, one row at a time)
-                qk = np.concatenate([ly.q_norm(np.ascontiguousarray(qk[:, :H])), ly.k_norm(np.ascontiguousarray(qk[:, H:]))], axis=1)
+            if ly.norm_q is not None:  # per-head norms (contiguous: the C norm, one row at a time)
+                qk = np.concatenate([ly.norm_q(np.ascontiguousarray(qk[:, :H])), ly.norm_k(np.ascontiguousarray(qk[:, H:]))], axis=1)
             cos, sin = tables[ly.rope] if act is None else (t[act] for t in tables[ly.rope])
             rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
             np.negative(qk[..., half:], out=rot[..., :half])
@@ -366,7 +365,7 @@ class RowStep:
 
 def fits(fm: FusedModel) -> bool:
     """On a CPU in fp32, with every norm one the adapter gives a formula for (a NormSpec)."""
-    norms = [fm.final_norm, *(n for ly in fm.layers for n in (ly.norm_in, ly.norm_mid, ly.norm_ff, ly.norm_out, ly.q_norm, ly.k_norm) if n is not None)]
+    norms = [fm.final_norm, *(n for ly in fm.layers for n in (ly.norm_in, ly.norm_mid, ly.norm_ff, ly.norm_out, ly.norm_q, ly.norm_k) if n is not None)]
     return fm.lm.device.type == "cpu" and fm.lm.dtype == torch.float32 and all(isinstance(n, NormSpec) for n in norms)
 
 

@@ -178,8 +178,7 @@ class PagedStep:
         blk = torch.tensor([s.table[p // bs] for s in seqs for p in range(s.start, s.end)], device=dev)
         off = pos % bs
         rope = {lt: (cos_t[lt].index_select(0, pos), sin_t[lt].index_select(0, pos)) for lt in cos_t}
-        core = lm.arch.decoder
-        x = core.embed_tokens(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(R, 1))
+        x = lm.arch.embed()(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(R, 1))
         rows, r = [], 0  # each seq's first row
         for s in seqs:
             rows.append(r)
@@ -193,7 +192,7 @@ class PagedStep:
         resuming = any(s.layer for s in seqs)
         if not any(s.parkable for s in seqs):
             interrupt = None
-        for i, (layer, ly) in enumerate(zip(core.layers, self.layers)):
+        for i, ly in enumerate(self.layers):
             act = tuple(j for j, s in enumerate(seqs) if s.layer <= i and j not in parked) if resuming or parked else every
             if not act:
                 continue  # before a resumed chunk's layer, or only parked chunks left
@@ -210,8 +209,8 @@ class PagedStep:
             kv.K[i, b, :, o] = k  # [R, KV, D] into each token's slot
             kv.V[i, b, :, o] = v
             att = torch.empty(q.shape[0], H, D, device=dev, dtype=q.dtype)
-            self._attend(i, layer, ly, q, att, plan)
-            xa = finish_layer(layer, ly, xa, att.reshape(-1, 1, H * D))
+            self._attend(i, ly, q, att, plan)
+            xa = finish_layer(ly, xa, att.reshape(-1, 1, H * D))
             x = xa if idx is None else x.index_copy(0, idx, xa)
             if interrupt is not None and i + 1 < n_layers and interrupt():  # asked on: a resumed seq may start later
                 for j in act:
@@ -224,7 +223,7 @@ class PagedStep:
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = project(lm.model.lm_head, h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
+        out = project(lm.arch.unembedding(), h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out
@@ -315,9 +314,9 @@ class PagedStep:
             plan.rows = [RowDecode(r, torch.tensor(s.table, device=dev), s.end) for r, s in singles]
         return plan
 
-    def _attend(self, i: int, layer, ly, q: torch.Tensor, att: torch.Tensor, plan: AttentionPlan) -> None:
+    def _attend(self, i: int, ly, q: torch.Tensor, att: torch.Tensor, plan: AttentionPlan) -> None:
         """Fill att [R, H, D] for layer i from q [R, H, D] and the KV pool."""
-        kv, KV, D, G, scale = self.kv, self.KV, self.D, self.G, layer.self_attn.scaling
+        kv, KV, D, G, scale = self.kv, self.KV, self.D, self.G, ly.scale
         for r, n, table, lo, hi, masks in plan.chunks:  # a prompt chunk: causal over its request
             kk, vv = kv.read(i, table, lo, hi)
             qq = q[r : r + n].transpose(0, 1)[None]  # [1, H, n, D]

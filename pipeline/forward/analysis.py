@@ -211,7 +211,7 @@ def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dm
 
 def learned_positions(lm: LoadedModel, n: int) -> np.ndarray | None:
     """[n, d] the first n rows of a learned position-embedding table (GPT-2 style), or None."""
-    pe = getattr(lm.arch.decoder, "embed_positions", None) or getattr(lm.arch.decoder, "wpe", None)
+    pe = lm.arch.pos_embed()
     return None if pe is None else pe.weight[:n].detach().float().cpu().numpy()
 
 

@@ -115,7 +115,7 @@ def early_exit_model(lm: LoadedModel, k: int) -> nn.Module:
             dst.layers = nn.ModuleList(list(src.layers)[:k])
         else:
             setattr(dst, name, module)
-    draft.lm_head = lm.model.lm_head
+    draft.set_output_embeddings(lm.arch.unembedding())
     draft.config._attn_implementation = lm.model.config._attn_implementation
     return draft.eval()
 

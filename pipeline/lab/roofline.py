@@ -109,8 +109,13 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0, r
     (each repeat times every operation once, in a rotated order) after a warm-up."""
     f = lm.facts
     dev, dt = lm.device, lm.dtype
-    lyr = lm.arch.layers[layer]
-    att, mlp = lyr.self_attn, lyr.mlp
+    arch = lm.arch
+    qkv, gate_up = arch.qkv_projs(layer), arch.gate_up_projs(layer)
+    if qkv is None or gate_up is None or arch.in_norm(layer) is None:
+        raise ValueError(
+            f"Timing each operation takes a layer of the Llama layout (a norm, then separate q/k/v and gate/up projections); "
+            f"this model ({arch.model_type}) fuses or reorders them. The counts above are still this model's."
+        )
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(1, tokens, f.d_model, generator=g).to(dev, dt)
     q = torch.randn(1, f.n_heads, tokens, f.head_dim, generator=g).to(dev, dt)
@@ -120,20 +125,20 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0, r
     h = torch.randn(1, tokens, f.d_ff, generator=g).to(dev, dt)
     a = torch.randn(1, tokens, f.n_heads * f.head_dim, generator=g).to(dev, dt)
     last = x[:, -1:]
-    head = lm.model.get_output_embeddings()
-    norm2 = lm.arch.pre_ffn_norm(layer)
+    head = arch.unembedding()
+    norm1, norm2 = arch.in_norm(layer), arch.pre_ffn_norm(layer)
     ops = {
-        "norm (attention)": lambda: lyr.input_layernorm(x),
-        "q projection": lambda: att.q_proj(x),
-        "k projection": lambda: att.k_proj(x),
-        "v projection": lambda: att.v_proj(x),
+        "norm (attention)": lambda: norm1(x),
+        "q projection": lambda: qkv[0](x),
+        "k projection": lambda: qkv[1](x),
+        "v projection": lambda: qkv[2](x),
         "scores Q·Kᵀ": lambda: torch.matmul(q, k.transpose(2, 3)),
         "softmax": lambda: torch.softmax(s, -1),
         "weights × V": lambda: torch.matmul(w.to(dt), k),
-        "o projection": lambda: att.o_proj(a),
+        "o projection": lambda: arch.attn_out(layer)(a),
         "norm (feed-forward)": lambda: norm2(x),
-        "feed-forward gate + up": lambda: (mlp.gate_proj(x), mlp.up_proj(x)),
-        "feed-forward down": lambda: mlp.down_proj(h),
+        "feed-forward gate + up": lambda: (gate_up[0](x), gate_up[1](x)),
+        "feed-forward down": lambda: arch.ffn_out(layer)(h),
         "LM head (1 token)": lambda: head(last),
     }
     with torch.inference_mode():

@@ -135,9 +135,9 @@ def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> TensorParallelPlan:
     d, D, H, Hkv, ff = f.d_model, f.head_dim, f.n_heads, f.n_kv_heads, f.d_ff
     kv_max = -(-Hkv // N) if Hkv >= N else 1  # KV heads on the busiest device
     rows = [
-        {"weight": "q_proj", "shape": f"{d} × {H * D}", "split": "columns (by query head)", "per device": f"query heads: {_shares(H, N)}"},
+        {"weight": "query projection (W_Q)", "shape": f"{d} × {H * D}", "split": "columns (by query head)", "per device": f"query heads: {_shares(H, N)}"},
         {
-            "weight": "k_proj, v_proj",
+            "weight": "key, value projections (W_K, W_V)",
             "shape": f"{d} × {Hkv * D}",
             "split": "columns (by KV head)" if Hkv >= N else f"replicated: {Hkv} KV heads < {N} devices",
             "per device": f"KV heads: {_shares(Hkv, N)}"
@@ -146,9 +146,9 @@ def tensor_parallel_plan(lm: LoadedModel, n_devices: int) -> TensorParallelPlan:
             if N % Hkv == 0
             else "1 KV head (copied unevenly)",
         },
-        {"weight": "o_proj", "shape": f"{H * D} × {d}", "split": "rows → all-reduce", "per device": f"rows of its query heads ({D} per head)"},
-        {"weight": "gate_proj, up_proj", "shape": f"{d} × {ff}", "split": "columns", "per device": f"columns: {_shares(ff, N)}"},
-        {"weight": "down_proj", "shape": f"{ff} × {d}", "split": "rows → all-reduce", "per device": f"rows: {_shares(ff, N)}"},
+        {"weight": "output projection (W_O)", "shape": f"{H * D} × {d}", "split": "rows → all-reduce", "per device": f"rows of its query heads ({D} per head)"},
+        {"weight": "gate, up projections", "shape": f"{d} × {ff}", "split": "columns", "per device": f"columns: {_shares(ff, N)}"},
+        {"weight": "down projection", "shape": f"{ff} × {d}", "split": "rows → all-reduce", "per device": f"rows: {_shares(ff, N)}"},
     ]
     allreduce = 2 * f.n_layers * d * bpv if N > 1 else 0  # bytes of activations reduced per token (one device: nothing to reduce)
     ring = allreduce * 2 * (N - 1) / N  # bytes each device sends per token (ring)

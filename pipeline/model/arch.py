@@ -139,6 +139,38 @@ class Arch:
         """The feed-forward block's last projection (down_proj, GPT-2 c_proj)."""
         return _first_attr(self.ffn(i), "down_proj", "c_proj", "fc2", "dense_4h_to_h")
 
+    def qkv_projs(self, i: int) -> tuple | None:
+        """Layer i's separate query, key and value projections (the Llama layout); None where they are fused (Phi-3's
+        qkv_proj, GPT-2's c_attn)."""
+        a = self.attn(i)
+        if all(hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj")):
+            return a.q_proj, a.k_proj, a.v_proj
+        return None
+
+    def gate_up_projs(self, i: int) -> tuple | None:
+        """Layer i's separate gate and up projections (a gated feed-forward block); None where fused or ungated."""
+        m = self.ffn(i)
+        if hasattr(m, "gate_proj") and hasattr(m, "up_proj"):
+            return m.gate_proj, m.up_proj
+        return None
+
+    def act(self, i: int):
+        """Layer i's feed-forward activation (callable), or None where the block does not expose it."""
+        m = self.ffn(i)
+        return getattr(m, "act_fn", None) or getattr(m, "act", None)
+
+    def attn_scaling(self, i: int) -> float | None:
+        """The factor layer i's attention scores are multiplied by (None where the module does not say)."""
+        return getattr(self.attn(i), "scaling", None)
+
+    def rotary(self) -> torch.nn.Module | None:
+        """The decoder's RoPE module (cos / sin tables by position), None for models without RoPE."""
+        return getattr(self.decoder, "rotary_emb", None)
+
+    def unembedding(self) -> torch.nn.Module:
+        """The unembedding: the last layer's vector -> a logit per vocabulary entry."""
+        return self.model.get_output_embeddings()
+
     def in_norm(self, i: int) -> torch.nn.Module | None:
         """The norm before attention (Llama `input_layernorm`, GPT-2 `ln_1`); None for post-norm layers (OLMo-2)."""
         layer = self.layers[i]
@@ -175,7 +207,7 @@ class Arch:
         """Layer i's norms as our steps run them (norm_of): before attention, after it (Gemma) or before the MLP
         (Llama), then Gemma's before and after the MLP, then the per-head query and key norms (Qwen3, Gemma), None
         where the layer has none."""
-        layer, a = self.layers[i], self.layers[i].self_attn
+        layer, a = self.layers[i], self.attn(i)
         sandwich = self.sandwich(i)
         return (
             norm_of(layer.input_layernorm),
@@ -200,7 +232,7 @@ class Arch:
 
     def inv_freq(self, layer: int = 0):
         """[D/2] RoPE rotation frequencies of `layer` (a tensor), or None for models without RoPE."""
-        rot = getattr(self.decoder, "rotary_emb", None)
+        rot = self.rotary()
         if rot is None:
             return None
         if hasattr(rot, "inv_freq"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.model.arch import Arch, decoder_of
+from pipeline.model.arch import Arch
 from pipeline.model.registry import ModelLoadError, ProgressFn, builtin, canonical_key, default_device, label_of
 from pipeline.model.store import built_folder, cache_problem, cached_folder, check_folder, check_weights, memory_estimate
 
@@ -243,11 +243,6 @@ class LoadedModel:
         return f"CPU ({str(self.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads)"
 
 
-def _first_layer(base):
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    return layers[0] if layers is not None and len(layers) else None
-
-
 def facts_of(model: torch.nn.Module) -> ModelFacts:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_heads = cfg.num_attention_heads
@@ -256,9 +251,12 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
     if isinstance(rope, dict) and "rope_theta" not in rope and rope:
         rope = next(iter(rope.values())) if isinstance(next(iter(rope.values())), dict) else rope
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(cfg, "rope_theta", None)
-    base = decoder_of(model)
-    norm_cls = type(base.norm).__name__ if hasattr(base, "norm") else "?"
-    has_learned = hasattr(base, "embed_positions") or hasattr(base, "wpe")
+    arch = Arch.of(model, next(model.parameters()).dtype)
+    try:
+        norm_cls = type(arch.final_norm_module()).__name__
+    except AttributeError:
+        norm_cls = "?"
+    has_learned = arch.pos_embed() is not None
     return ModelFacts(
         arch=type(model).__name__,
         n_layers=cfg.num_hidden_layers,
@@ -274,7 +272,7 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
         norm="RMSNorm" if "RMS" in norm_cls else norm_cls,
         tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         n_params=sum(p.numel() for p in model.parameters()),
-        attn_scaling=float(getattr(getattr(_first_layer(base), "self_attn", None), "scaling", head_dim**-0.5)),
+        attn_scaling=float((arch.attn_scaling(0) if arch.layers else None) or head_dim**-0.5),
     )
 
 

@@ -46,3 +46,31 @@ def test_every_built_in_model_is_one_complete_row():
         assert callable(b.installed) and callable(b.gguf)
     assert registry.DEFAULT in registry.BUILTINS
     assert [m.key for m in registry.available_models()][: len(registry.BUILTINS)] == list(registry.BUILTINS)
+
+
+# transformers' names for a model's parts, in the families the explorer runs (Llama-style, Gemma, Phi-3, GPT-2, OLMo-2);
+# the generic ones (layers, norm, mlp, attn, h) are left out: our own objects use them too
+MODULE_NAMES = {
+    "embed_tokens", "embed_positions", "wte", "wpe", "ln_f", "final_layernorm", "rotary_emb",
+    "self_attn", "q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "c_attn", "c_proj", "q_norm", "k_norm",
+    "gate_proj", "up_proj", "gate_up_proj", "down_proj", "c_fc", "act_fn",
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm", "ln_1", "ln_2",
+    "lm_head",
+}  # fmt: skip
+ADAPTER = ROOT / "pipeline" / "model" / "arch.py"
+
+
+def test_a_models_parts_are_named_only_in_the_adapter():
+    """Every module of a loaded model is reached through the adapter's roles (arch.embed(), attn_out(i), ffn_out(i),
+    in_norm(i), post_norms(i), unembedding(), qkv_projs(i), …): an attribute access or a string with a transformers
+    module name anywhere else in the app fails here, so a new architecture is one place to teach."""
+    bad = []
+    for p in APP:
+        if p == ADAPTER:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            named = isinstance(node, ast.Attribute) and node.attr in MODULE_NAMES and not isinstance(node.ctx, ast.Store)
+            spelled = isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODULE_NAMES
+            if named or spelled:
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.attr if named else node.value}")
+    assert not bad, "a transformers module name outside pipeline/model/arch.py:\n" + "\n".join(bad)
