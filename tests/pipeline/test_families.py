@@ -8,6 +8,7 @@ sublayers) failed here before."""
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,6 +73,14 @@ def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_mo
     lm = load_model(str(folders[family]))
     tr = trace(lm, PROMPT)
     model, ref = _plain(folders[family], list(tr.input_ids))
+    # the hooked trace against transformers' own eager forward: every layer's residual stream and attention map
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(torch.tensor([list(tr.input_ids)]), output_hidden_states=True, output_attentions=True)
+    hs = torch.stack([h[0] for h in out.hidden_states]).float()  # [L+1, T, d]; the last one after the final norm
+    ours = torch.as_tensor(tr.hidden_states)
+    assert torch.allclose(ours[:-1], hs[:-1], atol=1e-4, rtol=1e-4), (family, float((ours[:-1] - hs[:-1]).abs().max()))
+    assert tr.attn_block == 1 and np.allclose(tr.attentions, torch.stack([a[0] for a in out.attentions]).numpy(), atol=2e-3), family
     p_ours = torch.softmax(torch.as_tensor(tr.next_logits).double(), -1)
     p_ref = torch.softmax(ref.double(), -1)
     top = int(p_ref.argmax())
@@ -96,6 +105,29 @@ def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_mo
             mod.bias.zero_()
         want = model(torch.tensor([list(tr.input_ids)])).logits[0, -1]
     assert torch.allclose(off.logits_after, want.float(), atol=1e-4), (family, float((off.logits_after - want).abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_generates_as_transformers_and_patching_its_last_layer_restores_the_clean_answer(folders, family):
+    """Our own generation loop against transformers' greedy `generate`; and causal tracing's last-layer property: the
+    clean run's residual stream restored after the last layer at the last position gives back all of the clean
+    logit difference (the grid's corner is 1)."""
+    from pipeline.forward.attribution import patch
+    from pipeline.generation import generate, prepare
+    from pipeline.model.loaded import load_model
+
+    lm = load_model(str(folders[family]))
+    ids = prepare(lm, PROMPT, 1).prompt_ids
+    model, _ = _plain(folders[family], ids)
+    model.generation_config.eos_token_id = None
+    ours = [e.token_id for e in generate(lm, PROMPT, 8, cache="dynamic", stop_ids=set())]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids) :].tolist()
+    assert ours == want, family
+    clean, corrupt = prepare(lm, "The capital of France is", 1).prompt_ids, prepare(lm, "The capital of Italy is", 1).prompt_ids
+    assert len(clean) == len(corrupt)
+    p = patch(lm, clean, corrupt)
+    assert abs(p.grid[-1, -1] - 1.0) < 1e-3, (family, p.grid[-1, -1])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
