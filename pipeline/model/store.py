@@ -194,6 +194,15 @@ def check_weights(folder: Path) -> None:
     try:
         cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the user needs the reason
+        try:
+            mt = json.loads((folder / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            mt = None
+        if isinstance(mt, str) and mt:  # an architecture this transformers does not know (or only with remote code)
+            raise ModelLoadError(
+                f"{folder.name} is a '{mt[:60]}' model, an architecture this version of transformers does not know (and code from a "
+                f"model folder is never run). The explorer runs decoder-only causal language models: {SUPPORTED_FAMILIES}."
+            ) from e
         raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     check_architecture(cfg, folder.name)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -206,8 +215,11 @@ def check_weights(folder: Path) -> None:
     try:
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"{folder.name}: transformers cannot build this config: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    except Exception as e:  # noqa: BLE001 - e.g. a vision or audio model: no causal-LM class for its config
+        raise ModelLoadError(
+            f"{folder.name} ({getattr(cfg, 'model_type', '?')}) is not a causal language model transformers can build "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:160]}). The explorer runs decoder-only causal language models: {SUPPORTED_FAMILIES}."
+        ) from e
     expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
     tied = getattr(meta, "_tied_weights_keys", None) or []
     tied = (
