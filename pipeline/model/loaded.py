@@ -161,6 +161,7 @@ class LoadedModel:
     load_seconds: float
     lock: FairLock = field(default_factory=FairLock, repr=False)
     arch: Arch = field(default=None, repr=False)  # the architecture adapter, made once here
+    size_note: str = ""  # a folder's or cached id's size and the free memory, said before it loaded (store.memory_estimate)
 
     _executor: object = field(default=None, repr=False)
     _owned: dict = field(default_factory=dict, repr=False)
@@ -322,6 +323,8 @@ def load_model(
     install_capture(model)
 
     lm = _loaded(key, label, model, tok, dev, dtype, folder, t0)
+    if not builtin(key):
+        lm.size_note = sentence
     lm.run(_warm_up, lm)  # one-time allocations and kernel choices stay out of measurements
     if progress:
         progress(1.0, "ready")

@@ -70,7 +70,7 @@ def test_the_app_opens_a_cached_model_by_its_id(hub, monkeypatch):
     at.run()
     assert not at.exception and not at.error, ([e.value for e in at.exception], [e.value for e in at.error])
     said = "\n".join(str(e.value) for kind in ("markdown", "caption", "info") for e in getattr(at, kind))
-    assert f"snapshots/{REVISION}" in said, said[:800]
+    assert f"snapshots/{REVISION}" in said and "Before it loaded: 134.5 M parameters" in said and "free on this machine" in said, said[:800]
 
 
 def test_a_model_that_cannot_fit_is_refused_with_its_size_and_the_free_memory(hub, monkeypatch):

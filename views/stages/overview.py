@@ -86,7 +86,7 @@ cols = st.columns(2)
 for col, items in zip(cols, [list(facts.items())[:half], list(facts.items())[half:]]):
     col.table([{"fact": k, "value": str(v)} for k, v in items], hide_index=True, width="stretch")
 where = "" if guard.policy().enabled else f" from `{lm.source}`"  # a demo server never shows its paths
-st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s.")
+st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s." + (f" Before it loaded: {lm.size_note}" if lm.size_note and where else ""))
 render.figure(timings_bar(tr.timings), "timings bar", main=True)
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
