@@ -114,7 +114,7 @@ def time_layer_ops(lm: LoadedModel, tokens: int, context: int, layer: int = 0, r
     if qkv is None or gate_up is None or arch.in_norm(layer) is None:
         raise ValueError(
             f"Timing each operation takes a layer of the Llama layout (a norm, then separate q/k/v and gate/up projections); "
-            f"this model ({arch.model_type}) fuses or reorders them. The counts above are still this model's."
+            f"this model ({arch.model_type}) fuses or reorders them, so this page measures Llama-layout models only for now."
         )
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(1, tokens, f.d_model, generator=g).to(dev, dt)

@@ -179,3 +179,21 @@ def test_every_page_renders_on_a_family_opened_as_a_local_folder(folders, family
         if not spec.slug:  # the model the pages ran is the family's, not a fallback
             said = "\n".join(str(e.value) for kind in ("markdown", "caption", "info") for e in getattr(at, kind))
             assert f"Loaded from `{folders[family]}`" in said, said[:500]
+
+
+def test_a_measurement_a_family_cannot_take_is_said_in_the_page(folders):
+    """The roofline's per-operation timing takes Llama-layout layers: on GPT-2 its button says so, never a traceback."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from views.loading import LOCAL
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300)
+    at.session_state["model_choice"] = LOCAL
+    at.session_state["local_path"] = str(folders["gpt2"])
+    at.run()
+    at.switch_page("views/stages/roofline.py").run()
+    at.button(key="roof_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Llama layout" in str(w.value) and "gpt2" in str(w.value) for w in at.warning), [w.value for w in at.warning]
