@@ -35,15 +35,18 @@ def policy() -> demo.Policy:
 
 
 def cap(name: str, page_max: int | None = None) -> int | None:
-    """A control's maximum: the page's own, or the demo server's cap when lower (None: no limit at all)."""
+    """A control's maximum: the page's own, or the demo server's cap when lower (None: no limit at all). The policy
+    writes "no limit" one way, None (an operator's 0 included: demo.load_policy), so a cap never reads as a maximum of 0."""
     limits = [x for x in (page_max, getattr(policy().caps, name)) if x is not None]
     return min(limits) if limits else None
 
 
 def cap_note(name: str, unit: str = "") -> str:
-    """ " Demo server: at most N unit." next to a capped control (empty outside demo mode)."""
+    """ " Demo server: at most N unit." next to a capped control (empty outside demo mode, and for a cap the demo server
+    does not set: None)."""
     p = policy()
-    return f" Demo server: at most {getattr(p.caps, name):,}{' ' + unit if unit else ''}." if p.enabled else ""
+    limit = getattr(p.caps, name)
+    return f" Demo server: at most {limit:,}{' ' + unit if unit else ''}." if p.enabled and limit is not None else ""
 
 
 @st.cache_resource(show_spinner=False)
@@ -53,7 +56,7 @@ def _errors() -> demo.ErrorLog:
 
 @st.cache_resource(show_spinner=False)
 def _limiter() -> demo.RateLimiter:
-    return demo.RateLimiter(0)
+    return demo.RateLimiter(None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -68,7 +71,7 @@ def _sessions() -> demo.Sessions:
 
 @st.cache_resource(show_spinner=False)
 def _address_limiter() -> demo.RateLimiter:
-    return demo.RateLimiter(0)
+    return demo.RateLimiter(None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -122,7 +125,7 @@ def refusal(browser: str, address: str, what: str, record: bool = True) -> str |
 
 @st.cache_resource(show_spinner=False)
 def _class_starts() -> demo.RateLimiter:
-    return demo.RateLimiter(0, window_s=3600.0)
+    return demo.RateLimiter(None, window_s=3600.0)
 
 
 def class_start_refusal(browser: str, address: str) -> str | None:

@@ -188,3 +188,24 @@ def test_traces_and_tokenizing_count_against_the_browser_limit(demo_env, caps):
         at.session_state["prompt"] = f"limit check {i}, a prompt no other test tokenizes"
         at.run()
     assert any("too many runs from this browser" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_an_operators_zero_prompt_tokens_runs_prompts(demo_env):
+    """`prompt_tokens = 0` under [demo] in the operator's secrets.toml is no limit (issue 48: every prompt was refused,
+    "at most 0 tokens"): the attention page traces the prompt, and no control says "at most 0"."""
+    from views import guard
+
+    guard.policy.forget()  # the policy is read at most once a second: this test's secrets from its first run
+    try:
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.secrets["demo"] = {"enabled": True, "prompt_tokens": 0}
+        at.session_state["prompt"] = "An operator's zero is no limit."
+        at.run()
+        at.switch_page("views/stages/attention.py")
+        at.run()
+        assert not at.exception, at.exception
+        said = texts(at) + "\n" + "\n".join(str(getattr(e, "help", "") or "") for e in at.sidebar.text_area)
+        assert "at most 0" not in said, said
+        assert at.get("plotly_chart"), "the attention page drew no figure: its prompt did not run"
+    finally:
+        guard.policy.forget()
