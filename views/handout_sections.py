@@ -230,7 +230,7 @@ def _stage_why(lm, tr):
 
 
 # the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
-# handout="trace", fn(lm, generation record) for "run" (tests/views/test_handout.py: one for every such row)
+# handout="trace", fn(lm, generation record) for "run" (tests/views/test_page_registry.py: one for every such row)
 SECTIONS = {
     "tokens": _stage_tokens,
     "embeddings": _stage_embeddings,
