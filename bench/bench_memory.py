@@ -35,9 +35,10 @@ def main():
         labels = labels_of(tr.tokens)
         layer = lm.facts.n_layers // 2
         full = tr.attention(layer)
-        fig = attention_heads(tr.attentions[layer], labels, block=tr.attn_block, layer=layer)
+        overview = tr.acts["blocks.*.attn.hook_pattern|pooled"]
+        fig = attention_heads(overview[layer], labels, block=tr.acts.attn_block, layer=layer)
         fig_json = fig.to_json()
-        img = mosaic_image(tr.attentions, cell=64)
+        img = mosaic_image(overview, cell=64)
         t_render = time.perf_counter() - t
     rss_end = psutil.Process().memory_info().rss
     import io
@@ -51,12 +52,7 @@ def main():
         t = time.perf_counter()
         lm.model(torch.tensor([tr.input_ids]))
         t_plain = time.perf_counter() - t
-    trace_bytes = sum(
-        a.nbytes
-        for a in [tr.embeddings, tr.hidden_states, tr.attentions, tr.attn_last_row, tr.next_logits]
-        + list(tr.attn_full.values())
-        + [v for d in tr.qkv.values() for v in d.values()]
-    )
+    trace_bytes = tr.nbytes
 
     # the attention page itself, through AppTest, at this length
     from streamlit.testing.v1 import AppTest
@@ -84,8 +80,8 @@ def main():
             },
             "trace_arrays_mb": round(trace_bytes / 2**20, 1),
             "attention": {
-                "overview_block": tr.attn_block,
-                "full_layers_kept": sorted(tr.attn_full),
+                "overview_block": tr.acts.attn_block,
+                "full_layers_kept": tr.acts.layers("blocks.*.attn.hook_pattern"),
                 "full_layer_shape": list(full.shape) if full is not None else None,
             },
             "seconds": {

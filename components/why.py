@@ -79,14 +79,14 @@ def before_after_figure(cands: list[str], before: np.ndarray, after: np.ndarray,
 
 
 @shared
-def patching_figure(grid: np.ndarray, columns: list[str], title: str, over: str = "position") -> go.Figure:
+def patching_figure(grid: np.ndarray, columns: list[str], title: str, by_position: bool = True) -> go.Figure:
     """[L, T] (or [L, H]) share of the logit difference restored by patching one (layer, position) (or one head's
     output at every position): 0 none, 1 all of it. `columns`: the tokens (or the heads' names)."""
     L, T = grid.shape
     fig = go.Figure(
         go.Heatmap(
             z=grid,
-            x=[f"{i}:{t}" for i, t in enumerate(columns)] if over == "position" else columns,
+            x=[f"{i}:{t}" for i, t in enumerate(columns)] if by_position else columns,
             y=[f"L{i}" for i in range(L)],
             colorscale="Blues",
             zmin=0,
@@ -97,7 +97,7 @@ def patching_figure(grid: np.ndarray, columns: list[str], title: str, over: str 
         )
     )
     fig.update_yaxes(autorange="reversed", title="layer")
-    fig.update_xaxes(title="position whose residual stream is restored" if over == "position" else "head whose output is restored at every position")
+    fig.update_xaxes(title="position whose residual stream is restored" if by_position else "head whose output is restored at every position")
     return _layout(fig, title, height=max(380, 18 * L + 160))
 
 

@@ -20,7 +20,7 @@ from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible
 from components.why import largest_figure
 from pipeline.forward import analysis, sampling
-from pipeline.forward.attribution import ablate, attribute
+from pipeline.forward.attribution import Kind, ablate, attribute
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import display_maps
 from pipeline.generation.loop import kv_bytes_formula, metrics
@@ -99,7 +99,7 @@ def _stage_embeddings(lm, tr):
             }
         )
     ]
-    out.append(figure_html(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "embedding vector"))
+    out.append(figure_html(vector_strip(tr.acts["hook_embed"][i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "embedding vector"))
     if f.positional == "rope" and analysis.rope_inv_freq(lm, 0) is not None:
         rd = analysis.rope_demo(lm, tr, 0)
         if rd is not None:
@@ -122,7 +122,7 @@ def _stage_attention(lm, tr):
 def _stage_layer(lm, tr):
     pos = tr.T - 1
     labels = labels_of(tr.tokens)
-    fig = residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos])
+    fig = residual_figure(*(tr.acts[f"blocks.*.{s}|norm"][:, pos] for s in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")), labels[pos])
     lens = [(i, text_of(lm.tokenizer, [t[0][0]]), t[0][1]) for i, t in enumerate(tr.lens_last_top)]
     rows = {("embeddings" if i == 0 else f"after layer {i - 1}"): f"{visible(t)!r} p={prob(p)}" for i, t, p in lens[:: max(1, len(lens) // 8)]}
     return figure_html(fig, "residual stream") + "<p>The logit lens at the last position: the top token if the model stopped there.</p>" + _table(rows)
@@ -207,11 +207,10 @@ def _stage_myths(lm, tr):
 
 
 def _stage_why(lm, tr):
-    ids = list(tr.input_ids)
-    a = attribute(lm, ids)
+    a = attribute(lm, tr)
     tok = visible(text_of(lm.tokenizer, [a.target]))
-    heads = [(int(n.split()[0][1:]), int(n.split()[1][1:])) for n, _ in a.largest(40) if " H" in n][:5]
-    d = ablate(lm, ids, heads=heads)
+    heads = [c for c, _ in a.largest(None) if c.kind is Kind.HEAD][:5]
+    d = ablate(lm, tr, heads)
     return (
         f"<p>The logit of {html.escape(repr(tok))} is the sum of one share per component: the embedding, every attention head, every "
         "feed-forward block (the final norm's scale frozen at this run's value). A large share is a claim; switching the component "
@@ -220,12 +219,12 @@ def _stage_why(lm, tr):
             {
                 f"logit({tok!r})": f"{a.logit:.3f}",
                 "sum of the shares": f"{a.total:.3f}",
-                "the 5 heads with the largest shares": ", ".join(f"L{i} H{h}" for i, h in heads),
+                "the 5 heads with the largest shares": ", ".join(map(str, heads)),
                 f"p({tok!r}) with them switched off (zero)": f"{float(d.after[d.token]):.3f}, was {float(d.before[d.token]):.3f} (rank now {d.new_rank + 1})",
             }
         )
-        + figure_html(largest_figure(a.largest(12), f"The 12 largest shares of logit({tok!r})"), "largest shares")
-        + _checks([checks.check_attribution(a), checks.check_ablation(lm, ids, *heads[0])])
+        + figure_html(largest_figure([(str(c), v) for c, v in a.largest(12)], f"The 12 largest shares of logit({tok!r})"), "largest shares")
+        + _checks([checks.check_attribution(a), checks.check_ablation(lm, tr, heads[0].layer, heads[0].head)])
     )
 
 

@@ -119,13 +119,14 @@ def layer_with_qkv(tr, label: str, key: str, default: int | None = None):
     ones for a few kept layers, and another layer is captured on request (one more forward pass, which keeps
     the default layers too). Returns (trace, layer)."""
     L = tr.facts.n_layers
-    if len(tr.qkv) == L:
+    kept = tr.acts.layers("blocks.*.attn.hook_q")
+    if len(kept) == L:
         return tr, st.slider(label, 0, L - 1, L // 2 if default is None else default, key=key, bind="query-params")
     extra_key = (f"{key}_extra", st.session_state.get("prompt"), model_key())
     extra = st.session_state.get(str(extra_key))
-    if extra is not None and extra not in tr.qkv:
+    if extra is not None and extra not in kept:
         _, tr = get_trace(qkv_layer=extra)
-    options = sorted(tr.qkv)
+    options = tr.acts.layers("blocks.*.attn.hook_q")
     if len(options) > 1:
         layer = st.select_slider(label, options, value=extra if extra in options else options[len(options) // 2], key=key, bind="query-params")
     else:

@@ -82,7 +82,8 @@ def embedding_map(lm: LoadedModel, tr: Trace, words: list[str]) -> EmbeddingMap 
     """PCA of the prompt's embeddings together with reference words (each the mean of its pieces' rows);
     None with fewer than three vectors."""
     refs = word_vectors(lm, words)
-    X = np.concatenate([tr.embeddings] + [w[2][None] for w in refs]) if refs else tr.embeddings
+    emb = tr.acts["hook_embed"]
+    X = np.concatenate([emb] + [w[2][None] for w in refs]) if refs else emb
     if len(X) < 3:
         return None
     coords, var = pca(X, 3)
@@ -104,7 +105,7 @@ def nearest_tokens(lm: LoadedModel, token_id: int, k: int = 10) -> list[tuple[in
 
 def embedding_norm(tr: Trace, i: int) -> float:
     """L2 length of token i's embedding in this run."""
-    return float(np.linalg.norm(tr.embeddings[i]))
+    return float(np.linalg.norm(tr.acts["hook_embed"][i]))
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -124,7 +125,7 @@ def find_token(tr: Trace, word: str) -> int | None:
 
 def drift(tr_a: Trace, ia: int, tr_b: Trace, ib: int) -> np.ndarray:
     """[L+1] cosine similarity of one token's residual-stream vector in two prompts, layer by layer."""
-    return cosine(tr_a.hidden_states[:, ia, :], tr_b.hidden_states[:, ib, :])
+    return cosine(tr_a.acts["blocks.*.hook_resid_pre"][:, ia, :], tr_b.acts["blocks.*.hook_resid_pre"][:, ib, :])
 
 
 # ------------------------------------------------------------------------------------ RoPE
@@ -186,9 +187,9 @@ class RopeDemo:
 def rope_demo(lm: LoadedModel, tr: Trace, layer: int, n_positions: int = 512, dmax: int = 256) -> RopeDemo | None:
     """Everything the embeddings page draws about RoPE for `layer` (whose Q/K the trace kept); None without RoPE."""
     inv = rope_inv_freq(lm, layer)
-    if inv is None or layer not in tr.qkv:
+    if inv is None or f"blocks.{layer}.attn.hook_q" not in tr.acts:
         return None
-    q, k = tr.qkv[layer]["q"], tr.qkv[layer]["k"]
+    q, k = tr.acts[f"blocks.{layer}.attn.hook_q"], tr.acts[f"blocks.{layer}.attn.hook_k"]
     qi, ki = tr.T - 1, 0
     q_rot, k_rot = q[0, qi].astype(np.float64), k[0, ki].astype(np.float64)
     q_raw, k_raw = rotate(q_rot, -qi, inv), rotate(k_rot, -ki, inv)
@@ -238,8 +239,7 @@ def causal_mask(T: int) -> np.ndarray:
 def head_scores(tr: Trace, layer: int, head: int) -> HeadScores:
     f = tr.facts
     kv = head // (f.n_heads // f.n_kv_heads)
-    d = tr.qkv[layer]
-    q, k, v = d["q"][head], d["k"][kv], d["v"][kv]
+    q, k, v = (tr.acts[f"blocks.{layer}.attn.hook_{x}"][h] for x, h in (("q", head), ("k", kv), ("v", kv)))
     scores = (q.astype(np.float64) @ k.astype(np.float64).T) * f.attn_scaling
     masked = scores.copy()
     masked[causal_mask(tr.T)] = np.nan
@@ -255,4 +255,4 @@ def masked_softmax(masked: np.ndarray) -> np.ndarray:
 
 def sink_share(tr: Trace) -> float:
     """Mean attention weight on the very first token over every layer, head and query."""
-    return float(tr.attentions[..., 0].astype(np.float32).mean())
+    return float(tr.acts["blocks.*.attn.hook_pattern|pooled"][..., 0].astype(np.float32).mean())

@@ -1,24 +1,27 @@
 """One instrumented forward pass: every stage from token ids to next-token logits.
 
-`trace(lm, prompt)` tokenizes, runs ONE forward pass with forward hooks on the embedding, each decoder
-layer and its pre-feed-forward norm, plus the capture attention (see capture.py), and returns a
-`Trace`. Shapes (T tokens, L layers, H query heads, Hkv key/value heads, D head dim, d model width):
+`trace(lm, prompt)` tokenizes, runs ONE forward pass with hooks placed by activation name (activations.py) plus the
+capturing attention (capture.py), and returns a `Trace`: the tokens, the next-token logits, the logit lens at the
+last position, the stage timings, and `tr.acts`, the activations it kept, each under its one name:
 
-    embeddings      [T, d]             float32  output of the embedding lookup (Gemma's sqrt(d) scale included)
-    hidden_states   [L+1, T, d]        float32  residual stream entering layer 0 ... leaving layer L-1
-    resid_norm      [L+1, T]           float32  |residual stream| entering each layer and after the last
-    attn_norm       [L, T]             float32  |what attention adds to the residual|, per layer and position
-    ffn_norm        [L, T]             float32  |what the feed-forward network adds|
-    normed_norm     [L, T]             float32  |the input to attention after the layer's norm|
-    attn_last_row   [L, H, T]          float32  every head's attention from the last position (full resolution)
-    attentions      [L, H, T', T']     float16  T' = ceil(T / attn_block); full resolution when attn_block == 1
-    attn_full       {layer: [H, T, T]} float16  full-resolution maps for the layers kept in full
-    qkv             {layer: {q: [H, T, D], k: [Hkv, T, D], v: [Hkv, T, D]}}  after RoPE
-    lens_last_top   [L+1] x top-5 (id, p)       logit lens at the last position; lens_grid() for every position
-    next_logits     [vocab]            float32  logits for the token after the last position
+    hook_embed                            [T, d]             float32
+    blocks.*.hook_resid_pre               [L+1, T, d]        float32  the stream entering each layer and the final norm
+    blocks.*.hook_resid_pre|norm          [L+1, T]           float32  its length at each position
+    blocks.*.ln1.hook_normalized|norm     [L, T]             float32  |the input to attention after the layer's norm|
+    blocks.*.hook_attn_out|norm           [L, T]             float32  |what attention adds to the stream|
+    blocks.*.hook_mlp_out|norm            [L, T]             float32  |what the feed-forward block adds|
+    blocks.*.attn.hook_pattern|pooled     [L, H, T', T']     float16  T' = ceil(T / acts.attn_block)
+    blocks.l.attn.hook_pattern            [H, T, T]          float16  full resolution (every layer when attn_block == 1)
+    blocks.*.attn.hook_pattern|last       [L, H, T]          float32  every head's attention from the last position
+    blocks.l.attn.hook_q / _k / _v        [H|Hkv, T, D]      float32  after RoPE, for the layers capture_plan keeps
+    blocks.*.attn.hook_z|last             [L, H*D]           float32  the heads' outputs at the last position
+    blocks.*.attn.hook_proj|last          [L, d]             float32  the output projection's output there
+    blocks.*.mlp.hook_proj|last           [L, d]             float32  the feed-forward block's output there
+    (T tokens, L layers, H query heads, Hkv key/value heads, D head dim, d model width)
 
-Callers sharing one model are serialised by `lm.lock`; captures live in a per-call object, so two
-browser tabs tracing at once never see each other's numbers.
+Attribution reads the last three (and the stream) instead of running the model again. Callers sharing one model are
+serialised by `lm.lock`; captures live in a per-call object, so two browser tabs tracing at once never see each
+other's numbers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 import torch
 
 from pipeline.common.timing import ACTIVITY, Busy, Samples, interleaved, syncer
+from pipeline.forward.activations import Activations, Name, Site, View, hooking
 from pipeline.forward.tokens import Segment, Token, Tokenized, tokenize
 from pipeline.model.capture import Capture, capturing
 from pipeline.model.loaded import LoadedModel, ModelFacts, threads_for
@@ -57,19 +61,9 @@ class Trace:
     tokens: tuple[Token, ...]
     segments: tuple[Segment, ...]
     input_ids: list[int]
-    embeddings: np.ndarray
-    hidden_states: np.ndarray
-    attentions: np.ndarray
-    attn_block: int
-    attn_full: dict[int, np.ndarray]
-    attn_last_row: np.ndarray
-    resid_norm: np.ndarray  # [L+1, T]  |residual stream|
-    attn_norm: np.ndarray  # [L, T]    |what attention adds|
-    ffn_norm: np.ndarray  # [L, T]    |what the feed-forward network adds|
-    normed_norm: np.ndarray  # [L, T]    |input to attention after the layer's norm|
+    acts: Activations  # every activation kept, by name (see the module's docstring)
     lens_last_top: list[list[tuple[int, float]]]  # [L+1] x top-5 (id, prob) at the last position; lens_grid() for all
-    next_logits: np.ndarray
-    qkv: dict[int, dict[str, np.ndarray]]
+    next_logits: np.ndarray  # [vocab] float32: the logits for the token after the last position
     timings: dict[str, float]
     device: str
     exact_tokens: bool = True
@@ -97,26 +91,11 @@ class Trace:
     @property
     def nbytes(self) -> int:
         """Memory held by the trace's arrays."""
-        arrays = [
-            self.embeddings,
-            self.hidden_states,
-            self.attentions,
-            self.attn_last_row,
-            self.next_logits,
-            self.resid_norm,
-            self.attn_norm,
-            self.ffn_norm,
-            self.normed_norm,
-            *self.attn_full.values(),
-            *(v for d in self.qkv.values() for v in d.values()),
-        ]
-        return sum(a.nbytes for a in arrays)
+        return self.acts.nbytes + self.next_logits.nbytes
 
     def attention(self, layer: int) -> np.ndarray | None:
         """[H, T, T] full-resolution attention for `layer`, or None when only the pooled overview was kept."""
-        if self.attn_block == 1:
-            return self.attentions[layer]
-        return self.attn_full.get(layer)
+        return self.acts.get(Name(Site.PATTERN, layer))
 
 
 def display_maps(tr: Trace, layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
@@ -127,7 +106,7 @@ def display_maps(tr: Trace, layer: int, max_n: int = 128) -> tuple[np.ndarray, i
     full = tr.attention(layer)
     if full is not None and tr.T <= max_n:
         return full.astype(np.float32), 1
-    src, block = tr.attentions[layer], tr.attn_block
+    src, block = tr.acts[Name(Site.PATTERN, layer, View.POOLED)], tr.acts.attn_block
     extra = max(1, -(-src.shape[-1] // max_n))
     if extra > 1:
         src = pool_attention(torch.from_numpy(src.astype(np.float32)), extra).numpy()
@@ -176,7 +155,7 @@ def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> t
     P = min(T, n_positions)
     memo = _LENS.setdefault(tr, {})
     if P not in memo:
-        hs = torch.from_numpy(tr.hidden_states[:, T - P :, :])
+        hs = torch.from_numpy(tr.acts["blocks.*.hook_resid_pre"][:, T - P :, :])
         with lm.lock:
             ids, probs = logit_lens(lm, hs)
         memo[P] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
@@ -199,79 +178,90 @@ def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qk
 
 
 @dataclass
-class _Acts:
+class _Recorded:
     """What the hooks record during one forward pass (per call: two tabs tracing at once never mix)."""
 
     h: list  # [L+1] residual stream [T, d] entering each layer, and leaving the last (on device)
-    mid: list  # [L]   residual after attention (freed once the layer finishes)
-    attn: list  # [L]   |what attention adds| [T]
-    ffn: list  # [L]   |what the feed-forward network adds| [T]
-    normed: list  # [L]   |input to attention after the layer's norm| [T]
+    norms: dict  # Site -> [L] x |activation| [T]
+    last: dict  # Site -> [L] x the activation at the last position
     marks: dict  # name -> perf_counter, device-synchronised
     emb: torch.Tensor | None = None  # [T, d] embedding output
 
     @classmethod
-    def empty(cls, L: int) -> _Acts:
-        return cls([None] * (L + 1), [None] * L, [None] * L, [None] * L, [None] * L, {})
+    def empty(cls, L: int) -> _Recorded:
+        sites_n, sites_l = (Site.NORMALIZED, Site.ATTN_OUT, Site.MLP_OUT), (Site.Z, Site.ATTN_PROJ, Site.MLP_PROJ)
+        return cls([None] * (L + 1), {s: [None] * L for s in sites_n}, {s: [None] * L for s in sites_l}, {})
+
+
+def _recorders(lm: LoadedModel, rec: _Recorded, progress=None) -> dict[Name, object]:
+    """One read-only hook per activation the trace keeps (hooked by name), the stage marks riding on them."""
+    sync = syncer(lm.device)
+    L = len(lm.arch.layers)
+
+    def mark(name):
+        sync()
+        rec.marks[name] = time.perf_counter()
+
+    def on_embed(x):
+        rec.emb = x[0].detach()
+        mark("embed1")
+
+    def entering(i):
+        def hook(x):
+            if i < L:
+                rec.h[i] = x[0].detach()
+            mark(f"L{i}.0" if i < L else "norm0")
+
+        return hook
+
+    def leaving(i):
+        def hook(x):
+            rec.h[i + 1] = x[0].detach()
+            mark(f"L{i}.1")
+            if progress:
+                progress((i + 1) / L, f"layer {i + 1} of {L}")
+
+        return hook
+
+    def norm_of(site, i):
+        def hook(x):
+            rec.norms[site][i] = x[0].detach().float().norm(dim=-1)
+
+        return hook
+
+    def last_of(site, i):
+        def hook(x):
+            rec.last[site][i] = x[0, -1].detach().float().clone()
+
+        return hook
+
+    hooks = {Name(Site.EMBED): on_embed, Name(Site.RESID_PRE, L): entering(L)}
+    for i in range(L):
+        hooks[Name(Site.RESID_PRE, i)] = entering(i)
+        hooks[Name(Site.RESID_POST, i)] = leaving(i)
+        hooks |= {Name(site, i): norm_of(site, i) for site in rec.norms}
+        hooks |= {Name(site, i): last_of(site, i) for site in rec.last}
+    return hooks
 
 
 @contextmanager
-def _hooks(lm: LoadedModel, acts: _Acts, progress=None):
-    """Forward hooks on the embedding, each layer, its norms and the final norm, recording into `acts`. The
-    hooks live on shared modules, so the caller holds lm.lock; they are removed whatever happens."""
-    arch, sync = lm.arch, syncer(lm.device)
-    L = len(arch.layers)
+def _hooks(lm: LoadedModel, rec: _Recorded, progress=None):
+    """The recorders, and the two stage marks no activation carries (the embedding's start, the final norm's end).
+    The hooks live on shared modules, so the caller holds lm.lock; they are removed whatever happens."""
+    sync = syncer(lm.device)
 
     def mark(name):
         def hook(*_):
             sync()
-            acts.marks[name] = time.perf_counter()
+            rec.marks[name] = time.perf_counter()
 
         return hook
 
-    def on_embed(m, i, o):  # hooks must return None, or they replace the module's output
-        acts.emb = o[0].detach()
-        mark("embed1")()
-
-    def pre(m, args, kwargs, i):
-        if i == 0:
-            acts.h[0] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-        mark(f"L{i}.0")()
-
-    def post(m, args, kwargs, out, i):
-        o = out[0] if isinstance(out, tuple) else out
-        acts.h[i + 1] = o[0].detach()
-        acts.ffn[i] = (acts.h[i + 1].float() - acts.mid[i].float()).norm(dim=-1)
-        acts.mid[i] = None
-        mark(f"L{i}.1")()
-        if progress:
-            progress((i + 1) / L, f"layer {i + 1} of {L}")
-
-    def on_normed(m, a, o, i):
-        acts.normed[i] = o[0].detach().float().norm(dim=-1)
-
-    def on_attn_input(m, a, k, i):  # post-norm layers (OLMo-2): attention reads the stream itself
-        acts.normed[i] = (a[0] if a else k["hidden_states"])[0].detach().float().norm(dim=-1)
-
-    def on_mid(m, a, i):  # residual after attention = input + what attention adds
-        acts.mid[i] = a[0][0].detach()
-        acts.attn[i] = (acts.mid[i].float() - acts.h[i].float()).norm(dim=-1)
-
-    emb, final = arch.embed(), arch.final_norm_module()
-    handles = [emb.register_forward_pre_hook(mark("embed0")), emb.register_forward_hook(on_embed)]
+    emb, final = lm.arch.embed(), lm.arch.final_norm_module()
+    handles = [emb.register_forward_pre_hook(mark("embed0")), final.register_forward_hook(mark("norm1"))]
     try:
-        for i, layer in enumerate(arch.layers):
-            norm = arch.in_norm(i)
-            handles += [
-                layer.register_forward_pre_hook(lambda m, a, k, i=i: pre(m, a, k, i), with_kwargs=True),
-                layer.register_forward_hook(lambda m, a, k, o, i=i: post(m, a, k, o, i), with_kwargs=True),
-                norm.register_forward_hook(lambda m, a, o, i=i: on_normed(m, a, o, i))
-                if norm is not None
-                else arch.attn(i).register_forward_pre_hook(lambda m, a, k, i=i: on_attn_input(m, a, k, i), with_kwargs=True),
-                arch.ffn_input(i).register_forward_pre_hook(lambda m, a, i=i: on_mid(m, a, i)),
-            ]
-        handles += [final.register_forward_pre_hook(mark("norm0")), final.register_forward_hook(mark("norm1"))]
-        yield
+        with hooking(lm, _recorders(lm, rec, progress)):
+            yield
     finally:
         for h in handles:
             h.remove()
@@ -314,11 +304,11 @@ def trace(
     check_prompt(prompt, T, f.max_positions, max_tokens)
     L = f.n_layers
     cap = capture_plan(f, T, attn_layers, qkv_layers)
-    acts = _Acts.empty(L)
+    rec = _Recorded.empty(L)
     sync = syncer(lm.device)
     ids = torch.tensor([tk.input_ids], device=lm.device)
     with lm.lock:
-        with _hooks(lm, acts, progress), torch.inference_mode(), capturing(cap), threads_for(lm.device, T), ACTIVITY.doing("trace") as job:
+        with _hooks(lm, rec, progress), torch.inference_mode(), capturing(cap), threads_for(lm.device, T), ACTIVITY.doing("trace") as job:
             sync()
             threads = torch.get_num_threads()
             t_fwd, c_fwd = time.perf_counter(), time.thread_time()
@@ -328,14 +318,14 @@ def trace(
         logits = out.logits[0, -1].float().cpu()
         # logit lens at the last position: final norm + LM head applied after every layer
         t_l = time.perf_counter()
-        hs = torch.stack(acts.h)  # [L+1, T, d] (on device)
+        hs = torch.stack(rec.h)  # [L+1, T, d] (on device)
         top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)  # after the last layer: the real logits, below
         final = torch.softmax(logits, -1).topk(5)
         top5_i = torch.cat([top5_i, final.indices[None]])
         top5_p = torch.cat([top5_p, final.values[None]])
         t_lens = time.perf_counter() - t_l
-    timings = {"tokenize": t_tok, **_stage_timings(acts.marks, L, t_fwd, t_end), "logit lens": t_lens}
-    tr = _assemble(lm, prompt, tk, cap, acts, hs, logits, top5_i, top5_p, timings)
+    timings = {"tokenize": t_tok, **_stage_timings(rec.marks, L, t_fwd, t_end), "logit lens": t_lens}
+    tr = _assemble(lm, prompt, tk, cap, rec, hs, logits, top5_i, top5_p, timings)
     tr.busy = job.busy
     if lm.device.type == "cpu" and threads == 1:  # one thread did all the work: its processor time is the model's own
         tr.forward_cpu_s = c_end - c_fwd
@@ -348,16 +338,30 @@ def _assemble(
     prompt: str,
     tk: Tokenized,
     cap: Capture,
-    acts: _Acts,
+    rec: _Recorded,
     hs: torch.Tensor,
     logits: torch.Tensor,
     top5_i: torch.Tensor,
     top5_p: torch.Tensor,
     timings: dict,
 ) -> Trace:
-    """The hooks' records as host arrays in one Trace."""
+    """The hooks' records as host arrays in one Trace, each activation under its name."""
     L = lm.facts.n_layers
     hs_f = hs.float()
+    acts = Activations(L, attn_block=cap.block)
+    acts.put(Name(Site.EMBED), _as_np(rec.emb))
+    acts.put("blocks.*.hook_resid_pre", _as_np(hs_f))
+    acts.put("blocks.*.hook_resid_pre|norm", _as_np(hs_f.norm(dim=-1)))
+    for site, norms in rec.norms.items():
+        acts.put(Name(site, Name.EVERY, View.NORM), _as_np(torch.stack(norms)))
+    for site, last in rec.last.items():
+        acts.put(Name(site, Name.EVERY, View.LAST), _as_np(torch.stack(last)))
+    acts.put("blocks.*.attn.hook_pattern|pooled", torch.stack([cap.pooled[i] for i in range(L)]).numpy())
+    if cap.block > 1:  # with a block of 1 the pooled patterns are the full ones, every layer
+        acts.put("blocks.*.attn.hook_pattern", {i: cap.full[i].numpy() for i in sorted(cap.full)})
+    acts.put("blocks.*.attn.hook_pattern|last", torch.stack([cap.last_row[i] for i in range(L)]).numpy())
+    for site, key in ((Site.Q, "q"), (Site.K, "k"), (Site.V, "v")):
+        acts.put(Name(site, Name.EVERY), {i: d[key].numpy() for i, d in sorted(cap.qkv.items())})
     return Trace(
         last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)), default=None),
         model_label=lm.label,
@@ -368,19 +372,9 @@ def _assemble(
         tokens=tk.tokens,
         segments=tk.segments,
         input_ids=tk.input_ids,
-        embeddings=_as_np(acts.emb),
-        hidden_states=_as_np(hs_f),
-        attentions=torch.stack([cap.pooled[i] for i in range(L)]).numpy(),
-        attn_block=cap.block,
-        attn_full={i: cap.full[i].numpy() for i in sorted(cap.full)},
-        attn_last_row=torch.stack([cap.last_row[i] for i in range(L)]).numpy(),
-        resid_norm=_as_np(hs_f.norm(dim=-1)),
-        attn_norm=_as_np(torch.stack(acts.attn)),
-        ffn_norm=_as_np(torch.stack(acts.ffn)),
-        normed_norm=_as_np(torch.stack(acts.normed)),
+        acts=acts,
         lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
         next_logits=logits.numpy(),
-        qkv={i: {k: v.numpy() for k, v in d.items()} for i, d in sorted(cap.qkv.items())},
         timings=timings,
         device=lm.device_label,
         exact_tokens=tk.exact,

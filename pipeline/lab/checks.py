@@ -68,7 +68,7 @@ def _check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
     d = float(np.abs(ref - tr.next_logits).max())
     same_top = int(ref.argmax()) == int(tr.next_logits.argmax())
     hs = [h[0].float().cpu().numpy() for h in out.hidden_states]
-    dh = max(float(np.abs(a - b).max()) for a, b in zip(hs[:-1], tr.hidden_states[:-1]))
+    dh = max(float(np.abs(a - b).max()) for a, b in zip(hs[:-1], tr.acts["blocks.*.hook_resid_pre"][:-1]))
     tol = lm.arch.tols
     return [
         Check(
@@ -82,7 +82,7 @@ def _check_logits(lm: LoadedModel, tr: Trace) -> list[Check]:
 
 
 def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
-    rows = tr.attentions.astype(np.float32).sum(-1)
+    rows = tr.acts["blocks.*.attn.hook_pattern|pooled"].astype(np.float32).sum(-1)
     err = float(np.abs(rows - 1).max())
     out = [Check("every attention row sums to 1", err < 1e-2, f"max |row sum - 1| {err:.1e} over {rows.size:,} rows (float16 storage)", err)]
     if tr.T > EAGER_CHECK_MAX_T:
@@ -103,13 +103,15 @@ def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
         finally:
             lm.model.set_attn_implementation(impl)
     d = 0.0
-    for layer, mine in tr.attn_full.items():
+    kept = tr.acts.layers("blocks.*.attn.hook_pattern")
+    for layer in kept:
+        mine = tr.acts[f"blocks.{layer}.attn.hook_pattern"]
         d = max(d, float(np.abs(ref[layer][0].float().cpu().numpy() - mine.astype(np.float32)).max()))
     out.append(
         Check(
             "attention maps = transformers' eager attentions",
             d < 2e-3 if lm.dtype == torch.float32 else d < 3e-2,
-            f"max |difference| {d:.1e} over {len(tr.attn_full)} layers x {tr.facts.n_heads} heads",
+            f"max |difference| {d:.1e} over {len(kept)} layers x {tr.facts.n_heads} heads",
             d,
         )
     )
@@ -173,7 +175,7 @@ def check_rope(lm: LoadedModel, tr: Trace, demo, token_index: int) -> list[Check
         Check("score depends on distance only", bool(shift < 1e-6 * max(1, np.abs(demo.scores_at_0).max())), f"max |shift by 100 − original| {shift:.1e}"),
         Check(
             "embedding output = row of the matrix (× scale)",
-            bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.embeddings[token_index], atol=1e-5)),
+            bool(np.allclose(analysis.embed_ids(lm, [tok.id])[0], tr.acts["hook_embed"][token_index], atol=1e-5)),
             f"token {tok.id}: lookup vs the hooked embedding layer output",
         ),
     ]
@@ -384,18 +386,20 @@ def check_attribution(a) -> Check:
     )
 
 
-def check_ablation(lm: LoadedModel, prompt_ids: list[int], layer: int, head: int) -> Check:
+def check_ablation(lm: LoadedModel, tr, layer: int, head: int) -> Check:
     """Switching a head off through hooks = a plain forward of the model with that head's slice of o_proj zeroed."""
-    from pipeline.forward.attribution import ablate
+    from pipeline.forward.attribution import Component, Kind, ablate
 
-    got = ablate(lm, prompt_ids, heads=[(layer, head)]).after
+    got = ablate(lm, tr, [Component(Kind.HEAD, layer, head)]).after
     D = lm.facts.head_dim
     W = lm.arch.attn_out_weight(layer)  # [d, H*D] (a view of GPT-2's transposed Conv1D weight: writes reach it)
-    with lm.lock, torch.no_grad():
+    from pipeline.model.capture import as_traced
+
+    with lm.lock, torch.no_grad(), as_traced():  # the trace's attention kernel, as ablation runs it
         saved = W.detach().clone()
         try:
             W[:, head * D : (head + 1) * D] = 0
-            ref = torch.softmax(lm.model(input_ids=torch.tensor([prompt_ids], device=lm.device)).logits[0, -1].float(), -1).cpu()
+            ref = torch.softmax(lm.model(input_ids=torch.tensor([tr.input_ids], device=lm.device)).logits[0, -1].float(), -1).cpu()
         finally:
             W.copy_(saved)
     d = float((got - ref).abs().max())

@@ -5,7 +5,9 @@ capture it simply runs PyTorch SDPA (the fast path). Inside `capturing(...)` - a
 calling thread - it runs the model's own eager attention function (so weights are exactly what
 transformers' eager attention computes), keeps the weights as float16 and, for the layers asked for,
 the query/key/value tensors after RoPE. The fp32 weights are dropped as soon as each layer finishes,
-which is what lets a 2,048-token prompt trace in bounded memory.
+which is what lets a 2,048-token prompt trace in bounded memory. `as_traced()` runs the same eager attention and
+keeps nothing: the forward passes that change a model (ablation, patching) compute what the trace computed, so
+their "before" is the trace's own logits.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Capture:
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T/b, T/b] float16
     last_row: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T] float32
     qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    keep: bool = True  # False: the trace's eager attention, nothing recorded (as_traced)
 
 
 def pool_attention(w: torch.Tensor, block: int) -> torch.Tensor:
@@ -56,6 +59,8 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    if not cap.keep:
+        return out, None
     layer = module.layer_idx
     w = weights[0].detach()  # batch 1: [H, T, T]
     cap.last_row[layer] = w[:, -1, :].float().cpu().clone()  # clone: a view would keep all of w alive
@@ -95,3 +100,8 @@ def capturing(cap: Capture):
         yield cap
     finally:
         _local.capture = None
+
+
+def as_traced():
+    """The attention a trace runs (transformers' eager), recording nothing, for this thread's forward passes."""
+    return capturing(Capture(full_layers=set(), block=1, keep=False))

@@ -27,7 +27,7 @@ def test_rotate_matches_transformers_rope(lm):
 def test_captured_query_key_undo_and_redo_rope(lm):
     tr = pipeline.trace(lm, "Dog bites man. Man bites dog.")
     inv = analysis.rope_inv_freq(lm, 2)
-    q, k = tr.qkv[2]["q"][0].astype(np.float64), tr.qkv[2]["k"][0].astype(np.float64)
+    q, k = tr.acts["blocks.2.attn.hook_q"][0].astype(np.float64), tr.acts["blocks.2.attn.hook_k"][0].astype(np.float64)
     m, n = tr.T - 1, 1
     q_raw, k_raw = analysis.rotate(q[m], -m, inv), analysis.rotate(k[n], -n, inv)
     assert np.isclose(analysis.rotate(q_raw, m, inv) @ analysis.rotate(k_raw, n, inv), q[m] @ k[n], rtol=1e-5)
@@ -53,8 +53,8 @@ def test_apple_drift_starts_identical_and_diverges(smol):
 
 def test_embeddings_pca_and_neighbours(smol):
     tr = pipeline.trace(smol, "king queen man woman")
-    assert np.allclose(analysis.embed_ids(smol, tr.input_ids), tr.embeddings, atol=1e-6)
-    coords, var = analysis.pca(tr.embeddings, 3)
+    assert np.allclose(analysis.embed_ids(smol, tr.input_ids), tr.acts["hook_embed"], atol=1e-6)
+    coords, var = analysis.pca(tr.acts["hook_embed"], 3)
     assert coords.shape == (tr.T, 3) and 0 < var.sum() <= 1
     nn = analysis.nearest_tokens(smol, tr.input_ids[0], k=5)
     assert len(nn) == 5 and tr.input_ids[0] not in [i for i, _, _ in nn]

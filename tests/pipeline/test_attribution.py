@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from pipeline.__main__ import main
-from pipeline.forward.attribution import FLOW_MAX_TOKENS, ablate, attribute, flow, patch
-from pipeline.generation.loop import prepare
+from pipeline.forward.attribution import FLOW_MAX_TOKENS, Ablation, Component, Kind, PatchOver, ablate, attribute, flow, patch
+from pipeline.forward.tracing import trace
+from pipeline.model.capture import as_traced
 
 pytestmark = pytest.mark.model
 PROMPT = "The capital of France is"
@@ -23,44 +24,47 @@ def one(lm, text):
 
 
 def test_the_shares_sum_to_the_logit_for_a_token_and_for_a_difference(lm):
-    ids = prepare(lm, PROMPT, 1).prompt_ids
+    tr = trace(lm, PROMPT)
     paris, london = one(lm, " Paris"), one(lm, " London")
-    a = attribute(lm, ids, paris)
+    a = attribute(lm, tr, paris)
     assert a.heads.shape == (lm.facts.n_layers, lm.facts.n_heads) and a.ffn.shape == (lm.facts.n_layers,)
     assert abs(a.total - a.logit) < 1e-3 * max(1.0, abs(a.logit)), (a.total, a.logit)
-    d = attribute(lm, ids, paris, versus=london)
+    d = attribute(lm, tr, paris, versus=london)
     assert abs(d.total - d.logit) < 1e-3 * max(1.0, abs(d.logit))
-    b = attribute(lm, ids, london)
+    b = attribute(lm, tr, london)
     assert abs(d.logit - (a.logit - b.logit)) < 1e-3 and abs(d.heads - (a.heads - b.heads)).max() < 1e-4  # linear in the target
-    name, share = a.largest(1)[0]
-    assert abs(share) == max(abs(a.embedding), abs(a.heads).max(), abs(a.ffn).max())
+    top, share = a.largest(1)[0]
+    assert abs(share) == max(abs(a.embedding), abs(a.heads).max(), abs(a.ffn).max()) and a.share(top) == share
+    assert Component.parse(str(top)) == top and a.logit == float(tr.next_logits[paris])  # the trace's own logit: no second forward
 
 
 def test_switching_a_head_off_equals_zeroing_its_slice_of_o_proj(lm):
-    ids = prepare(lm, PROMPT, 1).prompt_ids
+    tr = trace(lm, PROMPT)
+    ids = tr.input_ids
     layer, head, D = lm.facts.n_layers // 2, 1, lm.facts.head_dim
-    got = ablate(lm, ids, heads=[(layer, head)])
+    got = ablate(lm, tr, [Component(Kind.HEAD, layer, head)])
     W = lm.arch.layers[layer].self_attn.o_proj.weight
     saved = W.detach().clone()
     try:
-        with lm.lock, torch.no_grad():
+        with lm.lock, torch.no_grad(), as_traced():
             W[:, head * D : (head + 1) * D] = 0
             ref = torch.softmax(lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
     finally:
         with torch.no_grad():
             W.copy_(saved)
     assert (got.after - ref).abs().max() < 1e-6 and got.kl > 0
-    assert torch.equal(ablate(lm, ids).after, got.before)  # nothing switched off: nothing changes
+    assert torch.equal(ablate(lm, tr).after, got.before)  # nothing switched off: nothing changes
 
 
 def test_switching_a_feed_forward_block_off_equals_zeroing_its_down_projection(lm):
-    ids = prepare(lm, PROMPT, 1).prompt_ids
+    tr = trace(lm, PROMPT)
+    ids = tr.input_ids
     layer = lm.facts.n_layers - 1
-    got = ablate(lm, ids, ffn=[layer])
+    got = ablate(lm, tr, [f"{layer}.mlp"])
     W = lm.arch.layers[layer].mlp.down_proj.weight
     saved = W.detach().clone()
     try:
-        with lm.lock, torch.no_grad():
+        with lm.lock, torch.no_grad(), as_traced():
             W.zero_()
             ref = torch.softmax(lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
     finally:
@@ -71,17 +75,20 @@ def test_switching_a_feed_forward_block_off_equals_zeroing_its_down_projection(l
 
 def test_mean_ablation_of_a_one_token_prompt_changes_nothing(smol):
     """The mean over a single position is that position's own value."""
-    ids = [smol.tokenizer.encode("Dog", add_special_tokens=False)[0]]
-    d = ablate(smol, ids, heads=[(3, 2)], ffn=[5], mode="mean")
+    tr = trace(smol, "Dog")
+    assert tr.T == 1
+    d = ablate(smol, tr, [Component(Kind.HEAD, 3, 2), Component(Kind.FFN, 5)], Ablation.MEAN)
     assert (d.after - d.before).abs().max() < 1e-6 and d.new_rank == 0
 
 
 def test_bad_components_are_refused_with_a_clear_message(smol):
-    ids = prepare(smol, PROMPT, 1).prompt_ids
+    tr = trace(smol, PROMPT)
     with pytest.raises(ValueError, match="no head 99 in layer 0"):
-        ablate(smol, ids, heads=[(0, 99)])
+        ablate(smol, tr, ["L0 H99"])
     with pytest.raises(ValueError, match="mode"):
-        ablate(smol, ids, mode="random")
+        ablate(smol, tr, mode="random")
+    with pytest.raises(ValueError, match="cannot be switched off"):
+        ablate(smol, tr, ["embedding"])
     assert main(["explain", PROMPT, "--ablate", "layer five"], out=io.StringIO()) == 2
     assert main(["explain", PROMPT, "--token", "999999999"], out=io.StringIO()) == 2  # outside the vocabulary
     assert main(["explain", "", "--json"], out=io.StringIO()) == 2  # an empty prompt
@@ -114,11 +121,12 @@ def test_next_with_heads_switched_off_equals_transformers_with_them_zeroed(smol)
         x[..., 3 * D : 4 * D] = 0
         return (x,)
 
+    ids = trace(smol, PROMPT).input_ids
     hooks = [smol.arch.layers[5].self_attn.o_proj.register_forward_pre_hook(head_off)]
     hooks.append(smol.arch.layers[7].mlp.register_forward_hook(lambda _m, _a, o: torch.zeros_like(o)))
     try:
         with smol.lock, torch.no_grad():
-            ref = torch.softmax(smol.model(input_ids=torch.tensor([prepare(smol, PROMPT, 1).prompt_ids])).logits[0, -1].float(), -1)
+            ref = torch.softmax(smol.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
     finally:
         for h in hooks:
             h.remove()
@@ -126,10 +134,9 @@ def test_next_with_heads_switched_off_equals_transformers_with_them_zeroed(smol)
 
 
 def test_switching_every_head_off_is_refused(smol):
-    ids = prepare(smol, PROMPT, 1).prompt_ids
-    every = [(i, h) for i in range(smol.facts.n_layers) for h in range(smol.facts.n_heads)]
+    every = [Component(Kind.HEAD, i, h) for i in range(smol.facts.n_layers) for h in range(smol.facts.n_heads)]
     with pytest.raises(ValueError, match="every one of the"):
-        ablate(smol, ids, heads=every)
+        ablate(smol, trace(smol, PROMPT), every)
 
 
 EIFFEL, COLOSSEUM = "The Eiffel Tower is in the city of", "The Colosseum is in the city of"
@@ -138,9 +145,10 @@ EIFFEL, COLOSSEUM = "The Eiffel Tower is in the city of", "The Colosseum is in t
 def test_patching_restores_the_clean_answer_where_it_must_and_each_cell_equals_a_patch_alone(lm):
     """Patching every position of a layer reproduces the clean run (the last layer's last position alone does, since
     only it feeds the prediction); one cell of the batched grid equals the same patch done alone, by hand."""
-    clean, corrupt = prepare(lm, EIFFEL, 1).prompt_ids, prepare(lm, COLOSSEUM, 1).prompt_ids
+    ct, kt = trace(lm, EIFFEL), trace(lm, COLOSSEUM)
+    clean, corrupt = ct.input_ids, kt.input_ids
     assert len(clean) == len(corrupt)
-    p = patch(lm, clean, corrupt)
+    p = patch(lm, ct, kt)
     assert lm.tokenizer.decode([p.clean_token]).strip() == "Paris" and p.clean_diff > 0 > p.corrupt_diff
     assert p.grid.shape == (lm.facts.n_layers, len(clean))
     assert abs(p.grid[-1, -1] - 1) < 1e-3 and abs(p.grid[-1, :-1]).max() < 1e-3  # after the last layer only the last position counts
@@ -166,7 +174,7 @@ def test_patching_restores_the_clean_answer_where_it_must_and_each_cell_equals_a
 
 def test_patching_prompts_of_different_lengths_says_why(smol):
     with pytest.raises(ValueError, match="same number of tokens"):
-        patch(smol, prepare(smol, "Dog bites man.", 1).prompt_ids, prepare(smol, "A man was bitten by a dog.", 1).prompt_ids)
+        patch(smol, trace(smol, "Dog bites man."), trace(smol, "A man was bitten by a dog."))
     out = io.StringIO()
     assert main(["patch", EIFFEL, COLOSSEUM, "--json"], out=out) == 0
     res = json.loads(out.getvalue())
@@ -176,10 +184,11 @@ def test_patching_prompts_of_different_lengths_says_why(smol):
 def test_head_patching_cell_equals_that_head_restored_alone_and_the_cli_prints_it(lm):
     """The layer x head grid: row h of a layer's batched forward restores head h's output (its slice of o_proj's input)
     at every position; one cell equals the same patch done alone by hand."""
-    clean, corrupt = prepare(lm, EIFFEL, 1).prompt_ids, prepare(lm, COLOSSEUM, 1).prompt_ids
-    p = patch(lm, clean, corrupt, over="head")
+    ct, kt = trace(lm, EIFFEL), trace(lm, COLOSSEUM)
+    clean, corrupt = ct.input_ids, kt.input_ids
+    p = patch(lm, ct, kt, over=PatchOver.HEAD)
     H, D = lm.facts.n_heads, lm.facts.head_dim
-    assert p.over == "head" and p.grid.shape == (lm.facts.n_layers, H)
+    assert p.over is PatchOver.HEAD and p.grid.shape == (lm.facts.n_layers, H)
     layer, head = lm.facts.n_layers - 1, 1
     o_proj = lm.arch.layers[layer].self_attn.o_proj
     with lm.lock, torch.no_grad():
@@ -199,15 +208,16 @@ def test_head_patching_cell_equals_that_head_restored_alone_and_the_cli_prints_i
     alone = (float(lg[p.clean_token] - lg[p.corrupt_token]) - p.corrupt_diff) / (p.clean_diff - p.corrupt_diff)
     assert abs(alone - p.grid[layer, head]) < 1e-3, (alone, p.grid[layer, head])
     with pytest.raises(ValueError, match="position"):
-        patch(lm, clean, corrupt, over="neuron")
+        patch(lm, ct, kt, over="neuron")
 
 
 def test_the_contribution_graph_matches_an_independent_forward_and_leads_to_the_prediction(lm):
     """Each position's shares sum to 1; a head's numbers at the last position equal transformers' own eager attention
     weights x |o_proj's slice of that head applied to v_proj's output| (GQA: the head's key-value group); every edge
     drawn lies on a path to the last position after the last layer."""
-    ids = prepare(lm, PROMPT, 1).prompt_ids
-    fl = flow(lm, ids)
+    tr = trace(lm, PROMPT)
+    ids = tr.input_ids
+    fl = flow(lm, tr)
     L, H, KV, D, T = lm.facts.n_layers, lm.facts.n_heads, lm.facts.n_kv_heads, lm.facts.head_dim, len(ids)
     assert fl.edges.shape == (L, T, T) and abs(fl.edges.sum(-1) + fl.residual - 1).max() < 1e-5
     assert (fl.edges[:, np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0).all()  # nothing from later tokens
@@ -237,4 +247,24 @@ def test_the_contribution_graph_matches_an_independent_forward_and_leads_to_the_
         assert all((layer + 1, i) in targets for _, i in here)
         targets |= {(layer, j) for j, _ in here}
     with pytest.raises(ValueError, match="at most"):
-        flow(lm, [ids[0]] * (FLOW_MAX_TOKENS + 1))
+        flow(lm, trace(lm, " Paris" * (FLOW_MAX_TOKENS + 1)))
+
+
+def test_attribution_and_the_graph_read_the_trace_and_never_run_the_model(smol, monkeypatch):
+    """The shares and the contribution graph come from the trace's activation cache (blocks.*.attn.hook_z|last, the
+    stream, the patterns and values): with the model's forward made to fail, both still compute, and ablation's
+    "before" is the trace's own distribution (its one forward is the intervention)."""
+    tr = trace(smol, PROMPT)
+
+    def no_forward(*_a, **_k):
+        raise AssertionError("a forward pass ran")
+
+    monkeypatch.setattr(smol.model, "forward", no_forward)
+    a = attribute(smol, tr)
+    fl = flow(smol, tr)
+    assert abs(a.total - a.logit) < 1e-3 and fl.edges.shape[0] == smol.facts.n_layers
+    with pytest.raises(AssertionError, match="a forward pass ran"):
+        ablate(smol, tr, ["L3 H2"])
+    monkeypatch.undo()
+    d = ablate(smol, tr, ["L3 H2"])
+    assert torch.equal(d.before, torch.softmax(torch.from_numpy(tr.next_logits), -1))

@@ -78,23 +78,23 @@ def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_mo
     with torch.no_grad():
         out = model(torch.tensor([list(tr.input_ids)]), output_hidden_states=True, output_attentions=True)
     hs = torch.stack([h[0] for h in out.hidden_states]).float()  # [L+1, T, d]; the last one after the final norm
-    ours = torch.as_tensor(tr.hidden_states)
+    ours = torch.as_tensor(tr.acts["blocks.*.hook_resid_pre"])
     assert torch.allclose(ours[:-1], hs[:-1], atol=1e-4, rtol=1e-4), (family, float((ours[:-1] - hs[:-1]).abs().max()))
-    assert tr.attn_block == 1 and np.allclose(tr.attentions, torch.stack([a[0] for a in out.attentions]).numpy(), atol=2e-3), family
+    assert tr.acts.attn_block == 1 and np.allclose(tr.acts["blocks.*.attn.hook_pattern"], torch.stack([a[0] for a in out.attentions]).numpy(), atol=2e-3), family
     p_ours = torch.softmax(torch.as_tensor(tr.next_logits).double(), -1)
     p_ref = torch.softmax(ref.double(), -1)
     top = int(p_ref.argmax())
     assert int(p_ours.argmax()) == top and abs(float(p_ours[top] - p_ref[top])) < 1e-4, (family, float(p_ours[top]), float(p_ref[top]))
     assert float(p_ref[top]) > 2 / V, "the fixture's top token stands out of a uniform guess"
 
-    a = attribute(lm, list(tr.input_ids))
+    a = attribute(lm, tr)
     assert a.target == top
     assert abs(a.total - a.logit) < 1e-4 * max(1.0, abs(a.logit)), (family, a.total, a.logit)
     assert abs(a.logit - float(ref[top])) < 1e-3 * max(1.0, abs(float(ref[top]))), "the model's own logit"
 
     # the last layer's feed-forward block switched off = the same model with that block's output projection zeroed
     last = lm.facts.n_layers - 1
-    off = ablate(lm, list(tr.input_ids), ffn=[last])
+    off = ablate(lm, tr, [f"L{last} FFN"])
     out = lm.arch.ffn_out(last)
     zeroed = dict(lm.model.named_modules())
     name = next(n for n, m in zeroed.items() if m is out)
@@ -112,6 +112,7 @@ def test_a_family_generates_as_transformers_and_patching_its_last_layer_restores
     """Our own generation loop against transformers' greedy `generate`; and causal tracing's last-layer property: the
     clean run's residual stream restored after the last layer at the last position gives back all of the clean
     logit difference (the grid's corner is 1)."""
+    from pipeline import trace
     from pipeline.forward.attribution import patch
     from pipeline.generation import generate, prepare
     from pipeline.model.loaded import load_model
@@ -124,8 +125,8 @@ def test_a_family_generates_as_transformers_and_patching_its_last_layer_restores
     with torch.no_grad():
         want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids) :].tolist()
     assert ours == want, family
-    clean, corrupt = prepare(lm, "The capital of France is", 1).prompt_ids, prepare(lm, "The capital of Italy is", 1).prompt_ids
-    assert len(clean) == len(corrupt)
+    clean, corrupt = trace(lm, "The capital of France is"), trace(lm, "The capital of Italy is")
+    assert clean.T == corrupt.T
     p = patch(lm, clean, corrupt)
     assert abs(p.grid[-1, -1] - 1.0) < 1e-3, (family, p.grid[-1, -1])
 

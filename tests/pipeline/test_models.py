@@ -136,7 +136,7 @@ def test_cli_next_and_trace_json():
     buf = io.StringIO()
     assert main(["trace", "Why is the sky blue?", "--chat", "--json"], out=buf) == 0
     data = json.loads(buf.getvalue())
-    assert data["shapes"]["hidden_states"][0] == 31 and data["config"]["kv_heads"] == 3
+    assert data["shapes"]["activations"]["blocks.*.hook_resid_pre"][0] == 31 and data["config"]["kv_heads"] == 3
     assert main(["trace", "  "], out=io.StringIO()) == 2
 
 

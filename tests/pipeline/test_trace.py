@@ -15,16 +15,21 @@ def test_trace_shapes_and_first_token(lm):
     tr = pipeline.trace(lm, "The capital of France is")
     f = lm.facts
     T = tr.T
-    assert tr.embeddings.shape == (T, f.d_model)
-    assert tr.hidden_states.shape == (f.n_layers + 1, T, f.d_model)
-    assert tr.attentions.shape == (f.n_layers, f.n_heads, T, T) and tr.attentions.dtype == np.float16
+    acts = tr.acts
+    assert acts["hook_embed"].shape == (T, f.d_model)
+    assert acts["blocks.*.hook_resid_pre"].shape == (f.n_layers + 1, T, f.d_model)
+    pattern = acts["blocks.*.attn.hook_pattern"]
+    assert pattern.shape == (f.n_layers, f.n_heads, T, T) and pattern.dtype == np.float16
     assert tr.next_logits.shape == (f.vocab,) and tr.next_logits.dtype == np.float32
-    assert tr.attn_norm.shape == tr.ffn_norm.shape == (f.n_layers, T)
+    assert acts["blocks.*.hook_attn_out|norm"].shape == acts["blocks.*.hook_mlp_out|norm"].shape == (f.n_layers, T)
     assert len(tr.lens_last_top) == f.n_layers + 1
-    assert set(tr.qkv) == set(range(f.n_layers))
-    assert tr.qkv[0]["q"].shape == (f.n_heads, T, f.head_dim)
-    assert tr.qkv[0]["k"].shape == (f.n_kv_heads, T, f.head_dim)
-    assert np.allclose(tr.hidden_states[0], tr.embeddings)
+    assert acts.layers("blocks.*.attn.hook_q") == list(range(f.n_layers))
+    assert acts["blocks.0.attn.hook_q"].shape == (f.n_heads, T, f.head_dim)
+    assert acts["blocks.0.attn.hook_k"].shape == (f.n_kv_heads, T, f.head_dim)
+    assert acts["blocks.*.attn.hook_z|last"].shape == (f.n_layers, f.n_heads * f.head_dim)
+    assert np.allclose(acts["blocks.0.hook_resid_pre"], acts["hook_embed"])
+    assert np.array_equal(acts["blocks.3.hook_resid_post"], acts["blocks.4.hook_resid_pre"])  # one tensor, two names
+    assert np.allclose(acts["blocks.3.attn.hook_pattern|last"], pattern[3][:, -1, :].astype(np.float32), atol=1e-3)  # float16 vs float32
     # the next token against a plain transformers forward of the same ids (no hooks)
     with torch.inference_mode():
         plain = lm.model(input_ids=torch.tensor([[t.id for t in tr.tokens]], device=lm.device)).logits[0, -1].float().cpu().numpy()
@@ -60,14 +65,15 @@ def test_logit_lens_last_layer_equals_logits(lm):
 def test_long_prompt_is_pooled_and_keeps_full_layers(smol):
     prompt = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens
     tr = pipeline.trace(smol, prompt, attn_layers=[3])
-    assert tr.T > 256 and tr.attn_block > 1
-    assert np.allclose(tr.attentions.astype(np.float32).sum(-1), 1, atol=2e-2)
+    assert tr.T > 256 and tr.acts.attn_block > 1
+    assert np.allclose(tr.acts["blocks.*.attn.hook_pattern|pooled"].astype(np.float32).sum(-1), 1, atol=2e-2)
     full = tr.attention(3)
     assert full.shape == (smol.facts.n_heads, tr.T, tr.T)
     assert np.allclose(full.astype(np.float32).sum(-1), 1, atol=2e-2)
     assert np.allclose(np.triu(full.astype(np.float32), 1), 0)  # causal
     assert tr.attention(5) is None
-    assert np.allclose(tr.attn_last_row[3], full[:, -1, :].astype(np.float32), atol=1e-3)
+    assert np.allclose(tr.acts["blocks.3.attn.hook_pattern|last"], full[:, -1, :].astype(np.float32), atol=1e-3)
+    assert "blocks.5.attn.hook_pattern" not in tr.acts and 3 in tr.acts.layers("blocks.*.attn.hook_pattern")
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "\n\t"])
@@ -110,8 +116,8 @@ def test_concurrent_traces_never_mix(smol):
         a, b = got[i], ref[p]
         assert a.input_ids == b.input_ids
         assert np.array_equal(a.next_logits, b.next_logits)
-        assert np.array_equal(a.attentions, b.attentions)
-        assert np.array_equal(a.hidden_states, b.hidden_states)
+        for name in a.acts.names():
+            assert np.array_equal(a.acts[name], b.acts[name]), name
 
 
 def test_model_outside_a_trace_runs_sdpa_and_is_unchanged(smol):

@@ -65,8 +65,9 @@ render.figure(attention_heads(maps, labels, block=block, layer=layer, scale=scal
 st.caption(f"Colour scale: {ATTENTION_SCALES[scale]}." + ("" if hide else " The first column is the attention sink; the toggle above hides it."))
 
 st.subheader("Every layer and head at a glance")
+overview = tr.acts["blocks.*.attn.hook_pattern|pooled"]  # [L, H, T', T']
 render.image(
-    mosaic_image(without_sink(tr.attentions) if hide else tr.attentions),
+    mosaic_image(without_sink(overview) if hide else overview),
     "all layers and heads",
     f"Columns: layers 0–{L - 1} (left to right); rows: heads 0–{H - 1}. Each tile is one attention map, "
     "query down, key across (brighter = more weight: square root of the weight over the tile's largest, "
@@ -93,9 +94,9 @@ st.subheader("bertviz: head view and model view")
 if T > 128:
     st.info(f"bertviz draws every token pair as a line; with {T} tokens that is unreadable. Use a prompt of at most 128 tokens.")
 else:
-    kept = sorted(tr.attn_full) if tr.attn_block == 1 else []
+    kept = tr.acts.layers("blocks.*.attn.hook_pattern") if tr.acts.attn_block == 1 else []
     if len(kept) == L:
-        att = without_sink(tr.attentions) if hide else tr.attentions  # the sink toggle applies here too
+        att = without_sink(overview) if hide else overview  # the sink toggle applies here too
         tokens = token_texts(tr.tokens)
         which = st.segmented_control("View", ["head view", "model view"], default="head view", key="bv_view", bind="query-params") or "head view"
         n_layers = st.slider("Layers to include", 1, L, min(L, 4), key="bv_layers", bind="query-params", help="Fewer layers keep the page small")

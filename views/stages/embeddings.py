@@ -33,7 +33,7 @@ c = st.columns(3)
 c[0].metric("Embedding matrix", f"{E.shape[0]:,} × {E.shape[1]}")
 c[1].metric("Row", f"{tok.id:,}")
 c[2].metric("Vector length (L2)", f"{analysis.embedding_norm(tr, i):.3f}")
-render.figure(vector_strip(tr.embeddings[i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "vector strip")
+render.figure(vector_strip(tr.acts["hook_embed"][i], f"embedding of {visible(tok.text)!r}: {f.d_model} numbers"), "vector strip")
 nn = analysis.nearest_tokens(lm, tok.id, k=10)
 st.markdown(
     "**Nearest vocabulary neighbours** (cosine similarity of embedding rows): " + ", ".join(f"`\u2068{visible(t)}\u2069` {s:.2f}" for _, t, s in nn)

@@ -28,16 +28,17 @@ pos = st.selectbox(
     help="Starts at your prompt's last token (in chat mode the template adds a few after it); the "
     "logit lens below reads the very last position, whose prediction is the answer's first token",
 )
-render.figure(residual_figure(tr.resid_norm[:, pos], tr.attn_norm[:, pos], tr.ffn_norm[:, pos], labels[pos]), "residual", main=True)
+resid, added_attn, added_ffn, normed = (tr.acts[f"blocks.*.{s}|norm"] for s in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "ln1.hook_normalized"))
+render.figure(residual_figure(resid[:, pos], added_attn[:, pos], added_ffn[:, pos], labels[pos]), "residual", main=True)
 c = st.columns(3)
-c[0].metric("|residual| after embedding → last layer", f"{tr.resid_norm[0, pos]:.2f} → {tr.resid_norm[-1, pos]:.1f}")
-c[1].metric("Layer where attention adds most", int(tr.attn_norm[:, pos].argmax()))
-c[2].metric("Layer where feed-forward adds most", int(tr.ffn_norm[:, pos].argmax()))
-render.figure(norm_effect_figure(tr.resid_norm[:, pos], tr.normed_norm[:, pos]), "norm effect")
+c[0].metric("|residual| after embedding → last layer", f"{resid[0, pos]:.2f} → {resid[-1, pos]:.1f}")
+c[1].metric("Layer where attention adds most", int(added_attn[:, pos].argmax()))
+c[2].metric("Layer where feed-forward adds most", int(added_ffn[:, pos].argmax()))
+render.figure(norm_effect_figure(resid[:, pos], normed[:, pos]), "norm effect")
 show = slice(max(0, tr.T - 64), tr.T)
 render.figure(
     matrix_heatmap(
-        np.log10(tr.resid_norm[:, show].T + 1e-6),
+        np.log10(resid[:, show].T + 1e-6),
         layer_labels(f.n_layers + 1),
         labels[show],
         "log10 |residual stream| by layer and token",
