@@ -173,15 +173,21 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def hub_folder(model_id: str) -> Path | None:
     """A Hugging Face id ("org/name") found in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub): the folder of
-    its cached snapshot; None when it is not an id or not cached. Never downloads (local_files_only)."""
+    its cached snapshot (models--org--name/snapshots/<the revision refs/main names>, or the only snapshot there), when
+    it holds a config.json; None when it is not an id or not cached. A lookup in the file system: no hub call at all."""
     if not HUB_ID.fullmatch(model_id or "") or Path(model_id).expanduser().exists():
         return None
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import constants  # read at call time: HF_HUB_CACHE as the process has it now
 
-        return Path(snapshot_download(model_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError), or a broken cache entry
-        return None
+    repo = Path(constants.HF_HUB_CACHE) / ("models--" + model_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    try:
+        rev = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        found = sorted(p for p in snapshots.glob("*") if p.is_dir()) if snapshots.is_dir() else []
+        rev = found[0].name if len(found) == 1 else ""
+    folder = snapshots / rev if rev and "/" not in rev and rev not in (".", "..") else None
+    return folder if folder is not None and (folder / "config.json").is_file() else None
 
 
 def label_of(folder: Path) -> str:
