@@ -46,32 +46,7 @@ def attention_heads(
         ticks = [f"{i * block}–{min(len(labels), (i + 1) * block) - 1}" for i in range(n)]
     mask = np.triu(np.ones((n, n), bool), k=1)
     for h in range(H):
-        w = maps[h].astype(np.float32).copy()
-        w[mask] = np.nan
-        if scale == "log":
-            z, lo, hi = np.log10(np.maximum(w, 1e-4)), -4, 0
-            bar = dict(tickvals=[-4, -3, -2, -1, 0], ticktext=["0.0001", "0.001", "0.01", "0.1", "1"], title="weight")
-        elif scale == "row":
-            z, lo, hi = w / np.maximum(np.nanmax(w, axis=1, keepdims=True), 1e-9), 0, 1
-            bar = dict(title="÷ row max")
-        else:
-            z, lo, hi, bar = w, 0, 1, dict(title="weight")
-        fig.add_trace(
-            go.Heatmap(
-                z=np.round(z, 3),
-                customdata=np.round(w, 4),
-                x=ticks,
-                y=ticks,
-                colorscale=SEQ,
-                zmin=lo,
-                zmax=hi,
-                showscale=(h == 0),
-                colorbar=bar,
-                hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
-            ),
-            row=h // cols + 1,
-            col=h % cols + 1,
-        )
+        fig.add_trace(_head_map(maps[h], mask, ticks, scale, first=h == 0), row=h // cols + 1, col=h % cols + 1)
     most = 20 if H > 1 or n <= 20 else 16  # labels an axis: 12-px text (18 px on a projector, one head) that never overlaps
     step = 1 if n <= most else -(-n // most)
     fig.update_yaxes(autorange="reversed", showticklabels=False, type="category", dtick=step)
@@ -85,6 +60,33 @@ def attention_heads(
     if H > 1:
         fig.update_layout(margin=dict(t=80))  # room between the title and the "head n" titles
     return fig
+
+
+def _head_map(m: np.ndarray, mask: np.ndarray, ticks: list[str], scale: str, first: bool) -> go.Heatmap:
+    """One head's heatmap: the causal upper triangle blank, colour by `scale` (ATTENTION_SCALES), the weight itself
+    in the hover; only the first map carries the colour bar."""
+    w = m.astype(np.float32).copy()
+    w[mask] = np.nan
+    if scale == "log":
+        z, lo, hi = np.log10(np.maximum(w, 1e-4)), -4, 0
+        bar = dict(tickvals=[-4, -3, -2, -1, 0], ticktext=["0.0001", "0.001", "0.01", "0.1", "1"], title="weight")
+    elif scale == "row":
+        z, lo, hi = w / np.maximum(np.nanmax(w, axis=1, keepdims=True), 1e-9), 0, 1
+        bar = dict(title="÷ row max")
+    else:
+        z, lo, hi, bar = w, 0, 1, dict(title="weight")
+    return go.Heatmap(
+        z=np.round(z, 3),
+        customdata=np.round(w, 4),
+        x=ticks,
+        y=ticks,
+        colorscale=SEQ,
+        zmin=lo,
+        zmax=hi,
+        showscale=first,
+        colorbar=bar,
+        hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
+    )
 
 
 def without_sink(maps: np.ndarray) -> np.ndarray:

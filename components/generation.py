@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pipeline.common.memo import shared
+from pipeline.generation import Phase
 from pipeline.generation.decode import CacheMode
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
@@ -18,7 +19,7 @@ def step_times_figure(events, title="Time per generated token (this run)") -> go
     line, a fresh server's setup), so the first bar's height is the time to first token shown beside it."""
     x = [e.index for e in events]
     y = [e.step_s * 1000 for e in events]
-    colors = [ORANGE if e.phase == "prefill" else BLUE for e in events]
+    colors = [ORANGE if e.phase == Phase.PREFILL else BLUE for e in events]
     fig = go.Figure()
     before = (events[0].t_s - min(events[0].step_s, events[0].t_s)) * 1000 if events else 0.0
     if before >= 0.5:
@@ -197,7 +198,7 @@ def telemetry_figure(tl) -> go.Figure:
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     for a, b, label in tl.marks:
         fig.add_vrect(
-            x0=a, x1=b, fillcolor=ORANGE if label == "prefill" else GREY, opacity=0.25 if label == "prefill" else 0.12, line_width=0, row="all", col=1
+            x0=a, x1=b, fillcolor=ORANGE if label == Phase.PREFILL else GREY, opacity=0.25 if label == Phase.PREFILL else 0.12, line_width=0, row="all", col=1
         )
     fig.update_xaxes(title="seconds since the request", row=2, col=1)
     _layout(fig, "Hardware during the run (orange = prefill, grey = decode steps)", height=540)
@@ -270,25 +271,10 @@ def roofline_figure(r) -> go.Figure:
     lo, hi = min(xs + [r.ridge]) / 3, max(xs + [r.ridge]) * 3
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     fig = go.Figure(go.Scatter(x=grid, y=np.minimum(peak, bw * grid) / 1e9, mode="lines", name="roofline (measured peaks)", line=dict(color=GREY, width=3)))
-    every = [(phase, o) for phase in ("prefill", "decode") for o in r.phases[phase].ops]
+    every = [(phase, o) for phase in Phase for o in r.phases[phase].ops]
     number = {op: n for n, op in enumerate(dict.fromkeys(o.op for _, o in every), 1)}  # one number per operation, both phases
-    # points of one phase closer than a tenth of a decade share one label ("2,3,4"): numbers a few pixels apart
-    # cannot all be read, however they are placed
-    text, lead = {}, []
-    for _, o in every:
-        at = (np.log10(o.intensity), np.log10(o.flops / o.measured_s))
-        near = next((m for m in lead if m[0] is not o and m[2] == _ and abs(m[1][0] - at[0]) < 0.1 and abs(m[1][1] - at[1]) < 0.1), None)
-        if near is None:
-            lead.append((o, at, _))
-            text[id(o)] = str(number[o.op])
-        else:
-            text[id(near[0])] += f",{number[o.op]}"
-            text[id(o)] = ""
-    placed = place_labels(
-        [10 ** m[1][0] for m in lead], [10 ** m[1][1] for m in lead], [text[id(m[0])] for m in lead], log_x=True, log_y=True, height=260, font=18
-    )
-    spots = {id(m[0]): s for m, s in zip(lead, placed)}
-    for phase, color in (("prefill", ORANGE), ("decode", BLUE)):
+    text, spots = _point_labels(every, number)
+    for phase, color in ((Phase.PREFILL, ORANGE), (Phase.DECODE, BLUE)):
         ph = r.phases[phase].ops
         fig.add_trace(
             go.Scatter(
@@ -297,7 +283,7 @@ def roofline_figure(r) -> go.Figure:
                 mode="markers+text",  # every point numbered on the figure, the numbers' key under it: no hover needed
                 textposition=[spots.get(id(o), "top center") for o in ph],
                 textfont=dict(color=color),
-                name=phase,
+                name=str(phase),
                 marker=dict(color=color, size=10),
                 text=[text[id(o)] for o in ph],
                 cliponaxis=False,  # a number by a point at the plot's edge stays whole
@@ -305,12 +291,51 @@ def roofline_figure(r) -> go.Figure:
                 hovertemplate="%{customdata}<br>%{x:.2f} FLOP/byte<br>%{y:.1f} GFLOP/s measured<extra>" + phase + "</extra>",
             )
         )
+    _roofline_notes(fig, r, every, number)
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
+    ys = [o.flops / o.measured_s / 1e9 for _, o in every if o.measured_s > 0 and o.flops > 0] + [peak / 1e9]
+    # a decade of headroom over the highest point: its number stays under the legend, not behind it
+    y_range = [np.log10(min(ys) / 3), np.log10(max(ys) * 10)]
+    fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g", range=y_range)
+    fig = _layout(
+        fig, "Roofline of one layer and the LM head on this device", height=540, legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")
+    )
+    fig.update_layout(margin=dict(t=60, b=130))  # the legend above the plot, the numbers' key under it
+    return fig
+
+
+def _point_labels(every: list, number: dict) -> tuple[dict, dict]:
+    """Each point's label on the roofline ({id(op): text}) and where it goes ({id(op): text position}). Points of one
+    phase closer than a tenth of a decade share one label ("2,3,4"): numbers a few pixels apart cannot all be read,
+    however they are placed."""
+    import numpy as np
+
+    text, lead = {}, []
+    for phase, o in every:
+        at = (np.log10(o.intensity), np.log10(o.flops / o.measured_s))
+        near = next((m for m in lead if m[0] is not o and m[2] == phase and abs(m[1][0] - at[0]) < 0.1 and abs(m[1][1] - at[1]) < 0.1), None)
+        if near is None:
+            lead.append((o, at, phase))
+            text[id(o)] = str(number[o.op])
+        else:
+            text[id(near[0])] += f",{number[o.op]}"
+            text[id(o)] = ""
+    placed = place_labels(
+        [10 ** m[1][0] for m in lead], [10 ** m[1][1] for m in lead], [text[id(m[0])] for m in lead], log_x=True, log_y=True, height=260, font=18
+    )
+    return text, {id(m[0]): s for m, s in zip(lead, placed)}
+
+
+def _roofline_notes(fig: go.Figure, r, every: list, number: dict) -> None:
+    """The ridge line, a note when points lie above the memory roof, and the numbers' key under the plot."""
+    import numpy as np
+
     fig.add_vline(x=r.ridge, line_dash="dot", line_color=RED)
     # annotations on a log axis take log10 coordinates (add_vline's own annotation is lost there)
     fig.add_annotation(
         x=np.log10(r.ridge), y=1, yref="paper", text=f"ridge {r.ridge:.1f} FLOP/byte", showarrow=False, xanchor="right", yanchor="top", font=dict(color=RED)
     )
-    roof_at = [bw * o.intensity for _, o in every]
+    roof_at = [r.bandwidth * o.intensity for _, o in every]
     above = [o for (_, o), roof in zip(every, roof_at) if o.flops / o.measured_s > roof * 1.05 and o.intensity < r.ridge]
     note = dict(xref="paper", yref="paper", xanchor="left", yanchor="top", showarrow=False, align="left")  # text boxes on the plot
     if above:  # said on the figure, not only in the page's caption
@@ -323,16 +348,6 @@ def roofline_figure(r) -> go.Figure:
     # the numbers' key, in pixels under the plot: past the tick labels and the axis title, whatever the figure's height
     key = "<br>".join("   ".join(f"<b>{n}</b> {op}" for op, n in row) for row in _rows(list(number.items()), 6))
     fig.add_annotation(x=0, y=0, yshift=-78, text=key, **note)
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)", range=[np.log10(lo), np.log10(hi)], dtick=1, tickformat="~g")
-    ys = [o.flops / o.measured_s / 1e9 for _, o in every if o.measured_s > 0 and o.flops > 0] + [peak / 1e9]
-    # a decade of headroom over the highest point: its number stays under the legend, not behind it
-    y_range = [np.log10(min(ys) / 3), np.log10(max(ys) * 10)]
-    fig.update_yaxes(type="log", title="GFLOP/s", dtick=1, tickformat="~g", range=y_range)
-    fig = _layout(
-        fig, "Roofline of one layer and the LM head on this device", height=540, legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")
-    )
-    fig.update_layout(margin=dict(t=60, b=130))  # the legend above the plot, the numbers' key under it
-    return fig
 
 
 MODE_LABELS = {
@@ -350,7 +365,7 @@ def cache_modes_figure(results: dict) -> go.Figure:
     fig = go.Figure()
     for m, r in results.items():
         ev = r.events
-        name = MODE_LABELS.get(m, m) + (f" ({r.engine.removeprefix('fused step, ')})" if CacheMode(m).fused else "")
+        name = MODE_LABELS.get(m, m) + (f" ({r.engine.mode})" if CacheMode(m).fused else "")
         fig.add_trace(
             go.Scatter(x=[e.index for e in ev[1:]], y=[e.step_s * 1000 for e in ev[1:]], mode="lines", name=name, line=dict(color=MODE_COLORS.get(m, GREY)))
         )
@@ -384,7 +399,7 @@ def cache_modes_table(res, util_col: str):
         [
             {
                 "mode": MODE_LABELS.get(m, m),
-                "ran as": r.engine.split(" (")[0],
+                "ran as": str(r.engine),
                 "tok/s": None if not r.tokens_per_s else round(r.tokens_per_s, 1),
                 "runs": " / ".join(f"{x:.1f}" for x in r.runs),
                 "× dynamic (median, range)": "1 (the reference)" if m == CacheMode.DYNAMIC else str(res.ratios(m)),

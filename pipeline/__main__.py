@@ -264,11 +264,8 @@ def cmd_patch(args, out):
         out.write(f"L{i:<4} " + " ".join(f"{v:6.2f}" for v in row) + "\n")
 
 
-def main(argv=None, out=None) -> int:
-    out = out or sys.stdout
-    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
-    ap.add_argument("--model", default=None, help="smollm2-135m-instruct (default), gemma3-270m, or a local folder")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _add_readouts(sub) -> None:
+    """tokens, next, trace: a prompt's tokens, its next-token candidates, its whole trace."""
     for name, fn in [("tokens", cmd_tokens), ("next", cmd_next), ("trace", cmd_trace)]:
         p = sub.add_parser(name)
         p.add_argument("prompt")
@@ -282,6 +279,10 @@ def main(argv=None, out=None) -> int:
             p.add_argument("--min-p", type=float, default=0.0)
             p.add_argument("-n", type=int, default=10, help="how many candidates to print")
             p.add_argument("--ablate", default=None, help="switch heads or feed-forward blocks off (zeroed) first: 5.3,7.mlp")
+
+
+def _add_why(sub) -> None:
+    """explain and patch: why this token (attribution, ablation) and activation patching."""
     p = sub.add_parser("explain", help="why this token: direct logit attribution, and ablation with --ablate")
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true")
@@ -299,6 +300,9 @@ def main(argv=None, out=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--over", choices=("position", "head"), default="position", help="restore one position's stream, or one head's output everywhere")
     p.set_defaults(fn=cmd_patch)
+
+
+def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
     p.add_argument("prompts", nargs="+")
     p.add_argument("--chat", action="store_true")
@@ -310,13 +314,36 @@ def main(argv=None, out=None) -> int:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_generate)
-    args = ap.parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    ap.add_argument("--model", default=None, help="smollm2-135m-instruct (default), gemma3-270m, or a local folder")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_readouts(sub)
+    _add_why(sub)
+    _add_generate(sub)
+    return ap
+
+
+def _not_utf8(args) -> str | None:
+    """What is wrong with a prompt argument that is not UTF-8 text (argv bytes that are not UTF-8 arrive as lone
+    surrogates), or None."""
     for text in [getattr(args, "prompt", ""), getattr(args, "clean", ""), getattr(args, "corrupt", "")] + list(getattr(args, "prompts", None) or []):
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
-            print(f"error: the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding", file=sys.stderr)
-            return 2
+        except UnicodeEncodeError as e:
+            return f"the prompt is not valid UTF-8 text (at character {e.start}); pass text, or fix the terminal's encoding"
+    return None
+
+
+def main(argv=None, out=None) -> int:
+    out = out or sys.stdout
+    args = _parser().parse_args(argv)
+    bad = _not_utf8(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     from pipeline.forward.tracing import TraceError
     from pipeline.model.registry import ModelLoadError
 

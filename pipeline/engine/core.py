@@ -45,7 +45,7 @@ from pipeline.engine.request import Chunk, PassOutput, Policy, Request, State
 from pipeline.engine.scheduler import Scheduler
 from pipeline.forward.sampling import GREEDY, GreedySummary, Sampling, StepOutput, choose
 from pipeline.forward.tokens import token_pieces, token_texts
-from pipeline.generation.events import Finish, Phase, StepEvent, eos_ids
+from pipeline.generation.events import Finish, Phase, Runner, StepEvent, eos_ids
 from pipeline.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -398,7 +398,7 @@ class Engine:
             finished=end,
             piece=piece,
             special=special,
-            engine=self.name,
+            engine=Runner.ENGINE,
             batch=batch,
             request_id=r.id,
             cached_tokens=r.cached if phase == Phase.PREFILL else 0,

@@ -214,11 +214,20 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
     else:
         prefix, suffix = [], []
     text = "".join(p for p, _ in parts)
+    raw, exact = _raw_tokens(tok, parts, prefix, suffix)
+    tokens, segments = _place(tok, text, raw, exact)
+    return Tokenized(
+        text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments), exact=exact, prompt_start=len(parts[0][0]) if chat else 0
+    )
+
+
+def _raw_tokens(tok, parts: list[tuple[str, bool]], prefix: list[int], suffix: list[int]) -> tuple[list[tuple[int, bytes | None, bool]], bool]:
+    """Each part encoded (special tokens parsed only in the template's own parts) as (id, bytes, special), with the
+    tokenizer's own additions around it as (id, None, True): None bytes = zero-width, not in the text. exact: the
+    tokens' bytes reassemble every part (False for a normalising tokenizer: offsets are then approximate)."""
     scheme = _scheme(tok)
     special_ids = set(getattr(tok, "all_special_ids", []) or [])
     added = _added_ids(tok)
-
-    # (id, bytes-or-None, special): None bytes = zero-width (added by the tokenizer, not in the text)
     raw: list[tuple[int, bytes | None, bool]] = [(i, None, True) for i in prefix]
     exact = True
     for part, parse_special in parts:
@@ -230,11 +239,15 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
             b = piece.encode("utf-8") if is_special else piece_bytes(tok, piece, tid, scheme)
             got.append((tid, b, is_special))
         if b"".join(b for _, b, _ in got) != part.encode("utf-8"):
-            exact = False  # a normalising tokenizer: offsets below become approximate
+            exact = False
         raw.extend(got)
     raw.extend((i, None, True) for i in suffix)
+    return raw, exact
 
-    # byte offset -> char offset, and grapheme boundaries (in bytes)
+
+def _byte_map(text: str) -> tuple[list[int], set[int]]:
+    """For each byte offset of text's UTF-8, the char it falls in (one more entry: the end), and the byte offsets
+    where a grapheme begins or the text ends."""
     char_at_byte = [0] * (len(text.encode("utf-8")) + 1)
     pos = 0
     for ci, ch in enumerate(text):
@@ -247,7 +260,13 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
     for g in regex.findall(r"\X", text):
         pos += len(g.encode("utf-8"))
         bounds.add(pos)
+    return char_at_byte, bounds
 
+
+def _place(tok, text: str, raw: list[tuple[int, bytes | None, bool]], exact: bool) -> tuple[list[Token], list[Segment]]:
+    """The raw tokens placed in `text` (char offsets from their bytes) and grouped into segments that end on
+    grapheme boundaries (each token its own segment where the offsets are not exact)."""
+    char_at_byte, bounds = _byte_map(text)
     tokens: list[Token] = []
     segments: list[Segment] = []
     pending: list[int] = []
@@ -274,9 +293,7 @@ def tokenize(tok, prompt: str, chat: bool = False) -> Tokenized:
     if pending:
         first = tokens[pending[0]]
         segments.append(Segment(text[first.start :], first.start, len(text), tuple(pending)))
-    return Tokenized(
-        text=text, prompt=prompt, chat=chat, tokens=tuple(tokens), segments=tuple(segments), exact=exact, prompt_start=len(parts[0][0]) if chat else 0
-    )
+    return tokens, segments
 
 
 def token_texts(tokenizer):

@@ -24,6 +24,7 @@ import torch
 
 from pipeline.common.timing import sync
 from pipeline.forward.sampling import StepOutput
+from pipeline.generation.events import Runner
 from pipeline.model.loaded import LoadedModel
 
 
@@ -43,7 +44,7 @@ class TransformersStep:
     def __init__(self, lm: LoadedModel, cache: CacheMode | str | None, n_positions: int):
         from transformers import DynamicCache, StaticCache
 
-        self.lm, self.name, self.on_device = lm, "transformers", False
+        self.lm, self.runner, self.problems, self.on_device = lm, Runner.TRANSFORMERS, (), False
         if cache is None:
             self.cache = None
         elif cache == CacheMode.STATIC:
@@ -97,7 +98,7 @@ class FusedStep:
         self.lm = lm
         self.dec = acquire_decoder(fm, n_positions, compile=compile)
         self.on_device = on_device and n_top <= self.dec.n_top
-        self.name = f"fused step, {self.dec.mode}" + "".join(f" ({p})" for p in self.dec.problems)
+        self.runner, self.problems = Runner.fused(self.dec.mode), tuple(self.dec.problems)
 
     def _out(self, logits, summary) -> StepOutput:
         return StepOutput(summary=summary.cpu()) if self.on_device else StepOutput(logits=logits.cpu())

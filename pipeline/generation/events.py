@@ -27,6 +27,30 @@ class Finish(StrEnum):
     ERROR = "error"  # the engine failed this request (its message is on the handle)
 
 
+class Runner(StrEnum):
+    """What ran a step: transformers' own forward, our fused step (pipeline.cpu.fused) in one of its modes (the
+    value is "fused step, " + the decoder's `mode`), or the shared engine (pipeline.engine)."""
+
+    TRANSFORMERS = "transformers"
+    FUSED_EAGER = "fused step, eager"
+    FUSED_ROW_STEP = "fused step, CPU row step"
+    FUSED_GRAPH = "fused step, CUDA graph"
+    FUSED_COMPILED = "fused step, torch.compile + eager"
+    FUSED_COMPILED_GRAPH = "fused step, torch.compile + CUDA graph"
+    ENGINE = "engine"
+
+    @classmethod
+    def fused(cls, mode: str) -> Runner:
+        """The fused step in the decoder's mode (FusedDecoder.mode: "CUDA graph", "CPU row step", ...); a mode this
+        list does not name is a ValueError, not a label made up on the way."""
+        return cls(f"fused step, {mode}")
+
+    @property
+    def mode(self) -> str:
+        """The fused step's mode ("CUDA graph"), or the runner's value for the others."""
+        return self.value.removeprefix("fused step, ")
+
+
 @dataclass
 class StepEvent:
     index: int  # 0 = the first token (prefill), 1.. = decode steps
@@ -46,7 +70,8 @@ class StepEvent:
     kv_bytes: int = 0
     kv_reserved_bytes: int = 0  # what the path set aside for this request: a preallocated buffer, whole KV blocks
     finished: Finish | None = None  # on the last event: why the answer ended
-    engine: str = "transformers"  # what ran the step: transformers' forward, the fused step's mode, the engine
+    engine: Runner = Runner.TRANSFORMERS  # what ran the step
+    problems: tuple[str, ...] = ()  # what did not run as asked on the way (a compile or capture that failed, what ran instead)
     batch: int = 1  # requests in the forward that produced this token (the engine batches)
     request_id: int = 0  # the engine's id of the request
     cached_tokens: int = 0  # on the prefill event: prompt tokens whose K/V the engine's prefix cache already held

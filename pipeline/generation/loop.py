@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.common.timing import Busy
-from pipeline.forward.sampling import GREEDY, Sampling, choose
+from pipeline.forward.sampling import GREEDY, Choice, Sampling, choose
 from pipeline.forward.tokens import join_pieces, token_pieces, token_texts, tokenize
 from pipeline.forward.tracing import TraceError, check_prompt, over_cap
 from pipeline.generation.decode import CacheMode, open_step
@@ -168,34 +168,42 @@ def generate(
             c = choose(out, dec, s, gen)
             tok = c.token_id
             t_done = time.perf_counter()
-            per_layer = step.kv_bytes_per_layer(n_ctx)
-            piece, special = pieces(tok)
             finished = Finish.EOS if tok in stop else (Finish.LENGTH if i == req.max_new_tokens - 1 else None)
-            yield StepEvent(
-                index=i,
-                phase=Phase.PREFILL if i == 0 else Phase.DECODE,
-                token_id=tok,
-                text=dec(tok),
-                top=c.top,
-                top_raw=c.top_raw,
-                p=c.p,
-                p_raw=c.p_raw,
-                step_s=t_done - t_step,
-                t_s=t_done - t0,
-                context_len=n_ctx,
-                kv_bytes_per_layer=per_layer,
-                kv_bytes=sum(per_layer),
-                kv_reserved_bytes=step.kv_reserved_bytes(),
-                finished=finished,
-                engine=step.name,
-                piece=piece,
-                special=special,
-            )
+            yield _event(step, i, c, n_ctx, finished, (t0, t_step, t_done), dec, pieces)
             if finished:
                 return
             n_ctx += 1
     finally:
         step.close()
+
+
+def _event(step, i: int, c: Choice, n_ctx: int, finished: Finish | None, times: tuple[float, float, float], dec, pieces) -> StepEvent:
+    """Step i's event: its token and candidates (`c`), the context it attended over, the cache
+    after it and what ran it; times = (request in, step start, step done)."""
+    t0, t_step, t_done = times
+    per_layer = step.kv_bytes_per_layer(n_ctx)
+    piece, special = pieces(c.token_id)
+    return StepEvent(
+        index=i,
+        phase=Phase.PREFILL if i == 0 else Phase.DECODE,
+        token_id=c.token_id,
+        text=dec(c.token_id),
+        top=c.top,
+        top_raw=c.top_raw,
+        p=c.p,
+        p_raw=c.p_raw,
+        step_s=t_done - t_step,
+        t_s=t_done - t0,
+        context_len=n_ctx,
+        kv_bytes_per_layer=per_layer,
+        kv_bytes=sum(per_layer),
+        kv_reserved_bytes=step.kv_reserved_bytes(),
+        finished=finished,
+        engine=step.runner,
+        problems=step.problems,
+        piece=piece,
+        special=special,
+    )
 
 
 @dataclass

@@ -226,6 +226,49 @@ def accept_sampled(
 
 
 # --------------------------------------------------------------------------------- the loop
+@dataclass
+class _Pick:
+    """The request's sampling: the filtered distribution of a step's logits, and a token chosen from it (greedy: its
+    argmax; else a draw from `gen`, the draws in order). A draft that samples is handed it as its sample_fn."""
+
+    sampling: Sampling
+    gen: torch.Generator | None
+
+    def dist(self, logits: torch.Tensor) -> torch.Tensor:
+        return filter_probs(logits, self.sampling)
+
+    def __call__(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+        p = self.dist(logits)
+        tok = int(p.argmax()) if self.sampling.greedy else int(torch.multinomial(p, 1, generator=self.gen)[0])
+        return tok, p
+
+
+def _until_stop(tokens: list[int], stop: set[int]) -> list[int]:
+    """The tokens up to and including the first stop token (an answer ends there)."""
+    for j, t in enumerate(tokens):
+        if t in stop:
+            return tokens[: j + 1]
+    return tokens
+
+
+def _verify(lm: LoadedModel, cache, ctx: list[int], proposal: list[int], qs, pick: _Pick, stop: set[int]) -> tuple[int, int | None]:
+    """One target call over the context's last token and the proposal (the cache cropped to hold everything before
+    that token): how many proposed tokens it accepts, and its own token after them (the correction at the first
+    rejection, or a bonus token after a fully accepted proposal; None after an accepted stop token)."""
+    _crop(cache, len(ctx) - 1)  # the cache holds everything but the last token
+    with lm.lock, torch.inference_mode():
+        o = lm.model(input_ids=torch.tensor([[ctx[-1]] + proposal], device=lm.device), past_key_values=cache, use_cache=True)
+    logits = o.logits[0].float().cpu()  # [1 + len(proposal), vocab]
+    ps = [pick.dist(logits[i]) for i in range(len(proposal))]
+    if pick.sampling.greedy:
+        accepted, correction = accept_greedy(ps, proposal, stop)
+    else:
+        accepted, correction = accept_sampled(ps, qs, proposal, stop, pick.gen)
+    if correction is None and not (accepted and proposal[accepted - 1] in stop):
+        correction, _ = pick(logits[accepted])  # bonus token after a fully accepted proposal
+    return accepted, correction
+
+
 def speculative_generate(
     lm: LoadedModel, prompt: str, draft="prompt_lookup", gamma: int = 4, max_new_tokens: int = 64, sampling: Sampling = GREEDY, chat: bool = False
 ) -> SpecResult:
@@ -236,24 +279,13 @@ def speculative_generate(
     req = prepare(lm, prompt, max_new_tokens, chat)
     d = draft if hasattr(draft, "propose") else make_draft(lm, draft, gamma)
     d.reset(lm)
-    gen, greedy = sampling.generator(), sampling.greedy
-    stop = eos_ids(lm)
-    dev = lm.device
-
-    def dist(logits):
-        return filter_probs(logits, sampling)
-
-    def pick(logits):
-        p = dist(logits)
-        tok = int(p.argmax()) if greedy else int(torch.multinomial(p, 1, generator=gen)[0])
-        return tok, p
-
+    pick, stop = _Pick(sampling, sampling.generator()), eos_ids(lm)
     ctx = list(req.prompt_ids)
     out: list[int] = []
     res = SpecResult(tokens=out)
     cache = DynamicCache(config=lm.model.config)
     with lm.lock, torch.inference_mode():  # prefill: the first token comes from the target
-        o = lm.model(input_ids=torch.tensor([ctx], device=dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        o = lm.model(input_ids=torch.tensor([ctx], device=lm.device), past_key_values=cache, use_cache=True, logits_to_keep=1)
     res.target_calls += 1
     tok, _ = pick(o.logits[0, -1].float().cpu())
     out.append(tok)
@@ -262,28 +294,13 @@ def speculative_generate(
         room = req.max_new_tokens - len(out)
         t_d = time.perf_counter()
         with lm.lock:
-            proposal, qs = d.propose(ctx, min(gamma, room - 1) if room > 1 else 0, device=dev, sample_fn=pick)
+            proposal, qs = d.propose(ctx, min(gamma, room - 1) if room > 1 else 0, device=lm.device, sample_fn=pick)
         draft_s = time.perf_counter() - t_d
         proposal = proposal[: max(0, room - 1)]
         t_v = time.perf_counter()
-        _crop(cache, len(ctx) - 1)  # the cache holds everything but the last token
-        feed = [ctx[-1]] + proposal
-        with lm.lock, torch.inference_mode():
-            o = lm.model(input_ids=torch.tensor([feed], device=dev), past_key_values=cache, use_cache=True)
+        accepted, correction = _verify(lm, cache, ctx, proposal, qs, pick, stop)
         res.target_calls += 1
-        logits = o.logits[0].float().cpu()  # [1 + len(proposal), vocab]
-        ps = [dist(logits[i]) for i in range(len(proposal))]
-        accepted, correction = accept_greedy(ps, proposal, stop) if greedy else accept_sampled(ps, qs, proposal, stop, gen)
-        new = proposal[:accepted]
-        if correction is None and not (new and new[-1] in stop):
-            correction, _ = pick(logits[accepted])  # bonus token after a fully accepted proposal
-        if correction is not None:
-            new = new + [correction]
-        # stop at EOS inside the accepted run
-        for j, t in enumerate(new):
-            if t in stop:
-                new = new[: j + 1]
-                break
+        new = _until_stop(proposal[:accepted] + ([correction] if correction is not None else []), stop)  # stop at EOS inside the run
         out.extend(new)
         ctx.extend(new)
         res.steps.append(SpecStep(proposal, accepted, correction if correction is not None else -1, draft_s, time.perf_counter() - t_v))

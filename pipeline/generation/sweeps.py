@@ -10,7 +10,7 @@ import torch
 
 from pipeline.common.timing import Ratios, Samples, ids_of_length, syncer
 from pipeline.generation.decode import CacheMode
-from pipeline.generation.events import StepEvent
+from pipeline.generation.events import Runner, StepEvent
 from pipeline.generation.loop import generate, metrics, prepare
 from pipeline.model.loaded import LoadedModel
 
@@ -186,7 +186,8 @@ class ModeRun:
     warmup_s: float  # the warm-up's wall time (s): buffers, graph capture, compile
     utilisation: float | None  # mean device utilisation during the last run (%)
     utilisation_of: str  # what that figure is (NVML GPU %, or process CPU %)
-    engine: str  # what ran the steps (transformers, or the fused step's mode)
+    engine: Runner  # what ran the steps (transformers, or the fused step in its mode)
+    problems: tuple[str, ...] = ()  # what did not run as asked (a compile or capture that failed, what ran instead)
 
     @property
     def token_ids(self) -> list[int]:
@@ -271,6 +272,7 @@ def compare_cache_modes(
                 utilisation=util[m][0],
                 utilisation_of=util[m][1],
                 engine=last[m][0].engine,
+                problems=last[m][0].problems,
             )
             for m in modes
         },

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.common.timing import Samples, best_of, interleaved
+from pipeline.generation.events import Phase
 from pipeline.generation.loop import kv_bytes_formula
 from pipeline.lab.hardware import matmul_probe
 from pipeline.model.loaded import LoadedModel
@@ -56,7 +57,7 @@ class Roofline:
     bandwidth: float  # bytes/s, measured by a large copy
     matmul_probe: object  # hardware.MatmulProbe
     copy_probe: CopyProbe
-    phases: dict[str, RooflinePhase]  # "prefill", "decode"
+    phases: dict[Phase, RooflinePhase]  # Phase.PREFILL, Phase.DECODE
     decode_ceiling_tokens_per_s: float  # bandwidth / (weight bytes + KV bytes at the decode context)
     weight_bytes: int
     kv_bytes: int
@@ -160,7 +161,7 @@ def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> R
         bw = copy_bandwidth(lm.device)
     peak, bandwidth = mm.tflops * 1e12, bw.bytes_per_s
     phases = {}
-    for phase, T, C in (("prefill", prompt_tokens, prompt_tokens), ("decode", 1, context)):
+    for phase, T, C in ((Phase.PREFILL, prompt_tokens, prompt_tokens), (Phase.DECODE, 1, context)):
         ops = layer_ops(lm, T, C)
         times = time_layer_ops(lm, T, C)
         for o in ops:

@@ -25,6 +25,7 @@ final logit softcap, the text config, and how close two computations in this dty
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
@@ -289,17 +290,24 @@ def frozen_norm(mod: torch.nn.Module, x: torch.Tensor) -> FrozenNorm | None:
     return FrozenNorm(spec.scale.detach().float().cpu() / rms, False, None, rms)
 
 
-# The RMSNorms our own steps re-implement (the row step, the fused step), by module type: "weight" scales the
-# normalised row by w (Llama, Mistral, Qwen), "one_plus_weight" by (1 + w) in fp32 (Gemma 3). Another norm: the
+class NormKind(Enum):
+    """Which RMSNorm formula a module uses: WEIGHT scales the normalised row by w (Llama, Mistral, Qwen),
+    ONE_PLUS_WEIGHT by (1 + w) in fp32 (Gemma 3)."""
+
+    WEIGHT = "weight"
+    ONE_PLUS_WEIGHT = "one_plus_weight"
+
+
+# The RMSNorms our own steps re-implement (the row step, the fused step), by module type. Another norm: the
 # steps are not offered (pipeline.cpu.fused.supported), the model runs through transformers' forward.
-NORM_KINDS = {
-    "LlamaRMSNorm": "weight",
-    "MistralRMSNorm": "weight",
-    "Qwen2RMSNorm": "weight",
-    "Qwen3RMSNorm": "weight",
-    "Phi3RMSNorm": "weight",
-    "Olmo2RMSNorm": "weight",  # w * normalise(x) in fp32, then the cast: the same in float32
-    "Gemma3RMSNorm": "one_plus_weight",
+NORM_KINDS: dict[str, NormKind] = {
+    "LlamaRMSNorm": NormKind.WEIGHT,
+    "MistralRMSNorm": NormKind.WEIGHT,
+    "Qwen2RMSNorm": NormKind.WEIGHT,
+    "Qwen3RMSNorm": NormKind.WEIGHT,
+    "Phi3RMSNorm": NormKind.WEIGHT,
+    "Olmo2RMSNorm": NormKind.WEIGHT,  # w * normalise(x) in fp32, then the cast: the same in float32
+    "Gemma3RMSNorm": NormKind.ONE_PLUS_WEIGHT,
 }
 
 
@@ -309,13 +317,13 @@ class NormSpec:
     tensor it is that norm as one fused `F.rms_norm` plus casts (8 kernels -> 3-4 on a GPU), with the module's own
     semantics: Llama-style `w * normalise(x in fp32).to(dtype)`; Gemma `normalise(x) * (1 + w)` in fp32."""
 
-    kind: str
+    kind: NormKind
     eps: float
     scale: torch.Tensor
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         d = self.scale.shape[0]
-        if self.kind == "weight":
+        if self.kind is NormKind.WEIGHT:
             return self.scale * F.rms_norm(x.float(), (d,), eps=self.eps).to(x.dtype)
         return F.rms_norm(x.float(), (d,), weight=self.scale, eps=self.eps).type_as(x)
 
@@ -332,6 +340,6 @@ def norm_spec(mod) -> NormSpec | None:
     if kind is None:
         return None
     w = mod.weight
-    if kind == "one_plus_weight":
+    if kind is NormKind.ONE_PLUS_WEIGHT:
         return NormSpec(kind, float(mod.eps), 1.0 + w.detach().float())
     return NormSpec(kind, float(getattr(mod, "variance_epsilon", getattr(mod, "eps", 1e-6))), w)

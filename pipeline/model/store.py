@@ -186,13 +186,35 @@ def check_weights(folder: Path) -> None:
     anything is allocated: a mismatch would otherwise load as random weights, and a config asking for
     10,000 layers would allocate without bound. The expected names and shapes come from the model built on
     PyTorch's "meta" device (shapes only, no memory)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     found: dict[str, tuple] = {}
     for f in sorted(folder.glob("*.safetensors")):
         found.update(_safetensors_header(f))
+    cfg = _read_config(folder)
+    check_architecture(cfg, folder.name)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers_cfg = getattr(text, "num_hidden_layers", None)
+    layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k and k.split("layers.")[1].split(".")[0].isdigit()}
+    if layers_cfg is not None and layer_ids and layers_cfg != len(layer_ids):
+        raise ModelLoadError(
+            f"config.json asks for {layers_cfg:,} layers but the weight files hold {len(layer_ids):,}: the folder's config does not match its weights."
+        )
+    expected, tied = _expected_tensors(cfg, text, folder.name)
+    problems = _mismatches(found, expected, tied)
+    if problems:
+        raise ModelLoadError(
+            f"The weights in {folder.name} do not match its config.json: "
+            + "; ".join(problems)
+            + ". Loading it would give a model with random weights, so it is refused."
+        )
+
+
+def _read_config(folder: Path):
+    """The folder's config as transformers reads it (no remote code); a ModelLoadError that names the architecture
+    when this transformers does not know it, or the reason when config.json cannot be read."""
+    from transformers import AutoConfig
+
     try:
-        cfg = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the user needs the reason
         try:
             mt = json.loads((folder / "config.json").read_text()).get("model_type")
@@ -204,20 +226,19 @@ def check_weights(folder: Path) -> None:
                 f"model folder is never run). The explorer runs decoder-only causal language models: {SUPPORTED_FAMILIES}."
             ) from e
         raise ModelLoadError(f"config.json of {folder.name} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    check_architecture(cfg, folder.name)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    layers_cfg = getattr(text, "num_hidden_layers", None)
-    layer_ids = {int(k.split("layers.")[1].split(".")[0]) for k in found if "layers." in k and k.split("layers.")[1].split(".")[0].isdigit()}
-    if layers_cfg is not None and layer_ids and layers_cfg != len(layer_ids):
-        raise ModelLoadError(
-            f"config.json asks for {layers_cfg:,} layers but the weight files hold {len(layer_ids):,}: the folder's config does not match its weights."
-        )
+
+
+def _expected_tensors(cfg, text, name: str) -> tuple[dict[str, tuple], set[str]]:
+    """{tensor name: shape} of the causal LM the config describes, built on the "meta" device, and the names of
+    the tensors tied to another (which a file may leave out)."""
+    from transformers import AutoModelForCausalLM
+
     try:
         with torch.device("meta"):
             meta = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - e.g. a vision or audio model: no causal-LM class for its config
         raise ModelLoadError(
-            f"{folder.name} ({getattr(cfg, 'model_type', '?')}) is not a causal language model transformers can build "
+            f"{name} ({getattr(cfg, 'model_type', '?')}) is not a causal language model transformers can build "
             f"({type(e).__name__}: {str(e).splitlines()[0][:160]}). The explorer runs decoder-only causal language models: {SUPPORTED_FAMILIES}."
         ) from e
     expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
@@ -227,6 +248,11 @@ def check_weights(folder: Path) -> None:
         if getattr(text, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False)
         else set()
     )
+    return expected, tied
+
+
+def _mismatches(found: dict[str, tuple], expected: dict[str, tuple], tied: set[str]) -> list[str]:
+    """What differs between the files' tensors and the config's, said briefly: missing, unexpected, wrong shape."""
     missing = sorted(k for k in expected if k not in found and k not in tied)
     extra = sorted(k for k in found if k not in expected)
     wrong = sorted(k for k in expected if k in found and found[k] != expected[k])
@@ -238,12 +264,7 @@ def check_weights(folder: Path) -> None:
     if wrong:
         k = wrong[0]
         problems.append(f"{len(wrong):,} of the wrong shape ({k}: {list(found[k])} in the file, {list(expected[k])} in the config)")
-    if problems:
-        raise ModelLoadError(
-            f"The weights in {folder.name} do not match its config.json: "
-            + "; ".join(problems)
-            + ". Loading it would give a model with random weights, so it is refused."
-        )
+    return problems
 
 
 SUPPORTED_FAMILIES = "Llama, Qwen2/2.5, Qwen3, Mistral, Gemma-3, Phi-3, GPT-2, OLMo-2 and decoders of their shape"

@@ -7,7 +7,7 @@ import torch
 import pipeline
 from pipeline.forward.sampling import Sampling
 from pipeline.forward.tracing import TraceError
-from pipeline.generation import MAX_NEW_TOKENS, generate, kv_bytes_formula, metrics, prefill_decode_sweep, prepare
+from pipeline.generation import MAX_NEW_TOKENS, Finish, Phase, Runner, generate, kv_bytes_formula, metrics, prefill_decode_sweep, prepare
 
 pytestmark = pytest.mark.model
 
@@ -20,7 +20,7 @@ def test_greedy_equals_transformers_generate(lm):
         ref = lm.model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1] :].tolist()
     mine = [e.token_id for e in ev]
     assert mine == ref[: len(mine)]
-    assert len(mine) == len(ref) or ev[-1].finished == "eos"
+    assert len(mine) == len(ref) or ev[-1].finished is Finish.EOS
 
 
 def test_cache_off_gives_the_same_tokens(smol):
@@ -39,11 +39,11 @@ def test_seeded_sampling_is_reproducible(smol):
 
 def test_events_are_well_formed_and_kv_bytes_match_the_formula(lm):
     ev = list(generate(lm, "Dog bites man because", 10, Sampling(temperature=0.7, top_k=5, seed=1)))
-    assert ev[0].phase == "prefill" and all(e.phase == "decode" for e in ev[1:])
+    assert ev[0].phase is Phase.PREFILL and all(e.phase is Phase.DECODE for e in ev[1:])
     assert [e.index for e in ev] == list(range(len(ev)))
     ts = [e.t_s for e in ev]
     assert ts == sorted(ts) and all(e.step_s > 0 for e in ev)
-    assert ev[-1].finished in ("eos", "length") and all(e.finished is None for e in ev[:-1])
+    assert ev[-1].finished in (Finish.EOS, Finish.LENGTH) and all(e.finished is None for e in ev[:-1])
     n_prompt = len(pipeline.tokenize(lm.tokenizer, "Dog bites man because").input_ids)
     for e in ev:
         assert e.context_len == n_prompt + e.index
@@ -160,7 +160,7 @@ def test_mode_ratios_pair_runs_of_the_same_repeat_and_flag_noise():
     from pipeline.generation import CacheModeComparison, ModeRun
 
     def run(rates):
-        return ModeRun(events=[], tokens_per_s=None, runs=rates, warmup_s=0.0, utilisation=None, utilisation_of="", engine="")
+        return ModeRun(events=[], tokens_per_s=None, runs=rates, warmup_s=0.0, utilisation=None, utilisation_of="", engine=Runner.TRANSFORMERS)
 
     res = CacheModeComparison({"dynamic": run([10, 20, 10, 20, 10]), "fused": run([15, 30, 15, 30, 15]), "static": run([9, 22, 11, 19, 10])}, [])
     assert res.ratios("fused").values == (1.5,) * 5 and res.ratio("fused") == 1.5 and res.ratios("fused").spread == (1.5, 1.5)

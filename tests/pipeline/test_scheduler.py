@@ -46,11 +46,11 @@ def test_admission_respects_the_kv_budget_first_come_first_served():
         s.submit(r)
     p = s.plan()
     assert [x[0] for x in p.prefill] == [a, b] and s.pool.n_free == 0
-    assert c.state == "waiting" and s.position(c) == 1  # fits nowhere now: waits, never overtakes
-    s.finish(a, "eos")
-    assert a.blocks == [] and a.finish == "eos" and s.pool.n_free == 4
+    assert c.state is State.WAITING and s.position(c) == 1  # fits nowhere now: waits, never overtakes
+    s.finish(a, Finish.EOS)
+    assert a.blocks == [] and a.finish is Finish.EOS and s.pool.n_free == 4
     s.plan()
-    assert c.state == "prefill" and s.position(c) == 0
+    assert c.state is State.PREFILL and s.position(c) == 0
 
 
 def test_nobody_overtakes_a_waiting_request():
@@ -62,7 +62,7 @@ def test_nobody_overtakes_a_waiting_request():
     s.submit(big)
     s.submit(small)
     s.plan()
-    assert big.state == "waiting" and small.state == "waiting"  # small would fit, but big came first
+    assert big.state is State.WAITING and small.state is State.WAITING  # small would fit, but big came first
 
 
 def test_batch_size_bound():
@@ -71,7 +71,7 @@ def test_batch_size_bound():
     for r in rs:
         s.submit(r)
     s.plan()
-    assert [r.state for r in rs] == ["prefill", "prefill", "waiting"]
+    assert [r.state for r in rs] == [State.PREFILL, State.PREFILL, State.WAITING]
 
 
 def test_queue_bound_gives_a_busy_message_at_once():
@@ -128,8 +128,8 @@ def test_cancel_frees_the_slot_and_blocks_at_the_next_plan():
     done(s, a, len(a.prompt_ids))
     s.cancel(a)
     p = s.plan()
-    assert p.retired == [a] and a.finish == "cancelled" and a.blocks == []
-    assert b.state == "prefill"  # admitted into the freed slot the same plan
+    assert p.retired == [a] and a.finish is Finish.CANCELLED and a.blocks == []
+    assert b.state is State.PREFILL  # admitted into the freed slot the same plan
     s.cancel(b)
     s.submit(c := req(1, 1))
     s.cancel(c)  # cancelled while still waiting
@@ -161,7 +161,7 @@ def test_prefill_first_the_decode_rows_sit_out_at_most_max_decode_stall_passes_i
         seen.append(p.decode == [a])
         assert [x[0] for x in p.prefill] == [r]
         done(s, r, 10)
-        s.finish(r, "eos")
+        s.finish(r, Finish.EOS)
     assert seen == [False, False, True, False, False]  # two passes for newcomers, then a's next token
     assert s.plan().decode == [a]  # nobody waiting: a decodes
     long = req(150, 4)
@@ -219,7 +219,7 @@ def test_a_prompt_that_starts_like_a_cached_one_shares_its_blocks_and_skips_thei
     s.plan()
     assert c.cached == 4 and c.blocks[0] == a.blocks[0] and c.blocks[1] != a.blocks[1]
     for r in (a, b, c):
-        s.finish(r, "eos")
+        s.finish(r, Finish.EOS)
     assert s.pool.n_free == 20 and s.pool.n_cached == 2  # every block back; the shared ones still cached
     snap = s.snapshot()
     assert (snap.prefix_hit_requests, snap.prefix_hit_tokens, snap.blocks_used) == (2, 12, 0)
@@ -231,11 +231,11 @@ def test_cached_blocks_give_way_when_the_pool_needs_them():
     s.submit(a)
     s.plan()
     done(s, a, 9)
-    s.finish(a, "eos")
+    s.finish(a, Finish.EOS)
     big = Request(list(range(100, 113)), 3)  # 16 tokens: every block of the pool, cached ones included
     s.submit(big)
     s.plan()
-    assert big.state == "prefill" and big.cached == 0 and s.pool.n_cached == 0 and s.pool.n_free == 0
+    assert big.state is State.PREFILL and big.cached == 0 and s.pool.n_cached == 0 and s.pool.n_free == 0
 
 
 def test_no_prefix_cache_no_sharing():
@@ -265,7 +265,7 @@ def test_the_engines_report_moves_a_request_along_its_life_and_ends_it():
     ended = s.update(p, PassOutput(tokens={a.id: 99, b.id: 13}, at=2.0))
     assert ended == {a.id: Finish.EOS, b.id: Finish.LENGTH}  # a stop token; b's second and last token
     assert all(r.state == State.FINISHED and not r.blocks for r in (a, b)) and s.pool.n_free == 20 and not s.running
-    assert s.snapshot().ended == {"eos": 1, "length": 1, "cancelled": 1}
+    assert s.snapshot().ended == {Finish.EOS: 1, Finish.LENGTH: 1, Finish.CANCELLED: 1}
 
 
 def test_a_failed_pass_ends_its_requests_with_an_error_and_frees_their_blocks():

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from pipeline.common.timing import Activity, Busy, Ratios, Samples, interleaved
-from pipeline.generation import CacheModeComparison, CacheRow, ModeRun, SweepRow, cache_verdict, growth, sweep_verdict
+from pipeline.generation import CacheModeComparison, CacheRow, ModeRun, Runner, SweepRow, cache_verdict, growth, sweep_verdict
 from pipeline.lab.attention_kernels import KernelRun, sweep_doubts
 from pipeline.lab.hardware import DecodeProfile, OpShare
 
@@ -50,7 +50,7 @@ def test_page_7_cache_claim_needs_growth_in_every_repeat():
 
 def _modes(dyn, fused):
     ev = []
-    mk = lambda runs: ModeRun(ev, Samples(tuple(runs)).median, list(runs), 0.0, None, "CPU %", "x")  # noqa: E731
+    mk = lambda runs: ModeRun(ev, Samples(tuple(runs)).median, list(runs), 0.0, None, "CPU %", Runner.TRANSFORMERS)  # noqa: E731
     return CacheModeComparison({"dynamic": mk(dyn), "fused": mk(fused)}, [1])
 
 

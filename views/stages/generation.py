@@ -3,7 +3,7 @@ import streamlit as st
 from components.fmt import prob
 from components.generation import distribution_figure, step_times_figure, token_labels
 from components.tokens import lit, visible
-from pipeline.generation.loop import metrics
+from pipeline.generation import Finish, metrics
 from pipeline.lab import checks
 from views import generating, loading, proof, render, runs
 
@@ -42,7 +42,7 @@ if not go:
 st.caption(f"Run: {rec.label}.")
 if not rec.done:
     st.warning(f"Stopped after {len(ev)} tokens; what was generated is shown above.")
-elif ev[-1].finished == "eos":
+elif ev[-1].finished == Finish.EOS:
     st.caption("Stopped at the end-of-sequence token.")
 m = metrics(ev)
 c = st.columns(5)

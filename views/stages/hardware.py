@@ -3,7 +3,7 @@ import streamlit as st
 from components.generation import ops_figure, telemetry_figure
 from pipeline.common.telemetry import Sampler
 from pipeline.forward.sampling import GREEDY
-from pipeline.generation.loop import metrics
+from pipeline.generation import Finish, metrics
 from pipeline.lab import checks, hardware
 from views import generating, guard, loading, proof, render, runs
 
@@ -34,7 +34,7 @@ if timeline is not None:
     rec = generating.last_generation("hw", lm)
     if rec:
         m = metrics(rec.events)
-        if rec.events[-1].finished == "eos" and m.n < n:
+        if rec.events[-1].finished == Finish.EOS and m.n < n:
             st.info(f"The model ended its answer after {m.n} tokens (end-of-sequence).")
         st.caption(
             f"Run: {rec.label}. "

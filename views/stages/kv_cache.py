@@ -3,6 +3,7 @@ import streamlit as st
 
 from components.generation import kv_growth_figure, kv_layers_figure
 from pipeline.forward.sampling import GREEDY
+from pipeline.generation import Finish
 from pipeline.generation.loop import kv_bytes_formula, kv_costs, kv_window, measured_kv_per_token
 from pipeline.lab import checks
 from pipeline.lab.checks import check_kv_bytes
@@ -32,7 +33,7 @@ if rec is None or rec.prompt != prompt or rec.chat != chat:
         if rec is None:
             st.stop()
 st.caption(f"Measured on {source}: {rec.label}.")
-if rec.events and rec.events[-1].finished == "eos" and len(rec.events) < rec.max_new_tokens:
+if rec.events and rec.events[-1].finished == Finish.EOS and len(rec.events) < rec.max_new_tokens:
     st.info(
         f"The model ended its answer after {len(rec.events)} token(s) (end-of-sequence), so the cache "
         f"stopped growing at {rec.events[-1].context_len} tokens."

@@ -173,8 +173,8 @@ if untold:
     )
 render.busy_note("prod", noisy=bool(untold))
 for m, r in res.modes.items():
-    if "failed" in r.engine:
-        st.warning(f"{MODE_LABELS.get(m, m)}: {r.engine}")
+    if r.problems:
+        st.warning(f"{MODE_LABELS.get(m, m)} ran as {r.engine}: " + "; ".join(r.problems))
 render.figure(cache_modes_figure(res.modes), "cache modes", main=True)
 util_of = res.modes[CacheMode.DYNAMIC].utilisation_of
 util_col = "GPU util %" if util_of.startswith("GPU") else "CPU %"

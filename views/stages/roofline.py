@@ -2,7 +2,7 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import roofline_figure
-from pipeline.generation.loop import metrics
+from pipeline.generation import Phase, metrics
 from pipeline.lab import checks
 from pipeline.lab.roofline import roofline
 from views import generating, guard, loading, proof, render, runs
@@ -70,7 +70,7 @@ st.caption(
     "small enough to stay in the processor's caches (one layer's weights often are) are read faster than "
     "that. Across the whole model the weights do not fit, which is why the decode ceiling uses main memory."
 )
-for phase in ("prefill", "decode"):
+for phase in Phase:
     ph = r.phases[phase]
     st.markdown(f"**{phase.capitalize()}**: {ph.tokens} token(s) over a context of {ph.context}")
     render.table(
