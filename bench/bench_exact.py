@@ -26,12 +26,12 @@ def main():
     ap.add_argument("--lengths", default="16,64,256")
     args = ap.parse_args()
     import pipeline
-    from pipeline.cpu.matmul import native
+    from pipeline.cpu.kernel_choice import CHOICE
     from pipeline.engine.paged import PagedKV, PagedStep, Seq
     from pipeline.generation import long_prompt
     from pipeline.model import load_model
 
-    if native() is None:
+    if not CHOICE.c_kernels():
         raise SystemExit("pipeline/cpu/cpu_decode.c is not built here: there is no exact path to measure")
     lm = load_model(args.model or pipeline.EMBEDDED)
     kv = PagedKV(lm, 512, 8)

@@ -26,7 +26,7 @@ def main():
     import torch
 
     import pipeline
-    from pipeline.cpu import matmul as cpu_matmul
+    from pipeline.cpu.kernel_choice import CHOICE
     from pipeline.engine import Engine
     from pipeline.engine.paged import Seq
 
@@ -47,9 +47,9 @@ def main():
         "prompt chunk of 36 + 7 decode rows": [Seq(prompt, 0, tables[12])] + decode[:7],
         "7 prompts of 36 tokens": [Seq(prompt, 0, tables[j]) for j in range(7)],
     }
-    # (cpu_matmul's kernel choice on, the row step for decode-only passes on)
+    # (the kernel choice on, the row step for decode-only passes on)
     layouts = {"cpu_matmul + row step": (True, True), "cpu_matmul, torch step": (True, False), "F.linear": (False, False)}
-    defaults = (cpu_matmul.KERNELS, True)
+    defaults = (CHOICE.enabled, True)
     row = step.row
     times = {(c, k): [] for c in cases for k in layouts}
     diff = {}
@@ -58,7 +58,7 @@ def main():
             for c, seqs in cases.items():  # the logits of both layouts, once
                 out = {}
                 for k, lay in layouts.items():
-                    cpu_matmul.KERNELS, use_row = lay
+                    CHOICE.enabled, use_row = lay
                     step.row = row if use_row else None
                     out[k] = step.forward(seqs)
                 diff[c] = {k: float((out[k] - out["F.linear"]).abs().max() / out["F.linear"].abs().max()) for k in layouts if k != "F.linear"}
@@ -66,13 +66,13 @@ def main():
             for rep in range(args.reps):  # interleaved: every case and layout once per repeat, the layouts' order rotating
                 for c, seqs in cases.items():
                     for k, lay in order[rep % len(order) :] + order[: rep % len(order)]:
-                        cpu_matmul.KERNELS, use_row = lay
+                        CHOICE.enabled, use_row = lay
                         step.row = row if use_row else None
                         t = time.perf_counter()
                         step.forward(seqs)
                         times[(c, k)].append(time.perf_counter() - t)
     finally:
-        cpu_matmul.KERNELS, _ = defaults
+        CHOICE.enabled, _ = defaults
         step.row = row
     results = {}
     for c in cases:

@@ -28,7 +28,7 @@ import time
 from common import write
 
 from pipeline.engine import BLOCK_SIZE
-from pipeline.engine.scene import VISITOR_PROMPTS as PROMPTS
+from pipeline.lab.scene import VISITOR_PROMPTS as PROMPTS
 
 
 def pct(xs, q):

@@ -90,13 +90,13 @@ def main():
         print(f"[{name}] {res['section_seconds'][name]:.1f} s", flush=True)
 
     def production():
-        from pipeline.cpu import fused
+        from pipeline.cpu import fused, fused_measures
         from pipeline.generation import compare_cache_modes
 
         cuda = lm.device.type == "cuda"
         modes = ("dynamic", "static", "fused") + (("fused+compile",) if cuda and not args.no_compile else ())
-        out = res["production"] = {"fused_mode": fused.mode_label(lm)}
-        out["fused_vs_forward"] = asdict(fused.check_against_forward(lm, ids[0].tolist()))
+        out = res["production"] = {"fused_mode": fused_measures.mode_label(lm)}
+        out["fused_vs_forward"] = asdict(fused_measures.check_against_forward(lm, ids[0].tolist()))
         save()
         for compile_ in (False, True) if "fused+compile" in modes else (False,):
             t = time.perf_counter()
@@ -108,9 +108,9 @@ def main():
             out[f"compile_{key}_s"] = dec.compile_s
             out[f"mode_{key}"] = dec.mode
             out[f"problems_{key}"] = dec.problems
-            out[f"step_floor_{key}"] = asdict(fused.step_floor(lm, 200 if cuda else 10, compile=compile_))
+            out[f"step_floor_{key}"] = asdict(fused_measures.step_floor(lm, 200 if cuda else 10, compile=compile_))
             save()
-        out["launches_per_step"] = asdict(fused.launches_per_step(lm, compile="fused+compile" in modes))
+        out["launches_per_step"] = asdict(fused_measures.launches_per_step(lm, compile="fused+compile" in modes))
         save()
         r = compare_cache_modes(lm, prompt, n, chat=True, reps=args.reps, modes=modes)
         for m, v in r.modes.items():
@@ -284,9 +284,9 @@ def main():
         processors, fp32: the memory's read speed (pipeline.cpu.bandwidth's C probe over a buffer as large as the
         weights; torch summing every weight beside it, which under-reads) and one request's decode tokens/s, the row
         step against transformers' loop, with its share of that limit."""
-        from pipeline.cpu import matmul as cpu_matmul
         from pipeline.cpu import row_step
         from pipeline.cpu.bandwidth import read_probe
+        from pipeline.cpu.kernel_choice import CHOICE
 
         cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
         ws = [p.detach() for p in cpu_lm.model.parameters()]
@@ -302,7 +302,7 @@ def main():
             "threads": torch.get_num_threads(),
             "dtype": str(cpu_lm.dtype),
             "row_step": row_step.usable(cpu_lm),
-            "native_kernels": cpu_matmul.native() is not None,  # pipeline/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
+            "native_kernels": CHOICE.c_kernels(),  # pipeline/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
             "read_gb_per_s": probe.gb_per_s,
             "read_kernel": probe.kernel,
             "limit_tokens_per_s": probe.gb_per_s * 1e9 / nbytes,

@@ -1,13 +1,13 @@
-"""Figures for the batching page, drawn from a scene's iteration records (pipeline.engine.scene.SceneRun)."""
+"""Figures for the batching page, drawn from a scene's iteration records (pipeline.lab.scene.SceneRun)."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from pipeline.common.memo import shared
-from pipeline.engine.request import State
-from pipeline.engine.scene import ScenePolicy
+from pipeline.common import shared
+from pipeline.engine import State
+from pipeline.lab import ScenePolicy
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout
 

@@ -23,6 +23,10 @@ The rooms, from the ground up, in the order a prompt meets them (docs/architectu
 `import pipeline` keeps its names: `pipeline.models` is the model room's face (`pipeline.model`),
 `pipeline.tracing`, `pipeline.sampling`, `pipeline.generation`, `pipeline.checks` name the modules as before.
 (Imported by their path, the modules live in their rooms: `pipeline.forward.tracing`, `pipeline.lab.checks`.)
+
+Each room's `__init__` is its face: the app's side (views, components, appstate, app.py, demo.py) imports `pipeline`
+or `pipeline.<room>` and the names in its `__all__`, never a module by its path (tests/app/test_faces.py). This
+module is the forward room's face as well: tokens, the trace, sampling.
 """
 
 from pipeline import (
@@ -33,7 +37,7 @@ from pipeline import (
 )
 from pipeline.forward import sampling, tracing
 from pipeline.forward.sampling import DEFAULTS, GREEDY, Sampling
-from pipeline.forward.tokens import Segment, Token, text_of, tokenize
+from pipeline.forward.tokens import Segment, Token, display_text, text_of, tokenize
 from pipeline.forward.tracing import Trace, TraceError, trace
 from pipeline.generation import GenerationRecord, generate, metrics
 from pipeline.generation.events import Finish, StepEvent
@@ -63,6 +67,7 @@ __all__ = [
     "EMBEDDED",
     "GEMMA",
     "text_of",
+    "display_text",
     "tokenize",
     "Token",
     "Segment",

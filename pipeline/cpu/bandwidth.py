@@ -7,7 +7,7 @@ is measured against (bench/bench_cpu_anchor.py, the roofline page).
 With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
 read as four streams side by side: a STREAM-style read; one stream a thread, as until 2026-12-04, read 13-17% less
 here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower
-and says so in `kernel`. The buffer is in transparent huge pages (matmul.aligned), as the
+and says so in `kernel`. The buffer is in transparent huge pages (huge_pages.aligned), as the
 weights' panels are: measured 2026-12-05 in the probe's fast minutes, the same read over 4 KiB pages gave 55-58 GB/s
 where huge pages gave 62-64 (alike in normal minutes). Until then the probe's numpy buffer had huge pages (numpy
 advises them for its large arrays) and the panels did not, so the products' share was measured against faster memory
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.cpu.matmul import aligned, native
+from pipeline.cpu.huge_pages import aligned
+from pipeline.cpu.kernel_choice import CHOICE
 
 
 @dataclass
@@ -45,17 +46,16 @@ class Reader:
             raise ValueError(f"read_probe: a buffer of at least 1 MiB is needed to measure memory, not {nbytes:,} bytes")
         self.n = n = nbytes // 4
         self.bytes = n * 4
-        self._buf = aligned(n, np.float32)  # in huge pages, as the weights' panels are (matmul.aligned)
+        self._buf = aligned(n, np.float32)  # in huge pages, as the weights' panels are (huge_pages.aligned)
         self._buf[:] = 1.0
-        lib = native()
         self.threads = threads or torch.get_num_threads()
-        if lib is not None:
-            addr = self._buf.ctypes.data
+        how = CHOICE.read(self.threads)  # what reads it, and the sentence saying so
+        if how.c:
+            lib, addr = CHOICE.library(), self._buf.ctypes.data
             self._read = lambda: lib.read_sum(addr, n, self.threads)
-            self.kernel = f"pipeline/cpu/cpu_decode.c read_sum, AVX2, {self.threads} threads x 4 streams"
         else:
             self._read, self.threads = self._buf.sum, 1
-            self.kernel = "numpy sum, 1 thread (cpu_decode.c not built here)"
+        self.kernel = how.reason
         total = self._read()  # warm: caches, the thread team; and a check that every float was read
         if abs(float(total) - n) > 1e-3 * n:
             raise RuntimeError(f"read_probe: the read summed {float(total):,.0f}, not {n:,} (the kernel misread the buffer)")

@@ -19,53 +19,27 @@ The activation, the embedding and the LM head are the model's own modules, calle
 RMSNorm is one `F.rms_norm` with the module's own weight, epsilon and formula (Llama-style or Gemma's 1 + w).
 The prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
 Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
-not otherwise. `check_against_forward` compares our step's logits with a plain transformers forward.
+not otherwise. What the production page measures of this step (its check against a plain transformers forward, its
+launches, its floor) is pipeline.cpu.fused_measures.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from pipeline.common.timing import ids_of_length, syncer
-from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
 from pipeline.cpu.graphs import capture_step, compile_step
+from pipeline.cpu.greedy import greedy_summary
 from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
 from pipeline.cpu.row_kv import BufferKV
-from pipeline.cpu.row_step import row_step, usable
+from pipeline.cpu.row_step import row_step, usable  # noqa: F401 - usable: re-exported
 from pipeline.forward.sampling import GreedySummary
-from pipeline.model.loaded import LoadedModel
 
 MIN_BUCKET = 256
-# operators that only make a new view of existing memory (no kernel on a GPU)
-VIEW_OPS = {
-    "aten::view",
-    "aten::reshape",
-    "aten::slice",
-    "aten::select",
-    "aten::split",
-    "aten::split_with_sizes",
-    "aten::chunk",
-    "aten::t",
-    "aten::transpose",
-    "aten::unsqueeze",
-    "aten::squeeze",
-    "aten::expand",
-    "aten::as_strided",
-    "aten::detach",
-    "aten::alias",
-    "aten::_unsafe_view",
-    "aten::narrow",
-    "aten::permute",
-    "aten::lift_fresh",
-    "aten::unbind",
-}
 
 
 def project(mod, x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +164,7 @@ class FusedDecoder:
         return logits, self._summary(logits)
 
     def _summary(self, logits) -> GreedySummary:
-        return cpu_matmul.greedy_summary(logits, self.n_top)
+        return greedy_summary(logits, self.n_top)
 
     def step(self, token_id: int, position: int):
         """Decode one token at `position` (its K/V are written there). Returns (logits, summary) on the device;
@@ -228,7 +202,9 @@ class FusedDecoder:
             logits = out.logits[0, -1].float()
             return logits, self._summary(logits)
 
-    def kv_bytes_per_layer(self) -> list[int]:
+    def kv_bytes_reserved_per_layer(self) -> list[int]:
+        """Each layer's K and V buffers, set aside whole for max_len positions (not the context's: that is
+        LoadedModel.kv_layer_bytes)."""
         per = 2 * self.KV * self.max_len * self.D * self.K.element_size()
         return [per] * len(self.layers)
 
@@ -265,134 +241,3 @@ def acquire_decoder(fm: FusedModel, n_positions: int, graph: bool | None = None,
                 cache.pop(next(iter(cache)))
             cache[key] = dec
     return dec
-
-
-@dataclass
-class ForwardCheck:
-    """Our step fed token by token vs one plain transformers forward over the same ids."""
-
-    max_rel_err: float  # max over positions of |ours - reference| / |reference| (logit vectors, L2)
-    same_argmax: bool  # the same top token at every position
-    positions: int
-
-
-@dataclass
-class StepCounts:
-    """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile")."""
-
-    ops: dict[str, int]  # top-level aten operators
-    compute_ops: dict[str, int]  # of which do work (not views)
-    kernels: dict[str, int] | None  # CUDA kernels launched (None on a CPU)
-
-
-@dataclass
-class StepFloor:
-    """The fused step replayed back to back, the next token fed on the device: the device's time per token."""
-
-    mode: str
-    step_ms: float
-    tokens_per_s: float
-    steps: int
-
-
-def check_against_forward(lm: LoadedModel, ids: list[int], max_len: int | None = None) -> ForwardCheck:
-    """Feed `ids` through prefill(first token) + our step for each further token, and compare every
-    position's logits with one plain transformers forward over the whole sequence. Eager (no graph)."""
-    dev = lm.device
-    x = torch.tensor([ids], device=dev)
-    dec = FusedDecoder(fused_model(lm), max_len or bucket(len(ids) + 1, lm.facts.max_positions), graph=False)
-    with lm.lock, torch.inference_mode():
-        ref = lm.model(input_ids=x, use_cache=False).logits[0].float()
-        ours = [dec.prefill(x[:, :1])[0]]
-        for t in range(1, len(ids)):
-            ours.append(dec.step(ids[t], t)[0].clone())
-        ours = torch.stack(ours)
-    err = ((ours - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
-    same_argmax = bool((ours.argmax(-1) == ref.argmax(-1)).all())
-    return ForwardCheck(err, same_argmax, len(ids))
-
-
-def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False) -> StepCounts:
-    """What one decode step costs the host: operators dispatched from Python (and on CUDA, kernels launched)
-    by transformers' forward with a dynamic cache, by our fused step, and with compile=True by the fused step
-    after torch.compile; counted by torch.profiler on one step each, run without a graph. On a GPU every
-    operator is at least one launch of a few microseconds of CPU time; a CUDA graph replays all of a step's
-    kernels with one launch."""
-    from torch.profiler import ProfilerActivity, profile
-    from transformers import DynamicCache
-
-    cuda = lm.device.type == "cuda"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync = syncer(lm.device)
-    ids = ids_of_length(lm, context)
-
-    def count(fn):
-        fn()  # warm
-        sync()
-        with profile(activities=acts) as prof:
-            fn()
-            sync()
-        evs = prof.events()
-        top = [e for e in evs if e.name.startswith("aten::") and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-        compute = [e for e in top if e.name not in VIEW_OPS and not (e.name == "aten::to" and not e.cpu_children)]
-        kernels = sum(1 for e in evs if str(getattr(e, "device_type", "")).endswith("CUDA"))
-        return len(top), len(compute), kernels
-
-    out = {}
-    with lm.lock, torch.inference_mode():
-        cache = DynamicCache(config=lm.model.config)
-        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1))
-    for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
-        dec = acquire_decoder(fused_model(lm), context + 2, compile=comp)
-        try:
-            with lm.lock, torch.inference_mode():
-                dec.prefill(ids)
-                dec.tok.fill_(int(ids[0, -1]))
-                dec.pos.fill_(context)
-                out[name] = count(dec._run)  # the step's own launches, outside any graph
-        finally:
-            dec.release()
-    return StepCounts({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}, {k: v[2] for k, v in out.items()} if cuda else None)
-
-
-def mode_label(lm: LoadedModel, compile: bool = False) -> str:
-    """How the fused step runs on this model's device."""
-    from pipeline.cpu.matmul import native
-
-    if lm.device.type == "cuda":
-        return ("torch.compile + " if compile else "") + "CUDA graph"
-    if usable(lm) and not compile:
-        kernel = "our AVX2 kernels, pipeline/cpu/cpu_decode.c" if native() is not None else "OpenBLAS's sgemv"
-        return f"CPU row step (pipeline.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
-    return ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph"
-
-
-def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:
-    """The fused step alone, back to back, with the next token fed on the device (no host round trip per
-    token): what the device needs per token, against which a generation loop's extra time is host work.
-    Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
-    smallest buffer, the one (and the graph) a short request uses."""
-    sync = syncer(lm.device)
-    dec = acquire_decoder(fused_model(lm), context + steps + 8, compile=compile)
-    try:
-        ids = ids_of_length(lm, context)
-        with lm.lock, torch.inference_mode():
-            _, summary = dec.prefill(ids)
-            tok = summary.token
-            for p in range(context, context + 3):  # warm
-                _, summary = dec.step(tok, p)
-            sync()
-            t = time.perf_counter()
-            for p in range(context + 3, context + 3 + steps):
-                dec.pos.fill_(p)
-                dec.tok.copy_(summary.argmax.view(1))  # argmax of the last step, on device
-                if dec.graph is not None:
-                    dec.graph.replay()
-                else:
-                    _, summary = dec._run()
-            sync()
-            s = (time.perf_counter() - t) / steps
-    finally:
-        dec.release()
-    return StepFloor(dec.mode, s * 1000, 1 / s, steps)

@@ -1,5 +1,5 @@
 """A Llama-family decoder layer in one call of pipeline/cpu/cpu_decode.c (`row_layer`), through checked arguments as
-every kernel of pipeline.cpu.matmul: the layer's weights checked once (LayerWeights), a pass's rows and their KV
+every kernel (pipeline.cpu.library's checks): the layer's weights checked once (LayerWeights), a pass's rows and their KV
 slots checked once for all its layers (LayerRows), then one call a layer (row_layer), or one call for every layer
 (LayerStack, row_layers: a pass nothing interrupts between layers). pipeline.cpu.row_step uses it where the layer fits
 (_RowLayer.whole)."""
@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from pipeline.cpu.matmul import F32, I32, _dim, _library, _need, panel, ptr
+from pipeline.cpu.library import F32, I32, dim, library, need, ptr
+from pipeline.cpu.matmul import panel
 
 
 class LayerWeights:
@@ -27,16 +28,16 @@ class LayerWeights:
                 raise ValueError(f"{name}: a float32 tensor {shape} is needed, not {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
         if H % KV or D % 2:
             raise ValueError(f"heads: {H} query heads over {KV} KV heads of {D} values")
-        self.H, self.KV, self.D, self.d, self.I = (_dim(n, "a layer dimension") for n in (H, KV, D, d, inner))
+        self.H, self.KV, self.D, self.d, self.I = (dim(n, "a layer dimension") for n in (H, KV, D, d, inner))
         self.panels = [panel(w) for w in (wqkv, wo, wgu, wdown)]
         self.biases = []
         for b, n in ((bqkv, wqkv.shape[0]), (bo, d), (bgu, 2 * inner), (bdown, d)):
             if b is not None:
                 b = np.ascontiguousarray(b.detach().numpy())
-                _need(b, "bias", F32, (n,))
+                need(b, "bias", F32, (n,))
             self.biases.append(b)
         for name, n in (("n_in", n_in), ("n_mid", n_mid)):
-            _need(n, name, F32, (d,))
+            need(n, name, F32, (d,))
         self.norms = (n_in, float(eps_in), n_mid, float(eps_mid))
         self.ws = d + (H + 2 * KV) * D + H * D + 3 * inner + d  # floats of workspace per row
 
@@ -59,9 +60,9 @@ class LayerRows:
         self.layer_bytes = K.strides[0]
         self.blk, self.off, self.hi = (np.ascontiguousarray(v, dtype=I32) for v in (blk, off, hi))
         self.tables = np.ascontiguousarray(tables, dtype=I32)
-        M = self.M = _dim(len(self.hi), "rows")
-        _need(self.tables, "tables", I32, (M, None))
-        self.mb = _dim(self.tables.shape[1], "tables columns")
+        M = self.M = dim(len(self.hi), "rows")
+        need(self.tables, "tables", I32, (M, None))
+        self.mb = dim(self.tables.shape[1], "tables columns")
         if not 1 <= bs <= slots:
             raise ValueError(f"bs: {bs} positions a block, the buffer holds {slots}")
         self.bs = int(bs)
@@ -120,28 +121,28 @@ class Head:
     def __init__(self, scale: np.ndarray, eps: float, w: torch.Tensor, b: torch.Tensor | None):
         if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() != 2:
             raise ValueError(f"head: a 2-D float32 tensor is needed, not {getattr(w, 'dtype', type(w).__name__)}")
-        self.vocab, self.d = (_dim(n, "a head dimension") for n in w.shape)
-        _need(scale, "final norm", F32, (self.d,))
+        self.vocab, self.d = (dim(n, "a head dimension") for n in w.shape)
+        need(scale, "final norm", F32, (self.d,))
         self.scale, self.eps, self.panels = scale, float(eps), panel(w)
         self.bias = None if b is None else np.ascontiguousarray(b.detach().numpy())
         if self.bias is not None:
-            _need(self.bias, "head bias", F32, (self.vocab,))
+            need(self.bias, "head bias", F32, (self.vocab,))
 
 
 def _checked(x, w: LayerWeights, rows: LayerRows, cos, sin, ws, layers: int, what: str) -> np.ndarray | None:
     """What a layer's call and a stack's share: x [M, d], cos and sin [M, D], a KV memory holding `layers` layers of
     the weights' heads, a workspace of M * w.ws floats (a new one where ws is None). None when there are no rows."""
     M = rows.M
-    _need(x, "x", F32, (M, w.d))
+    need(x, "x", F32, (M, w.d))
     for name, t in (("cos", cos), ("sin", sin)):
-        _need(t, name, F32, (M, w.D))
+        need(t, name, F32, (M, w.D))
     if (rows.KV, rows.D) != (w.KV, w.D) or layers < 1 or layers * rows.layer_bytes > rows.K.nbytes:
         raise ValueError(f"rows: {what} with {rows.KV} KV heads of {rows.D}, the layers have {w.KV} of {w.D}")
     if M == 0:
         return None
     if ws is None:
         ws = np.empty(M * w.ws, dtype=np.float32)
-    _need(ws, "ws", F32, (None,))
+    need(ws, "ws", F32, (None,))
     if ws.size < M * w.ws:
         raise ValueError(f"ws: {M * w.ws} floats needed, {ws.size} given")
     return ws
@@ -180,7 +181,7 @@ def row_layers(
             tail = (ptr(head.scale), head.eps, ptr(head.panels), b, head.vocab, ptr(kept), len(kept), ptr(logits))
     lo, failed = rows.lo(None), ctypes.c_int(0)
     (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
-    _library().row_layers(
+    library().row_layers(
         stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd, ptr(cos), ptr(sin),
         ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables),
         rows.mb, ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed), *tail,
@@ -204,7 +205,7 @@ def row_layer(
     lo, failed, off = rows.lo(window), ctypes.c_int(0), i * rows.layer_bytes
     n_in, eps_in, n_mid, eps_mid = w.norms
     (pq, po, pg, pd), (bq, bo, bg, bd) = w.panels, [None if b is None else ptr(b) for b in w.biases]
-    _library().row_layer(
+    library().row_layer(
         ptr(x), M, w.d, w.H, w.KV, w.D, w.I, ptr(n_in), eps_in, ptr(n_mid), eps_mid,
         ptr(pq), bq, ptr(po), bo, ptr(pg), bg, ptr(pd), bd, ptr(cos), ptr(sin),
         ptr(rows.K) + off, ptr(rows.V) + off, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables), rows.mb,
@@ -223,6 +224,29 @@ class Steps(NamedTuple):
     lse: np.ndarray
     vals: np.ndarray
     ids: np.ndarray
+
+
+def _checked_steps(w: LayerWeights, head: Head, rows: LayerRows, table, cos_all, sin_all, tokens, positions, room, stop, left, steps: int, k: int):
+    """row_steps' arguments checked (a ValueError naming what is wrong): (tokens int64, positions and lefts int32,
+    stop int32 C-contiguous, the steps the call may do at most)."""
+    M = rows.M
+    if not 1 <= steps or not 1 <= k <= head.vocab or head.d != w.d:
+        raise ValueError(f"row_steps: steps {steps} and k {k} of {head.vocab} (head of {head.d} inputs, layers of {w.d})")
+    tok = np.array(tokens, dtype=np.int64)
+    pos, room, left = (np.array(a, dtype=I32) for a in (positions, room, left))
+    if not (len(tok) == len(pos) == len(room) == len(left) == M) or M == 0:
+        raise ValueError(f"row_steps: {M} rows of KV memory, {len(tok)} tokens, {len(pos)} positions, {len(room)} rooms, {len(left)} lefts")
+    need(table, "table", F32, (None, w.d))
+    for name, t in (("cos_all", cos_all), ("sin_all", sin_all)):
+        need(t, name, F32, (None, w.D))
+    stop = np.ascontiguousarray(stop, dtype=I32)
+    need(stop, "stop", I32, (M, None))
+    n = min(steps, int(left.min()))  # no row makes more than it may: the call does at most n steps
+    if left.min() < 1 or tok.min() < 0 or tok.max() >= table.shape[0] or pos.min() < 0:
+        raise ValueError("row_steps: a row with no tokens left, a token outside the embedding, or a negative position")
+    if (pos + n > np.minimum(room, rows.mb * rows.bs)).any() or pos.max() + n > min(len(cos_all), len(sin_all)):
+        raise ValueError("row_steps: the steps would pass a row's KV blocks or the RoPE tables")
+    return tok, pos, left, stop, n
 
 
 def row_steps(
@@ -251,22 +275,7 @@ def row_steps(
     the current step when set (by another thread). The call ends after the step where a row stopped or ran out, or
     where the flag was set."""
     w, M = stack.layers[0], rows.M
-    if not 1 <= steps or not 1 <= k <= head.vocab or head.d != w.d:
-        raise ValueError(f"row_steps: steps {steps} and k {k} of {head.vocab} (head of {head.d} inputs, layers of {w.d})")
-    tok = np.array(tokens, dtype=np.int64)
-    pos, room, left = (np.array(a, dtype=I32) for a in (positions, room, left))
-    if not (len(tok) == len(pos) == len(room) == len(left) == M) or M == 0:
-        raise ValueError(f"row_steps: {M} rows of KV memory, {len(tok)} tokens, {len(pos)} positions, {len(room)} rooms, {len(left)} lefts")
-    _need(table, "table", F32, (None, w.d))
-    for name, t in (("cos_all", cos_all), ("sin_all", sin_all)):
-        _need(t, name, F32, (None, w.D))
-    stop = np.ascontiguousarray(stop, dtype=I32)
-    _need(stop, "stop", I32, (M, None))
-    n = min(steps, int(left.min()))  # no row makes more than it may: the call does at most n steps
-    if left.min() < 1 or tok.min() < 0 or tok.max() >= table.shape[0] or pos.min() < 0:
-        raise ValueError("row_steps: a row with no tokens left, a token outside the embedding, or a negative position")
-    if (pos + n > np.minimum(room, rows.mb * rows.bs)).any() or pos.max() + n > min(len(cos_all), len(sin_all)):
-        raise ValueError("row_steps: the steps would pass a row's KV blocks or the RoPE tables")
+    tok, pos, left, stop, n = _checked_steps(w, head, rows, table, cos_all, sin_all, tokens, positions, room, stop, left, steps, k)
     S = stop.shape[1]
     out = Steps(n, np.empty((n, M), np.int64), np.empty((n, M), np.float32), np.empty((n, M, k), np.float32), np.empty((n, M, k), np.int64))
     x, cs, logits = np.empty((M, w.d), np.float32), np.empty((2, M, w.D), np.float32), np.empty((M, head.vocab), np.float32)
@@ -275,7 +284,7 @@ def row_steps(
     ws, failed = np.empty(M * w.ws, dtype=np.float32), ctypes.c_int(0)
     (pq, po, pg, pd), (bq, bo, bg, bd) = stack.products, stack.biases
     b = None if head.bias is None else ptr(head.bias)
-    done = _library().row_steps(
+    done = library().row_steps(
         n, ptr(table), ptr(cos_all), ptr(sin_all), ptr(tok), ptr(pos), ptr(stop) if S else None, S, ptr(left),
         ctypes.addressof(flag), k, *(ptr(a) for a in out[1:]), ptr(cs), ptr(blk), ptr(off), ptr(hi),
         stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd,

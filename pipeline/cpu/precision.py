@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from pipeline.common.memo import give_back_freed_memory
 from pipeline.cpu.fused import bucket
 from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.matmul import native, packed_panels, panel_product
+from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.cpu.matmul import packed_panels, panel_product
 from pipeline.cpu.row_kv import BufferKV
 from pipeline.cpu.row_step import RowStep, usable
 from pipeline.model.loaded import LoadedModel
@@ -48,7 +49,7 @@ N_NEW = 24  # answer tokens compared
 def _bf16(w: torch.Tensor, b: torch.Tensor | None):
     wb = w.detach().to(torch.bfloat16)
     bb = None if b is None else b.detach().to(torch.bfloat16)
-    if native() is not None:  # pipeline/cpu/cpu_decode.c: bf16 weights widened to fp32 in registers, fp32 sums
+    if CHOICE.precision().c:  # pipeline/cpu/cpu_decode.c: bf16 weights widened to fp32 in registers, fp32 sums
         p = packed_panels(wb.view(torch.int16).numpy().view(np.uint16))
         bias = None if bb is None else bb.float().contiguous().numpy()
 
@@ -68,7 +69,7 @@ def _int8(w: torch.Tensor, b: torch.Tensor | None):
     w = w.detach()
     scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
     w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    if native() is not None:  # pipeline/cpu/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
+    if CHOICE.precision().c:  # pipeline/cpu/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
         p = packed_panels(w8.numpy())
         sc = scale.float().contiguous().numpy()
         bias = None if b is None else np.ascontiguousarray(b.detach().float().numpy())
@@ -86,17 +87,8 @@ def _int8(w: torch.Tensor, b: torch.Tensor | None):
 
 
 def kernel_note() -> str:
-    """What computed the lesson's products, for page 12's caption."""
-    if native() is not None:
-        return (
-            "All three run our kernel (pipeline/cpu/cpu_decode.c) over the same panel layout, the smaller weights widened to fp32 "
-            "in registers: the difference in speed is the bytes each token reads."
-        )
-    return (
-        "bf16 and int8 run torch's kernels here (bf16 linear, _weight_int8pack_mm): on a CPU without native bf16 or tuned "
-        "int8 instructions the smaller weights are converted on the fly and can be slower than fp32; a dedicated engine's "
-        "int8 GEMM (CTranslate2: docs/benchmarks.md) shows what the bytes can give."
-    )
+    """What computed the lesson's products, for page 12's caption (the kernel choice's reason)."""
+    return CHOICE.precision().reason
 
 
 def variant(lm: LoadedModel, kind: str) -> tuple[RowStep, int]:

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from pipeline.cpu import layer_call
-from pipeline.cpu import matmul as cpu_matmul
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.cpu.kv_layout import block_span, visible, window_start
-from pipeline.cpu.matmul import native
+from pipeline.cpu.paged_attention import paged_attend
 
 
 def view(t: torch.Tensor) -> np.ndarray:
@@ -32,7 +32,7 @@ def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np
 
 
 def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
-    """Decode attention in pipeline/cpu/cpu_decode.c (`paged_attend`, through cpu_matmul's checked call), over the keys
+    """Decode attention in pipeline/cpu/cpu_decode.c (`paged_attend`, through its checked call, pipeline.cpu.paged_attention), over the keys
     and values where they lie: q [B, KV, G, D], K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer
     [KV, max_len, D], one block), tables [B, blocks] int32, each row attending to positions lo[b] <= p < hi[b].
     -> [B, KV * G * D]."""
@@ -41,7 +41,7 @@ def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarra
     # a small call (one row over a short context: ~15 µs of work) stays on the calling thread: handing it to the
     # pool costs more than it saves
     threads = torch.get_num_threads() if int((hi - lo).sum()) * KV * G * D >= PARALLEL_ATTENTION else 1
-    return cpu_matmul.paged_attend(q, K, V, tables, lo, hi, bs, scale, threads)
+    return paged_attend(q, K, V, tables, lo, hi, bs, scale, threads)
 
 
 PARALLEL_ATTENTION = 1 << 18  # multiply-adds of q . K from which attention is split over the threads
@@ -68,7 +68,7 @@ class BufferKV:
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
         lo, hi = window_start(self.pos + 1, window), self.pos + 1
-        if native() is not None:
+        if CHOICE.c_kernels():
             rng = np.array([lo, hi], dtype=np.int32)
             return native_attend(q, self.K[i], self.V[i], _ONE_BLOCK, rng[:1], rng[1:], self.K.shape[2], scale)
         return attend(q[0], self.K[i, :, lo:hi], self.V[i, :, lo:hi], scale)[None]
@@ -90,7 +90,7 @@ class PagedRows:
         self.off = self.pos % bs
         lens = self.pos + 1
         B = len(positions)
-        if native() is not None:  # each row over its own blocks, in place (native_attend): nothing gathered
+        if CHOICE.c_kernels():  # each row over its own blocks, in place (native_attend): nothing gathered
             width = max(len(t) for t in tables)
             self.table_arr = np.zeros((B, width), dtype=np.int32)
             for b, t in enumerate(tables):
@@ -118,7 +118,7 @@ class PagedRows:
     def select(self, idx: np.ndarray) -> PagedRows:
         """The same memory for the rows `idx` only (a pass where some rows are parked or not yet resumed): with the
         native kernels."""
-        if native() is None:
+        if not CHOICE.c_kernels():
             raise RuntimeError("PagedRows.select needs pipeline/cpu/cpu_decode.c (the fallback passes go through torch)")
         r = copy.copy(self)
         r.pos, r.blk, r.off, r.table_arr, r.hi = self.pos[idx], self.blk[idx], self.off[idx], self.table_arr[idx], self.hi[idx]
@@ -141,7 +141,7 @@ class PagedRows:
         return k[:, a : a + hi - lo], v[:, a : a + hi - lo]
 
     def attend(self, i: int, q: np.ndarray, window: int | None, scale) -> np.ndarray:
-        if native() is not None:
+        if CHOICE.c_kernels():
             lo = window_start(self.hi, window).astype(np.int32)
             return native_attend(q, self.K[i], self.V[i], self.table_arr, lo, self.hi, self.bs, scale)
         if self.gathered:  # torch's SDPA over the gathered blocks (it also keeps the OpenMP pool warm for the next product)

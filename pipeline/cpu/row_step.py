@@ -5,7 +5,7 @@ Decoding one token multiplies one row of activations by every weight matrix: for
 memory streams those bytes (bench/bench_cpu_anchor.py measures that limit, the C read probe pipeline.cpu.bandwidth,
 and this step side by side). Where one token's time goes now, measured in the engine, one request, each thread's
 products, waits and attention timed inside the C call (an instrumented build, 2026-12-05, the project's 2-core
-machine; the panels, the KV pool and the probe's buffer in huge pages, `matmul.aligned`):
+machine; the panels, the KV pool and the probe's buffer in huge pages, `huge_pages.aligned`):
 
   * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over 49,152
     rows): 14.1-14.7 ms in a quiet minute, the probe's read taking 14.5-15.0 (they read as fast as it); in a fast
@@ -70,9 +70,10 @@ import numpy as np
 import torch
 
 from pipeline.cpu import layer_call
-from pipeline.cpu import matmul as cpu_matmul
 from pipeline.cpu.fused_weights import FusedModel, fused_model, supported
-from pipeline.cpu.matmul import kernel_for, linear, native, panel_rows
+from pipeline.cpu.kernel_choice import CHOICE, PANEL, SGEMV
+from pipeline.cpu.matmul import linear, panel_rows
+from pipeline.cpu.norms import rms_norm, silu_mul
 from pipeline.cpu.row_kv import view
 from pipeline.cpu.threads import PLAN
 from pipeline.model.arch import NormSpec
@@ -91,8 +92,8 @@ class Norm:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu/cpu_decode.c's rms_norm
         where it is built: one call instead of six numpy operations)."""
-        if native() is not None and x.flags.c_contiguous and x.dtype == np.float32:
-            return cpu_matmul.rms_norm(x, self.scale, self.eps)
+        if CHOICE.c_kernels() and x.flags.c_contiguous and x.dtype == np.float32:
+            return rms_norm(x, self.scale, self.eps)
         ms = np.einsum("...i,...i->...", x, x)[..., None] / np.float32(x.shape[-1])
         h = x * (1.0 / np.sqrt(ms + np.float32(self.eps)))
         h *= self.scale
@@ -106,7 +107,7 @@ ONE_CALL_ROWS = 8  # a pass of at most this many rows runs every layer in one C 
 
 class _RowLayer:
     def __init__(self, ly):
-        # torch weights (for several rows: pipeline.cpu.matmul) and numpy views of the same memory (for one)
+        # torch weights (for several rows: pipeline.cpu.matmul.linear) and numpy views of the same memory (for one)
         self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (ly.out.weight, ly.out.bias), "gu": (ly.wgu, None), "down": (ly.down.weight, ly.down.bias)}
         self.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.t.items()}
         self.act = ly.act
@@ -121,8 +122,8 @@ class _RowLayer:
         pipeline/cpu/cpu_decode.c is built) its silu_mul, the same formula in one call."""
         half = gu.shape[1] // 2
         g, u = gu[:, :half], gu[:, half:]
-        if self.silu and native() is not None and gu.flags.c_contiguous and gu.dtype == np.float32:
-            return cpu_matmul.silu_mul(gu)
+        if self.silu and CHOICE.c_kernels() and gu.flags.c_contiguous and gu.dtype == np.float32:
+            return silu_mul(gu)
         return view(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
@@ -134,7 +135,7 @@ class _RowLayer:
         if self.custom is not None:  # set after the step was built (pipeline.cpu.precision): its own products
             return None
         if self._whole is False:
-            ok = native() is not None and self.silu
+            ok = CHOICE.c_kernels() and self.silu
             ok = ok and all(n is None for n in (self.norm_ff, self.norm_out, self.norm_q, self.norm_k))
             self._whole = None
             if ok:
@@ -149,12 +150,12 @@ class _RowLayer:
         if self.custom is not None:
             return self.custom[name](x)
         w, b = self.t[name]
-        # the one choice (pipeline.cpu.matmul), over numpy views here; a prompt's rows too stay on the panel kernel
-        # (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
-        kernel = "panel" if native() is not None else kernel_for(x.shape[0])
-        if kernel == "panel":
+        # the one choice (pipeline.cpu.kernel_choice), over numpy views here; a prompt's rows too stay on the panel
+        # kernel (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
+        kernel = CHOICE.row_product(x.shape[0]).kernel
+        if kernel == PANEL:
             return panel_rows(x, w, b)
-        if kernel == "sgemv":
+        if kernel == SGEMV:
             w, b = self.n[name]
             y = (w @ x[0])[None]
             if b is not None:
@@ -226,8 +227,8 @@ class RowStep:
         `interrupt` stopped the pass (see the class)."""
         self.parked = None
         # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu.threads); the
-        # native kernels and several rows keep torch's (they degrade with the load, measured in the bench)
-        with torch.no_grad(), PLAN.step() if len(tokens) == 1 and native() is None else nullcontext():
+        # C kernels and several rows keep torch's (CHOICE.one_row_threads)
+        with torch.no_grad(), PLAN.step() if CHOICE.one_row_threads(len(tokens)) else nullcontext():
             r = self.run(tokens, positions, kv, interrupt=interrupt)
         if r.parked is not None and (r.parked >= 0).any():
             self.parked = (int(r.parked.max()), r.x)
@@ -246,7 +247,7 @@ class RowStep:
         call (stack), the rows enter at layer 0, and nothing may stop them between layers (no `interrupt`, or at most
         ONE_CALL_ROWS rows and no newcomer now). None where it does not apply (`run` then goes layer by layer)."""
         B = len(x)
-        if not (B and WHOLE_LAYERS and native() is not None and hasattr(kv, "rows")) or (stack := self.stack()) is None:
+        if not (B and WHOLE_LAYERS and CHOICE.c_kernels() and hasattr(kv, "rows")) or (stack := self.stack()) is None:
             return None
         if interrupt is not None and (B > ONE_CALL_ROWS or interrupt()):
             return None
@@ -264,7 +265,7 @@ class RowStep:
         """Up to `steps` greedy tokens for these decode rows in ONE C call (layer_call.row_steps: each step the same
         numbers as a pass of its own), where it applies: a plain embedding, every layer one call (stack), the
         model's own head, no logit softcap, KV rows with block tables. None elsewhere (the caller runs one pass)."""
-        if self._table is None or self.lm.arch.softcap or native() is None or not hasattr(kv, "rows") or (stack := self.stack()) is None:
+        if self._table is None or self.lm.arch.softcap or not CHOICE.c_kernels() or not hasattr(kv, "rows") or (stack := self.stack()) is None:
             return None
         if (head := self.head_call()) is None:
             return None
@@ -285,8 +286,7 @@ class RowStep:
         Returns a RowPass: logits [len(kept), vocab] float32 torch for the rows of `want` (default all) that were
         not parked (None if none); parked: int [B], the layer each row stopped at or -1 (None without interrupt);
         x [B, d]: the hidden states, a parked row's entering the layer it stopped at."""
-        H, KV, D, G = self.H, self.KV, self.D, self.G
-        half, B, L = D // 2, len(tokens), len(self.layers)
+        B, L = len(tokens), len(self.layers)
         x = self._embed(tokens)
         if first is None or not any(first):
             done = self._one_call(x, positions, kv, interrupt, want)
@@ -300,61 +300,71 @@ class RowStep:
         can_park = np.ones(B, dtype=bool) if parkable is None else np.asarray(parkable, dtype=bool)
         cos_t, sin_t = self.rope.numpy(int(pos.max()) + 1)
         tables = {lt: (cos_t[lt][pos][:, None], sin_t[lt][pos][:, None]) for lt in cos_t}
-        whole = WHOLE_LAYERS and native() is not None and all(ly.whole() is not None for ly in self.layers) and hasattr(kv, "rows")
-        if whole:  # cpu_decode.c's one-call layer: each row's RoPE rows [B, D], its KV slots checked once a pass
-            flat = {lt: tuple(np.ascontiguousarray(t[:, 0], dtype=np.float32) for t in cs) for lt, cs in tables.items()}
-            passes: dict = {}
-        layers = self.layers
-        for i, ly in enumerate(layers):
+        whole = WHOLE_LAYERS and CHOICE.c_kernels() and all(ly.whole() is not None for ly in self.layers) and hasattr(kv, "rows")
+        # cpu_decode.c's one-call layer: each row's RoPE rows [B, D], its KV slots checked once a pass
+        flat = {lt: tuple(np.ascontiguousarray(t[:, 0], dtype=np.float32) for t in cs) for lt, cs in tables.items()} if whole else None
+        passes: dict = {}
+        for i, ly in enumerate(self.layers):
             on = (first <= i) if at is None else (first <= i) & (at < 0)
             act = None if on.all() else np.flatnonzero(on)
             if act is not None and not len(act):
                 continue
             if whole:
-                key = None if act is None else act.tobytes()
-                if key not in passes:
-                    sel = slice(None) if act is None else act
-                    rows = kv.rows(act)
-                    ws = np.empty(rows.M * ly.whole().ws, dtype=np.float32)  # one workspace for the pass's layers
-                    passes[key] = (rows, *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]), ws)
-                rows, cos, sin, ws = passes[key]
-                xa = x if act is None else np.ascontiguousarray(x[act])
-                layer_call.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale, ws)
-                if act is not None:
-                    x[act] = xa
-                if at is not None and i + 1 < L and interrupt():
-                    at[on & can_park] = i + 1
-                continue
-            xa, kva = (x, kv) if act is None else (x[act], kv.select(act))
-            qkv = ly.project("qkv", ly.norm_in(xa)).reshape(-1, H + 2 * KV, D)
-            qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
-            if ly.norm_q is not None:  # per-head norms (contiguous: the C norm, one row at a time)
-                qk = np.concatenate([ly.norm_q(np.ascontiguousarray(qk[:, :H])), ly.norm_k(np.ascontiguousarray(qk[:, H:]))], axis=1)
-            cos, sin = tables[ly.rope] if act is None else (t[act] for t in tables[ly.rope])
-            rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
-            np.negative(qk[..., half:], out=rot[..., :half])
-            rot[..., half:] = qk[..., :half]
-            rot *= sin
-            qk = qk * cos
-            qk += rot
-            kva.write(i, qk[:, H:], v)
-            a = kva.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
-            o = ly.project("o", a)
-            if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
-                xa += ly.norm_mid(o)
-                h = ly.norm_ff(xa)
+                xa = self._whole_layer(i, ly, x, act, kv, flat, passes)
             else:
-                xa += o
-                h = ly.norm_mid(xa)
-            gu = ly.project("gu", h)
-            m = ly.project("down", ly.act_mul(gu))
-            xa += ly.norm_out(m) if ly.norm_out is not None else m
+                xa, kva = (x, kv) if act is None else (x[act], kv.select(act))
+                self._layer(i, ly, xa, kva, *(tables[ly.rope] if act is None else (t[act] for t in tables[ly.rope])))
             if act is not None:
                 x[act] = xa
             if at is not None and i + 1 < L and interrupt():
-                stop = on & can_park
-                at[stop] = i + 1
-        keep = np.arange(B) if want is None else np.asarray(want, dtype=np.int64)
+                at[on & can_park] = i + 1
+        return self._finish(x, at, want)
+
+    def _whole_layer(self, i: int, ly: _RowLayer, x: np.ndarray, act, kv, flat: dict, passes: dict) -> np.ndarray:
+        """Layer i in one C call (cpu_decode.c's row_layer) for the rows `act` (None: all) of x; their rows of KV memory,
+        RoPE and workspace made once a pass for each set of rows (`passes`). Returns the rows' new hidden states."""
+        key = None if act is None else act.tobytes()
+        if key not in passes:
+            sel = slice(None) if act is None else act
+            rows = kv.rows(act)
+            ws = np.empty(rows.M * ly.whole().ws, dtype=np.float32)  # one workspace for the pass's layers
+            passes[key] = (rows, *(np.ascontiguousarray(t[sel]) for t in flat[ly.rope]), ws)
+        rows, cos, sin, ws = passes[key]
+        xa = x if act is None else np.ascontiguousarray(x[act])
+        layer_call.row_layer(i, xa, ly.whole(), rows, cos, sin, ly.window, ly.scale, ws)
+        return xa
+
+    def _layer(self, i: int, ly: _RowLayer, xa: np.ndarray, kva, cos: np.ndarray, sin: np.ndarray) -> None:
+        """Layer i for the rows xa [n, d] (updated in place), the small work in numpy and each product by the kernel
+        choice: norm, Q/K/V, per-head norms, RoPE (cos, sin [n, 1, D]), the K/V written, attention, the output, the MLP."""
+        H, KV, D, G = self.H, self.KV, self.D, self.G
+        half = D // 2
+        qkv = ly.project("qkv", ly.norm_in(xa)).reshape(-1, H + 2 * KV, D)
+        qk, v = qkv[:, : H + KV], qkv[:, H + KV :]
+        if ly.norm_q is not None:  # per-head norms (contiguous: the C norm, one row at a time)
+            qk = np.concatenate([ly.norm_q(np.ascontiguousarray(qk[:, :H])), ly.norm_k(np.ascontiguousarray(qk[:, H:]))], axis=1)
+        rot = np.empty_like(qk)  # RoPE: qk * cos + rotate_half(qk) * sin
+        np.negative(qk[..., half:], out=rot[..., :half])
+        rot[..., half:] = qk[..., :half]
+        rot *= sin
+        qk = qk * cos
+        qk += rot
+        kva.write(i, qk[:, H:], v)
+        a = kva.attend(i, qk[:, :H].reshape(-1, KV, G, D), ly.window, ly.scale)
+        o = ly.project("o", a)
+        if ly.norm_ff is not None:  # Gemma: norms after attention, before and after the MLP
+            xa += ly.norm_mid(o)
+            h = ly.norm_ff(xa)
+        else:
+            xa += o
+            h = ly.norm_mid(xa)
+        gu = ly.project("gu", h)
+        m = ly.project("down", ly.act_mul(gu))
+        xa += ly.norm_out(m) if ly.norm_out is not None else m
+
+    def _finish(self, x: np.ndarray, at: np.ndarray | None, want) -> RowPass:
+        """The final norm and LM head for the rows of `want` (default all) that were not parked."""
+        keep = np.arange(len(x)) if want is None else np.asarray(want, dtype=np.int64)
         if at is not None:
             keep = keep[at[keep] < 0]
         if not len(keep):

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from pipeline.engine.request import Policy
-from pipeline.model.loaded import LoadedModel
+from pipeline.model.loaded import CPU_KV_POOL_BYTES, LoadedModel
 
-DEFAULT_KV_BYTES = 256 << 20  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
+DEFAULT_KV_BYTES = CPU_KV_POOL_BYTES  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
 BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
 
 
@@ -24,7 +24,7 @@ def default_kv_bytes(lm: LoadedModel) -> int:
 class EngineConfig:
     """How an engine serves, with the CPU and GPU defaults in one place (`for_device`). None: the device's default."""
 
-    kv_bytes: int | None = None  # the KV pool: 256 MiB on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
+    kv_bytes: int | None = None  # the KV pool: DEFAULT_KV_BYTES on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
     block_size: int = BLOCK_SIZE
     # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
     max_batch: int | None = None

@@ -36,7 +36,7 @@ from dataclasses import asdict, replace
 import torch
 
 from pipeline.common.timing import ACTIVITY
-from pipeline.cpu.matmul import greedy_summary
+from pipeline.cpu.greedy import greedy_summary
 from pipeline.engine import worker
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
@@ -155,7 +155,7 @@ class Engine:
     def _step_time(self, rows: int) -> float | None:
         """The recent time of an iteration with about `rows` rows (an average per power-of-two bucket). A bucket not
         measured yet is scaled from the nearest one by (rows ratio)^0.25: a CPU decode step of 1, 8 and 12 rows took
-        28.8, 40.6 and 45.0 ms (pipeline/cpu/matmul.py), a GPU's grows less."""
+        28.8, 40.6 and 45.0 ms (pipeline/cpu/kernel_choice.py), a GPU's grows less."""
         if not self._step_s:
             return None
         b = rows.bit_length()
@@ -223,12 +223,8 @@ class Engine:
                         outs = self._outputs([r for r, _ in first] + rows, parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else []
                 t_done = time.perf_counter()
                 if steps is not None:  # several tokens a row, each step reported and sent as a pass of its own
-                    n, per = steps.n, (t_done - t0) / steps.n
-                    for j in range(n):
-                        summ = GreedySummary(*(torch.from_numpy(a[j]) for a in steps[1:]))
-                        live = [(r, Phase.DECODE, StepOutput(summary=summ.row(b))) for b, r in enumerate(rows) if ended.get(r.id) is None]
-                        ended.update(self._deliver(plan, live, {}, t_done - per, t_done, batch))
-                    decoded = [r.id for r in rows]
+                    n = steps.n
+                    ended, decoded = self._deliver_steps(plan, rows, steps, t0, t_done, batch)
                 else:
                     live = [(r, Phase.PREFILL, out) for (r, _), out in zip(first, outs)] + [(r, Phase.DECODE, out) for r, out in zip(rows, outs[len(first) :])]
                     padded = [r.id for r, _, _ in live if r.state == State.PADDING]  # static batching: finished rows computed as padding
@@ -237,14 +233,7 @@ class Engine:
                     decoded = [r.id for r, phase, _ in live if phase == Phase.DECODE]
             except Exception as e:  # noqa: BLE001 - out of memory, a bad state: fail these requests, keep serving
                 t_done = time.perf_counter()
-                msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                failed = [r for r in plan.requests().values() if r.state != State.FINISHED]
-                self.scheduler.fail(failed)
-                for r in failed:
-                    if r.id in self._handles:
-                        self._handles[r.id].error = msg
-                    self._close(r)
-                ended = {r.id: Finish.ERROR for r in failed}
+                ended = self._fail(plan, e)
             for r in self.scheduler.release_static_batch():
                 self._forget(r)
             self.iterations += 1
@@ -253,22 +242,48 @@ class Engine:
                 b, step = batch.bit_length(), (t_done - t0) / n
                 old = self._step_s.get(b)
                 self._step_s[b] = step if old is None else 0.7 * old + 0.3 * step
-            blocks, waiting = self.scheduler.occupancy()
-            done = [c.request.prefilled - c.start for c in plan.prefill]  # 0 for a chunk parked (or failed)
-            rec = IterationRecord(
-                self.iterations,
-                t0 - self.t_start,
-                t_done - self.t_start,
-                decoded,
-                [(c.request.id, max(0, n)) for c, n in zip(plan.prefill, done)],
-                waiting,
-                blocks,
-                [rid for rid, end in ended.items() if end is not None],
-                padded,
-                n,
-            )
-            self.records.append(rec)
-            return rec
+            return self._record(plan, t0, t_done, decoded, ended, padded, n)
+
+    def _deliver_steps(self, plan, rows: list[Request], steps, t0: float, t_done: float, batch: int) -> tuple[dict, list[int]]:
+        """A multi-step pass's tokens (a layer_call.Steps), each step reported and sent as a pass of its own, its
+        share of the time each. Returns (request id -> why it ended, the rows that decoded)."""
+        ended: dict = {}
+        n, per = steps.n, (t_done - t0) / steps.n
+        for j in range(n):
+            summ = GreedySummary(*(torch.from_numpy(a[j]) for a in steps[1:]))
+            live = [(r, Phase.DECODE, StepOutput(summary=summ.row(b))) for b, r in enumerate(rows) if ended.get(r.id) is None]
+            ended.update(self._deliver(plan, live, {}, t_done - per, t_done, batch))
+        return ended, [r.id for r in rows]
+
+    def _fail(self, plan, e: Exception) -> dict:
+        """The pass failed: its requests fail with the error's first line (their visitors are told), the engine goes on."""
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        failed = [r for r in plan.requests().values() if r.state != State.FINISHED]
+        self.scheduler.fail(failed)
+        for r in failed:
+            if r.id in self._handles:
+                self._handles[r.id].error = msg
+            self._close(r)
+        return {r.id: Finish.ERROR for r in failed}
+
+    def _record(self, plan, t0: float, t_done: float, decoded: list[int], ended: dict, padded: list[int], n: int) -> IterationRecord:
+        """The iteration's record (the batching page's Gantt), kept in `records`."""
+        blocks, waiting = self.scheduler.occupancy()
+        done = [c.request.prefilled - c.start for c in plan.prefill]  # 0 for a chunk parked (or failed)
+        rec = IterationRecord(
+            self.iterations,
+            t0 - self.t_start,
+            t_done - self.t_start,
+            decoded,
+            [(c.request.id, max(0, n)) for c, n in zip(plan.prefill, done)],
+            waiting,
+            blocks,
+            [rid for rid, end in ended.items() if end is not None],
+            padded,
+            n,
+        )
+        self.records.append(rec)
+        return rec
 
     def _deliver(self, plan, live: list, prefilled: dict, t0: float, t_done: float, batch: int) -> dict:
         """One step's outputs: each live (request, phase, StepOutput) sampled with its own settings, the tokens and

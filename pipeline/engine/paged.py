@@ -15,7 +15,7 @@ tables). Keys and values are written into each request's blocks first, then atte
     the longest, the padding masked), otherwise one call per request over exactly its own tokens.
 
 On a CPU with pipeline/cpu/cpu_decode.c built, every pass goes through pipeline.cpu.row_step instead (`_rows`: one row
-per token, fixed-order kernels), so a request's logits are bit for bit the same whatever shares its passes; the torch
+per token, fixed-order kernels; CHOICE.engine_pass decides), so a request's logits are bit for bit the same whatever shares its passes; the torch
 path above serves GPUs, and CPUs without the C kernels.
 
 A pass can be cut short for a visitor who just arrived: `interrupt()`, asked after every layer, says a short
@@ -38,8 +38,9 @@ import torch.nn.functional as F
 
 from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
 from pipeline.cpu.fused_weights import fused_model
+from pipeline.cpu.huge_pages import aligned
+from pipeline.cpu.kernel_choice import CHOICE, ROW_STEP
 from pipeline.cpu.kv_layout import block_span, window_start
-from pipeline.cpu.matmul import aligned, native
 from pipeline.cpu.row_kv import PagedRows
 from pipeline.cpu.row_step import row_step
 from pipeline.model.loaded import LoadedModel
@@ -72,7 +73,7 @@ class PagedKV:
 
     @staticmethod
     def _zeros(shape: tuple, lm: LoadedModel) -> torch.Tensor:
-        """A pool tensor of zeros. On a CPU in float32, in transparent huge pages (matmul.aligned): a decode step's
+        """A pool tensor of zeros. On a CPU in float32, in transparent huge pages (huge_pages.aligned): a decode step's
         attention reads each layer's few blocks cold, after the weights' stream has emptied the caches and the TLB;
         measured 2026-12-05 (one request, SmolLM2, ~50 positions): its attention 0.30 -> 0.24 ms a token on the
         thread with two KV heads, 0.20 -> 0.15 on the other."""
@@ -167,25 +168,11 @@ class PagedStep:
         `interrupt` (a callable asked after each layer), the parkable seqs active at a layer after which it says
         True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
-        if self.row is not None and (native() is not None or (logits and all(len(s.tokens) == 1 and not s.layer for s in seqs))):
+        decode_only = logits and all(len(s.tokens) == 1 and not s.layer for s in seqs)
+        if CHOICE.engine_pass(self.row is not None, decode_only).kernel == ROW_STEP:
             return self._rows(seqs, logits, interrupt)  # every pass with the C kernels; else decode tokens only
-        dev, bs = lm.device, kv.block_size
-        H, KV, D = self.H, self.KV, self.D
-        positions = [p for s in seqs for p in range(s.start, s.end)]
-        R = len(positions)
-        cos_t, sin_t = self.rope.upto(max(s.end for s in seqs))
-        pos = torch.tensor(positions, device=dev)
-        blk = torch.tensor([s.table[p // bs] for s in seqs for p in range(s.start, s.end)], device=dev)
-        off = pos % bs
-        rope = {lt: (cos_t[lt].index_select(0, pos), sin_t[lt].index_select(0, pos)) for lt in cos_t}
-        x = lm.arch.embed()(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(R, 1))
-        rows, r = [], 0  # each seq's first row
-        for s in seqs:
-            rows.append(r)
-            s.parked = False
-            if s.layer:
-                x[r : r + len(s.tokens)] = s.x
-            r += len(s.tokens)
+        dev, H, KV, D = lm.device, self.H, self.KV, self.D
+        x, rows, blk, off, rope = self._enter(seqs)
         parked: set[int] = set()
         views: dict[tuple, tuple] = {}  # active seqs -> (row index or None, blocks, offsets, RoPE, attention plan)
         n_layers, every = len(self.layers), tuple(range(len(seqs)))
@@ -218,12 +205,34 @@ class PagedStep:
                     if s.parkable:
                         s.layer, s.x, s.parked = i + 1, x[rows[j] : rows[j] + len(s.tokens)].clone(), True
                         parked.add(j)
-        if not logits:
-            return None
+        return self._head(seqs, x, rows, parked) if logits else None
+
+    def _enter(self, seqs: list[Seq]):
+        """The pass's rows as they enter: hidden states x [R, 1, d] (embedded, or a resumed seq's own), each seq's
+        first row, and each row's KV block, slot in it and RoPE rows (by layer type)."""
+        lm, dev, bs = self.lm, self.lm.device, self.kv.block_size
+        positions = [p for s in seqs for p in range(s.start, s.end)]
+        cos_t, sin_t = self.rope.upto(max(s.end for s in seqs))
+        pos = torch.tensor(positions, device=dev)
+        blk = torch.tensor([s.table[p // bs] for s in seqs for p in range(s.start, s.end)], device=dev)
+        rope = {lt: (cos_t[lt].index_select(0, pos), sin_t[lt].index_select(0, pos)) for lt in cos_t}
+        x = lm.arch.embed()(torch.tensor([t for s in seqs for t in s.tokens], device=dev).view(len(positions), 1))
+        rows, r = [], 0  # each seq's first row
+        for s in seqs:
+            rows.append(r)
+            s.parked = False
+            if s.layer:
+                x[r : r + len(s.tokens)] = s.x
+            r += len(s.tokens)
+        return x, rows, blk, pos % bs, rope
+
+    def _head(self, seqs: list[Seq], x: torch.Tensor, rows: list[int], parked: set[int]) -> torch.Tensor:
+        """The logits of each seq's last token [len(seqs), vocab] float32 on the device; NaN rows for parked seqs."""
+        lm, dev = self.lm, self.lm.device
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = project(lm.arch.unembedding(), h)  # on a CPU: pipeline.cpu.matmul's kernel for this many rows
+        out = project(lm.arch.unembedding(), h)  # on a CPU: the kernel pipeline.cpu.kernel_choice names for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out
@@ -236,7 +245,7 @@ class PagedStep:
         numbers as a pass of its own (RowStep.decode_steps, layer_call.row_steps): a layer_call.Steps, or None where
         it does not apply (no C kernels, or a model the call does not cover). stops: each seq's stop ids; left: the
         tokens each may still make; flag (a ctypes int): set by another thread, the call stops after its step."""
-        if self.row is None or native() is None or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
+        if not CHOICE.multi_step(self.row is not None) or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
             return None
         bs = self.kv.block_size
         width = max(map(len, stops))

@@ -113,7 +113,7 @@ class FusedStep:
         return self.lm.kv_layer_bytes(tokens)
 
     def kv_reserved_bytes(self) -> int:
-        return sum(self.dec.kv_bytes_per_layer())
+        return sum(self.dec.kv_bytes_reserved_per_layer())
 
     def close(self):
         if self.dec is not None:

@@ -80,13 +80,9 @@ def matmul_probe(device: torch.device, dtype: torch.dtype, n: int | None = None,
     return MatmulProbe(n, str(dtype).removeprefix("torch."), runs.median, 2 * n**3 / runs.median / 1e12, runs)
 
 
-def decode_step_profile(lm: LoadedModel, context: int = 64, repeats: int = 5) -> DecodeProfile:
-    """Profile decode steps (a single new token over a `context`-token KV cache) with torch.profiler, `repeats`
-    times, each profiled step next to a plain timing of the same step. Returns the median share of operator time
-    spent in matrix multiplications with its range, and the top operators by median share. One profiled step
-    alone is a sample, not a finding: on a busy machine one operator can seem to take most of it."""
-    import statistics
-
+def _profiled_steps(lm: LoadedModel, context: int, repeats: int) -> tuple[list[dict[str, tuple[float, int]]], list[float]]:
+    """`repeats` decode steps over a `context`-token cache, each timed plainly and then profiled: per repeat
+    {operator: (self time µs, calls)} (a GPU's kernel time, a CPU's operator self time), and the plain seconds."""
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
@@ -115,6 +111,17 @@ def decode_step_profile(lm: LoadedModel, context: int = 64, repeats: int = 5) ->
                 if us > 0:
                     ops[e.key] = (us, e.count)
             per_rep.append(ops)
+    return per_rep, plain
+
+
+def decode_step_profile(lm: LoadedModel, context: int = 64, repeats: int = 5) -> DecodeProfile:
+    """Profile decode steps (a single new token over a `context`-token KV cache) with torch.profiler, `repeats`
+    times, each profiled step next to a plain timing of the same step. Returns the median share of operator time
+    spent in matrix multiplications with its range, and the top operators by median share. One profiled step
+    alone is a sample, not a finding: on a busy machine one operator can seem to take most of it."""
+    import statistics
+
+    per_rep, plain = _profiled_steps(lm, context, repeats)
     totals = [sum(us for us, _ in ops.values()) or 1 for ops in per_rep]
     mm = [sum(us for k, (us, _) in ops.items() if k in MATMUL_OPS) for ops in per_rep]
     shares = [m / t for m, t in zip(mm, totals)]
@@ -136,7 +143,7 @@ def decode_step_profile(lm: LoadedModel, context: int = 64, repeats: int = 5) ->
         )
     top.sort(key=lambda o: -o.share)
     return DecodeProfile(
-        "GPU kernel time" if use_cuda else "CPU operator self time",
+        "GPU kernel time" if lm.device.type == "cuda" else "CPU operator self time",
         totals[mid],
         statistics.median(plain) * 1000,
         mm[mid],

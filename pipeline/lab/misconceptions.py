@@ -247,23 +247,9 @@ def _answer(engine, prompt_ids: list[int], n: int, name: str, then=None) -> list
     return evs
 
 
-def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -> SameInEngine:
-    """The same prompt's logits at every one of `n` steps, compared bit for bit: served alone (a private engine
-    nobody else uses, no prefix cache), then in `engine` (the server's shared one) while other visitors generate
-    (three this experiment sends once its first token is out: two long prompts prefilled in chunks beside its
-    decode rows, a short question that parks them for a layer or so, and whoever else is on the server), then again
-    with its prompt's blocks from the prefix cache."""
-    from pipeline.cpu.matmul import native
-    from pipeline.engine import Engine
-    from pipeline.generation.sweeps import long_prompt
-
-    tok = lm.tokenizer
-    alone = Engine(lm, kv_bytes=max(8 << 20, 2 * sum(lm.kv_layer_bytes(len(prompt_ids) + n + 16))), prefix_cache=False, background=False)
-    h = alone.submit(prompt_ids, n, stop_ids=frozenset(), name="misconceptions: alone", keep_logits=True)
-    while alone.iterate() is not None:
-        pass
-    ref = list(h)
-    others = [tok(long_prompt(lm, k))["input_ids"] for k in (180, 300)] + [tok("Dog bites man. Remember this sentence.")["input_ids"]]
+def _runs_in(engine, prompt_ids: list[int], n: int, others: list[list[int]]) -> list[tuple[str, list]]:
+    """The prompt answered in `engine` twice: beside the other visitors' requests (sent once its first token is out),
+    then again with its prompt's blocks from the prefix cache. [(label, its events)]."""
     sent = []
 
     def visitors():
@@ -279,38 +265,56 @@ def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -
     finally:
         for o in sent:
             o.cancel()
+    return runs
+
+
+def _compared(label: str, ref: list, evs: list) -> tuple[dict, Check]:
+    """One run's events against the reference's, logits bit for bit: its row of the table and its check."""
+    pairs = list(zip(ref, evs))
+    differ = sum(int((a.logits != b.logits).sum()) for a, b in pairs)
+    gap = max(float((a.logits - b.logits).abs().max()) for a, b in pairs)
+    row = {
+        "run": label,
+        "most requests in one pass": max(e.batch for e in evs),
+        "prompt tokens from the prefix cache": evs[0].cached_tokens,
+        "logits compared": sum(a.logits.numel() for a, _ in pairs),
+        "differing values": differ,
+        "largest difference": gap,
+        "same tokens": [e.token_id for e in evs] == [e.token_id for e in ref],
+    }
+    check = Check(
+        f"every step's logits {label}, bit for bit as alone",
+        differ == 0,
+        f"{differ:,} of {row['logits compared']:,} values differ over {len(pairs)} steps (largest difference {gap:.1e}); "
+        f"up to {row['most requests in one pass']} requests shared a pass",
+        float(differ),
+    )
+    return row, check
+
+
+def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -> SameInEngine:
+    """The same prompt's logits at every one of `n` steps, compared bit for bit: served alone (a private engine
+    nobody else uses, no prefix cache), then in `engine` (the server's shared one) while other visitors generate
+    (three this experiment sends once its first token is out: two long prompts prefilled in chunks beside its
+    decode rows, a short question that parks them for a layer or so, and whoever else is on the server), then again
+    with its prompt's blocks from the prefix cache."""
+    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.engine import Engine
+    from pipeline.generation.sweeps import long_prompt
+
+    tok = lm.tokenizer
+    alone = Engine(lm, kv_bytes=max(8 << 20, 2 * sum(lm.kv_layer_bytes(len(prompt_ids) + n + 16))), prefix_cache=False, background=False)
+    h = alone.submit(prompt_ids, n, stop_ids=frozenset(), name="misconceptions: alone", keep_logits=True)
+    while alone.iterate() is not None:
+        pass
+    ref = list(h)
+    others = [tok(long_prompt(lm, k))["input_ids"] for k in (180, 300)] + [tok("Dog bites man. Remember this sentence.")["input_ids"]]
     rows, checks = [], []
-    for label, evs in runs:
-        pairs = list(zip(ref, evs))
-        differ = sum(int((a.logits != b.logits).sum()) for a, b in pairs)
-        gap = max(float((a.logits - b.logits).abs().max()) for a, b in pairs)
-        rows.append(
-            {
-                "run": label,
-                "most requests in one pass": max(e.batch for e in evs),
-                "prompt tokens from the prefix cache": evs[0].cached_tokens,
-                "logits compared": sum(a.logits.numel() for a, _ in pairs),
-                "differing values": differ,
-                "largest difference": gap,
-                "same tokens": [e.token_id for e in evs] == [e.token_id for e in ref],
-            }
-        )
-        checks.append(
-            Check(
-                f"every step's logits {label}, bit for bit as alone",
-                differ == 0,
-                f"{differ:,} of {rows[-1]['logits compared']:,} values differ over {len(pairs)} steps (largest difference {gap:.1e}); "
-                f"up to {rows[-1]['most requests in one pass']} requests shared a pass",
-                float(differ),
-            )
-        )
-    exact = native() is not None
-    if not exact:
-        checks.append(
-            Check(
-                "the C kernels are built here",
-                False,
-                "without pipeline/cpu/cpu_decode.c the passes sum in torch's order, which depends on what else is in them",
-            )
-        )
-    return SameInEngine(rows, exact, checks)
+    for label, evs in _runs_in(engine, prompt_ids, n, others):
+        row, check = _compared(label, ref, evs)
+        rows.append(row)
+        checks.append(check)
+    exact = CHOICE.exact()  # the kernel choice says whether every pass sums in a fixed order, and why not
+    if not exact.c:
+        checks.append(Check("the C kernels are built here", False, exact.reason))
+    return SameInEngine(rows, exact.c, checks)

@@ -24,6 +24,8 @@ log = logging.getLogger("llm_explorer")
 
 _EXECUTOR_LOCK = threading.Lock()
 SMALL_WORK_TOKENS = 64  # a forward over at most this many tokens runs on one intra-op thread (see threads_for)
+# the engine's KV pool on a CPU (pipeline.engine.config's default, read from here), counted in footprint_bytes
+CPU_KV_POOL_BYTES = 256 << 20
 
 
 def thread_safe(tok):
@@ -186,13 +188,13 @@ class LoadedModel:
     @property
     def footprint_bytes(self) -> int:
         """About what this model holds while it serves: its weights, on a CPU in fp32 the decode kernels' panel copy
-        of its matrices (as large again), and the engine's KV pool (a CPU's 256 MiB; a GPU's is sized from free
-        memory and not counted here). What the app's model cache budgets by."""
+        of its matrices (as large again), and the engine's KV pool (a CPU's CPU_KV_POOL_BYTES; a GPU's is sized from
+        free memory and not counted here). What the app's model cache budgets by."""
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         if self.device.type != "cpu":
             return weights
         copy = weights if self.dtype == torch.float32 else 0
-        return weights + copy + (256 << 20)
+        return weights + copy + CPU_KV_POOL_BYTES
 
     @property
     def kv_token_bytes(self) -> int:

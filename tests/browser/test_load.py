@@ -9,7 +9,7 @@ import time
 import pytest
 from ui import no_exception, set_prompt, wait_idle
 
-from pipeline.engine.scene import VISITOR_PROMPTS
+from pipeline.lab.scene import VISITOR_PROMPTS
 
 pytestmark = pytest.mark.load
 

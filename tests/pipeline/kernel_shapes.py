@@ -1,4 +1,4 @@
-"""Every C entry point of pipeline/cpu/cpu_decode.c (through cpu_matmul's checked wrappers) driven with random shapes
+"""Every C entry point of pipeline/cpu/cpu_decode.c (through its checked wrappers) driven with random shapes
 (1-129 rows, odd sizes, empty) against numpy in float64. Imported by test_kernels_c.py, and run as a script by its
 sanitizer test (`python tests/pipeline/kernel_shapes.py [SEED] [CASES]` in a process with the library built with
 -fsanitize=address,undefined): prints "ok N" when every case agrees."""
@@ -21,9 +21,11 @@ def _close(a, b, tol=2e-4):
 def run(seed: int = 0, cases: int = 40) -> int:
     import torch
 
+    from pipeline.cpu import greedy, norms, paged_attention
     from pipeline.cpu import matmul as cm
+    from pipeline.cpu.kernel_choice import CHOICE
 
-    assert cm.native() is not None, "pipeline/cpu/cpu_decode.c is not built"
+    assert CHOICE.c_kernels(), "pipeline/cpu/cpu_decode.c is not built"
     rng = np.random.default_rng(seed)
     n = 0
     # 300 and 520 outputs: enough panels (19, 33) for one row's units of four panels over the product's quarters
@@ -47,16 +49,16 @@ def run(seed: int = 0, cases: int = 40) -> int:
         if M:
             scale = rng.standard_normal(K).astype(np.float32)
             xd = x.astype(np.float64)
-            _close(cm.rms_norm(x, scale, 1e-6), xd / np.sqrt((xd**2).mean(-1, keepdims=True) + 1e-6) * scale)
+            _close(norms.rms_norm(x, scale, 1e-6), xd / np.sqrt((xd**2).mean(-1, keepdims=True) + 1e-6) * scale)
         gu = rng.standard_normal((M, 2 * K)).astype(np.float32)
         g, u = gu[:, :K].astype(np.float64), gu[:, K:].astype(np.float64)
-        _close(cm.silu_mul(gu), g / (1 + np.exp(-g)) * u)
+        _close(norms.silu_mul(gu), g / (1 + np.exp(-g)) * u)
         # a greedy step's summary: argmax (the first of equal largest), log-sum-exp, the top k largest first with
         # the lower id first among equals (ties made on purpose by rounding), against float64 and a stable sort
         if N:
             lg = (np.round(rng.standard_normal((M, N)) * 4, 0 if rng.random() < 0.5 else 3) * 3).astype(np.float32)
             kk = int(rng.integers(1, N + 3))
-            s = cm.greedy_summary(torch.from_numpy(lg), kk)
+            s = greedy.greedy_summary(torch.from_numpy(lg), kk)
             order = np.argsort(-lg, axis=-1, kind="stable")[:, : min(kk, N)]
             assert np.array_equal(s.argmax.numpy(), lg.argmax(-1)) and np.array_equal(s.ids.numpy(), order)
             assert np.array_equal(s.values.numpy(), np.take_along_axis(lg, order, -1))
@@ -79,7 +81,7 @@ def run(seed: int = 0, cases: int = 40) -> int:
         hi = rng.integers(1, width * bs + 1, B).astype(np.int32)
         lo = np.array([rng.integers(0, h) for h in hi], dtype=np.int32)
         q = rng.standard_normal((B, KV, G, D)).astype(np.float32)
-        out = cm.paged_attend(q, Kc, Vc, tables, lo, hi, bs, 0.125, 2)
+        out = paged_attention.paged_attend(q, Kc, Vc, tables, lo, hi, bs, 0.125, 2)
         ref = np.zeros((B, KV, G, D))
         for r in range(B):
             pos = np.arange(lo[r], hi[r])
@@ -103,6 +105,7 @@ def _layers_case(rng) -> None:
 
     from pipeline.cpu import layer_call as lc
     from pipeline.cpu import matmul as cm
+    from pipeline.cpu import norms
 
     L, KV, G, D, bs = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([2, 8, 16])), 4
     H, d, inner, vocab, M = (
@@ -139,7 +142,7 @@ def _layers_case(rng) -> None:
     rows = lc.LayerRows(K2, V2, blk, off, tables, pos + 1, bs)
     for i, w in enumerate(ws_):
         lc.row_layer(i, x2, w, rows, cos, sin, None, 0.3)
-    ref = cm.panel_rows(cm.rms_norm(np.ascontiguousarray(x2[keep]), head.scale, head.eps), wh, bh) if len(keep) else np.empty((0, vocab), np.float32)
+    ref = cm.panel_rows(norms.rms_norm(np.ascontiguousarray(x2[keep]), head.scale, head.eps), wh, bh) if len(keep) else np.empty((0, vocab), np.float32)
     assert np.array_equal(x1, x2) and np.array_equal(K1, K2) and np.array_equal(V1, V2)
     assert out.shape == (len(keep), vocab) and np.array_equal(out, ref)
 

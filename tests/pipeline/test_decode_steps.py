@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from pipeline.cpu.matmul import native
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.engine import Engine
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.paged import Seq
@@ -41,7 +41,7 @@ def test_several_steps_a_pass_give_every_event_of_a_pass_a_token(lm):
     assert many == one
     alone = [e.token_id for e in generate(lm, "", request=prepare(lm, TEXTS[1], 24, chat=True), cache="dynamic") if isinstance(e, StepEvent)]
     assert [t[1] for t in many[1]] == alone  # and the tokens of our own loop, the request alone
-    if native() is not None and eng.step.row is not None and eng.step.row.stack() is not None:
+    if CHOICE.c_kernels() and eng.step.row is not None and eng.step.row.stack() is not None:
         assert max(r.steps for r in eng.records) == 8, "no pass took several steps"
         assert sum(r.steps for r in eng.records if r.decode) < 24 * 3
     else:  # a model the one call does not cover: a pass a token, as before
@@ -57,7 +57,7 @@ def _after_prefill(smol, n: int = 30):
 
 
 def test_the_call_stops_at_a_stop_token_the_length_and_news(smol):
-    if native() is None:
+    if not CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     eng, r, seq = _after_prefill(smol)
     run = lambda stops=frozenset(), left=8, news=0: eng.step.decode_steps([seq], [stops], [left], ctypes.c_int(news), 8, 5)  # noqa: E731
@@ -75,7 +75,7 @@ def test_the_call_stops_at_a_stop_token_the_length_and_news(smol):
 
 
 def test_the_call_never_passes_a_rows_blocks(smol):
-    if native() is None:
+    if not CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     eng, r, seq = _after_prefill(smol)
     bs = eng.kv.block_size

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.cpu import row_step
-from pipeline.cpu.matmul import native
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.engine import Engine
 from pipeline.generation import long_prompt, prepare
 
@@ -48,7 +48,7 @@ def _alone(lm, prompt: list[int], n: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_step_of_every_request_is_bit_for_bit_the_request_alone(lm, seed, monkeypatch):
-    if native() is None:
+    if not CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine: the torch passes sum in other orders")
     # one-row passes run every layer in one call (row_layers); passes of more rows a call a layer, so they can park
     monkeypatch.setattr(row_step, "ONE_CALL_ROWS", 1)

@@ -5,9 +5,9 @@ every attention kernel gives eager attention's logits."""
 import pytest
 
 from pipeline.common.timing import ACTIVITY
-from pipeline.engine.scene import POLICIES, User, run_alone, run_scene
 from pipeline.lab import checks
 from pipeline.lab.attention_kernels import kernel_sweep
+from pipeline.lab.scene import POLICIES, User, run_alone, run_scene
 
 pytestmark = pytest.mark.model
 

@@ -6,7 +6,8 @@ import threading
 import pytest
 import torch
 
-from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, check_against_forward, fused_model, launches_per_step, linear, supported
+from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, fused_model, linear, supported
+from pipeline.cpu.fused_measures import check_against_forward, launches_per_step
 from pipeline.forward.sampling import Sampling
 from pipeline.generation import Runner, generate
 from pipeline.model import LoadedModel, facts_of

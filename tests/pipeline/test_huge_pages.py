@@ -1,4 +1,4 @@
-"""matmul.aligned: the memory the weights' panels, the CPU KV pool and the read probe's buffer live in. Arrays of 2 MiB
+"""huge_pages.aligned: the memory the weights' panels, the CPU KV pool and the read probe's buffer live in. Arrays of 2 MiB
 or more start on a 2 MiB boundary with their whole 2 MiB pages in transparent huge pages (where the kernel allows
 them), the tail in 4 KiB pages, and the memory goes back to the system when the array is dropped."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.cpu.bandwidth import Reader
-from pipeline.cpu.matmul import HUGE_PAGE, aligned
+from pipeline.cpu.huge_pages import HUGE_PAGE, aligned
 
 pytestmark = pytest.mark.unit
 

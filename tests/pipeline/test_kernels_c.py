@@ -1,4 +1,4 @@
-"""pipeline/cpu/cpu_decode.c through cpu_matmul's checked entry points: random shapes against numpy, every argument
+"""pipeline/cpu/cpu_decode.c through its checked entry points (pipeline.cpu.matmul, norms, paged_attention, greedy): random shapes against numpy, every argument
 mismatch a ValueError naming the argument (never a read out of bounds), and the same random shapes once more with
 the library built with -fsanitize=address,undefined, reporting nothing (with a control that shows the sanitizer
 does catch an out-of-bounds read). Needs gcc and an AVX2 CPU (skipped otherwise); model tier: the first build takes
@@ -15,11 +15,14 @@ import pytest
 import torch
 
 from pipeline.cpu import matmul as cm
+from pipeline.cpu import norms
+from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.cpu.paged_attention import paged_attend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_shapes import run  # noqa: E402
 
-pytestmark = [pytest.mark.model, pytest.mark.skipif(cm.native() is None, reason="pipeline/cpu/cpu_decode.c is not built here")]
+pytestmark = [pytest.mark.model, pytest.mark.skipif(not CHOICE.c_kernels(), reason="pipeline/cpu/cpu_decode.c is not built here")]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -46,23 +49,20 @@ def f32(*shape):
         (lambda: cm.panel_product(f32(2, 6), cm.packed_panels(np.ones((4, 6), np.int8)), 4, 6), "scale: needed"),
         (lambda: cm.panel_product(f32(2, 6), cm.packed_panels(f32(4, 6))[1:-15], 4, 6), "p: the panels"),
         (lambda: cm.packed_panels(np.ones((4, 6), np.float64)), "w: a 2-D"),
-        (lambda: cm.rms_norm(f32(3, 8), f32(7), 1e-6), "scale: shape"),
-        (lambda: cm.rms_norm(np.ones((3, 8), np.float64), f32(8), 1e-6), "x: dtype"),
-        (lambda: cm.rms_norm(_misaligned(), f32(8), 1e-6), "x: data not aligned"),
-        (lambda: cm.silu_mul(f32(3, 7)), "gu: an even width"),
+        (lambda: norms.rms_norm(f32(3, 8), f32(7), 1e-6), "scale: shape"),
+        (lambda: norms.rms_norm(np.ones((3, 8), np.float64), f32(8), 1e-6), "x: dtype"),
+        (lambda: norms.rms_norm(_misaligned(), f32(8), 1e-6), "x: data not aligned"),
+        (lambda: norms.silu_mul(f32(3, 7)), "gu: an even width"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[2]], np.int32), *_win(0, 3), 4, 1.0, 1), "tables: a block number"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 5), 4, 1.0, 1), "lo, hi"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(2, 2), 4, 1.0, 1), "lo, hi"),
+        (lambda: paged_attend(f32(1, 2, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "K: 1 KV heads"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 3, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "K, V"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int64), *_win(0, 3), 4, 1.0, 1), "tables: dtype"),
+        (lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 5, 1.0, 1), "bs:"),
+        (lambda: paged_attend(f32(2, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "tables: shape"),
         (
-            lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[2]], np.int32), *_win(0, 3), 4, 1.0, 1),
-            "tables: a block number",
-        ),
-        (lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 5), 4, 1.0, 1), "lo, hi"),
-        (lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(2, 2), 4, 1.0, 1), "lo, hi"),
-        (lambda: cm.paged_attend(f32(1, 2, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "K: 1 KV heads"),
-        (lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 3, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "K, V"),
-        (lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int64), *_win(0, 3), 4, 1.0, 1), "tables: dtype"),
-        (lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 5, 1.0, 1), "bs:"),
-        (lambda: cm.paged_attend(f32(2, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1), "tables: shape"),
-        (
-            lambda: cm.paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 16)[..., ::2], f32(2, 1, 4, 16)[..., ::2], np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1),
+            lambda: paged_attend(f32(1, 1, 1, 8), f32(2, 1, 4, 16)[..., ::2], f32(2, 1, 4, 16)[..., ::2], np.array([[0]], np.int32), *_win(0, 3), 4, 1.0, 1),
             "K: each position",
         ),
     ],
@@ -83,10 +83,10 @@ def _misaligned():
 
 def test_empty_calls_return_empty_arrays():
     assert cm.panel_rows(f32(0, 6), torch.ones(4, 6)).shape == (0, 4)
-    assert cm.rms_norm(f32(0, 8), f32(8), 1e-6).shape == (0, 8)
-    assert cm.silu_mul(f32(0, 8)).shape == (0, 4)
+    assert norms.rms_norm(f32(0, 8), f32(8), 1e-6).shape == (0, 8)
+    assert norms.silu_mul(f32(0, 8)).shape == (0, 4)
     empty = np.zeros((0, 1), np.int32)
-    assert cm.paged_attend(f32(0, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), empty, np.zeros(0, np.int32), np.zeros(0, np.int32), 4, 1.0, 1).shape == (0, 8)
+    assert paged_attend(f32(0, 1, 1, 8), f32(2, 1, 4, 8), f32(2, 1, 4, 8), empty, np.zeros(0, np.int32), np.zeros(0, np.int32), 4, 1.0, 1).shape == (0, 8)
 
 
 def _sanitized(tmp_path, code: list[str]) -> subprocess.CompletedProcess:
@@ -118,9 +118,9 @@ def test_sanitizers_find_nothing(tmp_path):
 def test_sanitizers_do_catch_a_read_out_of_bounds(tmp_path):
     """The control: the raw C function called past the end of an array (what the wrappers refuse) is reported."""
     code = (
-        "import numpy as np; from pipeline.cpu import matmul as cm; lib = cm.native(); assert lib is not None; "
+        "import numpy as np; from pipeline.cpu import library; lib = library.loaded(); assert lib is not None; "
         "x = np.ones((1, 8), np.float32); s = np.ones(8, np.float32); y = np.empty((1, 8), np.float32); "
-        "lib.rms_norm(cm.ptr(x), cm.ptr(s), cm.ptr(y), 1, 4096, 1e-6)"
+        "lib.rms_norm(library.ptr(x), library.ptr(s), library.ptr(y), 1, 4096, 1e-6)"
     )
     r = _sanitized(tmp_path, ["-c", code])
     assert r.returncode != 0 and "AddressSanitizer" in r.stderr, r.stderr[-3000:]
@@ -138,15 +138,16 @@ import logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 import pipeline
 from pipeline import serving
-from pipeline.cpu import matmul as cm
+from pipeline.cpu import library
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline import generation
 lm = pipeline.load_model()
 for round in (1, 2):
     if round == 2:  # planted again after this server built and recorded the library: the digest catches it
-        cm._lib = False
+        library._lib = False
         os.system(os.environ["PLANT_CMD"])
     text = "".join(ev.text for ev in serving.stream(lm, generation.prepare(lm, "The capital of France is", 4), pipeline.GREEDY) if isinstance(ev, pipeline.StepEvent))
-    print(round, repr(text), cm.native() is not None, flush=True)
+    print(round, repr(text), CHOICE.c_kernels(), flush=True)
 """
 
 
@@ -179,7 +180,7 @@ def test_the_read_probe_reads_every_float_once_and_refuses_a_cache_sized_buffer(
     rng = np.random.default_rng(3)
     for n in (1, 31, 33, 65_535, 65_536 + 17, 300_001):
         a = rng.standard_normal(n).astype(np.float32)
-        got = cm.native().read_sum(a.ctypes.data, n, 2)
+        got = CHOICE.library().read_sum(a.ctypes.data, n, 2)
         assert abs(got - float(a.astype(np.float64).sum())) < 1e-3 * max(1.0, float(np.abs(a).sum())) ** 0.5, n
     r = read_probe(8 << 20, reps=3)
     assert r.bytes == 8 << 20 and r.gb_per_s > 0 and "read_sum" in r.kernel

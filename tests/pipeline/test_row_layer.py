@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from pipeline.cpu import fused, layer_call, row_kv, row_step
-from pipeline.cpu import matmul as cpu_matmul
+from pipeline.cpu.kernel_choice import CHOICE
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
 def step(smol):
-    if cpu_matmul.native() is None:
+    if not CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     st = row_step.row_step(fused.fused_model(smol))
     assert all(ly.whole() is not None for ly in st.layers), "SmolLM2's layers run as one call each"

@@ -1,12 +1,12 @@
-"""The CPU decode path (pipeline.cpu.row_step, cpu_matmul, cpu_threads, precision): the same tokens as transformers'
+"""The CPU decode path (pipeline.cpu.row_step, kernel_choice, matmul, cpu_threads, precision): the same tokens as transformers'
 generate, each row its own whatever shares its pass, the kernels' accuracy, the thread plan's decisions."""
 
 import numpy as np
 import pytest
 import torch
 
+from pipeline.cpu import kernel_choice, library, precision, row_kv, row_step
 from pipeline.cpu import matmul as cpu_matmul
-from pipeline.cpu import precision, row_kv, row_step
 from pipeline.cpu import threads as cpu_threads
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.engine import Engine
@@ -39,7 +39,7 @@ def test_the_engines_lone_request_gives_transformers_greedy_tokens(lm):
 @pytest.fixture
 def without_native(monkeypatch):
     """The fallback kernels (no C compiler, no AVX2): OpenBLAS, oneDNN, numpy and torch attention."""
-    monkeypatch.setattr(cpu_matmul, "_lib", None)
+    monkeypatch.setattr(library, "_lib", None)
 
 
 def _alone_and_together(lm):
@@ -62,7 +62,7 @@ def _alone_and_together(lm):
 @pytest.mark.model
 def test_a_row_gives_the_same_logits_alone_or_among_others(smol):
     """With pipeline/cpu/cpu_decode.c every row's logits are bit for bit the same alone and among 2 or 11 others."""
-    if cpu_matmul.native() is None:
+    if not kernel_choice.CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine (no C compiler or no AVX2/FMA)")
     for together, alone in _alone_and_together(smol):
         assert torch.equal(together, alone)
@@ -96,7 +96,7 @@ def _reference(K, V, table, pos, q, window, scale):
 @pytest.mark.unit
 @pytest.mark.parametrize("D", [16, 64, 72])
 def test_native_attention_reads_each_rows_blocks_where_they_lie(D):
-    if cpu_matmul.native() is None:
+    if not kernel_choice.CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     rng = np.random.default_rng(0)
     K, V, tables, pos = _paged(rng, D)
@@ -152,10 +152,10 @@ def _kernels_against_float64():
 
 @pytest.mark.unit
 def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
-    """The kernel cpu_matmul picks for each row count (1-64 pipeline/cpu/cpu_decode.c, 65-128 W @ xT, above F.linear)
+    """The kernel the choice picks for each row count (1-64 pipeline/cpu/cpu_decode.c, 65-128 W @ xT, above F.linear)
     against float64; a row gives the same numbers alone as among 31 others, bit for bit; odd sizes too."""
     w, b = _kernels_against_float64()
-    if cpu_matmul.native() is None:
+    if not kernel_choice.CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     x = torch.randn(32, 96)
     many = cpu_matmul.linear(x, w, b)
@@ -178,7 +178,7 @@ def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
 @pytest.mark.unit
 def test_fallback_kernels_are_accurate_and_onednn_rows_are_their_own(without_native):
     w, _ = _kernels_against_float64()
-    if cpu_matmul.ONEDNN:
+    if kernel_choice.ONEDNN:
         x = torch.randn(32, 96)
         many = cpu_matmul.linear(x, w)
         assert torch.equal(cpu_matmul.linear(x[3:5], w), many[3:5])
@@ -226,7 +226,7 @@ def test_lower_precision_lesson(smol):
 def test_lower_precision_kernels_against_their_references():
     """Page 12's bf16 and int8 products through pipeline/cpu/cpu_decode.c: against float64 of the same rounded weights
     (and int8 against torch's own int8 kernel), each row the same alone as among others."""
-    if cpu_matmul.native() is None:
+    if not kernel_choice.CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     torch.manual_seed(0)
     w, b = torch.randn(200, 96) * 0.05, torch.randn(200)
@@ -248,7 +248,7 @@ def test_lower_precision_kernels_against_their_references():
 @pytest.mark.unit
 def test_panels_of_a_strided_weight_are_its_own():
     """A weight given as a transposed view is copied contiguous first, and that copy lives through the packing."""
-    if cpu_matmul.native() is None:
+    if not kernel_choice.CHOICE.c_kernels():
         pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
     w = np.random.default_rng(1).standard_normal((64, 40)).astype(np.float32)
     assert np.array_equal(cpu_matmul.packed_panels(w.T.copy().T), cpu_matmul.packed_panels(w))

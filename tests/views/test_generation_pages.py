@@ -244,7 +244,7 @@ def test_misconceptions_page_tests_each_myth():
 def test_misconceptions_page_compares_the_shared_engines_logits_bit_for_bit():
     """Issue 34: the same prompt in the engine every visitor shares, beside other requests and from the prefix cache,
     every step's logits compared with the request alone: 0 differing values (with the C kernels built)."""
-    from pipeline.cpu.matmul import native
+    from pipeline.cpu.kernel_choice import CHOICE
 
     at = page("views/stages/misconceptions.py", prompt="Why is the sky blue? Explain it to a child in two sentences.")  # 2 KV blocks and more
     button(at, "myth_shared").click().run(timeout=300)
@@ -253,7 +253,7 @@ def test_misconceptions_page_compares_the_shared_engines_logits_bit_for_bit():
     assert len(table) == 2 and (table["logits compared"] > 0).all() and table["same tokens"].all()
     assert table["most requests in one pass"].max() > 1, "nothing shared its passes"
     assert table["prompt tokens from the prefix cache"].iloc[1] > 0
-    if native() is not None:
+    if CHOICE.c_kernels():
         assert (table["differing values"] == 0).all(), table
         assert any("bit for bit as alone" in m.value and m.value.startswith(common_pass()) for m in at.markdown)
 

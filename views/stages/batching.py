@@ -6,10 +6,9 @@ import streamlit as st
 from components.batching import gantt_figure, kv_figure, latency_figure, occupancy_figure
 from components.generation import telemetry_figure
 from components.tokens import lit
-from pipeline.common.timing import Samples
-from pipeline.engine.scene import POLICIES, SCENE_MAX_NEW_TOKENS, SCENES, ScenePolicy, User, run_alone, run_scene, run_transformers_batch
-from pipeline.forward.tokens import text_of
-from pipeline.lab import checks
+from pipeline import text_of
+from pipeline.common import Samples
+from pipeline.lab import POLICIES, SCENE_MAX_NEW_TOKENS, SCENES, ScenePolicy, User, checks, run_alone, run_scene, run_transformers_batch
 from views import generating, guard, loading, proof, render, runs
 
 render.intro(

@@ -2,11 +2,9 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import MODE_LABELS, cache_modes_figure, cache_modes_table, launches_figure
-from pipeline.cpu import fused, precision
-from pipeline.forward.tokens import text_of
-from pipeline.generation.decode import CacheMode
-from pipeline.generation.loop import prepare
-from pipeline.generation.sweeps import compare_cache_modes
+from pipeline import text_of
+from pipeline.cpu import MIN_BUCKET, check_against_forward, launches_per_step, mode_label, precision, supported
+from pipeline.generation import CacheMode, compare_cache_modes, prepare
 from pipeline.lab import checks
 from views import generating, guard, loading, proof, render, runs
 
@@ -24,7 +22,7 @@ render.intro(
 )
 lm = loading.get_model()
 gpu = lm.device.type == "cuda"
-ok, why = fused.supported(lm)
+ok, why = supported(lm)
 c1, c2 = st.columns([3, 1])
 reps = guard.cap("repeats", 5)
 top = guard.cap("new_tokens", 256)
@@ -54,7 +52,7 @@ if not ok:
     st.info(f"The fused step is not available for this model: {why}")
 st.caption(
     "Fused step on this device: "
-    + fused.mode_label(lm)
+    + mode_label(lm)
     + (
         ""
         if gpu
@@ -70,7 +68,7 @@ if st.button("Run all modes", type="primary", key="prod_go") and guard.prompt_fi
         try:
             res = compare_cache_modes(lm, prompt, n, chat=chat, reps=reps, modes=modes, progress=lambda f, m: bar.progress(min(f, 1.0), text=m))
             bar.progress(1.0, text="counting the operators of one step (torch.profiler)")
-            counts = fused.launches_per_step(lm) if ok else None
+            counts = launches_per_step(lm) if ok else None
             loading.remember("prod", (res, counts))
         except Exception as e:  # noqa: BLE001 - a model the fused step cannot run, out of memory: say so, keep serving
             guard.fail(e, "run the modes")
@@ -186,7 +184,7 @@ st.caption(
     "1x: a shared machine moves by 10-20 % between runs. "
     f"{util_col}: {util_of}, mean over the last run. KV MiB set aside: the dynamic cache grows to what it holds; the static "
     "cache reserves prompt + new tokens up front; the fused step reserves a power of two of at least "
-    f"{fused.MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
+    f"{MIN_BUCKET} positions, so a few captured graphs serve every request. Same tokens: identical greedy "
     "output to the dynamic loop."
 )
 if counts:
@@ -212,7 +210,7 @@ _precision()
 def _checks():
     out = []
     ids = res.prompt_ids[:64]  # the request that ran (its first 64 tokens)
-    r = fused.check_against_forward(lm, ids) if ok else None
+    r = check_against_forward(lm, ids) if ok else None
     if r:
         tol = lm.arch.tol
         out.append(

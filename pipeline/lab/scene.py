@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pipeline.common.telemetry import Sampler
-from pipeline.engine.core import Engine
-from pipeline.engine.handle import IterationRecord
-from pipeline.engine.request import Policy
+from pipeline.engine import Engine, IterationRecord, Policy
 from pipeline.forward.sampling import GREEDY
 from pipeline.generation.loop import prepare
 from pipeline.model.loaded import LoadedModel
@@ -53,11 +51,17 @@ SCENE_MAX_NEW_TOKENS = 128  # a user's answer in the scene: long enough to see t
 
 
 class ScenePolicy(StrEnum):
-    """The batching page's three ways to serve the scene: the engine's two policies and a batch of one."""
+    """The batching page's three ways to serve the scene: a batch of one, and the engine's two policies (their values
+    the engine's own: `engine_policy` is the Policy that serves each)."""
 
     ONE_BY_ONE = "one after another"
-    STATIC = "static"
-    CONTINUOUS = "continuous"
+    STATIC = Policy.STATIC.value
+    CONTINUOUS = Policy.CONTINUOUS.value
+
+    @property
+    def engine_policy(self) -> Policy:
+        """The engine's policy that serves it: one after another is continuous batching with a batch of one."""
+        return Policy.CONTINUOUS if self is ScenePolicy.ONE_BY_ONE else Policy(self.value)
 
 
 POLICIES = tuple(ScenePolicy)
@@ -149,7 +153,7 @@ def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, 
         kv_bytes=kv_bytes,
         max_batch=1 if policy == ScenePolicy.ONE_BY_ONE else max(1, n_users),
         max_queue=max(4, n_users),
-        policy=Policy.STATIC if policy == ScenePolicy.STATIC else Policy.CONTINUOUS,
+        policy=policy.engine_policy,
         background=False,
         static_batch_size=n_users,
         # the three policies differ in batching alone: none reuses another user's prompt K/V, and the running
