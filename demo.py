@@ -114,7 +114,7 @@ def _truthy(v) -> bool:
 
 def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) -> Policy:
     """The policy from the environment and the `[demo]` section of the secrets (either can switch it on)."""
-    from pipeline.model.registry import DEFAULT, canonical_key
+    from pipeline.model import DEFAULT, canonical_key
 
     env = os.environ if environ is None else environ
     sec = dict((secrets or {}).get("demo", {}) or {})
@@ -144,8 +144,7 @@ def warm(out=None) -> int:
     visitor waits for the one-time conversion). Exit status 1 if a model cannot load."""
     import sys
 
-    from pipeline.model.loaded import load_model
-    from pipeline.model.registry import ModelLoadError
+    from pipeline.model import ModelLoadError, load_model
 
     out = out or sys.stdout
     policy = load_policy(secrets_file(), {**os.environ, "LLM_EXPLORER_DEMO": "1"})

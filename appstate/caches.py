@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections import OrderedDict
 
-from pipeline.common.memo import LRU, give_back_freed_memory
+from pipeline.common import LRU, give_back_freed_memory
 
 
 def default_trace_budget() -> int:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pipeline
-from pipeline.common.memo import give_back_freed_memory
-from pipeline.model.registry import ModelLoadError, canonical_key
+from pipeline.common import give_back_freed_memory
+from pipeline.model import ModelLoadError, canonical_key
 
 
 def load_warm(key: str, progress: Callable | None = None):
@@ -73,7 +73,7 @@ def models_roots() -> list[Path]:
     separated by ":"), else ~/models; the explorer's own cache of converted models; the local Hugging Face cache. The library and the CLI open any folder; a visitor of the app never names
     one outside these."""
 
-    from pipeline.model.registry import cache_dir
+    from pipeline.model import cache_dir
 
     raw = os.environ.get(MODELS_ROOT_ENV) or str(Path.home() / "models")
     roots = [Path(os.path.realpath(os.path.expanduser(r))) for r in raw.split(os.pathsep) if r.strip()]

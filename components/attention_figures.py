@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from pipeline.common.memo import shared
+from pipeline.common import shared
 
 from .figures import BLUE, GREEN, ORANGE, RED, SEQ, _layout
 

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from pipeline.common.memo import shared
+from pipeline.common import shared
 
 from .fmt import prob
 from .tokens import plot_text, visible

@@ -5,9 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from pipeline.common.memo import shared
-from pipeline.generation import Phase
-from pipeline.generation.decode import CacheMode
+from pipeline.common import shared
+from pipeline.generation import CacheMode, Phase
 
 from .figures import BLUE, GREEN, GREY, ORANGE, RED, _layout, log_ticks, place_labels
 from .tokens import lit, plot_text, visible

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import unicodedata
 
-from pipeline.forward.tokens import display_text
+from pipeline import display_text
 
 # light tints of the Okabe-Ito colour-blind-safe palette
 PALETTE = ["#cfe6f7", "#fde3b5", "#c8eadf", "#f9d3e6", "#e2dcf3", "#fff3b0", "#d9e8c4", "#f5d5c8"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from pipeline.common.memo import shared
+from pipeline.common import shared
 
 from .figures import BLUE, GREY, ORANGE, _layout
 

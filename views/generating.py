@@ -9,11 +9,9 @@ import streamlit as st
 import appstate
 import demo
 import pipeline
-from pipeline import serving
-from pipeline.forward.sampling import DEFAULTS, Sampling
+from pipeline import DEFAULTS, Sampling, serving
 from pipeline.forward.tracing import TraceError
-from pipeline.generation.events import Phase
-from pipeline.generation.loop import MAX_NEW_TOKENS, GenerationRecord, prepare
+from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, Phase, prepare
 from pipeline.serving import Route
 from views.guard import address_slot, allowed, cap, cap_note
 from views.loading import model_key

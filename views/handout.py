@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from plotly.offline import get_plotlyjs
 
 import pipeline
-from pipeline.forward import sampling
+from pipeline import sampling
 from views.handout_sections import SECTIONS, prose_html, recalled_html, safely
 from views.pages import PageSpec
 

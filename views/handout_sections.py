@@ -19,11 +19,11 @@ from components.fmt import prob
 from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible
 from components.why import largest_figure
+from pipeline import text_of
 from pipeline.forward import analysis, sampling
 from pipeline.forward.attribution import Kind, ablate, attribute
-from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import display_maps
-from pipeline.generation.loop import kv_bytes_formula, metrics
+from pipeline.generation import kv_bytes_formula, metrics
 from pipeline.lab import checks
 
 
@@ -180,7 +180,7 @@ def _stage_kv(lm, rec):
 
 
 def _stage_sharding(lm, _rec):
-    from pipeline.lab.sharding import tensor_parallel_plan
+    from pipeline.lab import tensor_parallel_plan
 
     rows = {}
     for n in (1, 2, 4):

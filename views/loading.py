@@ -9,7 +9,7 @@ import streamlit as st
 
 import appstate
 import pipeline
-from pipeline.model.registry import ModelLoadError, canonical_key
+from pipeline.model import ModelLoadError, canonical_key
 from views import guard
 from views.guard import fail
 

@@ -9,12 +9,12 @@ import numpy as np
 
 from components import export
 from components.figures import copy_figure
-from pipeline.common import memo
+from pipeline.common import LRU, MAX_BYTES, MAX_ENTRIES, digest
 
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
 
 
-_FIGURES = memo.LRU(memo.MAX_ENTRIES, memo.MAX_BYTES)  # a shared builder's figure made ready for the page, per mode: one copy per server
+_FIGURES = LRU(MAX_ENTRIES, MAX_BYTES)  # a shared builder's figure made ready for the page, per mode: one copy per server
 
 
 def figure(fig, title: str, present: bool, main: bool):
@@ -36,14 +36,14 @@ def figure(fig, title: str, present: bool, main: bool):
     return out
 
 
-_PNGS = memo.LRU(64, memo.MAX_BYTES)
+_PNGS = LRU(64, MAX_BYTES)
 MAX_IMAGE_WIDTH = 2 * 730  # px: streamlit.elements.lib.image_utils.MAXIMUM_CONTENT_WIDTH, the widest it sends
 
 
 def png(img):
     """An RGB array as PNG bytes, encoded once per server for equal pixels (Streamlit passes PNG bytes no wider than
     it sends on as they are, where it would encode, shrink and encode again an array on every run)."""
-    key = memo.digest(img)
+    key = digest(img)
     hit = key and _PNGS.peek(key[0])
     if hit:
         return hit

@@ -8,7 +8,7 @@ import streamlit as st
 
 import appstate
 import pipeline
-from pipeline.model.registry import available_models
+from pipeline.model import available_models
 from views import guard, live, session
 from views.guard import _sessions, cap_note
 from views.loading import LOCAL

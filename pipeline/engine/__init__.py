@@ -3,7 +3,7 @@ model (in-process or Ray Serve) is registry.py's decision."""
 
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.core import BLOCK_SIZE, Engine, EngineConfig
-from pipeline.engine.handle import EngineError, EngineStats, Handle, IterationRecord, Waiting
+from pipeline.engine.handle import EngineError, EngineStats, Handle, IterationRecord, Waiting, ordinal
 from pipeline.engine.registry import engine_for, use_remote
 from pipeline.engine.request import Chunk, PassOutput, Plan, Policy, QueueFull, Request, State, TooLarge
 from pipeline.engine.scheduler import Scheduler
@@ -31,4 +31,5 @@ __all__ = [
     "State",
     "TooLarge",
     "Waiting",
+    "ordinal",
 ]

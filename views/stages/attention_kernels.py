@@ -2,8 +2,7 @@ import pandas as pd
 import streamlit as st
 
 from components.generation import kernels_figure
-from pipeline.lab import checks
-from pipeline.lab.attention_kernels import available_kernels, kernel_sweep, sweep_doubts
+from pipeline.lab import available_kernels, checks, kernel_sweep, sweep_doubts
 from views import guard, loading, proof, render, runs
 
 render.intro(

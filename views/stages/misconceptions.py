@@ -2,7 +2,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from components.tokens import lit, marked_html, visible
-from pipeline.forward.tokens import text_of
+from pipeline import text_of
 from pipeline.lab import misconceptions as mc
 from views import guard, loading, proof, render, runs
 

@@ -4,8 +4,7 @@ import streamlit as st
 from components.figures import sampling_figure
 from components.fmt import prob
 from components.tokens import lit, plot_text, visible
-from pipeline.forward import sampling
-from pipeline.forward.tokens import text_of
+from pipeline import sampling, text_of
 from pipeline.lab import checks
 from views import generating, live_question, loading, proof, render, runs
 

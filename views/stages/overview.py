@@ -2,7 +2,7 @@ import streamlit as st
 
 import pipeline
 from components.figures import timings_bar
-from pipeline.forward.tokens import text_of
+from pipeline import text_of
 from pipeline.forward.tracing import forward_repeats
 from views import guard, loading, pages, proof, render, runs
 

@@ -3,8 +3,7 @@ import streamlit as st
 
 import pipeline
 from components.generation import cache_on_off_figure, step_times_figure, sweep_figure
-from pipeline.generation.loop import metrics
-from pipeline.generation.sweeps import cache_off_sweep, cache_verdict, prefill_decode_sweep, sweep_verdict
+from pipeline.generation import cache_off_sweep, cache_verdict, metrics, prefill_decode_sweep, sweep_verdict
 from pipeline.lab import checks
 from views import generating, guard, loading, proof, render, runs
 

@@ -2,9 +2,8 @@ import streamlit as st
 
 import pipeline
 from components.speculative import legend_html, steps_html
-from pipeline.forward.sampling import Sampling
-from pipeline.forward.tokens import text_of
-from pipeline.generation.speculative import DraftKind, EarlyExit, compare_with_plain, expected_tokens_per_call
+from pipeline import Sampling, text_of
+from pipeline.generation import DraftKind, EarlyExit, compare_with_plain, expected_tokens_per_call
 from pipeline.lab import checks
 from views import generating, guard, loading, proof, render, runs
 

@@ -3,11 +3,9 @@ import time
 import pandas as pd
 import streamlit as st
 
-from pipeline.forward.sampling import GREEDY
-from pipeline.forward.tokens import text_of
-from pipeline.generation.loop import metrics
-from pipeline.lab import checks
-from pipeline.lab.sharding import devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
+from pipeline import GREEDY, text_of
+from pipeline.generation import metrics
+from pipeline.lab import checks, devices_present, even_device_counts, pipeline_plan, sse_lines, tensor_parallel_plan
 from views import generating, loading, proof, render, runs
 
 render.intro(
