@@ -36,7 +36,7 @@ from pipeline.cpu.greedy import greedy_summary
 from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
 from pipeline.cpu.row_kv import BufferKV
-from pipeline.cpu.row_step import row_step, usable  # noqa: F401 - usable: re-exported
+from pipeline.cpu.row_step import row_step
 from pipeline.forward.sampling import GreedySummary
 
 MIN_BUCKET = 256

@@ -37,6 +37,7 @@ import torch
 
 from pipeline.common.timing import ACTIVITY
 from pipeline.cpu.greedy import greedy_summary
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.engine import worker
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
@@ -65,8 +66,8 @@ class Engine:
         ok, self.unsupported = supported(lm)
         self.step = PagedStep(lm, self.kv) if ok else None
         self.name = f"engine ({policy} batching)"
-        if not ok:
-            self.name += ", one request at a time: " + self.unsupported
+        if not ok:  # the kernel choice's answer for an architecture the batched step does not implement
+            self.name += ", " + CHOICE.unsupported(self.unsupported).reason
         continuous = policy == Policy.CONTINUOUS
         self.scheduler = Scheduler(
             BlockPool(n_blocks, cfg.block_size),
