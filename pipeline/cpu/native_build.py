@@ -1,6 +1,7 @@
 """Building and loading pipeline/cpu/cpu_decode.c: the compiler's flags, the library's name in the cache (the source's
-and the flags' hash), the processor check, and each exported function's C signature for ctypes. pipeline.cpu.matmul's
-`native()` builds it once per process through `build()`; every call into it goes through matmul's checked wrappers."""
+and the flags' hash), the processor check, and each exported function's C signature for ctypes. pipeline.cpu.library's
+`loaded()` builds it once per process through `build()`; every call into it goes through a checked entry point
+(pipeline.cpu.matmul, norms, paged_attention, greedy, layer_call), and pipeline.cpu.kernel_choice decides where it serves."""
 
 from __future__ import annotations
 
