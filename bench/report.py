@@ -128,6 +128,13 @@ ABOUT = {
         "bench/bench_live_class.py --followers 1 --minutes 2 --every 15 --out live_class_1",
     ),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
+    "eta": (
+        "The wait a queued visitor is told against its real wait, in seconds: one request alone (a quiet spell), then 24 at "
+        "once on an engine serving 8 at a time (a background engine, as the app runs it); the told / real ratio per request, "
+        "and the engine's measured time per decode step (what the estimate multiplies by) against the steps' real time. "
+        "tests/pipeline/test_engine.py holds the same scene in decode steps, without the clock.",
+        "bench/bench_eta.py --reps 3",
+    ),
 }
 
 

@@ -55,7 +55,14 @@ def test_every_text_view_shows_the_prompt_whole(tok, name, chat):
     whole = text_of(tok, ids)
     in_text = [t.id for t in tk.tokens if t.bytes]  # not the <bos> a tokenizer adds in front of the text
     assert text_of(tok, in_text) == tk.text and text in whole  # the sequence decoded as one: what the model reads
-    assert text_of(tok, ids, specials=False).strip().endswith(text.strip()) or chat
+    assert tk.chat == chat  # both models have a chat template
+    if chat:  # the template around the prompt is transformers' own rendering, the prompt in it verbatim
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        assert tk.text == rendered
+        assert tk.text[tk.prompt_start : tk.prompt_start + len(text)] == text and text in text_of(tok, ids, specials=False)
+        assert text_of(tok, [t.id for t in tk.prompt_tokens]) == text  # the prompt's own tokens: the text typed
+    else:
+        assert text_of(tok, ids, specials=False).strip().endswith(text.strip())
     for view in (whole, plain(template_html(tk.tokens)), plain(chips_html(tk.tokens, tk.segments))):
         assert "\ufffd" not in view
     assert plain(template_html(tk.tokens)) == whole  # the chat view: the prompt whole, not token by token

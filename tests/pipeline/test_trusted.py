@@ -3,6 +3,8 @@ rebuilt, never loaded; a folder others can write is refused; a failed build says
 behind. Unit tier: a tiny C source, each test with its own cache and state folders."""
 
 import ctypes
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -87,14 +89,27 @@ def test_a_library_without_a_record_is_rebuilt(dirs, caplog):
 
 @needs_cc
 @pytest.mark.parametrize("damage", ["cut", "flipped", "empty"])
-def test_a_damaged_library_is_rebuilt(dirs, damage):
+def test_a_damaged_library_is_rebuilt(dirs, caplog, monkeypatch, damage):
+    """A library whose bytes no longer match the digest recorded at its build (cut short, one byte flipped: same
+    length, empty) is found out by its digest, never loaded, and compiled again: the file in the cache is then the
+    new build, whose digest is the record's."""
     tmp, src, folder = dirs
     build(src, folder)
     path = folder / "k.so"
     data = path.read_bytes()
-    path.write_bytes({"cut": data[:1000], "flipped": data[:500] + bytes([data[500] ^ 0xFF]) + data[501:], "empty": b""}[damage])
-    assert build(src, folder).answer() == 42
-    assert path.read_bytes() == data or len(path.read_bytes()) > 1000
+    damaged = {"cut": data[:1000], "flipped": data[:500] + bytes([data[500] ^ 0xFF]) + data[501:], "empty": b""}[damage]
+    path.write_bytes(damaged)
+    compiled, loaded = [], []
+    compile_, load = trusted._compile, trusted._load_bytes
+    monkeypatch.setattr(trusted, "_compile", lambda *a: compiled.append(a) or compile_(*a))
+    monkeypatch.setattr(trusted, "_load_bytes", lambda b, name: loaded.append(b) or load(b, name))
+    with caplog.at_level(logging.WARNING):
+        assert build(src, folder).answer() == 42
+    assert "does not match the digest recorded" in caplog.text and f"({len(damaged)} bytes, expected {len(data)})" in caplog.text
+    assert len(compiled) == 1  # rebuilt, once
+    assert damaged not in loaded and loaded == [path.read_bytes()]  # what was loaded is the new build, not the damaged file
+    rec = json.loads((tmp / "state" / "built-libraries.json").read_text())["k.so"]
+    assert rec == {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": len(path.read_bytes())}
 
 
 @needs_cc
@@ -172,10 +187,9 @@ def test_the_native_kernel_is_built_wherever_it_can_be():
     skip without it would otherwise pass silently over a failed build (CI runs this on its machine)."""
     import shutil
 
-    from pipeline.cpu import matmul as cm
-    from pipeline.cpu import native_build
+    from pipeline.cpu import library, native_build
 
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None or not native_build.cpu_has_avx2_fma() or os.environ.get("LLM_EXPLORER_PANEL", "1") == "0":
         pytest.skip(f"no C compiler or no AVX2/FMA here: the fallback kernels serve (cc={cc})")
-    assert cm.native() is not None, "gcc and AVX2 are here, but pipeline/cpu/cpu_decode.c did not build or load: see the log"
+    assert library.loaded() is not None, "gcc and AVX2 are here, but pipeline/cpu/cpu_decode.c did not build or load: see the log"
