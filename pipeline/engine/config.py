@@ -9,22 +9,22 @@ import torch
 from pipeline.engine.request import Policy
 from pipeline.model.loaded import CPU_KV_POOL_BYTES, LoadedModel
 
-DEFAULT_KV_BYTES = CPU_KV_POOL_BYTES  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
+DEFAULT_KV_POOL_BYTES = CPU_KV_POOL_BYTES  # the KV pool on a CPU; on a GPU a quarter of the free memory (capped)
 BLOCK_SIZE = 8  # tokens per KV block: the chat template's 24-token system turn fills 3 (what the prefix cache shares)
 
 
-def default_kv_bytes(lm: LoadedModel) -> int:
+def default_kv_pool_bytes(lm: LoadedModel) -> int:
     if lm.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(lm.device)
         return min(free // 4, 16 << 30)
-    return DEFAULT_KV_BYTES
+    return DEFAULT_KV_POOL_BYTES
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine serves, with the CPU and GPU defaults in one place (`for_device`). None: the device's default."""
 
-    kv_bytes: int | None = None  # the KV pool: DEFAULT_KV_BYTES on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
+    kv_pool_bytes: int | None = None  # the KV pool's size: DEFAULT_KV_POOL_BYTES on a CPU, a quarter of the free memory on a GPU (capped at 16 GiB)
     block_size: int = BLOCK_SIZE
     # a CPU step's time grows with its rows (16 keep a token under ~0.2 s here); a GPU's barely does until hundreds
     max_batch: int | None = None
@@ -55,7 +55,7 @@ class EngineConfig:
         return replace(
             self,
             policy=Policy(self.policy),
-            kv_bytes=self.kv_bytes or default_kv_bytes(lm),
+            kv_pool_bytes=self.kv_pool_bytes or default_kv_pool_bytes(lm),
             max_batch=self.max_batch or (256 if gpu else 16),
             prefill_chunk=self.prefill_chunk or (2048 if gpu else 256),
             request_chunk=self.request_chunk or (512 if gpu else 64),

@@ -61,7 +61,7 @@ class Engine:
         cfg = self.config = replace(config or EngineConfig(), **settings).for_device(lm)
         policy = cfg.policy
         self.lm, self.background, self.park = lm, cfg.background, cfg.park
-        n_blocks = max(1, cfg.kv_bytes // PagedKV.block_bytes(lm, cfg.block_size))
+        n_blocks = max(1, cfg.kv_pool_bytes // PagedKV.block_bytes(lm, cfg.block_size))
         self.kv = PagedKV(lm, n_blocks, cfg.block_size)
         ok, self.unsupported = supported(lm)
         self.step = PagedStep(lm, self.kv) if ok else None

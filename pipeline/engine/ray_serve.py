@@ -44,12 +44,12 @@ class EngineReplica:
     """One Serve replica: a model and its engine (continuous batching inside the replica; Serve spreads requests
     over replicas)."""
 
-    def __init__(self, model_key: str, kv_bytes: int | None = None):
+    def __init__(self, model_key: str, kv_pool_bytes: int | None = None):
         from pipeline.engine.core import Engine
         from pipeline.model.loaded import load_model
 
         self.lm = load_model(model_key)
-        self.engine = Engine(self.lm, kv_bytes=kv_bytes)
+        self.engine = Engine(self.lm, kv_pool_bytes=kv_pool_bytes)
         self.pid, self.started = os.getpid(), time.time()
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: dict, stop_ids: list[int] | None = None, name: str = ""):

@@ -303,7 +303,7 @@ def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -
     from pipeline.generation.sweeps import long_prompt
 
     tok = lm.tokenizer
-    alone = Engine(lm, kv_bytes=max(8 << 20, 2 * sum(lm.kv_layer_bytes(len(prompt_ids) + n + 16))), prefix_cache=False, background=False)
+    alone = Engine(lm, kv_pool_bytes=max(8 << 20, 2 * sum(lm.kv_layer_bytes(len(prompt_ids) + n + 16))), prefix_cache=False, background=False)
     h = alone.submit(prompt_ids, n, stop_ids=frozenset(), name="misconceptions: alone", keep_logits=True)
     while alone.iterate() is not None:
         pass

@@ -143,14 +143,14 @@ class SceneRun:
         return sum(len(r.padded) for r in self.records)
 
 
-def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, kv_bytes: int | None = None) -> Engine:
+def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, kv_pool_bytes: int | None = None) -> Engine:
     try:
         policy = ScenePolicy(policy)
     except ValueError:
         raise ValueError(f"policy must be one of {[str(p) for p in ScenePolicy]}") from None
     return Engine(
         lm,
-        kv_bytes=kv_bytes,
+        kv_pool_bytes=kv_pool_bytes,
         max_batch=1 if policy == ScenePolicy.ONE_BY_ONE else max(1, n_users),
         max_queue=max(4, n_users),
         policy=policy.engine_policy,
@@ -165,11 +165,11 @@ def engine_for_policy(lm: LoadedModel, policy: ScenePolicy | str, n_users: int, 
 
 
 def run_scene(
-    lm: LoadedModel, users: list[User], policy: str, chat: bool = False, stop_at_eos: bool = False, kv_bytes: int | None = None, progress=None
+    lm: LoadedModel, users: list[User], policy: str, chat: bool = False, stop_at_eos: bool = False, kv_pool_bytes: int | None = None, progress=None
 ) -> SceneRun:
     """Run the users' requests under `policy` (greedy). stop_at_eos False: each answer is exactly its
     max_new_tokens long, so the lengths the scene sets are the lengths that run."""
-    eng = engine_for_policy(lm, policy, len(users), kv_bytes)
+    eng = engine_for_policy(lm, policy, len(users), kv_pool_bytes)
     reqs = [prepare(lm, u.prompt, u.max_new_tokens, chat) for u in users]
     order = sorted(range(len(users)), key=lambda i: users[i].arrival_s)
     handles: dict[int, object] = {}

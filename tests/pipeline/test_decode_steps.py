@@ -22,7 +22,7 @@ TEXTS = ("Why is the sky blue?", "The capital of France is", "Dog bites man.")
 
 
 def _engine(lm, steps: int) -> Engine:
-    return Engine(lm, kv_bytes=32 << 20, background=False, prefix_cache=False, decode_steps=steps)
+    return Engine(lm, kv_pool_bytes=32 << 20, background=False, prefix_cache=False, decode_steps=steps)
 
 
 def _events(eng: Engine, prompts, n: int) -> list[list[tuple]]:

@@ -27,7 +27,7 @@ def test_greedy_tokens_equal_each_request_alone_while_others_join_and_leave(lm):
     """Four requests of different lengths; two join after the first has started, they end at different steps."""
     n = {p: k for p, k in zip(PROMPTS, (14, 6, 10, 3))}
     alone = {p: [e.token_id for e in generate(lm, p, n[p], cache="dynamic")] for p in PROMPTS}
-    eng = Engine(lm, kv_bytes=32 << 20, background=False)
+    eng = Engine(lm, kv_pool_bytes=32 << 20, background=False)
     hs = {PROMPTS[0]: eng.submit(ids(lm, PROMPTS[0]), n[PROMPTS[0]])}
     eng.iterate()
     eng.iterate()
@@ -74,11 +74,11 @@ def test_logits_in_a_batch_equal_logits_alone(lm):
 def test_seeded_sampling_is_reproducible_whatever_else_runs(smol):
     s = Sampling(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
     p = ids(smol, "Tell me a story about a lighthouse.", chat=True)
-    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    eng = Engine(smol, kv_pool_bytes=32 << 20, background=False)
     h = eng.submit(p, 12, s)
     run_all(eng)
     solo = [e.token_id for e in h]
-    eng2 = Engine(smol, kv_bytes=32 << 20, background=False)
+    eng2 = Engine(smol, kv_pool_bytes=32 << 20, background=False)
     others = [eng2.submit(ids(smol, q), 8, Sampling(temperature=1.0, seed=i)) for i, q in enumerate(PROMPTS)]
     h2 = eng2.submit(p, 12, s)
     run_all(eng2)
@@ -87,7 +87,7 @@ def test_seeded_sampling_is_reproducible_whatever_else_runs(smol):
 
 
 def test_cancel_frees_the_requests_kv_at_the_next_iteration(smol):
-    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    eng = Engine(smol, kv_pool_bytes=32 << 20, background=False)
     a = eng.submit(ids(smol, PROMPTS[0]), 50, stop_ids=frozenset())  # no EOS: both run on
     b = eng.submit(ids(smol, PROMPTS[1]), 50, stop_ids=frozenset())
     eng.iterate()
@@ -102,7 +102,7 @@ def test_cancel_frees_the_requests_kv_at_the_next_iteration(smol):
 
 
 def test_a_visitor_who_stops_listening_cancels(smol):
-    eng = Engine(smol, kv_bytes=32 << 20)  # background thread
+    eng = Engine(smol, kv_pool_bytes=32 << 20)  # background thread
     h = eng.submit(ids(smol, PROMPTS[0]), 200, stop_ids=frozenset())
     it = iter(h)
     next(it)
@@ -115,7 +115,7 @@ def test_a_visitor_who_stops_listening_cancels(smol):
 
 
 def test_over_the_queue_bound_the_visitor_hears_busy(smol):
-    eng = Engine(smol, kv_bytes=8 << 20, max_batch=1, max_queue=2, background=False)
+    eng = Engine(smol, kv_pool_bytes=8 << 20, max_batch=1, max_queue=2, background=False)
     eng.submit(ids(smol, PROMPTS[0]), 4)
     eng.submit(ids(smol, PROMPTS[1]), 4)  # two waiting (nothing admitted yet: no iteration ran)
     with pytest.raises(QueueFull, match="busy"):
@@ -129,7 +129,7 @@ def test_long_prompt_prefilled_in_chunks_while_another_decodes(lm):
     long_ids = ids(lm, long_prompt(lm, 600))
     short_ids = ids(lm, PROMPTS[0])
     alone_long = [e.token_id for e in generate(lm, "", 4, cache="dynamic", request=Prepared(long_ids, 4, []))]
-    eng = Engine(lm, kv_bytes=64 << 20, prefill_chunk=128, request_chunk=128, background=False)
+    eng = Engine(lm, kv_pool_bytes=64 << 20, prefill_chunk=128, request_chunk=128, background=False)
     hs = eng.submit(short_ids, 12)
     eng.iterate()
     hl = eng.submit(long_ids, 4)
@@ -184,11 +184,11 @@ def test_a_short_question_arriving_mid_pass_parks_the_long_prompts_chunk_and_the
     prompts = {"long": ids(lm, long_prompt(lm, 300)), "short": ids(lm, PROMPTS[0]), "decoding": ids(lm, PROMPTS[1])}
     alone = {}
     for name, p in prompts.items():
-        e = Engine(lm, kv_bytes=64 << 20, background=False)
+        e = Engine(lm, kv_pool_bytes=64 << 20, background=False)
         h = e.submit(p, 5, stop_ids=frozenset())  # no EOS: each runs its 5 tokens
         run_all(e)
         alone[name] = [ev.token_id for ev in h]
-    eng = Engine(lm, kv_bytes=64 << 20, request_chunk=64, background=False)
+    eng = Engine(lm, kv_pool_bytes=64 << 20, request_chunk=64, background=False)
     hd = eng.submit(prompts["decoding"], 5, stop_ids=frozenset())
     eng.iterate()  # its prefill
     hl = eng.submit(prompts["long"], 5, stop_ids=frozenset())
@@ -241,7 +241,7 @@ def test_prompts_that_start_alike_reuse_the_cached_kv_and_answer_as_alone(lm):
     bs = 8
     out = {}
     for cache in (True, False):
-        eng = Engine(lm, kv_bytes=32 << 20, block_size=bs, prefix_cache=cache, background=False)
+        eng = Engine(lm, kv_pool_bytes=32 << 20, block_size=bs, prefix_cache=cache, background=False)
         h1 = eng.submit(first, 6, stop_ids=frozenset())
         eng.iterate()  # its prefill: its full prompt blocks are now cached
         hs = [eng.submit(p, 6, stop_ids=frozenset()) for p in (again, opening)]
@@ -262,7 +262,7 @@ def test_every_chat_prompt_shares_the_templates_system_turn(smol):
     """Two different chat questions: the second reuses the blocks of the system turn the template puts first."""
     a, b = ids(smol, PROMPTS[0], chat=True), ids(smol, PROMPTS[2], chat=True)
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    eng = Engine(smol, kv_bytes=32 << 20, background=False)
+    eng = Engine(smol, kv_pool_bytes=32 << 20, background=False)
     ha = eng.submit(a, 3)
     eng.iterate()
     hb = eng.submit(b, 3)

@@ -39,7 +39,7 @@ def _drain(eng):
 
 def _alone(lm, prompt: list[int], n: int) -> list[torch.Tensor]:
     """The request served by itself, on a fresh engine without a prefix cache."""
-    eng = Engine(lm, kv_bytes=32 << 20, prefix_cache=False, background=False)
+    eng = Engine(lm, kv_pool_bytes=32 << 20, prefix_cache=False, background=False)
     seen = _recording(eng)
     h = eng.submit(prompt, n, stop_ids=frozenset())
     _drain(eng)
@@ -59,7 +59,7 @@ def test_every_step_of_every_request_is_bit_for_bit_the_request_alone(lm, seed, 
     jobs += [prepare(lm, long_prompt(lm, rng.randint(70, 200)), 1, chat=False).prompt_ids for _ in range(2)]
     rng.shuffle(jobs)
     n_new = [rng.randint(3, 9) for _ in jobs]
-    eng = Engine(lm, kv_bytes=32 << 20, block_size=8, request_chunk=64, prefill_chunk=96, prefix_cache=True, background=False)
+    eng = Engine(lm, kv_pool_bytes=32 << 20, block_size=8, request_chunk=64, prefill_chunk=96, prefix_cache=True, background=False)
     seen = _recording(eng)
     handles, waiting = [], list(zip(jobs, n_new))
     # some arrive between passes, some during one (asked after a layer: the parkable rows stop there for them)

@@ -143,7 +143,7 @@ def test_the_engine_serves_a_family_with_transformers_answers(folders, family):
     prompts = ["The capital of France is", "Dog bites man.", "Alice, Bob, Charlie and Diana each ordered"]
     model, _ = _plain(folders[family], prepare(lm, prompts[0], 1).prompt_ids)
     model.generation_config.eos_token_id = None
-    eng = Engine(lm, kv_bytes=8 << 20, background=False)
+    eng = Engine(lm, kv_pool_bytes=8 << 20, background=False)
     hs = {p: eng.submit(prepare(lm, p, 1).prompt_ids, 8, stop_ids=frozenset()) for p in prompts}
     while eng.iterate() is not None:
         pass
