@@ -21,14 +21,14 @@ def _segments(run):
     for u in run.users:
         segs = []
         if u.admitted_s is not None:
-            segs.append(("waiting", u.arrival_s, max(u.arrival_s, u.admitted_s)))
+            segs.append((State.WAITING, u.arrival_s, max(u.arrival_s, u.admitted_s)))
         if u.first_token_s is not None:
-            segs.append(("prefill", u.admitted_s, u.first_token_s))
+            segs.append((State.PREFILL, u.admitted_s, u.first_token_s))
         if u.done_s is not None:
-            segs.append(("decode", u.first_token_s, u.done_s))
+            segs.append((State.DECODE, u.first_token_s, u.done_s))
         pads = [r.t1 for r in run.records if u.request_id in r.padded]
         if pads:
-            segs.append(("padding", u.done_s, max(pads)))
+            segs.append((State.PADDING, u.done_s, max(pads)))
         out[u.name] = segs
     return out
 
@@ -52,9 +52,9 @@ def gantt_figure(runs) -> go.Figure:
                         x=[b - a],
                         base=[a],
                         orientation="h",
-                        name=state,
+                        name=str(state),
                         marker_color=STATE_COLORS[state],
-                        legendgroup=state,
+                        legendgroup=str(state),
                         showlegend=state not in shown,
                         hovertemplate=f"{name}: {state} %{{base:.2f}}–%{{x:.2f}} s<extra></extra>",
                     ),

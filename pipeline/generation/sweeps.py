@@ -198,25 +198,25 @@ class ModeRun:
 class CacheModeComparison:
     """compare_cache_modes(): the same request decoded in each mode, runs interleaved."""
 
-    modes: dict[str, ModeRun]  # mode name -> its runs; "dynamic" is the reference
+    modes: dict[CacheMode, ModeRun]  # each mode's runs; CacheMode.DYNAMIC is the reference
     prompt_ids: list[int]  # the request's tokens
 
     def ratios(self, mode: str) -> Ratios:
         """tokens/s of `mode` over the dynamic loop's, one per repeat (the two measured in the same repeat)."""
-        return Ratios(tuple(a / b for a, b in zip(self.modes[mode].runs, self.modes["dynamic"].runs) if a and b))
+        return Ratios(tuple(a / b for a, b in zip(self.modes[mode].runs, self.modes[CacheMode.DYNAMIC].runs) if a and b))
 
     def ratio(self, mode: str) -> float | None:
         """The median of the per-repeat ratios."""
         return self.ratios(mode).median
 
     def same_tokens(self, mode: str) -> bool:
-        return self.modes[mode].token_ids == self.modes["dynamic"].token_ids
+        return self.modes[mode].token_ids == self.modes[CacheMode.DYNAMIC].token_ids
 
     def headline(self, mode: str) -> str | None:
         """ "1.39× the dynamic loop" only when the repeats hold it: not noisy, and the medians of tokens/s point the
         same way as the median ratio (a ratio of 1.39 with a median rate below the dynamic's is noise). None when
         this machine could not tell the two apart."""
-        r, a, b = self.ratios(mode), self.modes[mode].tokens_per_s, self.modes["dynamic"].tokens_per_s
+        r, a, b = self.ratios(mode), self.modes[mode].tokens_per_s, self.modes[CacheMode.DYNAMIC].tokens_per_s
         if not r.values or r.noisy or not a or not b or (r.median > 1) != (a > b):
             return None
         return f"{r.median:.2f}× the dynamic loop ({r.spread[0]:.2f}–{r.spread[1]:.2f})"
@@ -232,13 +232,14 @@ def compare_cache_modes(
 
     from pipeline.common.telemetry import Sampler
 
+    modes = tuple(CacheMode(m) for m in modes)  # "dynamic" from a caller is CacheMode.DYNAMIC from here on
     req = prepare(lm, prompt, n, chat)
     warm = {}
     for j, m in enumerate(modes):
         if progress:
             what = {
                 CacheMode.FUSED_COMPILE: " (torch.compile compiles the step once: about a minute)",
-                "fused": " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda" else ")"),
+                CacheMode.FUSED: " (builds the buffers" + (", captures the CUDA graph)" if lm.device.type == "cuda" else ")"),
             }.get(m, "")
             progress(j / (len(modes) * (reps + 1)), f"warm-up: {m}{what}")
         t = time.perf_counter()
