@@ -8,7 +8,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, header, live, live_presenter, live_wake, loading, pages, sidebar  # noqa: E402  (after set_page_config)
+from views import guard, header, live, live_presenter, live_wake, loading, pages, sidebar, st_private  # noqa: E402  (after set_page_config)
 
 
 def _page(spec: pages.PageSpec) -> st.Page:
@@ -17,7 +17,7 @@ def _page(spec: pages.PageSpec) -> st.Page:
 
 
 NAV = {spec.title: _page(spec) for spec in pages.ALL}
-live_wake.know_pages({spec.slug: getattr(NAV[spec.title], "_script_hash", "") for spec in pages.ALL})  # a class's wake-ups
+live_wake.know_pages({spec.slug: st_private.page_hash(NAV[spec.title]) for spec in pages.ALL})  # a class's wake-ups
 # One flat list (the stage numbers carry the order): with section headers Streamlit draws headers and items as
 # children of a <div> inside its <ul>, which screen readers cannot read as a list (axe-core: list, listitem).
 page = st.navigation(list(NAV.values()), expanded=True)

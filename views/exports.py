@@ -8,7 +8,7 @@ import streamlit as st
 
 import pipeline
 from components import export
-from views import guard
+from views import guard, st_private
 from views.loading import model_key
 
 
@@ -114,14 +114,8 @@ def page_settings() -> list[str]:
     """The keys of the widgets this page binds to the link (drawn so far in this run's page script), whatever their
     values: Streamlit's binding registry, filtered to the page's own script (the sidebar's are named apart). Where
     that registry cannot be read (another Streamlit), the settings in the address."""
-    try:
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-        ctx = get_script_run_ctx()
-        with ctx.session_state.query_params() as qp:
-            return [k for k, b in qp._bindings_by_param.items() if b.script_hash == ctx.page_script_hash]
-    except Exception:  # noqa: BLE001 - a private registry: fall back to what the address shows
-        return list(st.query_params)
+    bound = st_private.page_bindings()  # a private registry (views/st_private.py): else what the address shows
+    return bound if bound is not None else list(st.query_params)
 
 
 def current() -> PageExports:

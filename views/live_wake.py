@@ -7,9 +7,10 @@ run every follower's page now: the rerun the heartbeat would have asked for (the
 widgets' values as the server holds them), scheduled on the server's event loop, where browser messages are handled.
 The heartbeat stays, slower, for anything this misses.
 
-This uses Streamlit's runtime internals (Runtime._session_mgr, AppSession.request_rerun and _client_state, the
-fragment's ThreadState): streamlit is pinned (requirements.txt), and where any of it is missing (AppTest, another
-version) nothing is registered and the heartbeat alone follows. Sessions are held weakly: a closed tab's is gone."""
+This uses Streamlit's runtime internals (the session of a run, its event loop, its last ClientState, request_rerun, the
+fragment's id), all through views.st_private: streamlit is pinned (requirements.txt) and
+tests/app/test_streamlit_private.py checks each name; where any of it is missing (AppTest, another version) nothing is
+registered and the heartbeat alone follows. Sessions are held weakly: a closed tab's is gone."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import functools
 import logging
 import threading
 import weakref
+
+from views import st_private
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -32,19 +35,16 @@ def know_pages(hashes: dict[str, str]) -> None:
         _pages.update(hashes)
 
 
+def page_hash(slug: str) -> str | None:
+    """The hash of page `slug` (as know_pages was told; None before, or in AppTest)."""
+    return _pages.get(slug) or None
+
+
 def register(code: str, me: str) -> bool:
     """From a follower's heartbeat fragment (only there: a page that follows): this session, to be woken when class
     `code` shows something new."""
-    try:
-        from streamlit.runtime import Runtime, exists
-        from streamlit.runtime.scriptrunner_utils.script_run_context import ThreadState, get_script_run_ctx
-
-        ctx, fragment = get_script_run_ctx(), ThreadState.get().fragment_id
-        info = Runtime.instance()._session_mgr.get_active_session_info(ctx.session_id) if exists() and ctx else None
-        session = info.session if info is not None else None
-    except Exception:  # noqa: BLE001 - another Streamlit, bare mode: the heartbeat alone
-        return False
-    if session is None or not fragment or not hasattr(session, "request_rerun"):
+    session, fragment = st_private.this_session(), st_private.fragment_id()
+    if session is None or not fragment:  # another Streamlit, bare mode, AppTest: the heartbeat alone
         return False
     with _lock:
         known = _followers.setdefault(code, {})
@@ -79,7 +79,7 @@ def wake(code: str, slug: str | None = None, own: frozenset[str] = frozenset()) 
         if session is None:
             continue
         try:
-            session._call_soon_on_event_loop(functools.partial(_rerun, ref, _pages.get(slug) if slug is not None else None, code, own))
+            st_private.on_event_loop(session, functools.partial(_rerun, ref, _pages.get(slug) if slug is not None else None, code, own))
             n += 1
         except Exception:  # noqa: BLE001 - a session shutting down: its heartbeat (if any) follows
             log.debug("could not wake a follower", exc_info=True)
@@ -100,10 +100,7 @@ def _rerun(ref: weakref.ref, page: str | None = None, code: str = "", own: froze
     if session is None:
         return
     try:
-        from streamlit.proto.ClientState_pb2 import ClientState
-
-        state = ClientState()
-        state.CopyFrom(session._client_state)
+        state = st_private.client_state(session)
         state.ClearField("fragment_id")
         if page and state.page_script_hash != page:
             from urllib.parse import parse_qsl, urlencode
@@ -115,6 +112,6 @@ def _rerun(ref: weakref.ref, page: str | None = None, code: str = "", own: froze
         # the follower's prompt back
         state.ClearField("widget_states")
         state.is_auto_rerun = False
-        session.request_rerun(state)
+        st_private.request_rerun(session, state)
     except Exception:  # noqa: BLE001 - the session went away in between
         log.debug("could not wake a follower", exc_info=True)
