@@ -64,8 +64,7 @@ def cmd_next(args, out):
     if args.ablate:  # those heads' outputs (their slice of o_proj's input) or feed-forward blocks set to zero
         from pipeline.forward.attribution import ablate, parse_components
 
-        heads, ffn = parse_components(args.ablate)
-        logits = ablate(lm, list(tr.input_ids), heads=heads, ffn=ffn).logits_after
+        logits = ablate(lm, tr, parse_components(args.ablate)).logits_after
     p = filter_probs(logits, Sampling(args.temperature, args.top_k, args.top_p, args.min_p)).numpy()
     order = np.argsort(-p)[: args.n]
     cands = [{"id": int(i), "text": text_of(lm.tokenizer, [int(i)]), "p": float(p[i])} for i in order if p[i] > 0]
@@ -116,12 +115,10 @@ def cmd_trace(args, out):
         },
         "tokens": [t.text for t in tr.tokens],
         "shapes": {
-            "embeddings": list(tr.embeddings.shape),
-            "hidden_states": list(tr.hidden_states.shape),
-            "attentions": list(tr.attentions.shape),
+            "activations": {n: list(tr.acts[n].shape) for n in tr.acts.names() if "*" in n or "." not in n},
             "next_logits": list(tr.next_logits.shape),
         },
-        "residual_norm_last_token": [round(float(x), 3) for x in tr.resid_norm[:, -1]],
+        "residual_norm_last_token": [round(float(x), 3) for x in tr.acts["blocks.*.hook_resid_pre|norm"][:, -1]],
         "logit_lens_last_token": [{"layer": i, "top": text_of(lm.tokenizer, [top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
         "next_token": {"id": nxt, "text": text_of(lm.tokenizer, [nxt])},
         "timings_ms": {k: round(v * 1000, 2) for k, v in tr.timings.items()},
@@ -183,15 +180,14 @@ def _token(lm, text: str) -> int:
 
 def cmd_explain(args, out):
     from pipeline.forward.attribution import ablate, attribute, parse_components
-    from pipeline.forward.tracing import check_prompt
-    from pipeline.generation.loop import prepare
+    from pipeline.forward.tracing import check_prompt, trace
 
     check_prompt(args.prompt)
-    lm = _load(args)
-    ids = prepare(lm, args.prompt, 1, chat=args.chat).prompt_ids
     parts = parse_components(args.ablate) if args.ablate else None
+    lm = _load(args)
+    tr = trace(lm, args.prompt, chat=args.chat)
     versus = _token(lm, args.versus) if args.versus else None
-    a = attribute(lm, ids, _token(lm, args.token) if args.token else None, versus)
+    a = attribute(lm, tr, _token(lm, args.token) if args.token else None, versus)
     target = a.target
     res = {
         "model": lm.label,
@@ -203,7 +199,7 @@ def cmd_explain(args, out):
         "components": a.components(),
     }
     if parts is not None:
-        d = ablate(lm, ids, heads=parts[0], ffn=parts[1], mode=args.mode)
+        d = ablate(lm, tr, parts, args.mode)
         res["ablation"] = {
             "mode": args.mode,
             "switched_off": args.ablate,
@@ -231,14 +227,14 @@ def cmd_explain(args, out):
 
 def cmd_patch(args, out):
     from pipeline.forward.attribution import patch
-    from pipeline.forward.tracing import check_prompt
-    from pipeline.generation.loop import prepare
+    from pipeline.forward.tracing import check_prompt, trace
 
     check_prompt(args.clean)
     check_prompt(args.corrupt)
     lm = _load(args)
-    clean, corrupt = prepare(lm, args.clean, 1, chat=args.chat).prompt_ids, prepare(lm, args.corrupt, 1, chat=args.chat).prompt_ids
-    p = patch(lm, clean, corrupt, over=args.over)
+    clean_tr, corrupt_tr = trace(lm, args.clean, chat=args.chat), trace(lm, args.corrupt, chat=args.chat)
+    clean, corrupt = clean_tr.input_ids, corrupt_tr.input_ids
+    p = patch(lm, clean_tr, corrupt_tr, over=args.over)
     res = {
         "model": lm.label,
         "clean": args.clean,

@@ -9,8 +9,7 @@ import streamlit as st
 import appstate
 import demo
 import pipeline
-from pipeline import DEFAULTS, Sampling, serving
-from pipeline.forward.tracing import TraceError
+from pipeline import DEFAULTS, Sampling, TraceError, serving
 from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, Phase, prepare
 from pipeline.serving import Route
 from views.guard import address_slot, allowed, cap, cap_note

@@ -11,8 +11,8 @@ import streamlit as st
 
 import demo
 import pipeline
-from pipeline.common.memo import fresh_for
-from pipeline.forward.tracing import over_cap
+from pipeline.common import fresh_for
+from pipeline.forward import over_cap
 from views.session import client_address, session_key
 
 

@@ -20,9 +20,7 @@ from components.generation import kv_growth_figure, step_times_figure
 from components.tokens import chips_html, plot_text, template_html, visible
 from components.why import largest_figure
 from pipeline import text_of
-from pipeline.forward import analysis, sampling
-from pipeline.forward.attribution import Kind, ablate, attribute
-from pipeline.forward.tracing import display_maps
+from pipeline.forward import Kind, ablate, analysis, attribute, display_maps, sampling
 from pipeline.generation import kv_bytes_formula, metrics
 from pipeline.lab import checks
 

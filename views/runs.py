@@ -12,10 +12,10 @@ import appstate
 import demo
 import pipeline
 from components.tokens import lit
-from pipeline.common.timing import ACTIVITY
-from pipeline.engine.handle import ordinal
-from pipeline.forward.tokens import text_of
-from pipeline.forward.tracing import TraceError, check_prompt
+from pipeline import TraceError, text_of
+from pipeline.common import ACTIVITY
+from pipeline.engine import ordinal
+from pipeline.forward import check_prompt
 from views import guard
 from views.guard import _errors, _heavy_line, _sessions, address_slot, allowed, cap
 from views.loading import _loader, _loaders, get_model, model_key, remember

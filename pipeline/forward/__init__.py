@@ -1,3 +1,36 @@
 """One forward pass, in the order a prompt meets it: tokens (pieces, ids, special tokens, the chat template), the
-hooked trace of every layer (tracing), the readouts computed from it (analysis), and the next-token distribution
-with temperature, top-k, top-p and min-p (sampling)."""
+hooked trace of every layer (tracing) with its activations under one name each (activations), the readouts computed
+from it (analysis), why this token (attribution), and the next-token distribution with temperature, top-k, top-p and
+min-p (sampling). The face: what the app's side uses of them (tests/app/test_faces.py)."""
+
+from pipeline.forward import analysis, sampling, tracing
+from pipeline.forward.activations import Component, Kind, Name, Site, View
+from pipeline.forward.attribution import FLOW_MAX_TOKENS, Ablation, PatchOver, ablate, attribute, flow, patch
+from pipeline.forward.tokens import text_of
+from pipeline.forward.tracing import LENS_GRID_MAX, TraceError, check_prompt, display_maps, forward_repeats, lens_grid, over_cap
+
+__all__ = [
+    "FLOW_MAX_TOKENS",
+    "LENS_GRID_MAX",
+    "Ablation",
+    "Component",
+    "Kind",
+    "Name",
+    "PatchOver",
+    "Site",
+    "TraceError",
+    "View",
+    "ablate",
+    "analysis",
+    "attribute",
+    "check_prompt",
+    "display_maps",
+    "flow",
+    "forward_repeats",
+    "lens_grid",
+    "over_cap",
+    "patch",
+    "sampling",
+    "text_of",
+    "tracing",
+]

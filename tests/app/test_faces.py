@@ -16,23 +16,6 @@ MODULE_FACES = ("serving",)  # a room of one module: its public names are its fa
 
 # (file, module it imports) still allowed to reach past a face, each with who removes it
 ALLOWED = {
-    # lead: rewrite in progress (the trace's activation cache, attribution, the why page)
-    ("views/stages/why.py", "pipeline.forward.attribution"): "lead: rewrite in progress",
-    ("views/stages/why.py", "pipeline.forward.tokens"): "lead: rewrite in progress",
-    ("views/runs.py", "pipeline.common.timing"): "lead: rewrite in progress",
-    ("views/runs.py", "pipeline.engine.handle"): "lead: rewrite in progress",
-    ("views/runs.py", "pipeline.forward.tokens"): "lead: rewrite in progress",
-    ("views/runs.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/generating.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/guard.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/handout_sections.py", "pipeline.forward"): "lead: rewrite in progress",  # analysis
-    ("views/handout_sections.py", "pipeline.forward.attribution"): "lead: rewrite in progress",
-    ("views/handout_sections.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/stages/attention.py", "pipeline.forward"): "lead: rewrite in progress",  # analysis
-    ("views/stages/attention.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/stages/embeddings.py", "pipeline.forward"): "lead: rewrite in progress",  # analysis
-    ("views/stages/layer.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
-    ("views/stages/overview.py", "pipeline.forward.tracing"): "lead: rewrite in progress",
     # the pages another change is converting to enums: their imports move to the faces when it lands
     ("views/stages/hardware.py", "pipeline.common.telemetry"): "enum pass: pipeline.common's face (Sampler)",
     ("views/stages/hardware.py", "pipeline.forward.sampling"): "enum pass: pipeline's face (GREEDY)",
@@ -41,7 +24,6 @@ ALLOWED = {
     ("views/stages/kv_cache.py", "pipeline.lab.checks"): "enum pass: pipeline.lab's face (checks.check_kv_bytes)",
     ("views/stages/roofline.py", "pipeline.lab.roofline"): "enum pass: pipeline.lab's face (roofline.roofline)",
     # the live class's and the guard's own modules, being changed elsewhere
-    ("views/guard.py", "pipeline.common.memo"): "guard: pipeline.common's face (fresh_for)",
     ("views/live_question.py", "pipeline.forward.tokens"): "live: pipeline's face (text_of)",
 }
 

@@ -4,8 +4,7 @@ import streamlit as st
 from components import bertviz_offline
 from components.attention_figures import ATTENTION_SCALES, attention_heads, gqa_figure, mosaic_image, without_sink
 from components.figures import labels_of, matrix_heatmap, token_texts
-from pipeline.forward import analysis
-from pipeline.forward.tracing import display_maps
+from pipeline.forward import analysis, display_maps
 from pipeline.lab import checks
 from views import proof, render, runs
 

@@ -4,7 +4,7 @@ import streamlit as st
 from components.figures import labels_of, layer_labels, lens_figure, matrix_heatmap, norm_effect_figure, residual_figure
 from components.tokens import plot_text, visible
 from pipeline import text_of
-from pipeline.forward.tracing import LENS_GRID_MAX, lens_grid
+from pipeline.forward import LENS_GRID_MAX, lens_grid
 from pipeline.lab import checks
 from views import proof, render, runs
 

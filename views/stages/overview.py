@@ -3,7 +3,7 @@ import streamlit as st
 import pipeline
 from components.figures import timings_bar
 from pipeline import text_of
-from pipeline.forward.tracing import forward_repeats
+from pipeline.forward import forward_repeats
 from views import guard, loading, pages, proof, render, runs
 
 lm, tr = runs.get_trace()  # first: the forward pass runs before the browser has the rest of the page to draw

@@ -12,8 +12,8 @@ import streamlit as st
 
 from components.tokens import lit, plot_text, visible
 from components.why import before_after_figure, flow_figure, head_row_figure, largest_figure, patching_figure, shares_heatmap, side_by_side_figure
-from pipeline.forward.attribution import FLOW_MAX_TOKENS, Ablation, Component, Kind, PatchOver, ablate, attribute, flow, patch
-from pipeline.forward.tokens import text_of
+from pipeline import text_of
+from pipeline.forward import FLOW_MAX_TOKENS, Ablation, Component, Kind, PatchOver, ablate, attribute, flow, patch
 from pipeline.lab import checks
 from views import guard, loading, proof, render, runs
 
