@@ -114,10 +114,7 @@ def cmd_trace(args, out):
             "norm": f.norm,
         },
         "tokens": [t.text for t in tr.tokens],
-        "shapes": {
-            "activations": {n: list(tr.acts[n].shape) for n in tr.acts.names() if "*" in n or "." not in n},
-            "next_logits": list(tr.next_logits.shape),
-        },
+        "shapes": {"activations": {n: list(tr.acts[n].shape) for n in tr.acts.names() if "*" in n or "." not in n}, "next_logits": list(tr.next_logits.shape)},
         "residual_norm_last_token": [round(float(x), 3) for x in tr.acts["blocks.*.hook_resid_pre|norm"][:, -1]],
         "logit_lens_last_token": [{"layer": i, "top": text_of(lm.tokenizer, [top[0][0]]), "p": round(top[0][1], 4)} for i, top in enumerate(tr.lens_last_top)],
         "next_token": {"id": nxt, "text": text_of(lm.tokenizer, [nxt])},

@@ -80,7 +80,9 @@ def test_a_family_opened_from_its_folder_traces_explains_and_ablates_like_the_mo
     hs = torch.stack([h[0] for h in out.hidden_states]).float()  # [L+1, T, d]; the last one after the final norm
     ours = torch.as_tensor(tr.acts["blocks.*.hook_resid_pre"])
     assert torch.allclose(ours[:-1], hs[:-1], atol=1e-4, rtol=1e-4), (family, float((ours[:-1] - hs[:-1]).abs().max()))
-    assert tr.acts.attn_block == 1 and np.allclose(tr.acts["blocks.*.attn.hook_pattern"], torch.stack([a[0] for a in out.attentions]).numpy(), atol=2e-3), family
+    assert tr.acts.attn_block == 1 and np.allclose(tr.acts["blocks.*.attn.hook_pattern"], torch.stack([a[0] for a in out.attentions]).numpy(), atol=2e-3), (
+        family
+    )
     p_ours = torch.softmax(torch.as_tensor(tr.next_logits).double(), -1)
     p_ref = torch.softmax(ref.double(), -1)
     top = int(p_ref.argmax())
