@@ -194,8 +194,8 @@ class FusedDecoder:
         with torch.inference_mode():
             cache = DynamicCache(config=self.lm.model.config)
             out = self.lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            for i, layer in enumerate(cache.layers):
-                k, v = layer.keys[0], layer.values[0]  # [KV, t, D]; t < T on sliding layers
+            for i, (keys, values) in enumerate(self.lm.arch.cache_kv(cache)):
+                k, v = keys[0], values[0]  # [KV, t, D]; t < T on sliding layers
                 t = k.shape[1]
                 self.K[i, :, T - t : T].copy_(k)
                 self.V[i, :, T - t : T].copy_(v)

@@ -25,7 +25,6 @@ from pipeline.common.timing import Ratios
 from pipeline.forward.sampling import GREEDY, Sampling, filter_probs
 from pipeline.generation.events import eos_ids
 from pipeline.generation.loop import prepare
-from pipeline.model.arch import decoder_of
 from pipeline.model.loaded import LoadedModel
 
 
@@ -99,25 +98,8 @@ class PromptLookup:
 
 
 def early_exit_model(lm: LoadedModel, k: int) -> nn.Module:
-    """A causal LM made of the target's first k layers + its final norm + LM head (modules shared, not copied).
-    Built on the meta device, then every module is replaced by the target's, so no weights are allocated."""
-    from transformers import AutoModelForCausalLM
-
-    cfg = lm.model.config.__class__.from_dict(lm.model.config.to_dict())
-    cfg.num_hidden_layers = k
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:k]
-    with torch.device("meta"):
-        draft = AutoModelForCausalLM.from_config(cfg)
-    src, dst = lm.arch.decoder, decoder_of(draft)
-    for name, module in src.named_children():
-        if name == "layers":
-            dst.layers = nn.ModuleList(list(src.layers)[:k])
-        else:
-            setattr(dst, name, module)
-    draft.set_output_embeddings(lm.arch.unembedding())
-    draft.config._attn_implementation = lm.model.config._attn_implementation
-    return draft.eval()
+    """A causal LM made of the target's first k layers + its final norm + LM head (modules shared, not copied)."""
+    return lm.arch.first_layers_model(k)
 
 
 class ModelDraft:

@@ -118,6 +118,31 @@ class Arch:
         """Learned position embeddings (GPT-2 `wpe`); None for models that rotate positions (RoPE) instead."""
         return getattr(self.decoder, "wpe", None) or getattr(self.decoder, "embed_positions", None)
 
+    def first_layers_model(self, k: int) -> torch.nn.Module:
+        """A causal LM made of this model's first k layers + its final norm + LM head (modules shared, not copied):
+        speculative decoding's early-exit draft. Built on the meta device, then every module is replaced by this
+        model's, so no weights are allocated."""
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.model.config.__class__.from_dict(self.model.config.to_dict())
+        cfg.num_hidden_layers = k
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:k]
+        with torch.device("meta"):
+            draft = AutoModelForCausalLM.from_config(cfg)
+        dst = decoder_of(draft)
+        for name, module in self.decoder.named_children():  # the layer stack cut to k, every other part as it is
+            stack = isinstance(module, torch.nn.ModuleList) and len(module) == len(self.layers) and module[0] is self.layers[0]
+            setattr(dst, name, torch.nn.ModuleList(self.layers[:k]) if stack else module)
+        draft.set_output_embeddings(self.unembedding())
+        draft.config._attn_implementation = self.model.config._attn_implementation
+        return draft.eval()
+
+    @staticmethod
+    def cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (keys, values) [B, KV, t, D] held by one of transformers' caches (t < T on sliding layers)."""
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
     def final_norm_module(self) -> torch.nn.Module:
         """The norm before the LM head (Llama `norm`, GPT-2 `ln_f`)."""
         return _first_attr(self.decoder, "norm", "ln_f", "final_layernorm", "norm_f")
