@@ -4,6 +4,7 @@ visitor), the sidebar's choice of model, and a page's last result kept for this 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -143,3 +144,36 @@ def remember(slot: str, value) -> None:
 def recall(slot: str):
     """The page's last result for the loaded model, or None."""
     return appstate.recall(st.session_state, slot, model_key())
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One experiment a page runs: what it is, and everything its result depends on (token ids, candidates, the
+    components, a mode). A page keeps the last result of each kind with it (per visitor and loaded model)."""
+
+    what: str
+    inputs: tuple
+
+
+def kept(ask: Ask):
+    """The result of `ask` if it is the last of its kind this visitor ran on the loaded model, else None."""
+    got = recall(f"ask/{ask.what}")
+    return got[1] if got is not None and got[0] == ask else None
+
+
+def last(what: str):
+    """(the ask, its result) of the last experiment of this kind on the loaded model, or None."""
+    return recall(f"ask/{what}")
+
+
+def run(ask: Ask, compute):
+    """Compute `ask` now and keep it as the last of its kind."""
+    value = compute()
+    remember(f"ask/{ask.what}", (ask, value))
+    return value
+
+
+def cached(ask: Ask, compute):
+    """`ask`'s kept result, or computed now and kept."""
+    got = kept(ask)
+    return got if got is not None else run(ask, compute)

@@ -1,11 +1,6 @@
 """Page 17, why this token: the shares of a logit (read from the trace's activations), where a head looked, the
-contribution graph, switching components off, patching between two prompts, and two prompts side by side.
-
-Each experiment is an `Ask` (what, and everything it depends on); `_kept` / `_run` are the page's one cache of them
-(per visitor and model, `loading.remember`). Reading the trace (shares, the graph) is cheap and recomputed when its
-ask changes; changing the model (switching off, patching, comparing) runs when its button is pressed."""
-
-from dataclasses import dataclass
+contribution graph, switching components off, patching between two prompts, two prompts side by side. Each experiment
+is a `loading.Ask` in the one cache of them (`cached` when reading the trace, `run` when a button changes the model)."""
 
 import numpy as np
 import streamlit as st
@@ -15,44 +10,14 @@ from components.why import before_after_figure, flow_figure, head_row_figure, la
 from pipeline import text_of
 from pipeline.forward import FLOW_MAX_TOKENS, Ablation, Component, Kind, PatchOver, ablate, attribute, flow, patch
 from pipeline.lab import checks
-from views import guard, loading, proof, render, runs
+from views import guard, proof, render, runs
+from views.loading import Ask, cached, last, run
 
 PAIRS = {
     "The Eiffel Tower / the Colosseum": ("The Eiffel Tower is in the city of", "The Colosseum is in the city of"),
     "Dog bites man / Man bites dog": ("Dog bites man. The one who bit was the", "Man bites dog. The one who bit was the"),
 }
 SIDE = {"The two Apple sentences": ("Apple released a new", "Apple fell from the"), "Dog bites man / Man bites dog": PAIRS["Dog bites man / Man bites dog"]}
-
-
-@dataclass(frozen=True)
-class Ask:
-    """One experiment on this page: what it is, and everything its result depends on (the prompts' token ids, the
-    candidates, the components, the mode)."""
-
-    what: str
-    inputs: tuple
-
-
-def _kept(ask: Ask):
-    """The result of `ask` if it is the last of its kind this visitor ran on the loaded model, else None."""
-    got = loading.recall(f"why/{ask.what}")
-    return got[1] if got is not None and got[0] == ask else None
-
-
-def _last(what: str):
-    """(the ask, its result) of the last experiment of this kind on the loaded model, or None."""
-    return loading.recall(f"why/{what}")
-
-
-def _run(ask: Ask, compute):
-    value = compute()
-    loading.remember(f"why/{ask.what}", (ask, value))
-    return value
-
-
-def _cached(ask: Ask, compute):
-    got = _kept(ask)
-    return got if got is not None else _run(ask, compute)
 
 
 def _name(lm, t: int) -> str:
@@ -81,7 +46,7 @@ def _candidates(lm, tr):
 
 def _shares(lm, tr, target, versus):
     """The shares of the logit, read from the trace (no forward pass): metrics, the heatmap, the largest."""
-    a = _cached(Ask("attribution", (tuple(tr.input_ids), target, versus)), lambda: attribute(lm, tr, target, versus))
+    a = cached(Ask("attribution", (tuple(tr.input_ids), target, versus)), lambda: attribute(lm, tr, target, versus))
     what = f"logit({_name(lm, target)!r})" + (f" − logit({_name(lm, versus)!r})" if versus is not None else "")
     m = st.columns(3)
     m[0].metric(f"The model's {what}", f"{a.logit:.3f}")
@@ -132,7 +97,7 @@ def _graph(lm, tr, labels):
     if tr.T > FLOW_MAX_TOKENS:
         st.info(f"The prompt is {tr.T:,} tokens; the graph is drawn for prompts of at most {FLOW_MAX_TOKENS} tokens. Shorten it to see it.")
         return
-    fl = _cached(Ask("flow", (tuple(tr.input_ids),)), lambda: flow(lm, tr))
+    fl = cached(Ask("flow", (tuple(tr.input_ids),)), lambda: flow(lm, tr))
     thr = st.slider("Draw edges with a share of at least", 0.02, 0.6, 0.05, 0.01, key="why_flow_min", help="Lower: more, thinner edges")
     edges = fl.graph(thr)
     render.figure(
@@ -159,8 +124,8 @@ def _switch_off(lm, tr, a):
     ask = Ask("ablation", (tuple(tr.input_ids), tuple(chosen), mode))
     if st.button("Switch them off", type="primary", key="why_go", disabled=not chosen) and guard.allowed("an intervention"):
         off = [Component.parse(n) for n in chosen]
-        _run(ask, lambda: lm.run(lambda progress=None: ablate(lm, tr, off, Ablation(mode))))
-    got = _last("ablation")
+        run(ask, lambda: lm.run(lambda progress=None: ablate(lm, tr, off, Ablation(mode))))
+    got = last("ablation")
     if got is None or got[0].inputs[0] != ask.inputs[0]:  # nothing switched off yet for this prompt
         return
     (_, off, md), d = got[0].inputs, got[1]
@@ -211,9 +176,9 @@ def _patching(lm):
             with runs.heavy("activation patching", slot="patch"):
                 bar = st.progress(0.0, text="patching")
                 ask = Ask("patching", (clean, corrupt, tuple(text_of(lm.tokenizer, [t]) for t in ct.input_ids), over))
-                _run(ask, lambda: patch(lm, ct, kt, progress=lambda f, m: bar.progress(f, text=m), over=PatchOver(over)))
+                run(ask, lambda: patch(lm, ct, kt, progress=lambda f, m: bar.progress(f, text=m), over=PatchOver(over)))
                 bar.empty()
-    got = _last("patching")
+    got = last("patching")
     if got is None:
         return
     (cl, co, toks, _), pt = got[0].inputs, got[1]
@@ -238,8 +203,8 @@ def _side_by_side(lm):
     pb = sc[1].text_input("Second prompt", SIDE[side][1], key=f"why_b_{side}")
     if st.button("Compare them", key="why_compare") and guard.allowed("comparing two prompts"):
         (_, ta), (_, tb) = runs.get_trace(pa, False), runs.get_trace(pb, False)
-        _run(Ask("comparison", (ta.prompt, tb.prompt)), lambda: _compare(lm, ta, tb))  # numbers only, not the traces
-    got = _last("comparison")
+        run(Ask("comparison", (ta.prompt, tb.prompt)), lambda: _compare(lm, ta, tb))  # numbers only, not the traces
+    got = last("comparison")
     if got is None:
         return
     prompts, (t0, tops, lens, aa, ab) = got[0].inputs, got[1]
@@ -260,11 +225,8 @@ def _compare(lm, ta, tb):
     t0 = int(np.argmax(ta.next_logits))
     dists = [np.exp(t.next_logits - t.next_logits.max()) for t in (ta, tb)]
     tops = [[(plot_text(repr(_name(lm, int(i)))), float(p[i] / p.sum())) for i in np.argsort(-p)[:8]] for p in dists]
-    lens = {
-        "layer": [f"L{i - 1}" if i else "embedding" for i in range(len(ta.lens_last_top))],
-        "first prompt: top token": [_name(lm, r[0][0]) for r in ta.lens_last_top],
-        "second prompt: top token": [_name(lm, r[0][0]) for r in tb.lens_last_top],
-    }
+    lens = {"layer": [f"L{i - 1}" if i else "embedding" for i in range(len(ta.lens_last_top))]}
+    lens |= {f"{which} prompt: top token": [_name(lm, r[0][0]) for r in t.lens_last_top] for which, t in (("first", ta), ("second", tb))}
     return t0, tops, lens, attribute(lm, ta, t0), attribute(lm, tb, t0)
 
 
