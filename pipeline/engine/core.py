@@ -362,14 +362,14 @@ class Engine:
     def _forward_one_by_one(self, chunks: list[Chunk], rows: list[Request]):
         """Architectures the batched step does not implement: transformers' forward, one request at a time
         (whole prompts, no chunking)."""
-        from pipeline.generation.decode import TransformersStep
+        from pipeline.generation.decode import CacheMode, TransformersStep
 
         prefilled, first = {}, []
         for r, _, b in chunks:
             prefilled[r.id] = b
             if b < len(r.prompt_ids):
                 continue
-            st = self._fallback[r.id] = TransformersStep(self.lm, "dynamic", r.n_tokens)
+            st = self._fallback[r.id] = TransformersStep(self.lm, CacheMode.DYNAMIC, r.n_tokens)
             first.append((r, st.prefill(r.prompt_ids).logits))
         out = [self._fallback[r.id].step(r.generated[-1], r.context_len - 1).logits for r in rows]
         return prefilled, first, rows, torch.stack(out) if out else None

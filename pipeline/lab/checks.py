@@ -260,6 +260,7 @@ def generation_checks(lm: LoadedModel, rec) -> list[Check]:
     """The generation page's run (a GenerationRecord): greedy against transformers; a sampled run against a second run of our
     own loop with the same seed (pipeline.generate, the request alone, not through the shared engine); the
     headline metrics recomputed from the raw event times."""
+    from pipeline.generation.decode import CacheMode
     from pipeline.generation.events import eos_ids
     from pipeline.generation.loop import generate, metrics, prepare
 
@@ -269,7 +270,7 @@ def generation_checks(lm: LoadedModel, rec) -> list[Check]:
     if rec.sampling.greedy:
         out.append(check_greedy_vs_transformers(lm, req.prompt_ids, toks, eos_ids(lm)))
     else:
-        again = [e.token_id for e in generate(lm, rec.prompt, len(toks), rec.sampling, chat=rec.chat, request=req, cache="dynamic")]
+        again = [e.token_id for e in generate(lm, rec.prompt, len(toks), rec.sampling, chat=rec.chat, request=req, cache=CacheMode.DYNAMIC)]
         out.append(
             Check(
                 "sampled tokens reproduce: same seed, our loop run alone (outside the shared engine)",

@@ -36,17 +36,18 @@ class ForcedToken:
 def force_token(lm: LoadedModel, prompt: str, n: int = 12, at: int = 2, chat: bool = False) -> ForcedToken:
     """Generate n greedy tokens; then put the runner-up token at step `at` and let the model go on greedily.
     If the answer were written ahead of time, the rest would not change; it does, from the very next token."""
+    from pipeline.generation.decode import CacheMode
     from pipeline.generation.loop import generate, prepare
 
     req = prepare(lm, prompt, n, chat)
-    events = list(generate(lm, prompt, n, chat=chat, request=req, cache="dynamic", stop_ids=set()))
+    events = list(generate(lm, prompt, n, chat=chat, request=req, cache=CacheMode.DYNAMIC, stop_ids=set()))
     original = [e.token_id for e in events]
     at = max(0, min(at, len(original) - 2))
     runner_up = next(t for t, _, _ in events[at].top_raw if t != original[at])  # before the filters: greedy keeps one
     head = req.prompt_ids + original[:at] + [runner_up]
     rest = n - at - 1
     req2 = type(req)(head, rest, [])
-    after = [e.token_id for e in generate(lm, "", rest, request=req2, cache="dynamic", stop_ids=set())]
+    after = [e.token_id for e in generate(lm, "", rest, request=req2, cache=CacheMode.DYNAMIC, stop_ids=set())]
     same_tail = after == original[at + 1 :]
     step_ms = [e.step_s * 1000 for e in events]
     return ForcedToken(

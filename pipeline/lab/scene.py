@@ -213,10 +213,11 @@ def run_scene(
 
 def run_alone(lm: LoadedModel, user: User, chat: bool = False, stop_at_eos: bool = False) -> list[int]:
     """The reference: the same request generated alone by transformers' own loop (greedy)."""
+    from pipeline.generation.decode import CacheMode
     from pipeline.generation.loop import generate
 
     req = prepare(lm, user.prompt, user.max_new_tokens, chat)
-    return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache="dynamic", stop_ids=None if stop_at_eos else set())]
+    return [e.token_id for e in generate(lm, user.prompt, chat=chat, request=req, cache=CacheMode.DYNAMIC, stop_ids=None if stop_at_eos else set())]
 
 
 @dataclass
