@@ -18,11 +18,12 @@ import copy
 import json
 import os
 import secrets
+from urllib.parse import urlsplit
 
 import streamlit as st
 
 from appstate.classes import Classes, Ended, is_code
-from views import guard, live_wake, pages
+from views import guard, live_wake, pages, st_private
 from views.session import browser_key, client_address
 
 # the address parameters a follower keeps of its own when the presenter's page is opened for it (the student's own
@@ -95,8 +96,10 @@ def follow(slug: str, page_of) -> None:
         return
     st.session_state["_live_in"] = code
     state = pages.view_of(view.slug, view.state) if view is not None and view.slug in pages.BY_SLUG else None
-    # applied when the presenter moved on, and again when a value drifted from the view (_drifted)
-    if state is not None and (view.number != st.session_state.get("_live_applied") or _drifted(state)):
+    # applied when the presenter moved on, again when a value drifted from the view (_drifted), and when this run is on
+    # another page than the presenter's: a run the browser asked for from the page it showed before (a message sent
+    # before a wake-up's page reached it, the back button) once stayed there, with the view counted as shown
+    if state is not None and (view.number != st.session_state.get("_live_applied") or _drifted(state) or view.slug != slug):
         st.session_state["_live_applied"] = view.number
         for k in pages.view_of(view.slug, {k: None for k in st.query_params}):
             if k not in state:
@@ -194,6 +197,8 @@ def _check(code: str) -> None:
         st.rerun(scope="app")  # follow() says so and stops
     if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(pages.view_of(view.slug, view.state))):
         st.rerun(scope="app")
+    if view is not None and _elsewhere(view):
+        st.rerun(scope="app")  # the page again on the browser's page (follow() switches if that is another), and its address
     handed = classes().handed(code)
     if handed is not None and handed[0] != st.session_state.get("_live_handed"):
         st.rerun(scope="app")
@@ -201,6 +206,30 @@ def _check(code: str) -> None:
         q = classes().question(code)
         if ((q.number, q.revealed) if q else None) != st.session_state["_live_q_watch"]:
             st.rerun(scope="app")
+
+
+def _named(address: str) -> str:
+    """The page an address names: its last path segment when that is a page's slug, else the front page ("")."""
+    last = urlsplit(address).path.rstrip("/").rsplit("/", 1)[-1]
+    return last if last and last in pages.BY_SLUG else ""
+
+
+def _elsewhere(view) -> bool:
+    """Whether this browser, as its heartbeat's message reports it, shows another page than the presenter's or has
+    another page in its address bar, on two beats in a row (the first may have left before a wake-up's page arrived).
+    Issue 48: a page drew the attention page under `/tokens?follow=…` for 40 s, and nothing looked at the address until
+    the presenter's next change (not reproduced in ~100 changes in Chromium). A full run sends Streamlit's navigation
+    message, which moves the address bar to the run's page, so the heartbeat asks for one."""
+    if not st_private.fragment_run():  # a whole page's run: a wake-up's carries the browser's older address
+        return False
+    page, address, here = st_private.browser_page(), st_private.browser_address(), live_wake.page_hash(view.slug)
+    if not ((here is not None and page is not None and page != here) or (address is not None and _named(address) != view.slug)):
+        st.session_state.pop("_live_elsewhere", None)
+        return False
+    number, beats = st.session_state.get("_live_elsewhere") or (None, 0)
+    beats = beats + 1 if number == view.number else 1
+    st.session_state["_live_elsewhere"] = (view.number, beats)
+    return beats in (2, 4, 6)  # two beats in a row; twice more at most for one view
 
 
 def banner() -> None:

@@ -56,6 +56,30 @@ def test_a_student_follows_sees_the_count_and_takes_the_presenters_results():
     teacher.button(key="live_end").click().run()
 
 
+def test_a_following_students_run_on_another_page_returns_to_the_presenters_page():
+    """A run the student's browser asks for on another page than the presenter's, the view already applied (a message
+    sent from the page it showed before a wake-up's page reached it; the back button) goes to the presenter's page.
+    Before (issue 48) it stayed there, its address with it, until the presenter's next change."""
+    from views import live, pages
+
+    teacher = _session(prompt="Dog bites man.")
+    teacher.run()
+    teacher.switch_page("views/stages/attention.py").run()
+    teacher.button(key="live_start").click().run()
+    c = live.classes().of_owner(teacher.session_state["_sid"])
+    student = _session()
+    student.query_params["follow"] = c.code
+    student.run()
+    student.run()
+    assert not student.exception, student.exception
+    assert student.session_state["_live_applied"] == c.view.number and student.title[0].value == pages.BY_SLUG["attention"].h1
+    student.switch_page("views/stages/tokens.py").run()  # the browser's run on the page it showed before
+    student.run()
+    assert not student.exception, student.exception
+    assert student.title[0].value == pages.BY_SLUG["attention"].h1, student.title[0].value
+    teacher.button(key="live_end").click().run()
+
+
 def test_a_view_carries_only_the_allowlist_never_the_presenters_identity_or_private_keys():
     """The presenter opened an address carrying `_sid=`, `_live_*` and an unknown key (a link a student sent), and its
     session holds private keys: the published view holds none of them, and none reaches a follower's session."""
