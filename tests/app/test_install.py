@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def project_files() -> set[str]:
     """Every file the app needs at run time, as paths inside the wheel."""
-    files = {f"{m}.py" for m in ("app", "demo", "explorer")}
+    files = {p.name for p in ROOT.glob("*.py")}  # the top-level modules: app, demo and its parts, explorer
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".js", ".png"):

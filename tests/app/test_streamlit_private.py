@@ -142,3 +142,11 @@ def test_the_functions_work_in_a_script_run():
     ]
     assert said == expected, f"views/st_private.py against Streamlit {streamlit.__version__}: {said}"
     assert st_private.run_context() is None and st_private.page_bindings() is None and st_private.this_session() is None  # outside a run
+
+
+def test_the_package_pins_the_same_streamlit():
+    """`pip install .` takes the Streamlit the private names were checked against, never a newer one unchecked."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [d for d in deps if re.match(r"streamlit\b", d)] == [f"streamlit=={streamlit.__version__}"], deps
