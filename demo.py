@@ -124,7 +124,10 @@ def load_policy(secrets: Mapping | None = None, environ: Mapping | None = None) 
     listed = sec.get("models") or [m for m in env.get("LLM_EXPLORER_MODELS", "").split(",") if m.strip()] or [DEFAULT]
     # a limit as written (an int or a string of one; 0 or less is no limit: None), a switch as TOML's true/false
     caps = replace(Caps(), **{f.name: limit_of(sec[f.name]) if f.name in LIMITS else _truthy(sec[f.name]) for f in fields(Caps) if f.name in sec})
-    return Policy(True, tuple(canonical_key(str(m).strip()) for m in listed), caps, password)
+    # LLM_EXPLORER_PRECISION=int8 (`make demo PRECISION=int8`): every listed model served in int8 weight-only, a key
+    # ending ":int8" (pipeline.model.quantised); a key listed with its own ":int8" is int8 whatever the setting
+    tail = ":int8" if env.get("LLM_EXPLORER_PRECISION", "").strip().lower() == "int8" else ""
+    return Policy(True, tuple(canonical_key(str(m).strip() + tail) for m in listed), caps, password)
 
 
 def secrets_file(root: str = ".") -> dict:

@@ -17,13 +17,16 @@ import numpy as np
 
 from pipeline.forward.tokens import text_of
 
+PRECISIONS = ("fp32", "int8")  # pipeline.model.quantised.PRECISIONS (not imported here: the CLI's help loads no torch)
+
 
 def _load(args):
-    """The model named by --model (a built-in key, a folder, or a Hugging Face id in the local cache); for a folder or
-    an id its size and the free memory are said on stderr before it loads."""
+    """The model named by --model (a built-in key, a folder, or a Hugging Face id in the local cache) in --precision
+    (int8: weight-only int8, a model of its own); for a folder or an id its size and the free memory are said on
+    stderr before it loads."""
     from pipeline.model.loaded import load_model
 
-    return load_model(args.model, told=lambda sentence: sys.stderr.write(sentence + "\n"))
+    return load_model(args.model, told=lambda sentence: sys.stderr.write(sentence + "\n"), precision=getattr(args, "precision", "fp32"))
 
 
 def cmd_tokens(args, out):
@@ -154,7 +157,7 @@ def cmd_generate(args, out):
             }
         )
     if args.json:
-        json.dump({"model": lm.label, "engine": engine_for(lm).name, "results": res}, out, ensure_ascii=False, indent=1)
+        json.dump({"model": lm.label, "precision": lm.precision, "engine": engine_for(lm).name, "results": res}, out, ensure_ascii=False, indent=1)
         out.write("\n")
     else:
         for r in res:
@@ -306,12 +309,14 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=PRECISIONS, default=argparse.SUPPRESS, help="as the option before the command")
     p.set_defaults(fn=cmd_generate)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     ap.add_argument("--model", default=None, help="smollm2-135m-instruct (default), gemma3-270m, or a local folder")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32", help="int8: the model's projections in int8 weight-only, on a CPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_readouts(sub)
     _add_why(sub)

@@ -149,6 +149,10 @@ def stop_generation(slot: str) -> None:
         rec.stopped = True
 
 
+# what the engine's panel says of the weights it serves (pipeline.load_model's precision)
+PRECISION_NOTES = {"fp32": "fp32", "int8": "int8 weight-only (each matrix row in int8 with its own fp32 scale)"}
+
+
 @st.fragment(run_every="2s")
 def engine_panel(lm):
     """What the shared engine is serving for this app right now (every visitor's generations), refreshed."""
@@ -161,7 +165,8 @@ def engine_panel(lm):
     c[3].metric("KV memory in use", f"{s.kv_bytes_in_use / 2**20:,.1f} of {s.kv_bytes_total / 2**20:,.0f} MiB", help=f"{s.blocks_used} of {s.blocks} blocks")
     hits = s.prefix_hit_requests
     st.caption(
-        f"{s.engine}: every visitor's generations on the generation, hardware and streaming pages go through it. {s.iterations:,} iterations so far. "
+        f"{s.engine}, serving {lm.label} in {PRECISION_NOTES.get(lm.precision, lm.precision)}: every visitor's generations on the "
+        f"generation, hardware and streaming pages go through it. {s.iterations:,} iterations so far. "
         f"Prefix cache: {hits:,} {'prompt' if hits == 1 else 'prompts'} started like an earlier one and reused "
         f"{s.prefix_hit_tokens:,} tokens of K/V instead of computing them ({s.blocks_cached:,} blocks cached)."
     )

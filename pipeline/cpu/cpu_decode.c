@@ -138,56 +138,7 @@ static inline void put(float *y, int n0, int nn, const float *sc, const float *b
 KERNELS_FOR(f32, float)
 KERNELS_FOR(i8, signed char)
 KERNELS_FOR(bf16, unsigned short)
-LINEAR_FOR(i8, signed char)
 LINEAR_FOR(bf16, unsigned short)
-
-/* One row against four panels at once: four forward streams for the core to read ahead in, where one stream kept too
-   few reads in flight. Measured (a C harness, 2026-12-04, SmolLM2's 120 layer products for one row, best of 8 passes,
-   interleaved with the read probe): one panel at a time read 0.82-0.87 of a one-stream probe, two at once 0.91-0.97,
-   four at once 0.98-1.16 (47.9 GB/s where the probe read 44.3 in a fast minute). Each output is the same fused
-   multiply-adds in the same order as k1_f32's (and as row 0's in any k2..k6): the same bits whichever kernel ran it. */
-#define S4_ACC(i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const float *w##i = p##i;
-#define S4_FMA(i) a##i##0 = _mm256_fmadd_ps(xb, _mm256_load_ps(w##i + (size_t)k * NB), a##i##0); \
-                  a##i##1 = _mm256_fmadd_ps(xb, _mm256_load_ps(w##i + (size_t)k * NB + 8), a##i##1);
-static void k1x4_f32(const float *x, int K, const float *p0, const float *p1, const float *p2, const float *p3, float *y,
-                     int N, const int *n0, const float *b) {
-    S4_ACC(0) S4_ACC(1) S4_ACC(2) S4_ACC(3)
-    for (int k = 0; k < K; k++) {
-        __m256 xb = _mm256_broadcast_ss(x + k);
-        S4_FMA(0) S4_FMA(1) S4_FMA(2) S4_FMA(3)
-    }
-    #define S4_PUT(i) put(y, n0[i], N - n0[i] < NB ? N - n0[i] : NB, 0, b, a##i##0, a##i##1);
-    S4_PUT(0) S4_PUT(1) S4_PUT(2) S4_PUT(3)
-}
-
-/* Panels [lo, hi) of y [M, N] = x [M, K] @ W.T (+ b), by the calling thread; with `add`, each panel's outputs also
-   added into add [M, N]. One row: four streams (k1x4_f32) over the span's four quarters; several: each panel once,
-   its rows in balanced chunks of at most 6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache. */
-static void panel_span(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int lo, int hi, float *add) {
-    int q = lo, chunks = (M + 5) / 6;
-    if (M == 1) {
-        int qu = (hi - lo) / 4;
-        for (; q < lo + qu; q++) {
-            int n0[4] = {q * NB, (q + qu) * NB, (q + 2 * qu) * NB, (q + 3 * qu) * NB};
-            k1x4_f32(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N, n0, b);
-        }
-        if (add)
-            for (int j = 0; j < 4 * qu * NB && lo * NB + j < N; j++) add[lo * NB + j] += y[lo * NB + j];
-        q = lo + 4 * qu;
-    }
-    for (; q < hi; q++) {
-        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;
-        const float *pp = p + (size_t)q * K * NB;
-        for (int c = 0, m0 = 0; c < chunks; c++) {
-            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);
-            KS_f32[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, 0, b);
-            m0 += mm;
-        }
-        if (add)
-            for (int m = 0; m < M; m++)
-                for (int j = 0; j < nn; j++) add[(size_t)m * N + n0 + j] += y[(size_t)m * N + n0 + j];
-    }
-}
 
 /* The calling thread's part of a product's panels among the team's (inside a parallel region). One row: units of four
    panels read side by side (k1x4_f32's four streams), unit u being panels u, Q + u, 2Q + u and 3Q + u of the product's
@@ -212,28 +163,95 @@ static void panel_span(const float *x, const float *p, const float *b, float *y,
 #define TEAM_MAX 64 /* threads the ranges serve; more: one panel a unit from grab */
 typedef struct { int count, sense, sleepers; long grab; long rc[TEAM_MAX][8]; } team; /* rc[r][0]: range r's counter */
 static inline int quads(int M, int panels, int n) { return M == 1 && n <= TEAM_MAX && panels >= 8 * n ? panels / 4 : 0; }
-static void quad_unit(const float *x, const float *p, const float *b, float *y, int N, int K, long q, int Q, float *add) {
-    int n0[4] = {(int)q * NB, (int)(q + Q) * NB, (int)(q + 2 * Q) * NB, (int)(q + 3 * Q) * NB};
-    k1x4_f32(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N, n0, b);
-    if (add)
-        for (int j = 0; j < 4; j++)
-            for (int i = 0; i < NB && n0[j] + i < N; i++) add[n0[j] + i] += y[n0[j] + i];
+
+/* One row against four panels at once: four forward streams for the core to read ahead in, where one stream kept too
+   few reads in flight. Measured (a C harness, 2026-12-04, SmolLM2's 120 layer products for one row, best of 8 passes,
+   interleaved with the read probe): one panel at a time read 0.82-0.87 of a one-stream probe, two at once 0.91-0.97,
+   four at once 0.98-1.16 (47.9 GB/s where the probe read 44.3 in a fast minute). Each output is the same fused
+   multiply-adds in the same order as k1_f32's (and as row 0's in any k2..k6): the same bits whichever kernel ran it. */
+/* Panels [lo, hi) of y [M, N] = x [M, K] @ W.T (+ b), by the calling thread; with `add`, each panel's outputs also
+   added into add [M, N]. One row: four streams (k1x4_f32) over the span's four quarters; several: each panel once,
+   its rows in balanced chunks of at most 6 (8 rows: 4 + 4), each chunk re-reading the panel from the core's cache.
+   Written once for each weight type (SPAN_FOR): fp32 panels, and int8 panels widened to fp32 in registers with a scale
+   per output row (`sc`, applied to each finished sum as put() does for panel_linear_i8: the engine's int8 model, issue
+   49), the same sums in the same order whichever; sc is NULL for fp32. */
+#define S4_ACC(T, i) __m256 a##i##0 = _mm256_setzero_ps(), a##i##1 = _mm256_setzero_ps(); const T *w##i = p##i;
+#define S4_W_f32(i) __m256 v##i##0 = _mm256_load_ps(w##i + (size_t)k * NB), v##i##1 = _mm256_load_ps(w##i + (size_t)k * NB + 8);
+#define S4_W_i8(i) __m128i q##i = _mm_loadu_si128((const __m128i *)(w##i + (size_t)k * NB));                          \
+                   __m256 v##i##0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q##i));                                   \
+                   __m256 v##i##1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q##i, 8)));
+#define S4_FMA(i) a##i##0 = _mm256_fmadd_ps(xb, v##i##0, a##i##0); a##i##1 = _mm256_fmadd_ps(xb, v##i##1, a##i##1);
+#define S4_PUT(i) put(y, n0[i], N - n0[i] < NB ? N - n0[i] : NB, sc, b, a##i##0, a##i##1);
+#define SPAN_FOR(SFX, T)                                                                                                   \
+static void k1x4_##SFX(const float *x, int K, const T *p0, const T *p1, const T *p2, const T *p3, float *y, int N,       \
+                       const int *n0, const float *sc, const float *b) {                                                 \
+    S4_ACC(T, 0) S4_ACC(T, 1) S4_ACC(T, 2) S4_ACC(T, 3)                                                                  \
+    for (int k = 0; k < K; k++) {                                                                                        \
+        __m256 xb = _mm256_broadcast_ss(x + k);                                                                          \
+        S4_W_##SFX(0) S4_FMA(0) S4_W_##SFX(1) S4_FMA(1) S4_W_##SFX(2) S4_FMA(2) S4_W_##SFX(3) S4_FMA(3)                  \
+    }                                                                                                                    \
+    S4_PUT(0) S4_PUT(1) S4_PUT(2) S4_PUT(3)                                                                              \
+}                                                                                                                        \
+static void panel_span_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y, int M, int N, int K, \
+                             int lo, int hi, float *add) {                                                              \
+    int q = lo, chunks = (M + 5) / 6;                                                                                    \
+    if (M == 1) {                                                                                                        \
+        int qu = (hi - lo) / 4;                                                                                          \
+        for (; q < lo + qu; q++) {                                                                                       \
+            int n0[4] = {q * NB, (q + qu) * NB, (q + 2 * qu) * NB, (q + 3 * qu) * NB};                                   \
+            k1x4_##SFX(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, \
+                       y, N, n0, sc, b);                                                                                 \
+        }                                                                                                                \
+        if (add)                                                                                                         \
+            for (int j = 0; j < 4 * qu * NB && lo * NB + j < N; j++) add[lo * NB + j] += y[lo * NB + j];                 \
+        q = lo + 4 * qu;                                                                                                 \
+    }                                                                                                                    \
+    for (; q < hi; q++) {                                                                                                \
+        int n0 = q * NB, nn = N - n0 < NB ? N - n0 : NB;                                                                 \
+        const T *pp = p + (size_t)q * K * NB;                                                                            \
+        for (int c = 0, m0 = 0; c < chunks; c++) {                                                                       \
+            int left = M - m0, mm = (left + chunks - c - 1) / (chunks - c);                                              \
+            KS_##SFX[mm](x + (size_t)m0 * K, K, pp, y + (size_t)m0 * N, N, n0, nn, sc, b);                               \
+            m0 += mm;                                                                                                    \
+        }                                                                                                                \
+        if (add)                                                                                                         \
+            for (int m = 0; m < M; m++)                                                                                  \
+                for (int j = 0; j < nn; j++) add[(size_t)m * N + n0 + j] += y[(size_t)m * N + n0 + j];                   \
+    }                                                                                                                    \
+}                                                                                                                        \
+static void quad_unit_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y, int N, int K, long q, \
+                            int Q, float *add) {                                                                         \
+    int n0[4] = {(int)q * NB, (int)(q + Q) * NB, (int)(q + 2 * Q) * NB, (int)(q + 3 * Q) * NB};                          \
+    k1x4_##SFX(x, K, p + (size_t)n0[0] * K, p + (size_t)n0[1] * K, p + (size_t)n0[2] * K, p + (size_t)n0[3] * K, y, N,  \
+               n0, sc, b);                                                                                               \
+    if (add)                                                                                                             \
+        for (int j = 0; j < 4; j++)                                                                                      \
+            for (int i = 0; i < NB && n0[j] + i < N; i++) add[n0[j] + i] += y[n0[j] + i];                                \
+}                                                                                                                        \
+static void panels_for_##SFX(const float *x, const T *p, const float *sc, const float *b, float *y, int M, int N, int K, \
+                             float *add, team *t, long *base) {                                                          \
+    int n = omp_get_num_threads(), me = omp_get_thread_num(), panels = (N + NB - 1) / NB, Q = quads(M, panels, n);       \
+    if (Q) {                                                                                                             \
+        for (int v = 0; v < n; v++) {                                                                                    \
+            int r = (me + v) % n;                                                                                        \
+            long lo = (long)Q * r / n, size = (long)Q * (r + 1) / n - lo, b0 = base[1 + r], u;                           \
+            while ((u = __atomic_fetch_add(&t->rc[r][0], 1, __ATOMIC_RELAXED) - b0) < size)                              \
+                quad_unit_##SFX(x, p, sc, b, y, N, K, lo + u, Q, add);                                                   \
+        }                                                                                                                \
+        for (int r = 0; r < n; r++) base[1 + r] += (long)Q * (r + 1) / n - (long)Q * r / n + n;                          \
+    }                                                                                                                    \
+    long singles = panels - 4L * Q, b0 = base[0];                                                                        \
+    for (long u = me; u < singles; u = n + __atomic_fetch_add(&t->grab, 1, __ATOMIC_RELAXED) - b0)                       \
+        panel_span_##SFX(x, p, sc, b, y, M, N, K, (int)(4 * Q + u), (int)(4 * Q + u + 1), add);                          \
+    base[0] = b0 + singles;                                                                                              \
 }
-static void panels_for(const float *x, const float *p, const float *b, float *y, int M, int N, int K, float *add,
-                       team *t, long *base) {
-    int n = omp_get_num_threads(), me = omp_get_thread_num(), panels = (N + NB - 1) / NB, Q = quads(M, panels, n);
-    if (Q) {
-        for (int v = 0; v < n; v++) {
-            int r = (me + v) % n;
-            long lo = (long)Q * r / n, size = (long)Q * (r + 1) / n - lo, b0 = base[1 + r], u;
-            while ((u = __atomic_fetch_add(&t->rc[r][0], 1, __ATOMIC_RELAXED) - b0) < size) quad_unit(x, p, b, y, N, K, lo + u, Q, add);
-        }
-        for (int r = 0; r < n; r++) base[1 + r] += (long)Q * (r + 1) / n - (long)Q * r / n + n;
-    }
-    long singles = panels - 4L * Q, b0 = base[0];
-    for (long u = me; u < singles; u = n + __atomic_fetch_add(&t->grab, 1, __ATOMIC_RELAXED) - b0)
-        panel_span(x, p, b, y, M, N, K, (int)(4 * Q + u), (int)(4 * Q + u + 1), add);
-    base[0] = b0 + singles;
+SPAN_FOR(f32, float)
+SPAN_FOR(i8, signed char)
+/* a product's panels in the team: int8 panels with their scales where sc is given, else fp32 */
+static void panels_for(const float *x, const void *p, const float *sc, const float *b, float *y, int M, int N, int K,
+                       float *add, team *t, long *base) {
+    if (sc) panels_for_i8(x, (const signed char *)p, sc, b, y, M, N, K, add, t, base);
+    else panels_for_f32(x, (const float *)p, 0, b, y, M, N, K, add, t, base);
 }
 
 void panel_linear(const float *x, const float *p, const float *b, float *y, int M, int N, int K, int threads) {
@@ -241,11 +259,16 @@ void panel_linear(const float *x, const float *p, const float *b, float *y, int 
     #pragma omp parallel num_threads(threads)
     {
         long base[1 + TEAM_MAX] = {0};
-        panels_for(x, p, b, y, M, N, K, 0, &t, base);
+        panels_for(x, p, 0, b, y, M, N, K, 0, &t, base);
     }
 }
 void panel_linear_i8(const float *x, const signed char *p, const float *scale, const float *b, float *y, int M, int N, int K, int threads) {
-    linear_i8(x, p, scale, b, y, M, N, K, threads);
+    team t = {0};
+    #pragma omp parallel num_threads(threads)
+    {
+        long base[1 + TEAM_MAX] = {0};
+        panels_for(x, p, scale, b, y, M, N, K, 0, &t, base);
+    }
 }
 void panel_linear_bf16(const float *x, const unsigned short *p, const float *b, float *y, int M, int N, int K, int threads) {
     linear_bf16(x, p, 0, b, y, M, N, K, threads);
@@ -555,10 +578,10 @@ static inline void team_wait_pf(team *t, int n, int *sense, ahead a) {
 }
 /* the calling thread's first unit of the product x [M, K] @ W.T, W packed at p with N outputs (panels_for): the first
    unit of its range (four panels), or its first single panel; nothing where it has none */
-#define FIRST(p, N, K, M) first_unit(p, N, K, M)
-static inline ahead first_unit(const float *p, int N, int K, int M) {
+#define FIRST(p, sc, N, K, M) first_unit(p, sc ? 1 : (int)sizeof(float), N, K, M)
+static inline ahead first_unit(const void *p, int es, int N, int K, int M) {
     int panels = (N + NB - 1) / NB, n = omp_get_num_threads(), me = omp_get_thread_num(), Q = quads(M, panels, n);
-    long panel = (long)K * NB * sizeof(float), q = Q ? (long)Q * me / n : 4L * Q + me;
+    long panel = (long)K * NB * es, q = Q ? (long)Q * me / n : 4L * Q + me;
     ahead a = {(const char *)p + q * panel, Q ? Q * panel : 0, 0};
     if (Q ? (long)Q * (me + 1) / n > q : q < panels) a.lines = (Q ? 4 : 1) * panel / 64;
     return a;
@@ -577,9 +600,10 @@ static void rope_row(float *v, int heads, int D, const float *c, const float *s)
 
 /* One layer, run by every thread of the team (inside its parallel region); the phases meet at team_wait_pf. */
 static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, int d, int H, int KV, int D, int I,
-                       const float *n_in, float eps_in, const float *n_mid, float eps_mid, const float *p_qkv,
-                       const float *b_qkv, const float *p_o, const float *b_o, const float *p_gu, const float *b_gu,
-                       const float *p_down, const float *b_down, const float *cosv, const float *sinv, float *K, float *V,
+                       const float *n_in, float eps_in, const float *n_mid, float eps_mid, const void *p_qkv,
+                       const float *b_qkv, const void *p_o, const float *b_o, const void *p_gu, const float *b_gu,
+                       const void *p_down, const float *b_down, const float *s_qkv, const float *s_o, const float *s_gu,
+                       const float *s_down, const float *cosv, const float *sinv, float *K, float *V,
                        long s_blk, long s_kv, long s_pos, const int *blk, const int *off, const int *tables, int mb,
                        const int *lo, const int *hi, int bs, float scale, float *ws, float *own, int *failed) {
     int NQ = (H + 2 * KV) * D, G = H / KV;
@@ -594,10 +618,10 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
     } else {
         #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_in, h + (size_t)m * d, 1, d, eps_in);
-        team_wait_pf(t, n, sense, FIRST(p_qkv, NQ, d, M));
+        team_wait_pf(t, n, sense, FIRST(p_qkv, s_qkv, NQ, d, M));
     }
-    panels_for(hn, p_qkv, b_qkv, qkv, M, NQ, d, 0, t, base);
-    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
+    panels_for(hn, p_qkv, s_qkv, b_qkv, qkv, M, NQ, d, 0, t, base);
+    team_wait_pf(t, n, sense, FIRST(p_o, s_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int m = 0; m < M; m++) {
         float *r = qkv + (size_t)m * NQ;
@@ -610,41 +634,42 @@ static void layer_team(team *t, int n, int *sense, long *base, float *x, int M, 
             }
         }
     }
-    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
+    team_wait_pf(t, n, sense, FIRST(p_o, s_o, d, H * D, M));
     #pragma omp for schedule(static) nowait
     for (int task = 0; task < M * KV; task++) {
         int m = task / KV, j = task % KV;
         attend_task(qkv + (size_t)m * NQ + (size_t)j * G * D, K, V, s_blk, s_kv, s_pos, tables + (size_t)m * mb,
                     lo[m], hi[m] - lo[m], j, G, D, bs, scale, a + ((size_t)m * KV + j) * G * D, failed);
     }
-    team_wait_pf(t, n, sense, FIRST(p_o, d, H * D, M));
-    panels_for(a, p_o, b_o, y, M, d, H * D, x, t, base);
-    team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
+    team_wait_pf(t, n, sense, FIRST(p_o, s_o, d, H * D, M));
+    panels_for(a, p_o, s_o, b_o, y, M, d, H * D, x, t, base);
+    team_wait_pf(t, n, sense, FIRST(p_gu, s_gu, 2 * I, d, M));
     if (own) {
         rms_norm(x, n_mid, hn, 1, d, eps_mid);
     } else {
         #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * d, n_mid, h + (size_t)m * d, 1, d, eps_mid);
-        team_wait_pf(t, n, sense, FIRST(p_gu, 2 * I, d, M));
+        team_wait_pf(t, n, sense, FIRST(p_gu, s_gu, 2 * I, d, M));
     }
-    panels_for(hn, p_gu, b_gu, gu, M, 2 * I, d, 0, t, base);
-    team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
+    panels_for(hn, p_gu, s_gu, b_gu, gu, M, 2 * I, d, 0, t, base);
+    team_wait_pf(t, n, sense, FIRST(p_down, s_down, d, I, M));
     if (own) {
         silu_mul(gu, gu + I, an, 1, I, 2 * I);
     } else {
         #pragma omp for schedule(static) nowait
         for (int m = 0; m < M; m++) silu_mul(gu + (size_t)m * 2 * I, gu + (size_t)m * 2 * I + I, act + (size_t)m * I, 1, I, 2 * I);
-        team_wait_pf(t, n, sense, FIRST(p_down, d, I, M));
+        team_wait_pf(t, n, sense, FIRST(p_down, s_down, d, I, M));
     }
-    panels_for(an, p_down, b_down, y, M, d, I, x, t, base);
+    panels_for(an, p_down, s_down, b_down, y, M, d, I, x, t, base);
 }
 
 void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float *n_in, float eps_in,
-               const float *n_mid, float eps_mid, const float *p_qkv, const float *b_qkv, const float *p_o,
-               const float *b_o, const float *p_gu, const float *b_gu, const float *p_down, const float *b_down,
+               const float *n_mid, float eps_mid, const void *p_qkv, const float *b_qkv, const void *p_o,
+               const float *b_o, const void *p_gu, const float *b_gu, const void *p_down, const float *b_down,
                const float *cosv, const float *sinv, float *K, float *V, long s_blk, long s_kv, long s_pos,
                const int *blk, const int *off, const int *tables, int mb, const int *lo, const int *hi, int bs,
-               float scale, float *ws, int threads, int *failed) {
+               float scale, float *ws, int threads, int *failed, const float *s_qkv, const float *s_o, const float *s_gu,
+               const float *s_down) {
     team t = {0};
     float *own = M == 1 ? malloc(sizeof(float) * (size_t)threads * (d + I)) : NULL; /* NULL: the shared path */
     #pragma omp parallel num_threads(threads)
@@ -652,7 +677,7 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
         int n = omp_get_num_threads(), sense = 0;
         long base[1 + TEAM_MAX] = {0};
         layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu,
-                   p_down, b_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, own, failed);
+                   p_down, b_down, s_qkv, s_o, s_gu, s_down, cosv, sinv, K, V, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, own, failed);
     }
     free(own);
 }
@@ -664,13 +689,14 @@ void row_layer(float *x, int M, int d, int H, int KV, int D, int I, const float 
    LM head (p_head packed, b_head or NULL) into logits [MK, vocab], as panel_linear would compute them, without a second
    region and the Python between (~0.2 ms a one-row step). */
 void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, const float *const *n_in, const float *eps_in,
-                const float *const *n_mid, const float *eps_mid, const float *const *p_qkv, const float *const *b_qkv,
-                const float *const *p_o, const float *const *b_o, const float *const *p_gu, const float *const *b_gu,
-                const float *const *p_down, const float *const *b_down, const float *cosv, const float *sinv, float *K,
+                const float *const *n_mid, const float *eps_mid, const void *const *p_qkv, const float *const *b_qkv,
+                const void *const *p_o, const float *const *b_o, const void *const *p_gu, const float *const *b_gu,
+                const void *const *p_down, const float *const *b_down, const float *cosv, const float *sinv, float *K,
                 float *V, long kv_layer, long s_blk, long s_kv, long s_pos, const int *blk, const int *off,
                 const int *tables, int mb, const int *lo, const int *hi, int bs, float scale, float *ws, int threads,
-                int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head, int vocab,
-                const int *keep, int MK, float *logits) {
+                int *failed, const float *n_final, float eps_final, const void *p_head, const float *b_head, int vocab,
+                const int *keep, int MK, float *logits, const float *const *s_qkv, const float *const *s_o,
+                const float *const *s_gu, const float *const *s_down, const float *s_head) {
     team t = {0};
     float *own = M == 1 ? malloc(sizeof(float) * (size_t)threads * (d + I)) : NULL; /* NULL: the shared path */
     #pragma omp parallel num_threads(threads)
@@ -678,17 +704,18 @@ void row_layers(int L, float *x, int M, int d, int H, int KV, int D, int I, cons
         int n = omp_get_num_threads(), sense = 0;
         long base[1 + TEAM_MAX] = {0};
         for (int l = 0; l < L; l++) {
-            if (l) team_wait_pf(&t, n, &sense, FIRST(p_qkv[l], (H + 2 * KV) * D, d, M)); /* the last phase's residual add into x, done by every thread */
+            const float *sq = s_qkv ? s_qkv[l] : 0, *so = s_o ? s_o[l] : 0, *sg = s_gu ? s_gu[l] : 0, *sd = s_down ? s_down[l] : 0;
+            if (l) team_wait_pf(&t, n, &sense, FIRST(p_qkv[l], sq, (H + 2 * KV) * D, d, M)); /* the last phase's residual add into x, done by every thread */
             layer_team(&t, n, &sense, base, x, M, d, H, KV, D, I, n_in[l], eps_in[l], n_mid[l], eps_mid[l], p_qkv[l], b_qkv[l],
-                       p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], cosv, sinv, K + (size_t)l * kv_layer,
+                       p_o[l], b_o[l], p_gu[l], b_gu[l], p_down[l], b_down[l], sq, so, sg, sd, cosv, sinv, K + (size_t)l * kv_layer,
                        V + (size_t)l * kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws, own, failed);
         }
         if (p_head) { /* the final norm of the rows `keep` and the LM head, in the same region */
-            team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
+            team_wait_pf(&t, n, &sense, FIRST(p_head, s_head, vocab, d, MK));
             #pragma omp for schedule(static) nowait
             for (int m = 0; m < MK; m++) rms_norm(x + (size_t)keep[m] * d, n_final, ws + (size_t)m * d, 1, d, eps_final);
-            team_wait_pf(&t, n, &sense, FIRST(p_head, vocab, d, MK));
-            panels_for(ws, p_head, b_head, logits, MK, vocab, d, 0, &t, base);
+            team_wait_pf(&t, n, &sense, FIRST(p_head, s_head, vocab, d, MK));
+            panels_for(ws, p_head, s_head, b_head, logits, MK, vocab, d, 0, &t, base);
         }
     }
     free(own);
@@ -710,12 +737,13 @@ int row_steps(int steps, const float *table, const float *cos_all, const float *
               const int *stop, int S, const int *left, const int *flag, int k, long long *argmax, float *lse,
               float *vals, long long *ids, float *cs, int *blk, int *off, int *hi,
               int L, float *x, int M, int d, int H, int KV, int D, int I, const float *const *n_in, const float *eps_in,
-              const float *const *n_mid, const float *eps_mid, const float *const *p_qkv, const float *const *b_qkv,
-              const float *const *p_o, const float *const *b_o, const float *const *p_gu, const float *const *b_gu,
-              const float *const *p_down, const float *const *b_down, float *K, float *V, long kv_layer, long s_blk,
+              const float *const *n_mid, const float *eps_mid, const void *const *p_qkv, const float *const *b_qkv,
+              const void *const *p_o, const float *const *b_o, const void *const *p_gu, const float *const *b_gu,
+              const void *const *p_down, const float *const *b_down, float *K, float *V, long kv_layer, long s_blk,
               long s_kv, long s_pos, const int *tables, int mb, const int *lo, int bs, float scale, float *ws,
-              int threads, int *failed, const float *n_final, float eps_final, const float *p_head, const float *b_head,
-              int vocab, const int *keep, float *logits) {
+              int threads, int *failed, const float *n_final, float eps_final, const void *p_head, const float *b_head,
+              int vocab, const int *keep, float *logits, const float *const *s_qkv, const float *const *s_o,
+              const float *const *s_gu, const float *const *s_down, const float *s_head) {
     float *cosv = cs, *sinv = cs + (size_t)M * D;
     for (int s = 0; s < steps; s++) {
         for (int m = 0; m < M; m++) {
@@ -732,7 +760,7 @@ int row_steps(int steps, const float *table, const float *cos_all, const float *
         }
         row_layers(L, x, M, d, H, KV, D, I, n_in, eps_in, n_mid, eps_mid, p_qkv, b_qkv, p_o, b_o, p_gu, b_gu, p_down,
                    b_down, cosv, sinv, K, V, kv_layer, s_blk, s_kv, s_pos, blk, off, tables, mb, lo, hi, bs, scale, ws,
-                   threads, failed, n_final, eps_final, p_head, b_head, vocab, keep, M, logits);
+                   threads, failed, n_final, eps_final, p_head, b_head, vocab, keep, M, logits, s_qkv, s_o, s_gu, s_down, s_head);
         greedy_summary(logits, M, vocab, k, argmax + (size_t)s * M, lse + (size_t)s * M, vals + (size_t)s * M * k,
                        ids + (size_t)s * M * k);
         int end = *failed || s + 1 == steps || __atomic_load_n(flag, __ATOMIC_RELAXED);

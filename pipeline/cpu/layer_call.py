@@ -16,16 +16,31 @@ from pipeline.cpu.library import F32, I32, dim, library, need, ptr
 from pipeline.cpu.matmul import panel
 
 
+def _scales(w: torch.Tensor, scale, name: str) -> np.ndarray | None:
+    """An int8 weight's per-row scales as a checked float32 array [N] (None for a float32 weight, which has none)."""
+    dtype = torch.float32 if scale is None else torch.int8
+    if not isinstance(w, torch.Tensor) or w.dtype != dtype or w.dim() != 2:
+        raise ValueError(f"{name}: a 2-D {dtype} tensor is needed, not {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    if scale is None:
+        return None
+    sc = np.ascontiguousarray(scale.detach().numpy() if isinstance(scale, torch.Tensor) else scale, dtype=F32)
+    need(sc, f"{name} scales", F32, (w.shape[0],))
+    return sc
+
+
 class LayerWeights:
     """One Llama-family layer's weights for cpu_decode.c's `row_layer`, checked once: the four products' panels
-    (and biases), the two norms' scales and epsilons, the shapes."""
+    (and biases), the two norms' scales and epsilons, the shapes. With `scales` (four [N] arrays, one fp32 scale per
+    output row), the four weights are int8 (weight-only, pipeline.model.quantised) and their panels int8, widened to
+    fp32 in registers and scaled per row by the same kernels."""
 
-    def __init__(self, wqkv, bqkv, wo, bo, wgu, bgu, wdown, bdown, n_in, eps_in, n_mid, eps_mid, H, KV, D):
+    def __init__(self, wqkv, bqkv, wo, bo, wgu, bgu, wdown, bdown, n_in, eps_in, n_mid, eps_mid, H, KV, D, scales=None):
         d, inner = wo.shape[0], wdown.shape[1]
         want = {"wqkv": (wqkv, ((H + 2 * KV) * D, d)), "wo": (wo, (d, H * D)), "wgu": (wgu, (2 * inner, d)), "wdown": (wdown, (d, inner))}
+        self.scales = [_scales(w, None if scales is None else scales[k], name) for k, (name, (w, _)) in enumerate(want.items())]
         for name, (w, shape) in want.items():
-            if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or tuple(w.shape) != shape:
-                raise ValueError(f"{name}: a float32 tensor {shape} is needed, not {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+            if tuple(w.shape) != shape:
+                raise ValueError(f"{name}: a tensor {shape} is needed, not {tuple(w.shape)}")
         if H % KV or D % 2:
             raise ValueError(f"heads: {H} query heads over {KV} KV heads of {D} values")
         self.H, self.KV, self.D, self.d, self.I = (dim(n, "a layer dimension") for n in (H, KV, D, d, inner))
@@ -112,21 +127,29 @@ class LayerStack:
         )
         self.products = [P(*(ptr(w.panels[k]) for w in layers)) for k in range(4)]
         self.biases = [P(*(None if w.biases[k] is None else ptr(w.biases[k]) for w in layers)) for k in range(4)]
+        if any((w.scales[0] is None) != (first.scales[0] is None) for w in layers):
+            raise ValueError("layers: not all of one precision")
+        # the int8 products' scales as arrays of L pointers (None: fp32 panels)
+        self.scales = [None if first.scales[k] is None else P(*(ptr(w.scales[k]) for w in layers)) for k in range(4)]
 
 
 class Head:
     """The final norm and the LM head for `row_layers`, checked once: the norm's scale [d] and epsilon, the head's
-    panels (and bias) of vocab x d."""
+    panels (and bias) of vocab x d; int8 panels with `rows` (one fp32 scale per output row) where w is int8."""
 
-    def __init__(self, scale: np.ndarray, eps: float, w: torch.Tensor, b: torch.Tensor | None):
-        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() != 2:
-            raise ValueError(f"head: a 2-D float32 tensor is needed, not {getattr(w, 'dtype', type(w).__name__)}")
+    def __init__(self, scale: np.ndarray, eps: float, w: torch.Tensor, b: torch.Tensor | None, rows=None):
+        self.rows = _scales(w, rows, "head")
         self.vocab, self.d = (dim(n, "a head dimension") for n in w.shape)
         need(scale, "final norm", F32, (self.d,))
         self.scale, self.eps, self.panels = scale, float(eps), panel(w)
         self.bias = None if b is None else np.ascontiguousarray(b.detach().numpy())
         if self.bias is not None:
             need(self.bias, "head bias", F32, (self.vocab,))
+
+
+def _head_rows(head: Head | None) -> int | None:
+    """The head's int8 scales' address for the C call (None: fp32 panels, or no head)."""
+    return None if head is None or head.rows is None else ptr(head.rows)
 
 
 def _checked(x, w: LayerWeights, rows: LayerRows, cos, sin, ws, layers: int, what: str) -> np.ndarray | None:
@@ -185,6 +208,7 @@ def row_layers(
         stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd, ptr(cos), ptr(sin),
         ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables),
         rows.mb, ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed), *tail,
+        *stack.scales, _head_rows(head),
     )  # fmt: skip
     if failed.value:
         raise MemoryError("row_layers: no memory for the attention scores")
@@ -210,6 +234,7 @@ def row_layer(
         ptr(pq), bq, ptr(po), bo, ptr(pg), bg, ptr(pd), bd, ptr(cos), ptr(sin),
         ptr(rows.K) + off, ptr(rows.V) + off, *rows.strides, ptr(rows.blk), ptr(rows.off), ptr(rows.tables), rows.mb,
         ptr(lo), ptr(rows.hi), rows.bs, float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
+        *(None if sc is None else ptr(sc) for sc in w.scales),
     )  # fmt: skip
     if failed.value:
         raise MemoryError("row_layer: no memory for the attention scores")
@@ -290,7 +315,7 @@ def row_steps(
         stack.L, ptr(x), M, w.d, w.H, w.KV, w.D, w.I, *stack.norms, pq, bq, po, bo, pg, bg, pd, bd,
         ptr(rows.K), ptr(rows.V), rows.layer_bytes // 4, *rows.strides, ptr(rows.tables), rows.mb, ptr(lo), rows.bs,
         float(scale), ptr(ws), torch.get_num_threads(), ctypes.byref(failed),
-        ptr(head.scale), head.eps, ptr(head.panels), b, head.vocab, ptr(keep), ptr(logits),
+        ptr(head.scale), head.eps, ptr(head.panels), b, head.vocab, ptr(keep), ptr(logits), *stack.scales, _head_rows(head),
     )  # fmt: skip
     if failed.value:
         raise MemoryError("row_steps: no memory for the attention scores")

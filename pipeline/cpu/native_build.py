@@ -95,16 +95,18 @@ def build() -> ctypes.CDLL | None:
     # x, M, d, H, KV, D, I, the norms (scale, eps) x 2, the four products' panels and biases, cos, sin, K, V, their
     # three strides, blk, off, tables, max blocks, lo, hi, block size, scale, workspace, threads, failed
     lib.row_layer.argtypes = [ptr, *[i] * 6, ptr, f, ptr, f, *[ptr] * 10, ptr, ptr, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
+    lib.row_layer.argtypes += [ptr] * 4  # the four products' int8 scales (NULL: fp32 panels)
     lib.row_layer.restype = None
     # the same for L layers in one call: L, then as row_layer with each layer's norms and products as arrays of L
     # pointers (their epsilons as arrays of L floats) and the KV memory's floats per layer after K, V
     lib.row_layers.argtypes = [i, ptr, *[i] * 6, *[ptr] * 14, ptr, ptr, lg, lg, lg, lg, ptr, ptr, ptr, i, ptr, ptr, i, f, ptr, i, ptr]
     lib.row_layers.argtypes += [ptr, f, ptr, ptr, i, ptr, i, ptr]  # then the final norm and LM head (NULL: none)
+    lib.row_layers.argtypes += [ptr] * 5  # the products' int8 scales (arrays of L; NULL: fp32 panels), the head's
     lib.row_layers.restype = None
     # steps, embedding table, RoPE tables, tok, pos, stop, S, left, flag, k, the summaries' four outputs, cos/sin, blk,
     # off and hi workspace; then row_layers' arguments less cos, sin, blk, off, hi and the head's MK
     lib.row_steps.argtypes = [i, ptr, ptr, ptr, ptr, ptr, ptr, i, ptr, ptr, i, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.row_steps.argtypes += [i, ptr, *[i] * 6, *[ptr] * 12, ptr, ptr, lg, lg, lg, lg, ptr, i, ptr, i, f, ptr, i, ptr]
-    lib.row_steps.argtypes += [ptr, f, ptr, ptr, i, ptr, ptr]
+    lib.row_steps.argtypes += [ptr, f, ptr, ptr, i, ptr, ptr, *[ptr] * 5]  # ..., then the int8 scales as row_layers'
     lib.row_steps.restype = i
     return lib

@@ -40,6 +40,7 @@ from pipeline.cpu.matmul import packed_panels, panel_product
 from pipeline.cpu.row_kv import BufferKV
 from pipeline.cpu.row_step import RowStep, usable
 from pipeline.model.loaded import LoadedModel
+from pipeline.model.quantised import quantise_rows
 
 KINDS = ("fp32", "bf16", "int8")
 LABELS = {"fp32": "fp32 (default)", "bf16": "bf16", "int8": "int8 weight-only"}
@@ -66,9 +67,7 @@ def _bf16(w: torch.Tensor, b: torch.Tensor | None):
 
 
 def _int8(w: torch.Tensor, b: torch.Tensor | None):
-    w = w.detach()
-    scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
-    w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    w8, scale = quantise_rows(w)  # the one quantiser, an int8 model's too (pipeline.model.quantised)
     if CHOICE.precision().c:  # pipeline/cpu/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
         p = packed_panels(w8.numpy())
         sc = scale.float().contiguous().numpy()

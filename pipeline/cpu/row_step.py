@@ -72,12 +72,13 @@ import torch
 from pipeline.cpu import layer_call
 from pipeline.cpu.fused_weights import FusedModel, fused_model, supported
 from pipeline.cpu.kernel_choice import CHOICE, PANEL, SGEMV
-from pipeline.cpu.matmul import linear, panel_rows
+from pipeline.cpu.matmul import linear, panel, panel_product, panel_rows
 from pipeline.cpu.norms import rms_norm, silu_mul
 from pipeline.cpu.row_kv import view
 from pipeline.cpu.threads import PLAN
 from pipeline.model.arch import NormSpec
 from pipeline.model.loaded import LoadedModel
+from pipeline.model.quantised import layer_rows, rows_of
 
 
 class Norm:
@@ -127,6 +128,7 @@ class _RowLayer:
         return view(self.act(torch.from_numpy(g))) * u
 
     custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
+    int8: dict | None = None  # name -> (w8, scale): an int8 model's products (pipeline.model.quantised), else None
     _whole: layer_call.LayerWeights | None | bool = False  # False: not asked yet
 
     def whole(self) -> layer_call.LayerWeights | None:
@@ -141,7 +143,12 @@ class _RowLayer:
             if ok:
                 (wqkv, bqkv), (wo, bo), (wgu, bgu), (wd, bd) = (self.t[k] for k in ("qkv", "o", "gu", "down"))
                 n_in, n_mid = self.norm_in, self.norm_mid
-                self._whole = layer_call.LayerWeights(wqkv, bqkv, wo, bo, wgu, bgu, wd, bd, n_in.scale, n_in.eps, n_mid.scale, n_mid.eps, *self.dims)
+                scales = None
+                if self.int8 is not None:  # int8 panels and their scales, the same layer code
+                    (wqkv, sq), (wo, so), (wgu, sg), (wd, sd) = (self.int8[k] for k in ("qkv", "o", "gu", "down"))
+                    scales = (sq, so, sg, sd)
+                args = (wqkv, bqkv, wo, bo, wgu, bgu, wd, bd, n_in.scale, n_in.eps, n_mid.scale, n_mid.eps, *self.dims)
+                self._whole = layer_call.LayerWeights(*args, scales=scales)
         return self._whole
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -150,6 +157,11 @@ class _RowLayer:
         if self.custom is not None:
             return self.custom[name](x)
         w, b = self.t[name]
+        if self.int8 is not None and CHOICE.c_kernels():  # int8 panels, the same kernels as the one-call layer's
+            w8, sc = self.int8[name]
+            bias = None if b is None else np.ascontiguousarray(b.detach().numpy())
+            return panel_product(np.ascontiguousarray(x, dtype=np.float32), panel(w8), *w8.shape, bias, scale=view(sc))
+        # an int8 model without the C kernels: the dequantised fp32 weights (the model's own) below
         # the one choice (pipeline.cpu.kernel_choice), over numpy views here; a prompt's rows too stay on the panel
         # kernel (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
         kernel = CHOICE.row_product(x.shape[0]).kernel
@@ -186,13 +198,16 @@ class RowStep:
         self.lm = lm = fm.lm
         self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
         self.layers = [_RowLayer(ly) for ly in fm.layers]
-        for ly in self.layers:
+        for i, ly in enumerate(self.layers):
             ly.dims = (self.H, self.KV, self.D)
+            ly.int8 = layer_rows(lm.arch, i)  # None for an fp32 model
         self.final_norm = Norm(fm.final_norm)
         head = lm.arch.unembedding()
         self.head = _RowLayer.__new__(_RowLayer)
         self.head.t = {"head": (head.weight, getattr(head, "bias", None))}
         self.head.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.head.t.items()}
+        rows = rows_of(head)
+        self.head.int8 = None if rows is None else {"head": rows}
         self.vocab = head.weight.shape[0]
         self.rope = fm.rope
         self._stacked: tuple | None = None
@@ -219,7 +234,8 @@ class RowStep:
             return None
         if self._head is None:
             w, b = self.head.t["head"]
-            self._head = layer_call.Head(self.final_norm.scale, self.final_norm.eps, w, b)
+            w, rows = (w, None) if self.head.int8 is None else self.head.int8["head"]
+            self._head = layer_call.Head(self.final_norm.scale, self.final_norm.eps, w, b, rows=rows)
         return self._head
 
     def logits(self, tokens: list[int], positions: list[int], kv, interrupt=None) -> torch.Tensor | None:

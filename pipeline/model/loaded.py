@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pipeline.model.arch import Arch
-from pipeline.model.registry import ModelLoadError, ProgressFn, builtin, canonical_key, default_device, label_of
+from pipeline.model.registry import PRECISION_SUFFIX, ModelLoadError, ProgressFn, builtin, canonical_key, default_device, label_of, split_precision
 from pipeline.model.store import built_folder, cache_problem, cached_folder, check_folder, check_weights, memory_estimate
 
 log = logging.getLogger("llm_explorer")
@@ -164,6 +164,7 @@ class LoadedModel:
     lock: FairLock = field(default_factory=FairLock, repr=False)
     arch: Arch = field(default=None, repr=False)  # the architecture adapter, made once here
     size_note: str = ""  # a folder's or cached id's size and the free memory, said before it loaded (store.memory_estimate)
+    precision: str = "fp32"  # "int8": weight-only int8 projections (pipeline.model.quantised), served by int8 panels
 
     _executor: object = field(default=None, repr=False)
     _owned: dict = field(default_factory=dict, repr=False)
@@ -194,6 +195,8 @@ class LoadedModel:
         if self.device.type != "cpu":
             return weights
         copy = weights if self.dtype == torch.float32 else 0
+        if self.precision == "int8":
+            copy //= 4  # the panels are int8
         return weights + copy + CPU_KV_POOL_BYTES
 
     @property
@@ -280,10 +283,15 @@ def facts_of(model: torch.nn.Module) -> ModelFacts:
 
 
 def load_model(
-    name: str | None = None, device: str | torch.device | None = None, progress: ProgressFn | None = None, told: Callable[[str], None] | None = None
+    name: str | None = None,
+    device: str | torch.device | None = None,
+    progress: ProgressFn | None = None,
+    told: Callable[[str], None] | None = None,
+    precision: str = "fp32",  # or "int8" (see below)
 ) -> LoadedModel:
     """Load a model by key (a built-in model's, the default when None), local folder path, or Hugging Face id found in
-    the local Hugging Face cache. Never downloads.
+    the local Hugging Face cache. Never downloads. precision "int8" (or a key ending ":int8"): a model of its own, key
+    + ":int8", label + " (int8)", each projection and the LM head int8 per row (pipeline.model.quantised); fp32 default.
 
     `progress(fraction, message)` is called during the one-time GGUF conversion and the load. For a folder or an id,
     its size and the free memory (store.memory_estimate) are said before anything loads (to `told` and as a progress
@@ -295,6 +303,7 @@ def load_model(
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
+    name, precision = _precision_of(name, precision)
     key = canonical_key(name)
     if b := builtin(key):
         folder, label = cached_folder(key, progress), b.name
@@ -322,15 +331,39 @@ def load_model(
     except Exception as e:  # transformers raises many kinds; the user needs the reason, not a traceback
         raise ModelLoadError(f"Could not load {folder}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
     model.to(dev).eval()
+    served = _quantise(model, dtype, dev, key, label) if precision == "int8" else (key, label)
     install_capture(model)
 
-    lm = _loaded(key, label, model, tok, dev, dtype, folder, t0)
+    lm = _loaded(*served, model, tok, dev, dtype, folder, t0)
+    lm.precision = precision
     if not builtin(key):
         lm.size_note = sentence
     lm.run(_warm_up, lm)  # one-time allocations and kernel choices stay out of measurements
     if progress:
         progress(1.0, "ready")
     return lm
+
+
+def _precision_of(name: str | None, precision: str) -> tuple[str | None, str]:
+    """The model's key without a ":int8" ending, and the precision it asks for (the ending's, else `precision`)."""
+    if precision not in ("fp32", "int8"):
+        raise ModelLoadError(f"precision {precision!r}: fp32 or int8")
+    name, named = split_precision(name)
+    return name, "int8" if named == "int8" else precision
+
+
+def _quantise(model: torch.nn.Module, dtype: torch.dtype, dev: torch.device, key: str, label: str) -> tuple[str, str]:
+    """The model's projections in int8 weight-only (pipeline.model.quantised), refused where it cannot serve them;
+    returns the int8 model's key and label."""
+    from pipeline.model.quantised import quantise
+
+    if dev.type != "cpu" or dtype != torch.float32:
+        raise ModelLoadError("int8 weight-only serving runs on a CPU in fp32 (the C decode kernels' int8 panels)")
+    try:
+        quantise(model, Arch.of(model, dtype))
+    except ValueError as e:
+        raise ModelLoadError(f"int8: {e}") from e
+    return key + PRECISION_SUFFIX, f"{label} (int8)"
 
 
 def _warm_up(lm: LoadedModel, progress: ProgressFn | None = None) -> None:

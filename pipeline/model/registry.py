@@ -200,9 +200,23 @@ def label_of(folder: Path) -> str:
     return Path(folder).name
 
 
+PRECISION_SUFFIX = ":int8"  # a key ending so names the model served in int8 weight-only (pipeline.model.quantised)
+
+
+def split_precision(key: str | None) -> tuple[str | None, str]:
+    """A key -> (the model's key without its precision, "int8" or "fp32")."""
+    if key and key.strip().endswith(PRECISION_SUFFIX):
+        return key.strip()[: -len(PRECISION_SUFFIX)], "int8"
+    return key, "fp32"
+
+
 def canonical_key(key: str | None) -> str:
     """One key per model: the built-in keys as they are, a folder as its resolved absolute path (so "x/", "x//"
-    and a symlink to x are the same model, loaded once), a Hugging Face id in the local cache as its snapshot's folder."""
+    and a symlink to x are the same model, loaded once), a Hugging Face id in the local cache as its snapshot's folder;
+    an int8 model as its fp32 model's key + ":int8" (a model of its own, with its own engine)."""
+    key, precision = split_precision(key)
+    if precision != "fp32":
+        return canonical_key(key) + PRECISION_SUFFIX
     key = (key or DEFAULT).strip()
     if builtin(key):
         return key
