@@ -128,6 +128,13 @@ ABOUT = {
         "bench/bench_live_class.py --followers 1 --minutes 2 --every 15 --out live_class_1",
     ),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
+    "int8": (
+        "int8 weight-only serving on the CPU (`load_model(key, precision=\"int8\")`): one request's greedy decode through the "
+        "engine in our fp32, our int8 (per-row scales, int8 panels widened to fp32 in registers) and CTranslate2 int8 on "
+        "the same weights, in one run, interleaved; eight at once (prefill included) against CTranslate2 int8's static "
+        "batch of 8; the top-1 agreement of the int8 model with fp32 over 32 chat prompts (fp32's answers teacher-forced).",
+        "bench/bench_int8.py --reps 2",
+    ),
     "eta": (
         "The wait a queued visitor is told against its real wait, in seconds: one request alone (a quiet spell), then 24 at "
         "once on an engine serving 8 at a time (a background engine, as the app runs it); the told / real ratio per request, "
