@@ -26,7 +26,8 @@ The rooms, from the ground up, in the order a prompt meets them (docs/architectu
 
 Each room's `__init__` is its face: the app's side (views, components, appstate, app.py, demo.py) imports `pipeline`
 or `pipeline.<room>` and the names in its `__all__`, never a module by its path (tests/app/test_faces.py). This
-module is the forward room's face as well: tokens, the trace, sampling.
+module carries the forward room's most used names too (tokens, the trace, sampling); the rest of that room (the
+activation names, attribution, the readouts) is `pipeline.forward`'s face.
 """
 
 from pipeline import (
