@@ -46,7 +46,7 @@ def context_note(settings: dict | None = None) -> str:
     (shortened), chat mode and the view's settings (its widgets bound to the link, and the page's own)."""
     key = model_key()
     if key not in _LABELS:
-        _LABELS.update({m.key: m.label for m in pipeline.available_models()})
+        _LABELS.update({m.key: m.label for m in pipeline.available_models(int8=True)})
     model = _LABELS.get(key, key)
     prompt = " ".join((st.session_state.get("prompt") or "").split())
     prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"

@@ -9,12 +9,16 @@ import streamlit as st
 import appstate
 import demo
 import pipeline
-from pipeline import DEFAULTS, Sampling, TraceError, serving
+from components.tokens import visible
+from pipeline import DEFAULTS, Sampling, TraceError, serving, text_of
+from pipeline.cpu import precision
 from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, Phase, prepare
 from pipeline.serving import Route
+from views import loading, render
 from views.guard import address_slot, allowed, cap, cap_note
 from views.loading import model_key
 from views.render import verbatim
+from views.runs import heavy
 
 # prompts the embedded model answers well when generating (greedy, 48 tokens: no loop, a real answer); the
 # completion-style default ("The capital of France is") is made for the single next token of the pages before generation
@@ -149,8 +153,58 @@ def stop_generation(slot: str) -> None:
         rec.stopped = True
 
 
-# what the engine's panel says of the weights it serves (pipeline.load_model's precision)
-PRECISION_NOTES = {"fp32": "fp32", "int8": "int8 weight-only (each matrix row in int8 with its own fp32 scale)"}
+# what the pages say of the weights a model serves (pipeline.load_model's precision): the lesson's one table
+PRECISION_NOTES = precision.PRECISION_NOTES
+
+
+def beside_fp32(lm, rec: GenerationRecord, slot: str) -> None:
+    """Where a model in another precision than fp32 (an int8 model) served `rec`: the precision that served, and on
+    request (a button: it may load the fp32 model) its answer beside fp32's: the same prompt and answer through both
+    models' forward (pipeline.cpu.precision.beside_fp32), the positions whose greedy choice differs and the largest
+    logit difference."""
+    if lm.precision == "fp32":
+        return
+    st.subheader(f"Served in {lm.precision}, beside fp32")
+    st.caption(f"{lm.label} served this answer in {PRECISION_NOTES.get(lm.precision, lm.precision)}: {precision.served_note(lm)}.")
+    toks = [e.token_id for e in rec.events]
+    ask = loading.Ask(f"{slot}/beside_fp32", (lm.key, rec.prompt, rec.chat, tuple(toks)))
+    d = loading.kept(ask)
+    if d is None:
+        if not st.button("Compare with fp32", key=f"{slot}_fp32", icon=":material/compare:", help="Loads the fp32 model if it is not loaded (seconds)"):
+            return
+        with heavy(f"comparing {lm.precision} with fp32", slot=f"{slot}_fp32"):
+            fp32 = loading.fp32_model(lm)
+            if fp32 is None:
+                return
+            try:
+                ids = prepare(lm, rec.prompt, len(toks), rec.chat).prompt_ids
+                d = loading.run(ask, lambda: precision.beside_fp32(fp32, lm, ids, toks))
+            except (TraceError, ValueError) as e:
+                st.warning(str(e))
+                return
+    c = st.columns(3)
+    c[0].metric("Tokens that differ from fp32", f"{len(d.differing)} of {d.positions}", help="Answer positions where fp32's greedy choice is another token")
+    c[1].metric("Largest logit difference", f"{d.max_logit_diff:.3f}", help=f"|int8 − fp32| over every position and the whole vocabulary; at position {d.at}")
+    c[2].metric("First differing position", d.differing[0] if d.differing else "none")
+    piece = lambda t: repr(visible(text_of(lm.tokenizer, [t])))  # noqa: E731 - the model's text, shown as written
+    rows = [
+        {
+            "position": i,
+            f"{lm.precision} chose": piece(d.picks[i]),
+            "fp32 would choose": piece(d.ref_picks[i]),
+            "largest |Δ logit| here": round(d.per_position[i], 3),
+        }
+        for i in d.differing[:20]
+    ]
+    if rows:
+        render.table(f"{slot}_beside_fp32", rows, hide_index=True, width="stretch")
+    st.caption(
+        f"What was compared: the prompt and this answer's {d.positions} tokens fed through both models' own forward "
+        f"(transformers), {lm.label} and the same model in fp32 (the weights it was quantised from), the same context at every position (teacher "
+        "forcing). A token differs where the two greedy choices differ; the logit difference is the largest over every "
+        "position and the whole vocabulary."
+        + ("" if rec.sampling.greedy else " This answer was sampled: the greedy choices are compared, not the sampled tokens.")
+    )
 
 
 @st.fragment(run_every="2s")

@@ -68,9 +68,10 @@ def get_model():
     if not key:
         st.info("Type the path of a local Hugging Face model folder, or the id of a model in the local Hugging Face cache, in the sidebar.")
         st.stop()
-    if pipeline.model.builtin(key) is None:  # a local folder: checked before anything loads
+    base, _ = pipeline.model.split_precision(key)  # an int8 model (key ":int8"): its fp32 model's folder
+    if pipeline.model.builtin(base) is None:  # a local folder: checked before anything loads
         try:
-            check_local(key)
+            check_local(base)
         except ModelLoadError as e:
             _load_failed(e, "open this model")
             st.stop()
@@ -106,6 +107,14 @@ def _load_failed(e: ModelLoadError, what: str) -> None:
         fail(e, what, level="error")
     else:
         st.error(str(e))
+
+
+def fp32_model(lm):
+    """The fp32 model an int8 model was made from (its key without ":int8"), through the shared loaders (loaded once
+    per process, with progress; never a download: the same weights the int8 model was quantised from). On a demo
+    server too: its key comes from the operator's list, not from a visitor. None, with a message, when it cannot load."""
+    base, _ = pipeline.model.split_precision(lm.key)
+    return _wait_loaded(base, "its fp32 model")
 
 
 def load_other_model(key: str):

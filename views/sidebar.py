@@ -47,6 +47,13 @@ def _apply_preset():
         st.session_state["prompt"], st.session_state["chat"] = PRESETS[name]
 
 
+def _folder_label(key: str) -> str:
+    """An allowlisted folder's label: its name, and "(int8)" for its int8 variant (a key ending ":int8")."""
+    base, precision = pipeline.model.split_precision(key)
+    name = Path(base or key).name
+    return pipeline.model.int8_label(name) if precision == "int8" else name
+
+
 def sidebar():
     _init_state()
     session.keep_runs()
@@ -55,17 +62,19 @@ def sidebar():
     pol = guard.policy()
     _sessions().seen(session_key())
     if pol.enabled:  # only the operator's allowlist; nothing a visitor types is ever a server path
-        known = {m.key: m for m in available_models()}
-        choices = [known.get(k) or pipeline.model.ModelChoice(k, Path(k).name, True) for k in pol.models]
+        known = {m.key: m for m in available_models(int8=True)}
+        choices = [known.get(k) or pipeline.model.ModelChoice(k, _folder_label(k), True) for k in pol.models]
         keys = [m.key for m in choices]
         if st.session_state.get("model_choice") not in keys:
             st.session_state["model_choice"] = keys[0]
         helptext = "The models this demo server offers (chosen by its operator). Nothing is ever downloaded."
     else:
-        choices = available_models()
+        choices = available_models(int8=True)
         keys = [m.key for m in choices] + [LOCAL]
         helptext = (
-            "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). Nothing is ever downloaded."
+            "Embedded SmolLM2-135M-Instruct, Gemma-3 270M after `make models`, or any local Hugging Face folder (safetensors). "
+            "An “int8” entry is the same model served with int8 weight-only matrices (a folder: its path ending “:int8”). "
+            "Nothing is ever downloaded."
         )
     labels = {m.key: m.label + ("" if m.available else " (not installed)") for m in choices}
     led = live.following()  # the presenter sets the model, prompt and chat mode: shown here, not editable

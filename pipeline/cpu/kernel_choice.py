@@ -5,6 +5,7 @@ and oneDNN), or transformers' own forward. Every caller asks the one object here
     CHOICE.c_kernels()                     # the C kernels serve here: norms, SiLU, attention, whole layers, exactness
     CHOICE.product(rows)                   # which kernel multiplies `rows` rows by a weight ("panel", "sgemv", ...)
     CHOICE.engine_pass(row, decode_only)   # the engine's pass: the row step (C or fallback kernels) or torch's step
+                                           # (precision="int8": an int8 model's, its reason says int8 panels)
     CHOICE.fused_step(lm, row, compile)    # our loop's fused step: the row step, eager, or a CUDA graph
     CHOICE.precision(), CHOICE.exact(), CHOICE.read()   # page 12's lesson, the misconception check, the read probe
 
@@ -172,11 +173,14 @@ class KernelChoice:
         return rows == 1 and not self.c_kernels()
 
     # -- a step ----------------------------------------------------------------------------------------------------
-    def engine_pass(self, row: bool, decode_only: bool) -> Choice:
+    def engine_pass(self, row: bool, decode_only: bool, precision: str = "fp32") -> Choice:
         """What runs one pass of the engine's batched step (pipeline.engine.paged): `row` says the model has a CPU row
         step (a CPU, fp32, norms the adapter knows); `decode_only`, that the pass is decode tokens entering at layer 0
         and wants their logits. With the C kernels every pass is the row step, so a request's numbers never depend on
-        what shares its passes; without them only decode-only passes are; else torch's batched step."""
+        what shares its passes; without them only decode-only passes are; else torch's batched step. `precision`
+        "int8" (an int8 model, pipeline.model.quantised): the same path, its reason says what the weights are read as."""
+        if precision == "int8":
+            return self._int8_pass(self.engine_pass(row, decode_only))
         if not row:
             return Choice(Path.TORCH, TORCH_STEP, "torch's batched step: not a CPU in fp32 with norms the row step knows")
         if self.c_kernels():
@@ -184,6 +188,15 @@ class KernelChoice:
         if decode_only:
             return Choice(Path.TORCH, ROW_STEP, "the row step on the fallback kernels: a pass of decode tokens only")
         return Choice(Path.TORCH, TORCH_STEP, "torch's batched step: a pass with prompt chunks or resumed rows, and no C kernels")
+
+    def _int8_pass(self, fp32: Choice) -> Choice:
+        """An int8 model's pass: the fp32 model's path; the C kernels read int8 panels, every other path the
+        dequantised fp32 weights (the model's own torch weights)."""
+        if fp32.c:
+            why = "the row step on the C kernels over int8 panels (1 byte a weight, widened to fp32 in registers and scaled per row): every pass, fixed-order sums"
+        else:
+            why = f"{fp32.reason}; over the int8 weights dequantised to fp32 (int8 panels need the C kernels)"
+        return Choice(fp32.path, fp32.kernel, why)
 
     def multi_step(self, row: bool) -> bool:
         """Whether several greedy decode tokens may run in one C call (RowStep.decode_steps): the row step on the C kernels."""
@@ -201,6 +214,8 @@ class KernelChoice:
         if row and not compile:
             c = self.c_kernels()
             kernel = "our AVX2 kernels, pipeline/cpu/cpu_decode.c" if c else "OpenBLAS's sgemv"
+            if c and getattr(lm, "precision", "fp32") == "int8":
+                kernel += " as int8 panels with one fp32 scale per row"
             reason = f"CPU row step (pipeline.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
             return Choice(Path.C if c else Path.TORCH, ROW_STEP, reason)
         return Choice(Path.TORCH, "eager", ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph")

@@ -21,6 +21,10 @@ the same context at every step), so the logits are compared position by position
 difference, and at how many positions of the answer the variant's own greedy choice would differ. Norms,
 RoPE, attention and the embedding stay fp32 in every variant. Nothing here changes what the app serves: fp32
 stays the default everywhere.
+
+An int8 model (`load_model(precision="int8")`) that served an answer is held beside fp32 the same way, by the one
+comparison here (`differences`): `beside_fp32` feeds the prompt and the int8 model's answer through both models' own
+forward (transformers) and compares each answer position's greedy choice and logits.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from pipeline.cpu.row_kv import BufferKV
 from pipeline.cpu.row_step import RowStep, usable
 from pipeline.model.loaded import LoadedModel
 from pipeline.model.quantised import quantise_rows
+from pipeline.model.registry import split_precision
 
 KINDS = ("fp32", "bf16", "int8")
+PRECISION_NOTES = {"fp32": "fp32", "int8": "int8 weight-only (each matrix row in int8 with its own fp32 scale)"}
 LABELS = {"fp32": "fp32 (default)", "bf16": "bf16", "int8": "int8 weight-only"}
 N_NEW = 24  # answer tokens compared
 
@@ -88,6 +94,61 @@ def _int8(w: torch.Tensor, b: torch.Tensor | None):
 def kernel_note() -> str:
     """What computed the lesson's products, for page 12's caption (the kernel choice's reason)."""
     return CHOICE.precision().reason
+
+
+def served_note(lm: LoadedModel) -> str:
+    """What computes `lm`'s engine passes for a decode token, in words: the kernel choice's reason for its precision."""
+    return CHOICE.engine_pass(usable(lm), True, precision=lm.precision).reason
+
+
+@dataclass(frozen=True)
+class Differences:
+    """Two sets of logits for the same positions, compared (`differences`): where their greedy choices differ and by
+    how much the logits move."""
+
+    positions: int
+    differing: list[int]  # positions where the two greedy choices differ
+    picks: list[int]  # the model's greedy choice at each position
+    ref_picks: list[int]  # the reference's (fp32's)
+    max_logit_diff: float  # largest |logit - reference logit| over every position and the whole vocabulary
+    at: int  # the position of that largest difference
+    per_position: list[float]  # the largest |difference| at each position
+
+
+def differences(logits: torch.Tensor, ref: torch.Tensor) -> Differences:
+    """logits and ref [positions, vocabulary] of the same positions: THE comparison of a precision with fp32 (the
+    lesson's variants and an int8 model's answer)."""
+    logits, ref = logits.float(), ref.float()
+    picks, ref_picks = logits.argmax(-1).tolist(), ref.argmax(-1).tolist()
+    gap = (logits - ref).abs().amax(-1) if len(ref) else torch.zeros(0)
+    return Differences(
+        len(ref),
+        [i for i, (a, b) in enumerate(zip(picks, ref_picks)) if a != b],
+        picks,
+        ref_picks,
+        float(gap.max()) if len(gap) else 0.0,
+        int(gap.argmax()) if len(gap) else 0,
+        gap.tolist(),
+    )
+
+
+def teacher_forced(lm: LoadedModel, prompt_ids: list[int], answer: list[int]) -> torch.Tensor:
+    """`lm`'s own forward (transformers) over the prompt and the answer: the logits that choose each answer token,
+    [len(answer), vocabulary] float32 on the CPU (position i sees the prompt and answer[:i])."""
+    ids = torch.tensor([list(prompt_ids) + list(answer[:-1])], device=lm.device)
+    with lm.lock, torch.inference_mode():
+        return lm.model(input_ids=ids, use_cache=False, logits_to_keep=len(answer)).logits[0].float().cpu()
+
+
+def beside_fp32(fp32: LoadedModel, served: LoadedModel, prompt_ids: list[int], answer: list[int]) -> Differences:
+    """An answer `served` (an int8 model) gave, beside its fp32 model: both fed the prompt and that answer (teacher
+    forcing, the same context at every position), each position's greedy choice and logits compared (`differences`,
+    fp32 the reference)."""
+    if not answer:
+        raise ValueError("no answer tokens to compare")
+    if fp32.precision != "fp32" or split_precision(served.key)[0] != fp32.key:
+        raise ValueError(f"{fp32.label} is not the fp32 model of {served.label}")
+    return differences(teacher_forced(served, prompt_ids, answer), teacher_forced(fp32, prompt_ids, answer))
 
 
 def variant(lm: LoadedModel, kind: str) -> tuple[RowStep, int]:
@@ -160,8 +221,8 @@ def compare(lm: LoadedModel, prompt_ids: list[int], n_new: int = 24, kinds=KINDS
             with lm.lock, torch.inference_mode():  # transformers' own forward over the prompt and fp32's answer
                 ids = torch.tensor([list(prompt_ids) + answer[:-1]], device=lm.device)
                 forward = lm.model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float().cpu()
-        picks = lg.argmax(-1).tolist()
-        flips = [i for i, (a, b) in enumerate(zip(picks, answer)) if a != b]
+        d = differences(lg, ref)
+        flips = d.differing  # fp32's greedy choice is its answer: the positions where this variant picks another token
         ms = sorted(t * 1000 for t in times[1:]) or [times[0] * 1000]
         out.append(
             PrecisionRun(
@@ -171,7 +232,7 @@ def compare(lm: LoadedModel, prompt_ids: list[int], n_new: int = 24, kinds=KINDS
                 nbytes,
                 len(flips),
                 flips[0] if flips else None,
-                float((lg - ref).abs().max()),
+                d.max_logit_diff,
                 len(answer),
                 float((lg - forward).abs().max()),
             )

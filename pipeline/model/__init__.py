@@ -27,12 +27,14 @@ from pipeline.model.registry import (
     default_device,
     embedded_gguf,
     gemma_installed,
+    int8_label,
+    split_precision,
 )
 from pipeline.model.store import CACHE_DONE, cache_ok, cache_problem, cached_folder, check_folder, check_weights, convert_gguf
 
 __all__ = [
     "BUILTINS", "CACHE_DONE", "DEFAULT", "EMBEDDED", "GEMMA", "SMALL_WORK_TOKENS", "FairLock", "LoadedModel", "ModelChoice", "ModelFacts",
     "ModelLoadError", "available_models", "builtin", "cache_dir", "cache_ok", "cache_problem", "cached_folder", "canonical_key",
-    "check_folder", "check_weights", "convert_gguf", "default_device", "embedded_gguf", "facts_of", "gemma_installed", "load_model",
-    "load_tokenizer", "random_model", "thread_safe", "threads_for",
+    "check_folder", "check_weights", "convert_gguf", "default_device", "embedded_gguf", "facts_of", "gemma_installed", "int8_label",
+    "load_model", "load_tokenizer", "random_model", "split_precision", "thread_safe", "threads_for",
 ]  # fmt: skip

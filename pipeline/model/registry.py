@@ -117,6 +117,9 @@ class Builtin:
     install: str  # how to install it, told when it is missing
     installed: Callable[[], bool]
     gguf: Callable[[ProgressFn | None], Path | None]  # its GGUF on this machine (None: not installed)
+    # served in int8 weight-only too (key + ":int8"; pipeline.model.quantised): its layers keep separate q/k/v and
+    # gate/up projections (SmolLM2's Llama layout and Gemma-3 do; a fused layout, Phi-3's or GPT-2's, is refused)
+    int8: bool = True
 
 
 BUILTINS: dict[str, Builtin] = {
@@ -149,13 +152,23 @@ def _installed() -> dict[str, bool]:
     return {b.key: b.installed() for b in BUILTINS.values()}
 
 
-def available_models(extra_paths: list[str] | None = None) -> list[ModelChoice]:
-    """The picker's list: the built-in models (installed or not, with how to install) and user folders."""
+def int8_label(label: str) -> str:
+    """A model's label for its int8 variant: "SmolLM2-135M (embedded)" -> "SmolLM2-135M (embedded, int8)"."""
+    return label[:-1] + ", int8)" if label.endswith(")") else label + " (int8)"
+
+
+def available_models(extra_paths: list[str] | None = None, int8: bool = False) -> list[ModelChoice]:
+    """The picker's list: the built-in models (installed or not, with how to install), with `int8` then the int8
+    variant of each built-in model that int8 serves (key + ":int8", a model of its own), and user folders."""
     installed = _installed()
     out = []
     for b in BUILTINS.values():
         ok = installed[b.key]
         out.append(ModelChoice(b.key, b.picker, ok, "" if ok else b.install))
+    for b in BUILTINS.values() if int8 else ():
+        if b.int8:
+            ok = installed[b.key]
+            out.append(ModelChoice(b.key + PRECISION_SUFFIX, int8_label(b.picker), ok, "" if ok else b.install))
     for p in extra_paths or []:
         out.append(ModelChoice(p, f"Local: {p}", True))
     return out

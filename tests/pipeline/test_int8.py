@@ -153,3 +153,28 @@ def test_the_top1_agreement_of_int8_with_fp32_is_reported(int8, smol):
         worst = max(worst, float((a - b).abs().max()))
     print(f"int8 top-1 agreement with fp32: {agree}/{total} = {agree / total:.3f}; largest logit difference {worst:.2f}")
     assert agree / total > 0.7 and worst > 1e-3  # int8 is close to fp32, and not fp32 itself
+
+
+def test_an_int8_answer_beside_fp32_equals_an_independent_teacher_forced_comparison(int8, smol):
+    """precision.beside_fp32 (what the generation page shows for an int8 model's answer) against the same comparison
+    written out here: both models' full transformers forward over prompt + answer, without logits_to_keep, positions
+    sliced by hand, then argmax and the largest absolute difference."""
+    from pipeline.cpu import precision
+
+    req = prepare(int8, TEXTS[0], 16, chat=True)
+    answer = [e.token_id for e in generate(int8, "", request=req, cache="dynamic") if isinstance(e, StepEvent)]
+    got = precision.beside_fp32(smol, int8, req.prompt_ids, answer)
+    n0 = len(req.prompt_ids) - 1
+    ids = torch.tensor([req.prompt_ids + answer[:-1]])
+    with torch.inference_mode():
+        a = smol.model(input_ids=ids).logits[0, n0:].double()
+        b = int8.model(input_ids=ids).logits[0, n0:].double()
+    assert got.positions == len(answer) == a.shape[0]
+    assert got.picks == b.argmax(-1).tolist() == answer  # int8's greedy choices are its greedy answer
+    assert got.ref_picks == a.argmax(-1).tolist()
+    assert got.differing == [i for i in range(len(answer)) if got.picks[i] != got.ref_picks[i]]
+    worst = (a - b).abs().amax(-1)
+    assert abs(got.max_logit_diff - float(worst.max())) < 1e-3 and got.at == int(worst.argmax())
+    assert 1e-3 < got.max_logit_diff < 10  # int8 moves the logits, a little
+    with pytest.raises(ValueError):
+        precision.beside_fp32(int8, int8, req.prompt_ids, answer)  # an fp32 model is the reference, its own

@@ -28,6 +28,8 @@ def test_without_the_c_kernels_the_measured_fallbacks_serve(without_c):
     assert not c.multi_step(True) and c.one_row_threads(1) and not c.one_row_threads(2)
     assert not c.exact().c and "torch's order" in c.exact().reason
     assert "torch's kernels" in c.precision().reason and "numpy sum" in c.read(2).reason
+    # an int8 model's pass: the same path, over its dequantised fp32 weights (no int8 panels without the C kernels)
+    assert c.engine_pass(True, True, precision="int8").kernel == kc.ROW_STEP and "dequantised" in c.engine_pass(True, True, precision="int8").reason
 
 
 def test_with_the_c_kernels_every_row_step_product_and_pass_is_theirs():
@@ -39,6 +41,10 @@ def test_with_the_c_kernels_every_row_step_product_and_pass_is_theirs():
     assert c.engine_pass(True, False).kernel == kc.ROW_STEP and c.engine_pass(True, False).c
     assert c.engine_pass(False, True).kernel == kc.TORCH_STEP  # no row step (a GPU, bf16): torch's, C or not
     assert c.multi_step(True) and not c.multi_step(False) and not c.one_row_threads(1) and c.exact().c
+    # an int8 model's pass is the same path, reading int8 panels; fp32's answer is unchanged
+    int8, fp32 = c.engine_pass(True, False, precision="int8"), c.engine_pass(True, False)
+    assert (int8.path, int8.kernel) == (fp32.path, fp32.kernel) and "int8 panels" in int8.reason and "int8" not in fp32.reason
+    assert fp32.reason == "the row step on the C kernels: every pass, fixed-order sums"
 
 
 def test_the_choice_switched_off_is_f_linear_and_torch_everywhere(monkeypatch):

@@ -46,6 +46,14 @@ def test_the_model_picker_offers_only_the_allowlist(demo_env):
     assert "Demo server: at most 512 tokens" in at.sidebar.text_area(key="prompt").help
 
 
+def test_a_demo_served_in_int8_offers_the_int8_model_by_its_label(demo_env, monkeypatch):
+    monkeypatch.setenv("LLM_EXPLORER_PRECISION", "int8")  # `make demo PRECISION=int8`
+    at = page()
+    box = at.selectbox(key="model_choice")
+    assert box.value == pipeline.EMBEDDED + ":int8" and box.options == ["SmolLM2-135M (embedded, int8)"]
+    assert "smollm2-135m-instruct:int8" not in texts(at)
+
+
 def test_a_typed_or_linked_path_is_never_used(demo_env):
     from views.loading import LOCAL
 

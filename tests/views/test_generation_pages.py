@@ -273,3 +273,39 @@ def test_precision_lesson_on_the_production_page():
     assert (table["tok/s"] > 0).all() and table["weight MB / token"].iloc[1] * 2 == pytest.approx(table["weight MB / token"].iloc[0], rel=0.01)
     assert table["answer tokens that differ"].iloc[0].startswith("0 of")
     assert "tok/s" in metric(at, "bf16") and "MB of weights a token" in " ".join(m.delta or "" for m in at.metric)
+
+
+def test_an_int8_model_picked_in_the_sidebar_says_its_precision_and_its_answer_beside_fp32():
+    """The picker offers SmolLM2's int8 variant by its label; its answer says it was served in int8, and on request
+    the tokens that differ from fp32 and the largest logit difference (both models' forward, teacher-forced)."""
+    import re
+
+    from pipeline.model import EMBEDDED
+
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["prompt"] = "Why is the sky blue?"
+    at.session_state["chat"] = True
+    at.session_state["model_choice"] = EMBEDDED + ":int8"
+    at.run()
+    at.switch_page("views/stages/generation.py")
+    at.run()
+    assert not at.exception, at.exception
+    picker = at.sidebar.selectbox(key="model_choice")
+    assert picker.value == EMBEDDED + ":int8" and "SmolLM2-135M (embedded, int8)" in picker.options
+    at.number_input(key="gen_n").set_value(12)
+    at.slider(key="gen_t").set_value(0.0)
+    button(at, "gen_go").click().run()
+    assert not at.exception, at.exception
+    rec = at.session_state["_runs"]["gen"][1]
+    assert rec.model == "SmolLM2-135M-Instruct (int8)" and len(rec.events) == 12
+    served = next(c.value for c in at.caption if "served this answer in int8 weight-only" in c.value)
+    from pipeline.cpu import CHOICE
+
+    assert ("int8 panels" in served) == CHOICE.c_kernels()  # the kernel choice's reason for an int8 model's pass
+    button(at, "gen_fp32").click().run()
+    assert not at.exception, at.exception
+    m = re.fullmatch(r"(\d+) of (\d+)", metric(at, "Tokens that differ from fp32"))
+    assert m and int(m[2]) == 12 and int(m[1]) <= 12
+    assert 0 < float(metric(at, "Largest logit difference")) < 10
+    assert any(c.value.startswith("What was compared: the prompt and this answer's 12 tokens") for c in at.caption)
+    assert [c.value for c in at.code if c.value == rec.text()]  # the answer verbatim

@@ -351,3 +351,17 @@ def test_the_handout_includes_what_this_page_just_drew():
     body = at.session_state["_handout"][1].decode()
     generation = body.split("<h2>6 · Generation</h2>", 1)[1].split("</section>", 1)[0]
     assert "As you last ran it on this page" in generation and "Plotly.newPlot" in generation.split("As you last ran it", 1)[1]
+
+
+def test_a_folder_int8_cannot_serve_says_why_in_the_page(tmp_path):
+    """A GPT-2 folder typed with ":int8": its fused Q/K/V (c_attn) cannot be quantised per projection; the page says so."""
+    import transformers
+
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2-tiny")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["model_choice"] = "Local folder…"
+    at.session_state["local_path"] = str(tmp_path / "gpt2-tiny") + ":int8"
+    at.run()
+    assert not at.exception
+    assert any("int8 serving needs the Llama layout" in e.value for e in at.error), [e.value for e in at.error]

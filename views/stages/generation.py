@@ -52,6 +52,7 @@ c[2].metric("Time per output token", f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s els
 c[3].metric("Decode speed", f"{m.tokens_per_s:.1f} tok/s" if m.tokens_per_s else "—")
 c[4].metric("Prompt tokens", rec.prompt_tokens)
 render.busy_note(rec.busy)
+generating.beside_fp32(lm, rec, "gen")  # an int8 model's answer: its precision, and beside fp32 on request
 pick = st.pills(
     "Generated tokens (click one; the small number is its position)",
     list(range(len(ev))),
