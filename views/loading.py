@@ -111,9 +111,17 @@ def _load_failed(e: ModelLoadError, what: str) -> None:
 
 def fp32_model(lm):
     """The fp32 model an int8 model was made from (its key without ":int8"), through the shared loaders (loaded once
-    per process, with progress; never a download: the same weights the int8 model was quantised from). On a demo
-    server too: its key comes from the operator's list, not from a visitor. None, with a message, when it cannot load."""
+    per process, with progress; never a download: the same weights the int8 model was quantised from). A demo server
+    loads it only when its operator listed it too (a second model holds memory the operator budgeted for the listed
+    ones). None, with a message, when it cannot load."""
     base, _ = pipeline.model.split_precision(lm.key)
+    pol = guard.policy()
+    if pol.enabled and base not in pol.models:
+        st.info(
+            "This demo server serves the int8 model only, so it does not load the fp32 one to compare with "
+            "(page 12, Production mode, shows int8 beside fp32 on one prompt)."
+        )
+        return None
     return _wait_loaded(base, "its fp32 model")
 
 

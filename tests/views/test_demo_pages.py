@@ -52,6 +52,15 @@ def test_a_demo_served_in_int8_offers_the_int8_model_by_its_label(demo_env, monk
     box = at.selectbox(key="model_choice")
     assert box.value == pipeline.EMBEDDED + ":int8" and box.options == ["SmolLM2-135M (embedded, int8)"]
     assert "smollm2-135m-instruct:int8" not in texts(at)
+    at.switch_page("views/stages/generation.py")
+    at.run()
+    at.number_input(key="gen_n").set_value(4)
+    next(b for b in at.button if b.key == "gen_go").click().run()
+    assert not at.exception, at.exception
+    next(b for b in at.button if b.key == "gen_fp32").click().run()  # the operator listed no fp32 model
+    assert not at.exception, at.exception
+    assert "serves the int8 model only, so it does not load the fp32 one" in texts(at)
+    assert not [m for m in at.metric if m.label == "Tokens that differ from fp32"]
 
 
 def test_a_typed_or_linked_path_is_never_used(demo_env):
