@@ -129,7 +129,7 @@ ABOUT = {
     ),
     "why_gemma3": ("The same on Gemma-3 270M (18 layers, sandwich norms).", "bench/bench_why.py --reps 7 --model gemma3-270m"),
     "int8": (
-        "int8 weight-only serving on the CPU (`load_model(key, precision=\"int8\")`): one request's greedy decode through the "
+        'int8 weight-only serving on the CPU (`load_model(key, precision="int8")`): one request\'s greedy decode through the '
         "engine in our fp32, our int8 (per-row scales, int8 panels widened to fp32 in registers) and CTranslate2 int8 on "
         "the same weights, in one run, interleaved; eight at once (prefill included) against CTranslate2 int8's static "
         "batch of 8; the top-1 agreement of the int8 model with fp32 over 32 chat prompts (fp32's answers teacher-forced).",
