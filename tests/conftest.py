@@ -3,7 +3,7 @@ test whose needs differ from its module's declares its own tier on the function,
 module's. Nothing is guessed from paths or fixture names: a test without a tier, or with two, is a collection
 error. How long each tier takes is measured in CONTRIBUTING.md.
 
-    unit     no model, no browser, no network: `make test-fast`, well under a minute. A unit test that loads a
+    unit     no model, no browser, no network: `make test-fast`, about 40 s. A unit test that loads a
              model fails (the weights loader raises), so the tier stays fast by construction.
     model    loads the embedded SmolLM2 model (directly, or through a page in AppTest)
     browser  the whole app in headless Chromium
