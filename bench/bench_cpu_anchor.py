@@ -412,7 +412,7 @@ def main(argv=None) -> int:
         # active exception" after their figures were written
         sys.stdout.flush()
         os._exit(0)
-    from common import write
+    from common import rotated, write
 
     try:
         import ctranslate2  # noqa: F401
@@ -423,19 +423,8 @@ def main(argv=None) -> int:
     configs = list(TIMED) + (list(CT2) if have_ct2 else []) + [c for c in LOADED if have_ct2 or not c.startswith("ct2")]
     if a.only:
         configs = [c for c in configs if c in a.only.split(",")]
-    runs: dict[str, list[dict]] = {c: [] for c in configs}
     reference = run_one("hf-generate", a.tokens)
-    for rep in range(a.reps):
-        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
-        for c in order:
-            r = run_one(c, a.tokens)
-            print(
-                f"rep {rep + 1}/{a.reps} {c}: "
-                + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float))
-                + (f" ERROR {r['error']}" if "error" in r else ""),
-                flush=True,
-            )
-            runs[c].append(r)
+    runs = rotated(configs, a.reps, run_one, a.tokens)
     ref = reference.get("answers")
     results = {}
     for c, rs in runs.items():

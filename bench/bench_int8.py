@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         os._exit(0)  # out at once, without the interpreter's teardown (bench_cpu_anchor: libgomp threads at exit)
     from bench_cpu_anchor import spread
-    from common import write
+    from common import rotated, write
 
     try:
         import ctranslate2  # noqa: F401
@@ -151,17 +151,7 @@ def main(argv=None) -> int:
         configs = list(TIMED)
     if a.only:
         configs = [c for c in configs if c in a.only.split(",")]
-    runs: dict[str, list[dict]] = {c: [] for c in configs}
-    for rep in range(a.reps):
-        for c in configs[rep % len(configs) :] + configs[: rep % len(configs)]:
-            r = run_one(c, a.tokens)
-            print(
-                f"rep {rep + 1}/{a.reps} {c}: "
-                + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float))
-                + (f" ERROR {r['error']}" if "error" in r else ""),
-                flush=True,
-            )
-            runs[c].append(r)
+    runs = rotated(configs, a.reps, run_one, a.tokens)
     agree = run_one("agreement", a.tokens)
     print(f"agreement: {agree}", flush=True)
     results = {}

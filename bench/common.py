@@ -30,3 +30,21 @@ def write(name: str, data: dict) -> Path:
     print(json.dumps(data, indent=1))
     print(f"-> {path}")
     return path
+
+
+def rotated(configs: list[str], reps: int, run_one, *args) -> dict[str, list[dict]]:
+    """Each configuration `reps` times, in an order rotated every repeat (a slow minute on a shared machine hits every
+    configuration, not one); `run_one(config, *args)` returns a record (an "error" key when it failed), printed as it
+    lands. Returns the records by configuration."""
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    for rep in range(reps):
+        for c in configs[rep % len(configs) :] + configs[: rep % len(configs)]:
+            r = run_one(c, *args)
+            print(
+                f"rep {rep + 1}/{reps} {c}: "
+                + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float))
+                + (f" ERROR {r['error']}" if "error" in r else ""),
+                flush=True,
+            )
+            runs[c].append(r)
+    return runs

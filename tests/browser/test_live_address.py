@@ -7,7 +7,7 @@ import re
 
 import pytest
 from playwright.sync_api import expect
-from ui import wait_idle
+from ui import fresh, wait_idle
 
 from views.pages import BY_SLUG
 
@@ -16,16 +16,6 @@ SOON = 120_000  # ms: the student's page drawing the presenter's page on a loade
 ADDRESS = 5_000  # ms: from the student's page showing the presenter's heading to its address naming that page
 MENDED = 20_000  # ms: an address bar on another page, mended by the heartbeat (two 4 s beats and a page run)
 MOVES = ["attention", "tokens", "embeddings", "attention", "layer", "tokens"]  # the presenter's page changes, in turn
-
-
-def fresh(browser, url, opened):
-    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
-    opened.append(ctx)
-    page = ctx.new_page()
-    page.goto(url, wait_until="domcontentloaded", timeout=240_000)
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
 
 
 def start_class(browser, server, opened):

@@ -4,22 +4,11 @@ comes next?" and sees the model's answer, the presenter sees how many follow, en
 told. A wrong code says so."""
 
 import pytest
-from ui import set_prompt, wait_idle
+from ui import fresh, set_prompt, wait_idle
 
 pytestmark = pytest.mark.browser
 SOON = 120_000  # ms: the held-out bar is 5 s on this 2-core machine (bench/bench_live_class.py measures it); a test on a
 # loaded CI machine, beside another worker's tests, allows more
-
-
-def fresh(browser, url, opened=None):
-    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
-    if opened is not None:
-        opened.append(ctx)
-    page = ctx.new_page()
-    page.goto(url, wait_until="domcontentloaded", timeout=240_000)
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
 
 
 def go(page, slug):

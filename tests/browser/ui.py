@@ -167,3 +167,15 @@ def visit(browser, url, width=1300, height=1400, outside=None):
     page.wait_for_selector("h1", timeout=240_000)
     wait_idle(page, 300_000)
     return page
+
+
+def fresh(browser, url, opened=None):
+    """A new browser (its own cookies) on `url`, idle; its context added to `opened` (closed by the test's fixture)."""
+    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
+    if opened is not None:
+        opened.append(ctx)
+    page = ctx.new_page()
+    page.goto(url, wait_until="domcontentloaded", timeout=240_000)
+    page.wait_for_selector("h1", timeout=240_000)
+    wait_idle(page, 300_000)
+    return page

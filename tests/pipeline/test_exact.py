@@ -4,6 +4,8 @@ for bit the same as the request served alone: among other requests' decode rows 
 resumed for a newcomer, with its prompt from the prefix cache, while others are cancelled."""
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,23 +15,12 @@ from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.engine import Engine
 from pipeline.generation import long_prompt, prepare
 
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_record import recording  # noqa: E402
+
 pytestmark = pytest.mark.model
 
 TEXTS = ["The capital of France is", "Why is the sky blue?", "Dog bites man.", "Man bites dog.", "Alice, Bob, Charlie and Diana each ordered"]
-
-
-def _recording(eng: Engine) -> dict[int, list[torch.Tensor]]:
-    """Every logits row the engine samples from, by request id, in order (its first token's, then each decode)."""
-    seen: dict[int, list[torch.Tensor]] = {}
-    outputs = eng._outputs
-
-    def record(reqs, logits):
-        for r, row in zip(reqs, logits):
-            seen.setdefault(r.id, []).append(row.clone())
-        return outputs(reqs, logits)
-
-    eng._outputs = record
-    return seen
 
 
 def _drain(eng):
@@ -40,7 +31,7 @@ def _drain(eng):
 def _alone(lm, prompt: list[int], n: int) -> list[torch.Tensor]:
     """The request served by itself, on a fresh engine without a prefix cache."""
     eng = Engine(lm, kv_pool_bytes=32 << 20, prefix_cache=False, background=False)
-    seen = _recording(eng)
+    seen = recording(eng)
     h = eng.submit(prompt, n, stop_ids=frozenset())
     _drain(eng)
     return seen[h.request.id]
@@ -60,7 +51,7 @@ def test_every_step_of_every_request_is_bit_for_bit_the_request_alone(lm, seed, 
     rng.shuffle(jobs)
     n_new = [rng.randint(3, 9) for _ in jobs]
     eng = Engine(lm, kv_pool_bytes=32 << 20, block_size=8, request_chunk=64, prefill_chunk=96, prefix_cache=True, background=False)
-    seen = _recording(eng)
+    seen = recording(eng)
     handles, waiting = [], list(zip(jobs, n_new))
     # some arrive between passes, some during one (asked after a layer: the parkable rows stop there for them)
     real = eng.newcomer_waiting

@@ -3,6 +3,9 @@ engine decodes through int8 panels (cpu_decode.c's row_layer / row_layers / row_
 greedy answer equals transformers' own forward over the same dequantised weights, a request's int8 logits are bit
 for bit the same alone and beside others, and its top-1 agreement with fp32 is reported."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +17,9 @@ from pipeline.engine import Engine
 from pipeline.generation import generate, prepare
 from pipeline.generation.events import StepEvent
 from pipeline.model.quantised import INT8, projections
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_record import recording  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -32,24 +38,10 @@ def int8():
     return pipeline.load_model(precision="int8")
 
 
-def _recording(eng: Engine) -> dict[int, list[torch.Tensor]]:
-    """Every logits row the engine samples from, by request id, in order (as tests/pipeline/test_exact.py)."""
-    seen: dict[int, list[torch.Tensor]] = {}
-    outputs = eng._outputs
-
-    def record(reqs, logits):
-        for r, row in zip(reqs, logits):
-            seen.setdefault(r.id, []).append(row.clone())
-        return outputs(reqs, logits)
-
-    eng._outputs = record
-    return seen
-
-
 def _served(lm, prompts: list[list[int]], n: int) -> list[list[torch.Tensor]]:
     """The prompts submitted together to a fresh hand-driven engine: each one's logits rows, in order."""
     eng = Engine(lm, kv_pool_bytes=32 << 20, prefix_cache=False, background=False)
-    seen = _recording(eng)
+    seen = recording(eng)
     hs = [eng.submit(p, n, stop_ids=frozenset()) for p in prompts]
     while eng.iterate() is not None:
         pass
