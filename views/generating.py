@@ -190,8 +190,8 @@ def beside_fp32(lm, rec: GenerationRecord, slot: str) -> None:
     rows = [
         {
             "position": i,
-            f"{lm.precision} chose": piece(d.picks[i]),
-            "fp32 would choose": piece(d.ref_picks[i]),
+            f"{lm.precision}'s greedy pick": piece(d.picks[i]),
+            "fp32's greedy pick": piece(d.ref_picks[i]),
             "largest |Δ logit| here": round(d.per_position[i], 3),
         }
         for i in d.differing[:20]

@@ -156,8 +156,8 @@ class Ablated:
     after: torch.Tensor
     logits_after: torch.Tensor  # [vocab]: the logits with the components switched off
     kl: float  # KL(before || after), nats
-    token: int  # the original most likely token
-    new_rank: int  # its rank after (0 = still first)
+    token: int  # the token followed: the one asked about, else the original most likely
+    new_rank: int  # its rank after (0 = the most likely)
 
 
 def _switchable(lm: LoadedModel, off) -> tuple[dict[int, list[int]], list[int]]:
@@ -185,9 +185,10 @@ def _switchable(lm: LoadedModel, off) -> tuple[dict[int, list[int]], list[int]]:
     return by_layer, ffn
 
 
-def ablate(lm: LoadedModel, tr: Trace, off=(), mode: Ablation | str = Ablation.ZERO) -> Ablated:
+def ablate(lm: LoadedModel, tr: Trace, off=(), mode: Ablation | str = Ablation.ZERO, token: int | None = None) -> Ablated:
     """Switch off the components `off` (heads and feed-forward blocks: Components, or their names "L5 H3", "7.mlp")
-    by `mode` at every position of the traced prompt: the next-token distribution before (the trace's) and after."""
+    by `mode` at every position of the traced prompt: the next-token distribution before (the trace's) and after, and
+    `token`'s rank after (default: the most likely token before)."""
     _same_model(lm, tr)
     try:
         mode = Ablation(mode)
@@ -197,8 +198,9 @@ def ablate(lm: LoadedModel, tr: Trace, off=(), mode: Ablation | str = Ablation.Z
     H, D = lm.facts.n_heads, lm.facts.head_dim
     logits = torch.from_numpy(tr.next_logits).float()
     before = torch.softmax(logits, -1)
+    token = int(before.argmax()) if token is None else int(token)
     if not by_layer and not ffn:  # nothing switched off: the trace's forward, not a second one
-        return Ablated(before, before, logits, 0.0, int(before.argmax()), 0)
+        return Ablated(before, before, logits, 0.0, token, int((before > before[token]).sum()))
 
     def off_heads(hs):
         def fn(x):
@@ -218,7 +220,6 @@ def ablate(lm: LoadedModel, tr: Trace, off=(), mode: Ablation | str = Ablation.Z
     with lm.lock, torch.inference_mode(), as_traced(), hooking(lm, hooks):  # the trace's attention: its logits are `before`
         logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].float().cpu()
     after = torch.softmax(logits, -1)
-    token = int(before.argmax())
     kl = float((before * (before.clamp_min(1e-30).log() - after.clamp_min(1e-30).log())).sum())
     return Ablated(before, after, logits, kl, token, int((after > after[token]).sum()))
 

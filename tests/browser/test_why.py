@@ -48,10 +48,10 @@ def test_why_this_token_walks_attribution_ablation_and_patching(server, browser,
     layer, head = rows // 2, 1
     area = heatmap.locator(".nsewdrag").first.bounding_box()
     page.mouse.click(area["x"] + (head + 0.5) * area["width"] / cols, area["y"] + (layer + 0.5) * area["height"] / rows)
-    page.wait_for_selector(f".js-plotly-plot .gtitle:has-text('Layer {layer}, head {head}:')", timeout=120_000)
+    page.wait_for_selector(f".js-plotly-plot .gtitle:has-text('Layer {layer}, head {head} (share')", timeout=120_000)
     no_exception(page)
     picker = page.locator("[data-testid='stSelectbox']", has_text="Head").last
-    assert f"layer {layer}, head {head} " in picker.evaluate("e => e.innerText + ' ' + (e.querySelector('input')?.value || '')")
+    assert picker.evaluate("e => e.innerText + ' ' + (e.querySelector('input')?.value || '')").rstrip().endswith(f"layer {layer}, head {head}")
 
     click_button(page, "Switch them off", expect="[data-testid='stMetricLabel']:has-text('KL divergence')")
     no_exception(page)

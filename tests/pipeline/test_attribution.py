@@ -268,3 +268,14 @@ def test_attribution_and_the_graph_read_the_trace_and_never_run_the_model(smol, 
     monkeypatch.undo()
     d = ablate(smol, tr, ["L3 H2"])
     assert torch.equal(d.before, torch.softmax(torch.from_numpy(tr.next_logits), -1))
+
+
+def test_ablation_follows_the_candidate_asked_about(smol):
+    """The why page explains a chosen candidate (" London"), so switching components off reports that candidate's rank,
+    not the model's top token's; by default it follows the top token."""
+    tr = trace(smol, PROMPT)
+    london = one(smol, " London")
+    d = ablate(smol, tr, ["L3 H2"], token=london)
+    assert d.token == london and d.new_rank == int((d.after > d.after[london]).sum()) and d.new_rank > 0
+    assert ablate(smol, tr, ["L3 H2"]).token == int(tr.next_logits.argmax())
+    assert ablate(smol, tr, token=london).new_rank == int((d.before > d.before[london]).sum())  # nothing off: its rank before

@@ -62,7 +62,7 @@ def _shares(lm, tr, target, versus):
     )
     st.caption("Click a head's cell to open where it looked, below.")
     render.figure(largest_figure([(str(c), v) for c, v in a.largest(15)], "The 15 largest shares (the embedding's included)"), "largest")
-    st.caption(f"The embedding's own share: {a.embedding:+.3f}. Red adds to {what}, blue takes from it.")
+    st.caption(f"The embedding's own share: {a.embedding:+.3f}. Red and orange add to {what}, blue takes from it.")
     return a
 
 
@@ -76,12 +76,12 @@ def _head_row(tr, a, labels):
         "Head",
         heads,
         index=None if "why_head" in st.session_state else heads.index(best),
-        format_func=render.labeller({ih: f"layer {ih[0]}, head {ih[1]} (share {a.heads[ih]:+.3f})" for ih in heads}),
+        format_func=render.labeller({ih: f"layer {ih[0]}, head {ih[1]}" for ih in heads}),
         key="why_head",
         help="Starts at the head with the largest share",
     )
     row = tr.acts[f"blocks.{pick[0]}.attn.hook_pattern|last"][pick[1]]
-    render.figure(head_row_figure(row, labels, f"Layer {pick[0]}, head {pick[1]}: attention from the last position"), "head row")
+    render.figure(head_row_figure(row, labels, f"Layer {pick[0]}, head {pick[1]} (share {a.heads[pick]:+.3f}): attention from the last token"), "head row")
     st.caption("Attention says where a head read from, not that what it read decided the answer: the switch below is the test.")
 
 
@@ -109,7 +109,7 @@ def _graph(lm, tr, labels):
     st.caption(f"{len(edges)} edges drawn, {len(reads)} of them through attention, read from this trace's patterns and values.")
 
 
-def _switch_off(lm, tr, a):
+def _switch_off(lm, tr, a, target):
     st.subheader("Switch components off")
     parts = [c for c, _ in a.largest(30) if c.kind in (Kind.HEAD, Kind.FFN)]
     names = [str(c) for c in parts]
@@ -121,19 +121,19 @@ def _switch_off(lm, tr, a):
         key="why_mode",
         help="zero: their output set to 0; mean: replaced by its mean over the prompt's positions",
     )
-    ask = Ask("ablation", (tuple(tr.input_ids), tuple(chosen), mode))
+    ask = Ask("ablation", (tuple(tr.input_ids), tuple(chosen), mode, target))
     if st.button("Switch them off", type="primary", key="why_go", disabled=not chosen) and guard.allowed("an intervention"):
         off = [Component.parse(n) for n in chosen]
-        run(ask, lambda: lm.run(lambda progress=None: ablate(lm, tr, off, Ablation(mode))))
+        run(ask, lambda: lm.run(lambda progress=None: ablate(lm, tr, off, Ablation(mode), token=target)))
     got = last("ablation")
     if got is None or got[0].inputs[0] != ask.inputs[0]:  # nothing switched off yet for this prompt
         return
-    (_, off, md), d = got[0].inputs, got[1]
+    (_, off, md, _), d = got[0].inputs, got[1]
     cands = [int(i) for i in np.argsort(-(d.before.numpy() + d.after.numpy()))[:8]]
     tok = lit(repr(_name(lm, d.token)))
     r = st.columns(3)
     r[0].metric(f"p({tok})", f"{float(d.after[d.token]):.3f}", f"{float(d.after[d.token] - d.before[d.token]):+.3f}")
-    r[1].metric("Its rank now", d.new_rank + 1, help="1 = still the most likely")
+    r[1].metric("Its rank now", d.new_rank + 1, help="1 = the most likely; the candidate explained above")
     r[2].metric("KL divergence", f"{d.kl:.3f} nats", help="How far the whole distribution moved")
     render.figure(
         before_after_figure(
@@ -154,7 +154,7 @@ def _patching(lm):
         "stream back at one (layer, position) of the corrupted run, and see how much of the clean answer's lead comes "
         "back. Where restoring one position brings the answer back, the model carried what it needed there."
     )
-    pair = st.selectbox("Preset", list(PAIRS), key="why_pair")
+    pair = st.selectbox("Patching preset", list(PAIRS), key="why_pair")
     pc = st.columns(2)
     clean = pc[0].text_input("Clean prompt", PAIRS[pair][0], key=f"why_clean_{pair}")
     corrupt = pc[1].text_input("Corrupted prompt", PAIRS[pair][1], key=f"why_corrupt_{pair}")
@@ -197,7 +197,7 @@ def _patching(lm):
 
 def _side_by_side(lm):
     st.subheader("Two prompts side by side")
-    side = st.selectbox("Preset", list(SIDE), key="why_side")
+    side = st.selectbox("Side-by-side preset", list(SIDE), key="why_side")
     sc = st.columns(2)
     pa = sc[0].text_input("First prompt", SIDE[side][0], key=f"why_a_{side}")
     pb = sc[1].text_input("Second prompt", SIDE[side][1], key=f"why_b_{side}")
@@ -243,7 +243,7 @@ target, versus = _candidates(lm, tr)
 a = _shares(lm, tr, target, versus)
 _head_row(tr, a, labels)
 _graph(lm, tr, labels)
-_switch_off(lm, tr, a)
+_switch_off(lm, tr, a, target)
 _patching(lm)
 _side_by_side(lm)
 first_head = next((c for c, _ in a.largest(None) if c.kind is Kind.HEAD), Component(Kind.HEAD, 0, 0))
