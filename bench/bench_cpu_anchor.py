@@ -46,7 +46,6 @@ transformers' generate token for token (and equal our dynamic loop's).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -394,13 +393,10 @@ def spread(xs: list[float]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
-    ap.add_argument("--worker")
-    ap.add_argument("--burner")
-    ap.add_argument("--out")
+    from common import rotated_parser
+
+    ap = rotated_parser()
+    ap.add_argument("--burner", help="(internal) keep both cores busy (the *-loaded configurations)")
     a = ap.parse_args(argv)
     if a.burner:
         burner(a.burner)

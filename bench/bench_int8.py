@@ -26,7 +26,6 @@ CTranslate2 is a bench-only dependency (`pip install ctranslate2`); its configur
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -129,13 +128,9 @@ def summarise(results: dict, agree: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
-    ap.add_argument("--worker")
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
+    from common import rotated_parser
+
+    a = rotated_parser().parse_args(argv)
     if a.worker:
         Path(a.out).write_text(json.dumps(worker(a.worker, a.tokens)))
         sys.stdout.flush()

@@ -48,3 +48,17 @@ def rotated(configs: list[str], reps: int, run_one, *args) -> dict[str, list[dic
             )
             runs[c].append(r)
     return runs
+
+
+def rotated_parser():
+    """The arguments of a bench that runs each configuration in a fresh process, rotated over repeats: --reps, --tokens,
+    --only (comma-separated configurations), and the worker's own --worker CONFIG --out FILE."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    ap.add_argument("--worker", help="(internal) run one configuration in this process")
+    ap.add_argument("--out", help="(internal) where the worker writes its result")
+    return ap
