@@ -166,7 +166,7 @@ def cmd_generate(args, out):
 
 def _token(lm, text: str) -> int:
     """A token given as an id ("7042") or as text (" Paris": one token) -> its id; an error that says why not."""
-    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    vocab = lm.facts.vocab
     if text.strip().isdigit():
         i = int(text)
         if not 0 <= i < vocab:

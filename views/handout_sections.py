@@ -91,7 +91,7 @@ def _stage_embeddings(lm, tr):
     out = [
         _table(
             {
-                "embedding matrix": f"{lm.model.get_input_embeddings().weight.shape[0]:,} × {f.d_model}",
+                "embedding matrix": f"{f.vocab:,} × {f.d_model}",
                 "token": f"{visible(tok.text)!r} (id {tok.id})",
                 "vector length (L2)": f"{analysis.embedding_norm(tr, i):.3f}",
             }

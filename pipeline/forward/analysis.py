@@ -19,13 +19,13 @@ from pipeline.model.loaded import LoadedModel
 # ------------------------------------------------------------------------------- embeddings
 def embedding_matrix(lm: LoadedModel) -> torch.Tensor:
     """[vocab, d] the embedding table (unscaled weights)."""
-    return lm.model.get_input_embeddings().weight
+    return lm.arch.embed().weight
 
 
 def embed_ids(lm: LoadedModel, ids: list[int]) -> np.ndarray:
     """[n, d] the embedding lookup exactly as the model does it (row of the table, times Gemma's scale)."""
     with lm.lock, torch.inference_mode():  # the lock: a concurrent trace's hooks must not see this call
-        return lm.model.get_input_embeddings()(torch.tensor([ids], device=lm.device))[0].float().cpu().numpy()
+        return lm.arch.embed()(torch.tensor([ids], device=lm.device))[0].float().cpu().numpy()
 
 
 def word_vectors(lm: LoadedModel, words: list[str]) -> list[tuple[str, list[str], np.ndarray]]:
@@ -58,14 +58,14 @@ def pca(x: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
 
 
 @per_object
-def _unit_rows_of(model: torch.nn.Module) -> torch.Tensor:
+def _unit_rows_of(embedding: torch.nn.Module) -> torch.Tensor:
     """[vocab, d] float32 embedding rows scaled to length 1 (one copy per live model, freed with it)."""
-    e = model.get_input_embeddings().weight.detach().float()
+    e = embedding.weight.detach().float()
     return e / (e.norm(dim=1, keepdim=True) + 1e-12)
 
 
 def _unit_rows(lm: LoadedModel) -> torch.Tensor:
-    return _unit_rows_of(lm.model)
+    return _unit_rows_of(lm.arch.embed())
 
 
 @dataclass

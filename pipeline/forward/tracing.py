@@ -136,7 +136,7 @@ def over_cap(n_tokens: int, limit: int, whose: str = "The prompt") -> str:
 
 def logit_lens(lm: LoadedModel, hidden: torch.Tensor, top: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply the final norm and LM head to hidden states [..., d]: (top ids, top probs) [..., top]."""
-    head = lm.model.get_output_embeddings()
+    head = lm.arch.unembedding()
     with torch.inference_mode():
         logits = lm.arch.apply_softcap(head(lm.arch.final_norm_module()(hidden.to(lm.device, lm.dtype))).float())
         v, i = logits.topk(top, dim=-1)

@@ -75,13 +75,9 @@ def kernel_sweep(lm: LoadedModel, lengths: list[int], kernels: list[str] | None 
     @contextmanager
     def kernel(k):
         with lm.lock:
-            impl = lm.model.config._attn_implementation
-            lm.model.set_attn_implementation("eager" if k == "eager" else "sdpa")
-            try:
-                with torch.inference_mode(), nullcontext() if k == "eager" else sdpa_kernel([BACKENDS[k]]):
+            with lm.arch.attention_as("eager" if k == "eager" else "sdpa"), torch.inference_mode():
+                with nullcontext() if k == "eager" else sdpa_kernel([BACKENDS[k]]):
                     yield
-            finally:
-                lm.model.set_attn_implementation(impl)
 
     sync = syncer(lm.device)
     for r in range(repeats):

@@ -96,12 +96,8 @@ def check_attention(lm: LoadedModel, tr: Trace) -> list[Check]:
         return out
     ids = torch.tensor([tr.input_ids], device=lm.device)
     with lm.lock, torch.inference_mode():
-        impl = lm.model.config._attn_implementation
-        lm.model.set_attn_implementation("eager")
-        try:
+        with lm.arch.attention_as("eager"):
             ref = lm.model(input_ids=ids, output_attentions=True, use_cache=False).attentions
-        finally:
-            lm.model.set_attn_implementation(impl)
     d = 0.0
     kept = tr.acts.layers("blocks.*.attn.hook_pattern")
     for layer in kept:

@@ -244,12 +244,8 @@ def run_transformers_batch(lm: LoadedModel, users: list[User], chat: bool = Fals
     t = time.perf_counter()
     try:
         with lm.lock:
-            impl = lm.model.config._attn_implementation
-            lm.model.set_attn_implementation("sdpa")  # it refuses the explorer's capturing attention
-            try:
+            with lm.arch.attention_as("sdpa"):  # it refuses the explorer's capturing attention
                 out = lm.model.generate_batch(inputs=[r.prompt_ids for r in reqs], generation_config=gc, progress_bar=False)
-            finally:
-                lm.model.set_attn_implementation(impl)
     except Exception as e:  # noqa: BLE001 - a library limit on this model or machine: say so, keep the page
         return LibraryRun(0, time.perf_counter() - t, {}, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
     wall = time.perf_counter() - t

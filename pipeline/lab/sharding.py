@@ -90,11 +90,10 @@ def pipeline_plan(lm: LoadedModel, n_devices: int) -> list[PipelineStage]:
     """Contiguous layers per device, balanced by the bytes of weights each device holds (the goal of
     accelerate's device_map="balanced"; its own placement may differ by a layer), with the embeddings on the
     first device and the final norm and LM head on the last. A plan, from the model's parameter shapes."""
-    model = lm.model
     layers, bpv = lm.arch.layers, lm.arch.bytes_per_value
     N = max(1, n_devices)
     emb = _params(lm.arch.embed()) + (_params(lm.arch.pos_embed()) if lm.arch.pos_embed() is not None else 0)
-    head = 0 if lm.facts.tied_embeddings else _params(model.get_output_embeddings())
+    head = 0 if lm.facts.tied_embeddings else _params(lm.arch.unembedding())
     per_layer = [_params(layer) for layer in layers]
     final = _params(lm.arch.final_norm_module())
     counts = _balanced_split(per_layer, emb, final + head, N)

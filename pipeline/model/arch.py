@@ -24,6 +24,7 @@ final logit softcap, the text config, and how close two computations in this dty
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -117,6 +118,17 @@ class Arch:
     def pos_embed(self) -> torch.nn.Module | None:
         """Learned position embeddings (GPT-2 `wpe`); None for models that rotate positions (RoPE) instead."""
         return getattr(self.decoder, "wpe", None) or getattr(self.decoder, "embed_positions", None)
+
+    @contextmanager
+    def attention_as(self, impl: str):
+        """The model's attention implementation switched to `impl` ("eager", "sdpa") inside the block, set back after
+        (the model is shared: the caller holds lm.lock)."""
+        was = self.model.config._attn_implementation
+        self.model.set_attn_implementation(impl)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(was)
 
     def first_layers_model(self, k: int) -> torch.nn.Module:
         """A causal LM made of this model's first k layers + its final norm + LM head (modules shared, not copied):

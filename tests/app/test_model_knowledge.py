@@ -56,6 +56,7 @@ MODULE_NAMES = {
     "gate_proj", "up_proj", "gate_up_proj", "down_proj", "c_fc", "act_fn",
     "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm", "ln_1", "ln_2",
     "lm_head",
+    "get_input_embeddings", "get_output_embeddings", "_attn_implementation",  # arch.embed(), unembedding(), attention_as()
 }  # fmt: skip
 ADAPTER = ROOT / "pipeline" / "model" / "arch.py"
 
