@@ -37,7 +37,8 @@ def test_why_this_token_walks_attribution_ablation_and_patching(server, browser,
         else picked.evaluate("e => e.innerText + e.querySelector('[value]')?.value")
     )
     metrics = dict(zip(page.locator("[data-testid='stMetricLabel']").all_inner_texts(), page.locator("[data-testid='stMetricValue']").all_inner_texts()))
-    logit = next(v for k, v in metrics.items() if k.startswith("The model's logit"))
+    logit = next((v for k, v in metrics.items() if k.startswith("The model's logit")), None)
+    assert logit is not None, f"no logit metric; the page says: {page.locator('[data-testid=stMain]').inner_text()[:1500]}"
     assert abs(float(metrics["Sum of the shares"]) - float(logit)) < 2e-3, metrics
     settled(page)
     page.screenshot(path=str(SHOTS / f"why-{model}.png"))
