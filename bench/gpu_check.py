@@ -3,20 +3,25 @@
 SmolLM2-135M's architecture from bench/assets/smollm2-shape (config + tokenizer, 3.5 MB) with seeded random
 weights in bf16 (the real 98 MB weights do not travel); timings and memory depend on the shape, not the values.
 Measures, in this order (the JSON is rewritten after each section, so a timeout keeps what was done; a
-section that fails records its error and the rest go on):
+section that fails records its error and the rest go on; the issue's figures come first):
   1. production mode: greedy tokens/s of the dynamic-cache loop, transformers' static cache, our fused step
      (a CUDA graph on CUDA) and the fused step compiled by torch.compile and then captured; same-token checks;
-     the fused step alone back to back (the device floor per token, so loop minus floor = host work); operators
-     and kernels per step; graph capture and compile times; the fused step's logits against a plain forward;
-  2. TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same model,
+     the fused step alone back to back (the device floor per token, so loop minus floor = host work: the batch-1
+     step, goal >= 2,000 tok/s); operators and kernels per step; graph capture and compile times; the fused step's
+     logits against a plain forward;
+  2. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV) with its
+     decode passes as CUDA graphs (engine.graphed, several greedy steps a replay) and without, aggregate tokens/s,
+     every answer against transformers' greedy generate; the engine's batch-1 graph alone; the share of time the GPU
+     runs no kernel (torch.profiler) at 1 and 256; transformers' static batch of the same N, eager and (at 1 and
+     256) with its own CUDA graphs (goals on an H200/H100: >= 1,000 tok/s at N = 1, >= 15,000 and >= 2x
+     transformers' graphed static batch at N = 256; the anchor's HF static batch of 256 measured 6,506);
+  3. exact: one request's logits alone, beside 7 and 31 others, and from the prefix cache, the differing values
+     counted, with the decode graphs and without (issue 34: 0 on a CPU with the C kernels; on the H200 the torch
+     path's count, 0 in every case measured);
+  4. TTFT, TPOT, tokens/s of our loop with and without the KV cache, transformers' generate on the same model,
      greedy agreement, the telemetry timeline at batch 1 (NVML utilisation over time);
-  3. the attention kernels sweep (time, peak memory, agreement);
-  4. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only);
-  5. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV),
-     aggregate tokens/s, against transformers' static batch of the same N (goal on an H200: >= 15,000 tok/s at
-     N = 256 for this shape; the anchor's HF static batch of 256 measured 6,506);
-  6. exact: one request's logits alone, beside 7 and 31 others, and from the prefix cache, the differing values
-     counted (issue 34; 0 on a CPU with the C kernels; on the H200 the torch path's count, 0 in every case measured);
+  5. the attention kernels sweep (time, peak memory, agreement);
+  6. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only);
   7. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: the C read probe's limit and
      one request's decode tokens/s (its share of the limit), the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
@@ -25,6 +30,7 @@ Writes JSON to $OUT (device machine) or bench/results/.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,7 +52,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192", help="attention-kernel prompt lengths")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile mode")
-    ap.add_argument("--only", default="production,loop,kernels,speculative,serving,exact,cpu")
+    ap.add_argument("--only", default="production,serving,exact,loop,kernels,speculative,cpu")
     ap.add_argument("--serving-ns", default="1,8,32,64,128,256")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -213,31 +219,118 @@ def main():
         }
 
     def serving():
+        """The engine at N = 1 ... 256 requests with its decode graphs and without (the same engine settings, the prefix
+        cache off: every repeat prefills its N prompts, as transformers' static batch does), every answer checked
+        against transformers' greedy generate of the prompt alone; the engine's batch-1 graph replay back to back
+        (its device floor a token); the share of wall time the GPU has no kernel running (torch.profiler) at 1 and
+        at the largest N; transformers' static batch of the same N, eager and with its own CUDA graphs
+        (cache_implementation="static", its forward compiled with torch.compile's "reduce-overhead")."""
+        from transformers import CompileConfig
+
         from pipeline.engine import Engine
 
         ids1 = ids[0].tolist()
-        # the prefix cache off: every repeat prefills its N prompts, as transformers' static batch below does
-        eng = Engine(lm, max_batch=512, max_queue=1024, prefix_cache=False)
+        ns = [int(x) for x in args.serving_ns.split(",")]
+        with torch.inference_mode():
+            ref = lm.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, ids.shape[1] :].tolist()
         out = res.setdefault("serving", {})
-        for N in [int(x) for x in args.serving_ns.split(",")]:
-            row = {}
-            for _ in range(2):  # the first run warms kernels and RoPE tables
-                t = time.perf_counter()
-                hs = [eng.submit(ids1, n, stop_ids=frozenset()) for _ in range(N)]
-                toks = sum(len(list(h)) for h in hs)
-                wall = time.perf_counter() - t
-                row = {"requests": N, "tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "iterations": eng.iterations}
+        for graphs in (True, False):
+            eng = Engine(lm, max_batch=512, max_queue=1024, prefix_cache=False, graphs=graphs)
+            key = "graphs" if graphs else "no_graphs"
+            out[f"engine_{key}"] = eng.name
+            for N in ns:
+                row = out.setdefault(str(N), {"requests": N})
+                rates = []
+                for rep in range(3):  # the first run warms kernels, RoPE tables and captures the graphs
+                    t = time.perf_counter()
+                    answers = at_once(eng, N)
+                    wall = time.perf_counter() - t
+                    if rep:
+                        rates.append(sum(map(len, answers)) / wall)
+                row[f"{key}_tokens_per_s"] = statistics.median(rates)
+                row[f"{key}_runs"] = rates
+                row[f"{key}_answers_equal_generate"] = sum(a == ref for a in answers)
+                if N in (1, max(ns)) and lm.device.type == "cuda":
+                    row[f"{key}_gpu_idle_share"] = gpu_idle_share(functools.partial(at_once, eng, N))
+                save()
+                print(
+                    f"serving N={N} {key}: engine {row[f'{key}_tokens_per_s']:.0f} tok/s, {row[f'{key}_answers_equal_generate']}/{N} answers = generate",
+                    flush=True,
+                )
+            if graphs:
+                out["graphs_report"] = eng.step.graphs.report()
+                out["graph_step_alone"] = graph_step_alone(eng)
+            out[f"iterations_{key}"] = eng.iterations
+            del eng  # its pool and graphs freed before the next engine
+        for N in ns:
+            row = out[str(N)]
             batch = torch.tensor([ids1] * N, device=lm.device)
-            with torch.inference_mode():
-                lm.model.generate(batch, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-                t = time.perf_counter()
-                lm.model.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-                if lm.device.type == "cuda":
-                    torch.cuda.synchronize()
-                row["hf_static_tokens_per_s"] = N * n / (time.perf_counter() - t)
-            out[str(N)] = row
+            row["hf_static_tokens_per_s"] = hf_rate(batch)
+            if lm.device.type == "cuda" and N in (1, max(ns)) and not args.no_compile:
+                try:
+                    row["hf_static_graphs_tokens_per_s"] = hf_rate(batch, cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead"))
+                except Exception as e:  # recorded: the anchor's own try failed in transformers' CUDA-graph path
+                    row["hf_static_graphs_error"] = f"{type(e).__name__}: {str(e)[:400]}"
             save()
-            print(f"serving N={N}: engine {row['tokens_per_s']:.0f} tok/s, HF static {row['hf_static_tokens_per_s']:.0f}", flush=True)
+
+    def at_once(eng, N: int) -> list[list[int]]:
+        """N requests of the prompt submitted together, every answer's tokens."""
+        hs = [eng.submit(ids[0].tolist(), n, stop_ids=frozenset()) for _ in range(N)]
+        return [[e.token_id for e in h] for h in hs]
+
+    def hf_rate(batch, **kw) -> float:
+        """transformers' generate of `batch` for n tokens (a short warm-up outside the measured run; with a static cache
+        and its compiled forward, the warm-ups are the compile and graph capture)."""
+        with torch.inference_mode():
+            for _ in range(2 if kw else 1):
+                lm.model.generate(batch, max_new_tokens=4, min_new_tokens=4, do_sample=False, **kw)
+            sync()
+            t = time.perf_counter()
+            lm.model.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
+            sync()
+            return batch.shape[0] * n / (time.perf_counter() - t)
+
+    def sync():
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def gpu_idle_share(fn) -> dict:
+        """The share of fn's wall time with no kernel running on the GPU: the union of the kernels' intervals
+        (torch.profiler's CUDA activity, kernels inside graph replays included) against the span."""
+        from torch.profiler import ProfilerActivity, profile
+
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            fn()
+            sync()
+            wall_us = (time.perf_counter() - t) * 1e6
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+        busy, end = 0.0, float("-inf")
+        for a, b in spans:
+            if b > end:
+                busy += b - max(a, end)
+                end = b
+        return {"wall_ms": wall_us / 1000, "kernel_busy_ms": busy / 1000, "kernels": len(spans), "idle_share": max(0.0, 1 - busy / wall_us)}
+
+    def graph_step_alone(eng) -> dict:
+        """The engine's batch-1 decode graph (the bucket the N = 1 runs used, with the most steps a replay) replayed back
+        to back: the engine's device floor per token, beside the fused step's (production)."""
+        gs = eng.step.graphs
+        keys = sorted((k for k, b in gs._buckets.items() if k[0] == 1 and b.graph is not None), key=lambda k: k[2])
+        if not keys:
+            return {"graph": None}
+        b = gs._buckets[keys[-1]]  # the multi-step replay where the runs used one: its steps share one launch
+        reps = 200
+        for _ in range(10):
+            b.graph.replay()
+        sync()
+        t = time.perf_counter()
+        for _ in range(reps):
+            b.graph.replay()
+        sync()
+        ms = (time.perf_counter() - t) / reps / b.steps * 1000
+        return {"bucket (rows, blocks, steps)": list(keys[-1]), "ms_per_token": ms, "tokens_per_s": 1000 / ms}
 
     def exact():
         """Issue 34 on this device: one request's every step's logits served alone, then beside 7 and 31 other requests
@@ -249,8 +342,8 @@ def main():
 
         p = ids[0].tolist()
 
-        def steps(n_others: int, prefix: bool) -> list:
-            eng = Engine(lm, prefix_cache=prefix, background=False)
+        def steps(n_others: int, prefix: bool, graphs: bool | None = None) -> list:
+            eng = Engine(lm, prefix_cache=prefix, background=False, graphs=graphs)
             if prefix:  # the prompt's blocks cached by an earlier request
                 eng.submit(p, 2, stop_ids=frozenset())
                 while eng.iterate() is not None:
@@ -263,21 +356,24 @@ def main():
                 pass
             return [e.logits for e in h]
 
-        alone = steps(0, False)
-        out = res["exact"] = {"steps": len(alone), "logits_compared_per_case": sum(a.numel() for a in alone)}
-        for name, (n_others, prefix) in {
-            "others_7": (7, False),
-            "others_31": (31, False),
-            "prefix_hit_alone": (0, True),
-            "prefix_hit_others_31": (31, True),
-        }.items():
-            s = steps(n_others, prefix)
-            out[name] = {
-                "differing_values": sum(int((a != b).sum()) for a, b in zip(alone, s)),
-                "largest_difference": max(float((a.float() - b.float()).abs().max()) for a, b in zip(alone, s)),
-                "same_tokens": [int(a.argmax()) for a in alone] == [int(b.argmax()) for b in s],
-            }
-            save()
+        out = res["exact"] = {}
+        for graphs in (None, False):  # the device's default (graphs on a GPU), then without them
+            alone = steps(0, False, graphs)
+            key = "" if graphs is None else "no_graphs "
+            out["steps"], out["logits_compared_per_case"] = len(alone), sum(a.numel() for a in alone)
+            for name, (n_others, prefix) in {
+                "others_7": (7, False),
+                "others_31": (31, False),
+                "prefix_hit_alone": (0, True),
+                "prefix_hit_others_31": (31, True),
+            }.items():
+                s = steps(n_others, prefix, graphs)
+                out[key + name] = {
+                    "differing_values": sum(int((a != b).sum()) for a, b in zip(alone, s)),
+                    "largest_difference": max(float((a.float() - b.float()).abs().max()) for a, b in zip(alone, s)),
+                    "same_tokens": [int(a.argmax()) for a in alone] == [int(b.argmax()) for b in s],
+                }
+                save()
 
     def cpu():
         """The CPU decode path (pipeline.cpu.row_step, with pipeline/cpu/cpu_decode.c where it builds) on this machine's own
@@ -315,11 +411,11 @@ def main():
 
     for name, fn in (
         ("production", production),
+        ("serving", serving),
+        ("exact", exact),
         ("loop", loop),
         ("kernels", kernels),
         ("speculative", speculative),
-        ("serving", serving),
-        ("exact", exact),
         ("cpu", cpu),
     ):
         section(name, fn)
@@ -335,7 +431,18 @@ def headline(res: dict) -> dict:
         if f"step_floor_{mode}" in prod:
             out[f"fused step alone ({prod[f'step_floor_{mode}']['mode']}) ms"] = prod[f"step_floor_{mode}"]["step_ms"]
     for n, row in serving.items():
-        out[f"serving {n} requests: engine / transformers static tokens/s"] = [row["tokens_per_s"], row["hf_static_tokens_per_s"]]
+        if isinstance(row, dict) and "requests" in row:
+            out[f"serving {n} requests: engine with graphs / without / transformers static / static with graphs tokens/s"] = [
+                row.get(k) for k in ("graphs_tokens_per_s", "no_graphs_tokens_per_s", "hf_static_tokens_per_s", "hf_static_graphs_tokens_per_s")
+            ]
+            out[f"serving {n} requests: answers equal to generate, with graphs / without"] = [
+                row.get("graphs_answers_equal_generate"),
+                row.get("no_graphs_answers_equal_generate"),
+            ]
+            if "graphs_gpu_idle_share" in row:
+                out[f"serving {n} requests: GPU idle share with graphs"] = row["graphs_gpu_idle_share"]["idle_share"]
+    if "graph_step_alone" in serving:
+        out["engine batch-1 graph alone tokens/s"] = serving["graph_step_alone"].get("tokens_per_s")
     for case, row in exact.items():
         if isinstance(row, dict):
             out[f"exact {case}: differing logits"] = row["differing_values"]

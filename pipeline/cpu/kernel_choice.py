@@ -5,7 +5,8 @@ and oneDNN), or transformers' own forward. Every caller asks the one object here
     CHOICE.c_kernels()                     # the C kernels serve here: norms, SiLU, attention, whole layers, exactness
     CHOICE.product(rows)                   # which kernel multiplies `rows` rows by a weight ("panel", "sgemv", ...)
     CHOICE.engine_pass(row, decode_only)   # the engine's pass: the row step (C or fallback kernels) or torch's step
-                                           # (precision="int8": an int8 model's, its reason says int8 panels)
+                                           # (precision="int8": an int8 model's, its reason says int8 panels;
+                                           # graphs=True: a GPU engine's decode passes, one CUDA graph per batch bucket)
     CHOICE.fused_step(lm, row, compile)    # our loop's fused step: the row step, eager, or a CUDA graph
     CHOICE.precision(), CHOICE.exact(), CHOICE.read()   # page 12's lesson, the misconception check, the read probe
 
@@ -58,7 +59,7 @@ TALL_MAX_ROWS = 128  # 65..128 rows: MKL's W @ xᵀ; above: F.linear (252 prompt
 
 # what runs, in a Choice's `kernel`: the products' kernels, then the steps
 PANEL, SGEMV, ONEDNN_KERNEL, TALL, TORCH_LINEAR = "panel", "sgemv", "onednn", "tall", "torch"
-ROW_STEP, TORCH_STEP, TRANSFORMERS_STEP = "row step", "torch step", "transformers"
+ROW_STEP, TORCH_STEP, TRANSFORMERS_STEP, DECODE_GRAPH = "row step", "torch step", "transformers", "decode graph"
 
 
 def _onednn() -> bool:
@@ -173,12 +174,16 @@ class KernelChoice:
         return rows == 1 and not self.c_kernels()
 
     # -- a step ----------------------------------------------------------------------------------------------------
-    def engine_pass(self, row: bool, decode_only: bool, precision: str = "fp32") -> Choice:
+    def engine_pass(self, row: bool, decode_only: bool, precision: str = "fp32", graphs: bool = False) -> Choice:
         """What runs one pass of the engine's batched step (pipeline.engine.paged): `row` says the model has a CPU row
         step (a CPU, fp32, norms the adapter knows); `decode_only`, that the pass is decode tokens entering at layer 0
         and wants their logits. With the C kernels every pass is the row step, so a request's numbers never depend on
         what shares its passes; without them only decode-only passes are; else torch's batched step. `precision`
-        "int8" (an int8 model, pipeline.model.quantised): the same path, its reason says what the weights are read as."""
+        "int8" (an int8 model, pipeline.model.quantised): the same path, its reason says what the weights are read as.
+        `graphs` (the engine's decode graphs, pipeline.engine.graphed: on a GPU by default): a decode-only pass replays
+        its batch bucket's graph (the caller falls back to this answer without `graphs` where no bucket serves)."""
+        if graphs and decode_only:
+            return Choice(Path.TORCH, DECODE_GRAPH, "a CUDA graph of the decode pass, one per padded batch size (pipeline.engine.graphed)")
         if precision == "int8":
             return self._int8_pass(self.engine_pass(row, decode_only))
         if not row:
@@ -198,9 +203,10 @@ class KernelChoice:
             why = f"{fp32.reason}; over the int8 weights dequantised to fp32 (int8 panels need the C kernels)"
         return Choice(fp32.path, fp32.kernel, why)
 
-    def multi_step(self, row: bool) -> bool:
-        """Whether several greedy decode tokens may run in one C call (RowStep.decode_steps): the row step on the C kernels."""
-        return row and self.c_kernels()
+    def multi_step(self, row: bool, graphs: bool = False) -> bool:
+        """Whether several greedy decode tokens may run in one call: one replay of a decode graph (`graphs`, a GPU
+        engine's), or one C call (RowStep.decode_steps) with the row step on the C kernels."""
+        return graphs or (row and self.c_kernels())
 
     def unsupported(self, why: str) -> Choice:
         """An architecture the fused step does not implement: transformers' forward, one request at a time."""

@@ -48,6 +48,9 @@ class EngineConfig:
     # for them. A newcomer or a cancel stops the pass after its current step. None: 8 with a background worker, 1
     # where the caller drives iterate() (a token a pass, to watch pass by pass: the batching page's scene, tests)
     decode_steps: int | None = None
+    # decode passes as CUDA graphs, one per padded batch size (engine.graphed). None: on a GPU. True on a CPU runs the
+    # graphs' body eagerly (the numbers a graph replays: the tests)
+    graphs: bool | None = None
 
     def for_device(self, lm: LoadedModel) -> EngineConfig:
         """Every None filled with this model's device's default."""
@@ -60,4 +63,5 @@ class EngineConfig:
             prefill_chunk=self.prefill_chunk or (2048 if gpu else 256),
             request_chunk=self.request_chunk or (512 if gpu else 64),
             decode_steps=self.decode_steps or (8 if self.background else 1),
+            graphs=gpu if self.graphs is None else self.graphs,
         )

@@ -15,7 +15,8 @@ passes later: the scheduler's prefill first). A prompt that starts like an earli
 system turn, the same question again) shares that prompt's KV blocks and prefills only the rest (the
 scheduler's prefix cache). Where only greedy decode rows run (at most ONE_CALL_ROWS) and nobody waits, a pass takes up
 to config.decode_steps tokens a row in one C call (vLLM's multi-step scheduling; each step's numbers those of a pass
-of its own), and a request that arrives meanwhile stops it after the step under way.
+of its own), and a request that arrives meanwhile stops it after the step under way. On a GPU every decode pass is a
+CUDA graph replay, one graph per padded batch size, and such a pass makes its tokens in one replay (engine.graphed).
 A background thread iterates while there is work and stops when idle; `iterate()` can also be driven by hand
 (the batching page runs its scene that way, step by step, on an engine of its own).
 
@@ -62,10 +63,17 @@ class Engine:
         policy = cfg.policy
         self.lm, self.background, self.park = lm, cfg.background, cfg.park
         n_blocks = max(1, cfg.kv_pool_bytes // PagedKV.block_bytes(lm, cfg.block_size))
-        self.kv = PagedKV(lm, n_blocks, cfg.block_size)
         ok, self.unsupported = supported(lm)
+        graphs = ok and cfg.graphs
+        self.kv = PagedKV(lm, n_blocks + graphs, cfg.block_size)  # with graphs, one more: the scratch block (engine.graphed)
         self.step = PagedStep(lm, self.kv) if ok else None
+        if graphs:
+            from pipeline.engine.graphed import DecodeGraphs
+
+            self.step.graphs = DecodeGraphs(self.step, scratch=n_blocks, capture=lm.device.type == "cuda")
         self.name = f"engine ({policy} batching)"
+        if graphs:
+            self.name += ", decode passes as CUDA graphs" if self.step.graphs.capture else ", decode graphs' body run eagerly"
         if not ok:  # the kernel choice's answer for an architecture the batched step does not implement
             self.name += ", " + CHOICE.unsupported(self.unsupported).reason
         continuous = policy == Policy.CONTINUOUS
@@ -309,7 +317,9 @@ class Engine:
         from pipeline.cpu.row_step import ONE_CALL_ROWS
         from pipeline.engine.paged import Seq
 
-        if plan.steps < 2 or self.step is None or len(rows) > ONE_CALL_ROWS or self._parked:
+        if plan.steps < 2 or self.step is None or self._parked:
+            return None
+        if self.step.graphs is None and len(rows) > ONE_CALL_ROWS:  # a decode graph's replay serves any bucket
             return None
         seqs = [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
         left = [r.max_new_tokens - len(r.generated) for r in rows]

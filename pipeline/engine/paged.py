@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
 from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.huge_pages import aligned
-from pipeline.cpu.kernel_choice import CHOICE, ROW_STEP
+from pipeline.cpu.kernel_choice import CHOICE, DECODE_GRAPH, ROW_STEP
 from pipeline.cpu.kv_layout import block_span, window_start
 from pipeline.cpu.row_kv import PagedRows
 from pipeline.cpu.row_step import row_step
@@ -148,6 +148,7 @@ class PagedStep:
         self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
         self.attention = "auto"  # decode tokens: "auto" | "rows" | "gather" (see gather())
         self.row = row_step(fm)  # on a CPU in fp32 (None elsewhere): every pass with the C kernels (_rows)
+        self.graphs = None  # the engine's decode graphs (engine.graphed.DecodeGraphs; on a GPU by default)
 
     def gather(self, lens: list[int]) -> bool:
         """Attend for all decode tokens in one call (each request's blocks gathered, padded to the longest, the
@@ -169,6 +170,10 @@ class PagedStep:
         True stop there: their `layer`, `x` and `parked` say where they stopped, and their logits rows are NaN."""
         lm, kv = self.lm, self.kv
         decode_only = logits and all(len(s.tokens) == 1 and not s.layer for s in seqs)
+        if CHOICE.engine_pass(self.row is not None, decode_only, graphs=self.graphs is not None).kernel == DECODE_GRAPH:
+            out = self.graphs.forward(seqs)
+            if out is not None:
+                return out  # else no bucket serves it (too many rows, too long): the answer without graphs
         if CHOICE.engine_pass(self.row is not None, decode_only).kernel == ROW_STEP:
             return self._rows(seqs, logits, interrupt)  # every pass with the C kernels; else decode tokens only
         dev, H, KV, D = lm.device, self.H, self.KV, self.D
@@ -244,9 +249,12 @@ class PagedStep:
         """Up to `steps` greedy tokens for decode seqs (one token each, at layer 0) in one C call, each step the same
         numbers as a pass of its own (RowStep.decode_steps, layer_call.row_steps): a layer_call.Steps, or None where
         it does not apply (no C kernels, or a model the call does not cover). stops: each seq's stop ids; left: the
-        tokens each may still make; flag (a ctypes int): set by another thread, the call stops after its step."""
-        if not CHOICE.multi_step(self.row is not None) or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
+        tokens each may still make; flag (a ctypes int): set by another thread, the call stops after its step. With
+        decode graphs (a GPU engine), one replay of `steps` steps (DecodeGraphs.decode_steps; it cannot stop early)."""
+        if not CHOICE.multi_step(self.row is not None, self.graphs is not None) or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
             return None
+        if self.graphs is not None:
+            return self.graphs.decode_steps(seqs, left, steps, k)
         bs = self.kv.block_size
         width = max(map(len, stops))
         stop = np.full((len(seqs), width), -1, dtype=np.int32)
