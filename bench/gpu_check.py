@@ -7,7 +7,8 @@ section that fails records its error and the rest go on; the issue's figures com
   1. production mode: greedy tokens/s of the dynamic-cache loop, transformers' static cache, our fused step
      (a CUDA graph on CUDA) and the fused step compiled by torch.compile and then captured; same-token checks;
      the fused step alone back to back (the device floor per token, so loop minus floor = host work: the batch-1
-     step, goal >= 2,000 tok/s); operators and kernels per step; graph capture and compile times; the fused step's
+     step, goal >= 2,000 tok/s; the plain graph is of the trimmed Triton kernels, pipeline.cpu.triton_step, where
+     they serve, and the torch step's graph is measured beside it); operators and kernels per step; graph capture and compile times; the fused step's
      logits against a plain forward;
   2. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV) with its
      decode passes as CUDA graphs (engine.graphed, several greedy steps a replay) and without, aggregate tokens/s,
@@ -115,6 +116,10 @@ def main():
             out[f"mode_{key}"] = dec.mode
             out[f"problems_{key}"] = dec.problems
             out[f"step_floor_{key}"] = asdict(fused_measures.step_floor(lm, 200 if cuda else 10, compile=compile_))
+            save()
+        if cuda:  # the plain graph is of the trimmed Triton kernels where they serve: the torch step's graph beside it
+            out["step_floor_torch_graph"] = asdict(fused_measures.step_floor(lm, 200, trimmed=False))
+            out["trimmed_unusable"] = fused.CHOICE.trimmed_step(fused.fused_model(lm))
             save()
         out["launches_per_step"] = asdict(fused_measures.launches_per_step(lm, compile="fused+compile" in modes))
         save()
@@ -427,7 +432,7 @@ def headline(res: dict) -> dict:
     """The figures docs/benchmarks.md shows first (copied from the sections below in the same file)."""
     prod, serving, exact, cpu = res.get("production", {}), res.get("serving", {}), res.get("exact", {}), res.get("cpu", {})
     out = {f"{m} tokens/s": prod[m]["tokens_per_s"] for m in ("dynamic", "static", "fused", "fused+compile") if m in prod}
-    for mode in ("plain", "compile"):
+    for mode in ("plain", "compile", "torch_graph"):
         if f"step_floor_{mode}" in prod:
             out[f"fused step alone ({prod[f'step_floor_{mode}']['mode']}) ms"] = prod[f"step_floor_{mode}"]["step_ms"]
     for n, row in serving.items():

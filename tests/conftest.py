@@ -23,6 +23,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the app opens "Local folder" models only under a models root: the tests' model folders live in the temporary folder
 os.environ.setdefault("LLM_EXPLORER_MODELS_ROOT", __import__("tempfile").gettempdir())
+# without a GPU, Triton's interpreter runs the trimmed step's kernels (pipeline.cpu.triton_step); it has to be switched
+# on before anything imports Triton (transformers does)
+if not __import__("shutil").which("nvidia-smi"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs small suites under this conftest
 

@@ -13,7 +13,9 @@ the CPU. This module writes the step the way serving engines do:
     (and `> pos - window` on sliding-window layers);
   * no Python-visible data dependence: the token and the position live in device tensors, so on CUDA the
     step is captured once with `torch.cuda.CUDAGraph` and each decode step is one `replay()`; optionally the
-    step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured.
+    step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured;
+  * trimmed on a GPU: for Llama-layout models the step is four Triton kernels a layer (pipeline.cpu.triton_step),
+    checked against the torch step once when the decoder is built, and that is what the graph captures.
 
 The activation, the embedding and the LM head are the model's own modules, called inside the step; each
 RMSNorm is one `F.rms_norm` with the module's own weight, epsilon and formula (Llama-style or Gemma's 1 + w).
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
 from pipeline.cpu.graphs import capture_step, compile_step
 from pipeline.cpu.greedy import greedy_summary
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.cpu.kv_layout import visible
 from pipeline.cpu.matmul import linear
 from pipeline.cpu.row_kv import BufferKV
@@ -96,7 +99,7 @@ class FusedDecoder:
         logits = dec.step(token_id, position)    # one decode step (a graph replay on CUDA)
     """
 
-    def __init__(self, fm: FusedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10):
+    def __init__(self, fm: FusedModel, max_len: int, graph: bool | None = None, compile: bool = False, n_top: int = 10, trimmed: bool | None = None):
         self.fm, self.lm = fm, fm.lm
         self.layers = fm.layers
         self.max_len = int(max_len)
@@ -130,14 +133,18 @@ class FusedDecoder:
             self._run = compiled or self._body
             self.problems += [problem] if problem else []
         self.compiled = self._run != self._body
+        self.trimmed = None  # pipeline.cpu.triton_step's kernels where they serve (None: the torch step's)
+        if CHOICE.trimmed_step(fm, compile) is None if trimmed is None else trimmed:
+            self._trim()
         if use_graph:
             self.graph, outputs, problem, self.capture_s = capture_step(self._run, fm.lm.lock, dev)
             self.out_logits, self.out_summary = outputs or (None, None)
             self.problems += [problem] if problem else []
         # on a CPU in fp32 (and not compiled) each step is pipeline.cpu.row_step's: the same maths over numpy views
-        self.row = None if (self.compiled or self.graph is not None) else row_step(fm)
+        self.row = None if (self.compiled or self.trimmed or self.graph is not None) else row_step(fm)
         self._row_kv = BufferKV(self.K, self.V) if self.row is not None else None
-        self.mode = ("torch.compile + " if self.compiled else "") + ("CUDA graph" if self.graph else ("CPU row step" if self.row else "eager"))
+        first = "torch.compile + " if self.compiled else ("Triton kernels + " if self.trimmed else "")
+        self.mode = first + ("CUDA graph" if self.graph else ("CPU row step" if self.row else "eager"))
         self.claimed = False  # in a generation (acquire_decoder / release)
 
     def release(self):
@@ -161,6 +168,28 @@ class FusedDecoder:
             att = F.scaled_dot_product_attention(q.view(1, KV, G, D), self.K[i][None], self.V[i][None], attn_mask=masks[ly.window], scale=ly.scale)
             x = finish_layer(ly, x, att.reshape(1, 1, H * D))
         logits = self.lm.arch.apply_softcap(project(self.head, self.final_norm(x)).float().view(-1))
+        return logits, self._summary(logits)
+
+    def _trim(self):
+        """Run the step as pipeline.cpu.triton_step's kernels (4 a layer), where one token's logits through them agree
+        with the torch step's within the dtype's tolerance (written at the warm-up slot); else say why in `problems`."""
+        from pipeline.cpu.triton_step import TrimmedStep
+
+        try:
+            with self.lm.lock, torch.inference_mode():
+                ref = self._body()[0].clone()
+                self.trimmed = TrimmedStep(self)
+                err = float((self.trimmed.body() - ref).norm() / ref.norm())
+        except Exception as e:  # noqa: BLE001 - a Triton build or launch error: the torch step serves
+            self.trimmed, err = None, f"failed ({type(e).__name__}: {str(e)[:200]})"
+        if self.trimmed is not None and err <= self.lm.arch.tol:
+            self.trimmed_err, self._run = err, self._trimmed_body
+            return
+        self.trimmed = None
+        self.problems.append(f"the trimmed step {err if isinstance(err, str) else f'differs from the torch step by {err:.2g}'}; the torch step runs")
+
+    def _trimmed_body(self):
+        logits = self.trimmed.body().clone()
         return logits, self._summary(logits)
 
     def _summary(self, logits) -> GreedySummary:
@@ -220,20 +249,20 @@ def bucket(n: int, limit: int | None = None) -> int:
 _dec_lock = threading.Lock()
 
 
-def acquire_decoder(fm: FusedModel, n_positions: int, graph: bool | None = None, compile: bool = False) -> FusedDecoder:
+def acquire_decoder(fm: FusedModel, n_positions: int, graph: bool | None = None, compile: bool = False, trimmed: bool | None = None) -> FusedDecoder:
     """A FusedDecoder of the model's `fm` (fused_model(lm)) whose buffers hold n_positions, for one generation: call
     `.release()` when done. Decoders (buffers and captured graphs) are reused across requests, one per model and
     bucket, kept on the model's FusedModel; one busy in another generation is never shared (its KV buffers are that
-    generation's), a fresh one is built."""
+    generation's), a fresh one is built. `trimmed`: FusedDecoder's (None: where the kernel choice says)."""
     size = bucket(n_positions, fm.lm.facts.max_positions)
-    key = (size, graph, compile)
+    key = (size, graph, compile, trimmed)
     with _dec_lock:
         cache = fm.decoders
         dec = cache.get(key)
         if dec is not None and not dec.claimed:
             dec.claimed = True
             return dec
-    dec = FusedDecoder(fm, size, graph=graph, compile=compile)
+    dec = FusedDecoder(fm, size, graph=graph, compile=compile, trimmed=trimmed)
     with _dec_lock:
         dec.claimed = True
         if key not in cache:

@@ -53,7 +53,8 @@ class ForwardCheck:
 
 @dataclass
 class StepCounts:
-    """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile")."""
+    """What one decode step dispatches from the host, per engine ("transformers", "fused", "fused+compile", and where
+    "fused" is the trimmed Triton step, "fused (torch step)")."""
 
     ops: dict[str, int]  # top-level aten operators
     compute_ops: dict[str, int]  # of which do work (not views)
@@ -118,8 +119,11 @@ def launches_per_step(lm: LoadedModel, context: int = 32, compile: bool = False)
         cache = DynamicCache(config=lm.model.config)
         lm.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         out["transformers"] = count(lambda: lm.model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1))
-    for name, comp in (("fused", False),) + ((("fused+compile", True),) if compile else ()):
-        dec = acquire_decoder(fused_model(lm), context + 2, compile=comp)
+    variants = (("fused", False, None),) + ((("fused+compile", True, None),) if compile else ())
+    if CHOICE.trimmed_step(fused_model(lm)) is None:  # "fused" is the trimmed Triton step: the torch step's beside it
+        variants += (("fused (torch step)", False, False),)
+    for name, comp, trimmed in variants:
+        dec = acquire_decoder(fused_model(lm), context + 2, compile=comp, trimmed=trimmed)
         try:
             with lm.lock, torch.inference_mode():
                 dec.prefill(ids)
@@ -136,13 +140,13 @@ def mode_label(lm: LoadedModel, compile: bool = False) -> str:
     return CHOICE.fused_step(lm, usable(lm), compile).reason
 
 
-def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False) -> StepFloor:
+def step_floor(lm: LoadedModel, steps: int = 200, context: int = 32, compile: bool = False, trimmed: bool | None = None) -> StepFloor:
     """The fused step alone, back to back, with the next token fed on the device (no host round trip per
     token): what the device needs per token, against which a generation loop's extra time is host work.
     Device-synchronised once at the end; returns ms per step and tokens/s. context + steps <= 245 stays in the
     smallest buffer, the one (and the graph) a short request uses."""
     sync = syncer(lm.device)
-    dec = acquire_decoder(fused_model(lm), context + steps + 8, compile=compile)
+    dec = acquire_decoder(fused_model(lm), context + steps + 8, compile=compile, trimmed=trimmed)
     try:
         ids = ids_of_length(lm, context)
         with lm.lock, torch.inference_mode():

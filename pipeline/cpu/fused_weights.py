@@ -118,7 +118,7 @@ class FusedModel:
         self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
         self.G = self.H // self.KV
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.decoders: dict = {}  # pipeline.cpu.fused: FusedDecoders by (size, graph, compile)
+        self.decoders: dict = {}  # pipeline.cpu.fused: FusedDecoders by (size, graph, compile, trimmed)
         self.row = None  # pipeline.cpu.row_step: the RowStep, built on first use
         self.final_norm = lm.arch.final_norm()
 

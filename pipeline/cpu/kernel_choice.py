@@ -8,6 +8,7 @@ and oneDNN), or transformers' own forward. Every caller asks the one object here
                                            # (precision="int8": an int8 model's, its reason says int8 panels;
                                            # graphs=True: a GPU engine's decode passes, one CUDA graph per batch bucket)
     CHOICE.fused_step(lm, row, compile)    # our loop's fused step: the row step, eager, or a CUDA graph
+    CHOICE.trimmed_step(fm, compile)       # why that graph is not of the trimmed Triton kernels (None: it is)
     CHOICE.precision(), CHOICE.exact(), CHOICE.read()   # page 12's lesson, the misconception check, the read probe
 
 Why these kernels. A decode step multiplies a few rows of activations by every weight matrix of the model: 538 MB for
@@ -213,9 +214,14 @@ class KernelChoice:
         return Choice(Path.TRANSFORMERS, TRANSFORMERS_STEP, f"transformers' forward, one request at a time: {why}")
 
     def fused_step(self, lm, row: bool, compile: bool = False) -> Choice:
-        """How our loop's fused step runs on `lm`'s device: a CUDA graph (torch.compile'd first with `compile`) on a
-        GPU; on a CPU the row step where `row` (pipeline.cpu.row_step.usable) and not compiled, else eager."""
+        """How our loop's fused step runs on `lm`'s device: a CUDA graph on a GPU (of the trimmed Triton step where
+        trimmed_step allows, else torch.compile'd first with `compile`, else the torch step's kernels); on a CPU the
+        row step where `row` (pipeline.cpu.row_step.usable) and not compiled, else eager."""
         if lm.device.type == "cuda":
+            from pipeline.cpu.fused_weights import fused_model
+
+            if not compile and self.trimmed_step(fused_model(lm)) is None:
+                return Choice(Path.TORCH, "CUDA graph", "CUDA graph of the trimmed step: 4 Triton kernels a layer (pipeline.cpu.triton_step)")
             return Choice(Path.TORCH, "CUDA graph", ("torch.compile + " if compile else "") + "CUDA graph")
         if row and not compile:
             c = self.c_kernels()
@@ -225,6 +231,19 @@ class KernelChoice:
             reason = f"CPU row step (pipeline.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
             return Choice(Path.C if c else Path.TORCH, ROW_STEP, reason)
         return Choice(Path.TORCH, "eager", ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph")
+
+    def trimmed_step(self, fm, compile: bool = False) -> str | None:
+        """Why the fused step on `fm`'s model (pipeline.cpu.fused_weights.FusedModel) does not run as the trimmed
+        Triton kernels, 4 a layer (pipeline.cpu.triton_step), or None where it does: on a CUDA device, not compiled
+        (torch.compile makes kernels of its own), a Llama-layout model. FusedDecoder(trimmed=True) runs them anyway
+        (Triton's interpreter on a CPU: the tests)."""
+        if fm.lm.device.type != "cuda":
+            return "no CUDA device"
+        if compile:
+            return "torch.compile's kernels asked for"
+        from pipeline.cpu.triton_step import unusable
+
+        return unusable(fm)
 
     # -- the lessons and probes ------------------------------------------------------------------------------------
     def precision(self) -> Choice:

@@ -57,6 +57,7 @@ class Engine:
     def __init__(self, lm: LoadedModel, config: EngineConfig | None = None, **settings):
         """`config` (or its fields as keywords: Engine(lm, max_batch=4, background=False))."""
         from pipeline.cpu.fused import supported
+        from pipeline.engine.graphed import DecodeGraphs
         from pipeline.engine.paged import PagedKV, PagedStep
 
         cfg = self.config = replace(config or EngineConfig(), **settings).for_device(lm)
@@ -67,13 +68,9 @@ class Engine:
         graphs = ok and cfg.graphs
         self.kv = PagedKV(lm, n_blocks + graphs, cfg.block_size)  # with graphs, one more: the scratch block (engine.graphed)
         self.step = PagedStep(lm, self.kv) if ok else None
-        if graphs:
-            from pipeline.engine.graphed import DecodeGraphs
-
-            self.step.graphs = DecodeGraphs(self.step, scratch=n_blocks, capture=lm.device.type == "cuda")
-        self.name = f"engine ({policy} batching)"
-        if graphs:
-            self.name += ", decode passes as CUDA graphs" if self.step.graphs.capture else ", decode graphs' body run eagerly"
+        if graphs:  # captured on CUDA; elsewhere their body runs eagerly (DecodeGraphs.label says which)
+            self.step.graphs = DecodeGraphs(self.step, scratch=n_blocks)
+        self.name = f"engine ({policy} batching)" + (f", {self.step.graphs.label}" if graphs else "")
         if not ok:  # the kernel choice's answer for an architecture the batched step does not implement
             self.name += ", " + CHOICE.unsupported(self.unsupported).reason
         continuous = policy == Policy.CONTINUOUS
@@ -308,19 +305,17 @@ class Engine:
         return ended
 
     def _decode_steps(self, plan, rows: list[Request]):
-        """The pass's decode tokens in one C call, where the scheduler allows several (Plan.steps: decode rows only,
-        greedy, nobody waiting; a request arriving meanwhile stops the call after its current step) and the step can:
-        at most ONE_CALL_ROWS rows, nothing parked. Each step's numbers are those of a pass of its own (cpu_decode.c's
-        row_steps runs the same row_layers), so a request's tokens and probabilities do not depend on how many steps
-        its passes took (tests/pipeline/test_decode_steps.py). A layer_call.Steps, or None: one step, as every other
-        pass."""
+        """The pass's decode tokens in one C call or graph replay, where the scheduler allows several (Plan.steps:
+        decode rows only, greedy, nobody waiting; a request arriving meanwhile stops the C call after its current step)
+        and the step can: ONE_CALL_ROWS rows at most (any number with decode graphs), nothing parked. Each step's
+        numbers are those of a pass of its own (cpu_decode.c's row_steps runs the same row_layers), so a request's
+        tokens and probabilities do not depend on how many steps its passes took (tests/pipeline/test_decode_steps.py).
+        A layer_call.Steps, or None: one step, as every other pass."""
         from pipeline.cpu.row_step import ONE_CALL_ROWS
         from pipeline.engine.paged import Seq
 
-        if plan.steps < 2 or self.step is None or self._parked:
-            return None
-        if self.step.graphs is None and len(rows) > ONE_CALL_ROWS:  # a decode graph's replay serves any bucket
-            return None
+        if plan.steps < 2 or self.step is None or self._parked or (self.step.graphs is None and len(rows) > ONE_CALL_ROWS):
+            return None  # (a decode graph's replay serves any bucket)
         seqs = [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
         left = [r.max_new_tokens - len(r.generated) for r in rows]
         k = max(r.sampling.n_top for r in rows)

@@ -208,6 +208,11 @@ class DecodeGraphs:
         h = st.final_norm(x).view(B, x.shape[-1])
         return st.lm.arch.apply_softcap(project(self.head, h).float())
 
+    @property
+    def label(self) -> str:
+        """What serves decode passes, for the engine's name."""
+        return "decode passes as CUDA graphs" if self.capture else "decode graphs' body run eagerly"
+
     def report(self) -> dict:
         """What the graphs did so far (bench/gpu_check.py, the engine's stats)."""
         return {

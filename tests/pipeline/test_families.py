@@ -6,54 +6,24 @@ block's output projection zeroed. The model parts each of these reads come from 
 GPT-2 (learned positions, LayerNorm with bias, Conv1D), Phi-3 (fused qkv and gate_up) and OLMo-2 (norms after the
 sublayers) failed here before."""
 
-import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from families import FAMILIES, V, family_folders  # noqa: E402
+
 pytestmark = pytest.mark.model
 
-V = 49152  # the embedded tokenizer's vocabulary
-COMMON = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=V, max_position_embeddings=512
-)
-FAMILIES = {
-    "llama": dict(COMMON, head_dim=16),
-    "qwen2": dict(COMMON),  # biases on q/k/v
-    "qwen3": dict(COMMON, head_dim=16),  # q/k norms
-    "mistral": dict(COMMON, head_dim=16, sliding_window=4),
-    "gemma3_text": dict(COMMON, head_dim=16, sliding_window=4, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"]),
-    "phi3": dict(COMMON, pad_token_id=0),  # fused qkv_proj and gate_up_proj
-    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=512, bos_token_id=1, eos_token_id=2),
-    "olmo2": dict(COMMON, eos_token_id=2),  # post-norms
-}
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from pipeline.model.store import cached_folder
-
-    tok = cached_folder("smollm2-135m-instruct")
-    root = tmp_path_factory.mktemp("families")
-    out = {}
-    for family, kw in FAMILIES.items():
-        cfg = AutoConfig.for_model(family, **kw)
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        with torch.no_grad():  # weights large enough that the next token is not a near-uniform guess
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0, 0.3)
-        model.save_pretrained(root / family)
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (tok / name).exists():
-                shutil.copy(tok / name, root / family / name)
-        out[family] = root / family
-    return out
+    return family_folders(tmp_path_factory.mktemp("families"))
 
 
 def _plain(folder, ids):

@@ -1,0 +1,195 @@
+"""The fused step's trimmed layer as four Triton kernels (pipeline.cpu.triton_step runs them; one token, batch 1).
+
+    A  qkv_rope     the input norm, the fused Q/K/V product, RoPE on queries and keys, K and V written at `pos`
+    B  attend_out   one query head's attention over its KV head's cache up to `pos` (online softmax), then that head's
+                    share of the output projection, Wo[:, head] @ o_head, into a [H, d] fp32 partial
+    C  gate_up      the residual (x + the partials' sum), the post-attention norm, the fused gate/up product, SiLU(g)*u
+    D  down_add     the down product added into the residual stream
+    E  norm_head    the final norm and the LM head (fp32 logits)
+
+Each program of a product kernel reads a block of the weight's rows once, in chunks along the input, and keeps its
+sums in fp32; every value the model's own step rounds to its dtype (a product's output, the attention's output, the
+residual stream) is rounded here at the same point, so the step differs from the torch step only in the order of
+the sums. The residual stream ping-pongs between two buffers (C writes xm from x, D writes x from xm), so no
+kernel reads what another program of it writes. Positions and tokens are read on the device: the kernels go into
+one CUDA graph. On a machine without a GPU, Triton's interpreter runs them (TRITON_INTERPRET=1: the tests).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rstd(x_ptr, K: tl.constexpr, eps, BK: tl.constexpr):
+    """1 / rms of the K values at x_ptr (fp32)."""
+    acc = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        c = k0 + tl.arange(0, BK)
+        v = tl.load(x_ptr + c, mask=c < K, other=0.0).to(tl.float32)
+        acc += v * v
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def _normed(x_ptr, w_ptr, c, K: tl.constexpr, rstd):
+    """Llama's RMSNorm of the chunk `c`: w * (x * rstd rounded to the model's dtype), rounded again, as fp32."""
+    dt = x_ptr.dtype.element_ty
+    x = tl.load(x_ptr + c, mask=c < K, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=c < K, other=0.0).to(tl.float32)
+    return (w * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def qkv_rope(
+    x_ptr, wn_ptr, eps, W_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, K_ptr, V_ptr,
+    d: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, kv_stride_h, HAS_BIAS: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """Program p: output head p of the fused Q/K/V (p < H a query head, then KVH key heads, then KVH value heads)."""
+    p = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    half: tl.constexpr = D // 2
+    j = tl.arange(0, half)
+    r1, r2 = p * D + j, p * D + half + j  # the head's two halves (RoPE rotates element j with j + D/2)
+    rstd = _rstd(x_ptr, d, eps, BK)
+    a1 = tl.zeros([half], dtype=tl.float32)
+    a2 = tl.zeros([half], dtype=tl.float32)
+    for k0 in range(0, d, BK):
+        c = k0 + tl.arange(0, BK)
+        xn = _normed(x_ptr, wn_ptr, c, d, rstd)
+        m = c[None, :] < d
+        a1 += tl.sum(tl.load(W_ptr + r1[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+        a2 += tl.sum(tl.load(W_ptr + r2[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+    if HAS_BIAS:
+        a1 += tl.load(b_ptr + r1).to(tl.float32)
+        a2 += tl.load(b_ptr + r2).to(tl.float32)
+    y1, y2 = a1.to(dt).to(tl.float32), a2.to(dt).to(tl.float32)  # the product's output in the model's dtype
+    pos = tl.load(pos_ptr)
+    if p < H + KVH:  # queries and keys rotate: x * cos + rotate_half(x) * sin
+        c1 = tl.load(cos_ptr + pos * D + j).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * D + half + j).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * D + j).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * D + half + j).to(tl.float32)
+        y1, y2 = y1 * c1 - y2 * s1, y2 * c2 + y1 * s2
+    if p < H:
+        tl.store(q_ptr + p * D + j, y1.to(dt))
+        tl.store(q_ptr + p * D + half + j, y2.to(dt))
+    elif p < H + KVH:
+        tl.store(K_ptr + (p - H) * kv_stride_h + pos * D + j, y1.to(dt))
+        tl.store(K_ptr + (p - H) * kv_stride_h + pos * D + half + j, y2.to(dt))
+    else:
+        tl.store(V_ptr + (p - H - KVH) * kv_stride_h + pos * D + j, y1.to(dt))
+        tl.store(V_ptr + (p - H - KVH) * kv_stride_h + pos * D + half + j, y2.to(dt))
+
+
+@triton.jit
+def attend_out(
+    q_ptr, K_ptr, V_ptr, pos_ptr, Wo_ptr, P_ptr, scale,
+    WINDOW: tl.constexpr, d: tl.constexpr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, kv_stride_h, BT: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """Program h: query head h over the keys 0..pos of its KV head (those > pos - WINDOW where WINDOW > 0), its
+    output rounded to the model's dtype, then P[h] = Wo[:, h*D:(h+1)*D] @ o (fp32)."""
+    h = tl.program_id(0)
+    dt = q_ptr.dtype.element_ty
+    j = tl.arange(0, D)
+    pos = tl.load(pos_ptr)
+    lo = pos * 0
+    if WINDOW > 0:
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+    q = tl.load(q_ptr + h * D + j).to(tl.float32)
+    base = (h // G) * kv_stride_h
+    m_i = tl.max(tl.full([BT], float("-inf"), tl.float32), axis=0)
+    l_i = tl.sum(tl.zeros([BT], dtype=tl.float32), axis=0)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for t0 in range((lo // BT) * BT, pos + 1, BT):  # from the block holding lo: no block is wholly masked
+        t = t0 + tl.arange(0, BT)
+        ok = (t <= pos) & (t >= lo)
+        k = tl.load(K_ptr + base + t[:, None] * D + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.where(ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        pr = tl.exp(s - m_new)
+        v = tl.load(V_ptr + base + t[:, None] * D + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(pr[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(pr, axis=0)
+        m_i = m_new
+    o = (acc / l_i).to(dt).to(tl.float32)
+    for r0 in range(0, d, BN):
+        r = r0 + tl.arange(0, BN)
+        w = tl.load(Wo_ptr + r[:, None] * (H * D) + h * D + j[None, :], mask=r[:, None] < d, other=0.0).to(tl.float32)
+        tl.store(P_ptr + h * d + r, tl.sum(w * o[None, :], axis=1), mask=r < d)
+
+
+@triton.jit
+def _residual(x_ptr, P_ptr, c, d: tl.constexpr, H: tl.constexpr):
+    """x + the output projection (the heads' partials summed, rounded to the model's dtype) at the chunk c, rounded."""
+    dt = x_ptr.dtype.element_ty
+    o = tl.zeros(c.shape, dtype=tl.float32)
+    for h in range(H):
+        o += tl.load(P_ptr + h * d + c, mask=c < d, other=0.0)
+    x = tl.load(x_ptr + c, mask=c < d, other=0.0).to(tl.float32)
+    return (x + o.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def gate_up(
+    x_ptr, P_ptr, xm_ptr, wn_ptr, eps, W_ptr, h_ptr,
+    d: tl.constexpr, H: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """Program i: rows i*BN.. of the gate and of the up product over the normed residual; program 0 also writes the
+    residual (xm) for D. Each program sums the residual itself (d values), so no program waits for another."""
+    i = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    r = i * BN + tl.arange(0, BN)
+    ss = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, d, BK):
+        c = k0 + tl.arange(0, BK)
+        xr = _residual(x_ptr, P_ptr, c, d, H)
+        ss += xr * xr
+        if i == 0:
+            tl.store(xm_ptr + c, xr.to(dt), mask=c < d)
+    rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / d + eps)
+    g = tl.zeros([BN], dtype=tl.float32)
+    u = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(0, d, BK):
+        c = k0 + tl.arange(0, BK)
+        xr = _residual(x_ptr, P_ptr, c, d, H)
+        w = tl.load(wn_ptr + c, mask=c < d, other=0.0).to(tl.float32)
+        xn = (w * (xr * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        m = (r[:, None] < FF) & (c[None, :] < d)
+        g += tl.sum(tl.load(W_ptr + r[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+        u += tl.sum(tl.load(W_ptr + (FF + r[:, None]) * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+    g = g.to(dt).to(tl.float32)
+    a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # SiLU, rounded as the model's activation is
+    tl.store(h_ptr + r, (a * u.to(dt).to(tl.float32)).to(dt), mask=r < FF)
+
+
+@triton.jit
+def down_add(xm_ptr, W_ptr, h_ptr, x_ptr, d: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program i: x[rows] = xm[rows] + (Wd[rows] @ h rounded), rounded."""
+    i = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    r = i * BN + tl.arange(0, BN)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(0, FF, BK):
+        c = k0 + tl.arange(0, BK)
+        hv = tl.load(h_ptr + c, mask=c < FF, other=0.0).to(tl.float32)
+        w = tl.load(W_ptr + r[:, None] * FF + c[None, :], mask=(r[:, None] < d) & (c[None, :] < FF), other=0.0).to(tl.float32)
+        acc += tl.sum(w * hv[None, :], axis=1)
+    xm = tl.load(xm_ptr + r, mask=r < d, other=0.0).to(tl.float32)
+    tl.store(x_ptr + r, (xm + acc.to(dt).to(tl.float32)).to(dt), mask=r < d)
+
+
+@triton.jit
+def norm_head(x_ptr, wn_ptr, eps, W_ptr, out_ptr, d: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program i: logits rows i*BN.. = W[rows] @ norm(x), rounded to the model's dtype, stored fp32."""
+    i = tl.program_id(0)
+    dt = x_ptr.dtype.element_ty
+    r = i * BN + tl.arange(0, BN)
+    rstd = _rstd(x_ptr, d, eps, BK)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(0, d, BK):
+        c = k0 + tl.arange(0, BK)
+        xn = _normed(x_ptr, wn_ptr, c, d, rstd)
+        w = tl.load(W_ptr + r[:, None] * d + c[None, :], mask=(r[:, None] < V) & (c[None, :] < d), other=0.0).to(tl.float32)
+        acc += tl.sum(w * xn[None, :], axis=1)
+    tl.store(out_ptr + r, acc.to(dt).to(tl.float32), mask=r < V)
