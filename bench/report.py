@@ -26,12 +26,14 @@ ABOUT = {
     ),
     "gpu_check": (
         "The prepared GPU run (one lent NVIDIA H200, bf16, SmolLM2-135M's shape with seeded random weights): greedy decode "
-        "with the dynamic cache, the static cache, our fused step as a CUDA graph and compiled then captured; the engine at "
+        "with the dynamic cache, the static cache, our fused step as a CUDA graph (of the trimmed Triton kernels where they "
+        "serve, and of the torch step beside it) and compiled then captured; the engine at "
         "1-256 requests with its decode passes as CUDA graphs and without, every answer against generate, the GPU's idle "
         "share, against transformers' static batch of the same size, eager and with its own CUDA graphs; one request's "
         "logits alone against beside 7 and 31 others and from the prefix cache, bit for bit, with and without the graphs; "
         "the machine's 16 CPU cores on the C decode path. The figures below are from the last lent device's run, made "
-        "before the engine's graphs landed (2026-12-06; no device lent since): the graphs' rows appear with the next. The "
+        "before the engine's graphs and the trimmed step landed (2026-12-06; no device lent since): their rows appear with "
+        "the next. The "
         "headline copies the key figures from the sections; the two anchor rows are ../shared/gpu-anchors' 2026-11-30 "
         "reference figures, measured with another script. It runs on the lent device machine and writes its JSON under $OUT.",
         "bench/gpu_check.py",
