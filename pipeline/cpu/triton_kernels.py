@@ -40,6 +40,13 @@ def _normed(x_ptr, w_ptr, c, K: tl.constexpr, rstd):
 
 
 @triton.jit
+def _dot_rows(W_ptr, r, c, N: tl.constexpr, K: tl.constexpr, v):
+    """W[r, c] @ v for the rows r (< N) and the chunk c (< K) of a row-major [N, K] weight: [len(r)] fp32."""
+    w = tl.load(W_ptr + r[:, None] * K + c[None, :], mask=(r[:, None] < N) & (c[None, :] < K), other=0.0).to(tl.float32)
+    return tl.sum(w * v[None, :], axis=1)
+
+
+@triton.jit
 def qkv_rope(
     x_ptr, wn_ptr, eps, W_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, K_ptr, V_ptr,
     d: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, kv_stride_h, HAS_BIAS: tl.constexpr, BK: tl.constexpr,
@@ -56,9 +63,8 @@ def qkv_rope(
     for k0 in range(0, d, BK):
         c = k0 + tl.arange(0, BK)
         xn = _normed(x_ptr, wn_ptr, c, d, rstd)
-        m = c[None, :] < d
-        a1 += tl.sum(tl.load(W_ptr + r1[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
-        a2 += tl.sum(tl.load(W_ptr + r2[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+        a1 += _dot_rows(W_ptr, r1, c, (H + 2 * KVH) * D, d, xn)
+        a2 += _dot_rows(W_ptr, r2, c, (H + 2 * KVH) * D, d, xn)
     if HAS_BIAS:
         a1 += tl.load(b_ptr + r1).to(tl.float32)
         a2 += tl.load(b_ptr + r2).to(tl.float32)
@@ -155,9 +161,8 @@ def gate_up(
         xr = _residual(x_ptr, P_ptr, c, d, H)
         w = tl.load(wn_ptr + c, mask=c < d, other=0.0).to(tl.float32)
         xn = (w * (xr * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        m = (r[:, None] < FF) & (c[None, :] < d)
-        g += tl.sum(tl.load(W_ptr + r[:, None] * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
-        u += tl.sum(tl.load(W_ptr + (FF + r[:, None]) * d + c[None, :], mask=m, other=0.0).to(tl.float32) * xn[None, :], axis=1)
+        g += _dot_rows(W_ptr, r, c, FF, d, xn)
+        u += _dot_rows(W_ptr + FF * d, r, c, FF, d, xn)  # the up rows follow the gate's
     g = g.to(dt).to(tl.float32)
     a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # SiLU, rounded as the model's activation is
     tl.store(h_ptr + r, (a * u.to(dt).to(tl.float32)).to(dt), mask=r < FF)
@@ -172,9 +177,7 @@ def down_add(xm_ptr, W_ptr, h_ptr, x_ptr, d: tl.constexpr, FF: tl.constexpr, BN:
     acc = tl.zeros([BN], dtype=tl.float32)
     for k0 in range(0, FF, BK):
         c = k0 + tl.arange(0, BK)
-        hv = tl.load(h_ptr + c, mask=c < FF, other=0.0).to(tl.float32)
-        w = tl.load(W_ptr + r[:, None] * FF + c[None, :], mask=(r[:, None] < d) & (c[None, :] < FF), other=0.0).to(tl.float32)
-        acc += tl.sum(w * hv[None, :], axis=1)
+        acc += _dot_rows(W_ptr, r, c, d, FF, tl.load(h_ptr + c, mask=c < FF, other=0.0).to(tl.float32))
     xm = tl.load(xm_ptr + r, mask=r < d, other=0.0).to(tl.float32)
     tl.store(x_ptr + r, (xm + acc.to(dt).to(tl.float32)).to(dt), mask=r < d)
 
@@ -189,7 +192,5 @@ def norm_head(x_ptr, wn_ptr, eps, W_ptr, out_ptr, d: tl.constexpr, V: tl.constex
     acc = tl.zeros([BN], dtype=tl.float32)
     for k0 in range(0, d, BK):
         c = k0 + tl.arange(0, BK)
-        xn = _normed(x_ptr, wn_ptr, c, d, rstd)
-        w = tl.load(W_ptr + r[:, None] * d + c[None, :], mask=(r[:, None] < V) & (c[None, :] < d), other=0.0).to(tl.float32)
-        acc += tl.sum(w * xn[None, :], axis=1)
+        acc += _dot_rows(W_ptr, r, c, V, d, _normed(x_ptr, wn_ptr, c, d, rstd))
     tl.store(out_ptr + r, acc.to(dt).to(tl.float32), mask=r < V)
