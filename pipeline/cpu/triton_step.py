@@ -28,9 +28,26 @@ import torch
 
 from pipeline.model.arch import NormKind, NormSpec
 
-# (BN rows a program, BK inputs a chunk) per kernel; the interpreter runs each program in Python, so fewer, larger
+# (BN rows a program, BK inputs a chunk) per kernel, on a GPU; the interpreter's come from the model's shape
 GPU_BLOCKS = {"attend": (64, 64), "gate_up": (16, 64), "down": (8, 128), "head": (64, 64), "qkv": (0, 64)}
-INTERPRET_BLOCKS = {"attend": (256, 1024), "gate_up": (512, 1024), "down": (256, 2048), "head": (1024, 1024), "qkv": (0, 1024)}
+MAX_BLOCK = 1 << 20  # values in one block (Triton's limit)
+
+
+def interpret_blocks(d: int, ff: int, vocab: int) -> dict:
+    """Block sizes for Triton's interpreter, which runs each program in Python: as few programs as the shape allows,
+    each input read in one chunk."""
+    kd, kf = _pow2(d), _pow2(ff)
+    return {
+        "attend": (64, kd),
+        "gate_up": (min(kf, MAX_BLOCK // kd), kd),
+        "down": (min(kd, MAX_BLOCK // kf), kf),
+        "head": (min(_pow2(vocab), MAX_BLOCK // kd), kd),
+        "qkv": (0, kd),
+    }
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def unusable(fm) -> str | None:
@@ -62,46 +79,53 @@ def _llama_norm(n) -> bool:
 
 
 class TrimmedStep:
-    """The trimmed step over one FusedDecoder's buffers: static activations, each layer's weights found once."""
+    """The trimmed step for `rows` rows of one token each: static activations, the model's weights read in place.
 
-    def __init__(self, dec):
-        fm, lm = dec.fm, dec.lm
+        step = TrimmedStep(fm, rows, cos, sin)      # cos, sin: {rope kind: [positions, D]} (RopeTables.upto)
+        logits = step.body(tok, pos, table, K, V)   # [rows, vocab] fp32, K/V written at each row's position
+
+    K, V: the fused step's buffers [L, KV, max_len, D] (table: [rows, 1] zeros) or the engine's pool [L, blocks, KV,
+    BS, D] (table: each row's blocks, [rows, nb], padding pointing at a block nobody reads)."""
+
+    def __init__(self, fm, rows: int, cos: dict, sin: dict):
         from pipeline.cpu import triton_kernels
 
-        self.k = triton_kernels
-        self.dec, self.blocks = dec, GPU_BLOCKS if lm.device.type == "cuda" else INTERPRET_BLOCKS
+        lm = fm.lm
+        self.k, self.fm, self.rows, self.cos, self.sin = triton_kernels, fm, rows, cos, sin
         dev, dt = lm.device, lm.dtype
         self.E = lm.arch.embed().weight
         self.d = self.E.shape[1]
         self.ff = fm.layers[0].wgu.shape[0] // 2
-        self.H, self.KV, self.D, self.G = fm.H, fm.KV, fm.D, fm.G
+        self.blocks = GPU_BLOCKS if dev.type == "cuda" else interpret_blocks(self.d, self.ff, self.E.shape[0])
         z = lambda *shape, dtype=dt: torch.zeros(shape, device=dev, dtype=dtype)  # noqa: E731
-        self.x, self.xm, self.q, self.h = z(self.d), z(self.d), z(self.H * self.D), z(self.ff)
-        self.P = z(self.H, self.d, dtype=torch.float32)
+        self.x, self.xm, self.q, self.h = z(rows, self.d), z(rows, self.d), z(rows, fm.H * fm.D), z(rows, self.ff)
+        self.P = z(rows, fm.H, self.d, dtype=torch.float32)
         head = lm.arch.unembedding()
-        self.W_head, self.logits = head.weight, z(head.weight.shape[0], dtype=torch.float32)
-        self.final = fm.final_norm
-        tables = [*dec.cos.values(), *dec.sin.values(), dec.K, dec.V]
-        if not all(t.is_contiguous() and t.stride(-1) == 1 for t in tables):  # the kernels index rows by D
-            raise ValueError("the RoPE tables or the KV buffers are not contiguous")
+        self.W_head, self.logits = head.weight, z(rows, head.weight.shape[0], dtype=torch.float32)
+        if not all(t.is_contiguous() for t in [*cos.values(), *sin.values()]):  # the kernels index rows by D
+            raise ValueError("the RoPE tables are not contiguous")
 
-    def body(self):
-        """One token (dec.tok) at dec.pos through the model; K/V written into dec.K, dec.V. Returns logits [vocab]."""
-        k, dec, B = self.k, self.dec, self.blocks
-        d, FF, H, KV, D, G = self.d, self.ff, self.H, self.KV, self.D, self.G
-        torch.index_select(self.E, 0, dec.tok, out=self.x.view(1, d))
-        stride = dec.K.stride(1)
-        for i, ly in enumerate(dec.layers):
-            Kc, Vc = dec.K[i], dec.V[i]
-            cos, sin = dec.cos[ly.rope], dec.sin[ly.rope]
+    def body(self, tok: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """One token a row (tok, pos: [rows] long on the device) through the model; returns logits [rows, vocab]."""
+        k, fm, B, R = self.k, self.fm, self.blocks, self.rows
+        d, FF, H, KV, D, G = self.d, self.ff, fm.H, fm.KV, fm.D, fm.G
+        if not (K.is_contiguous() and V.is_contiguous() and table.is_contiguous()):
+            raise ValueError("the KV buffers or the block table are not contiguous")
+        paged = K.dim() == 5  # [L, blocks, KV, BS, D]; else [L, KV, max_len, D]
+        stride_blk, stride_h, BS = (K.stride(1), K.stride(2), K.shape[3]) if paged else (0, K.stride(1), K.shape[2])
+        at = (table, table.shape[1], BS, stride_blk, stride_h)  # where each row's keys and values lie
+        torch.index_select(self.E, 0, tok, out=self.x)
+        for i, ly in enumerate(fm.layers):
+            cos, sin = self.cos[ly.rope], self.sin[ly.rope]
             bias = ly.bqkv if ly.bqkv is not None else ly.wqkv
-            k.qkv_rope[(H + 2 * KV,)](
-                self.x, ly.norm_in.scale, ly.norm_in.eps, ly.wqkv, bias, cos, sin, dec.pos, self.q, Kc, Vc,
-                d, H, KV, D, stride, ly.bqkv is not None, B["qkv"][1],
+            k.qkv_rope[(H + 2 * KV, R)](
+                self.x, ly.norm_in.scale, ly.norm_in.eps, ly.wqkv, bias, cos, sin, pos, self.q, K[i], V[i], *at,
+                d, H, KV, D, ly.bqkv is not None, B["qkv"][1],
             )  # fmt: skip
-            k.attend_out[(H,)](self.q, Kc, Vc, dec.pos, ly.out.weight, self.P, ly.scale, ly.window or 0, d, H, G, D, stride, *B["attend"])
-            k.gate_up[(-(-FF // B["gate_up"][0]),)](self.x, self.P, self.xm, ly.norm_mid.scale, ly.norm_mid.eps, ly.wgu, self.h, d, H, FF, *B["gate_up"])
-            k.down_add[(-(-d // B["down"][0]),)](self.xm, ly.down.weight, self.h, self.x, d, FF, *B["down"])
-        V = self.W_head.shape[0]
-        k.norm_head[(-(-V // B["head"][0]),)](self.x, self.final.scale, self.final.eps, self.W_head, self.logits, d, V, *B["head"])
+            k.attend_out[(H, R)](self.q, K[i], V[i], pos, ly.out.weight, self.P, ly.scale, *at, ly.window or 0, d, H, G, D, *B["attend"])
+            k.gate_up[(-(-FF // B["gate_up"][0]), R)](self.x, self.P, self.xm, ly.norm_mid.scale, ly.norm_mid.eps, ly.wgu, self.h, d, H, FF, *B["gate_up"])
+            k.down_add[(-(-d // B["down"][0]), R)](self.xm, ly.down.weight, self.h, self.x, d, FF, *B["down"])
+        V_ = self.W_head.shape[0]
+        final = fm.final_norm
+        k.norm_head[(-(-V_ // B["head"][0]), R)](self.x, final.scale, final.eps, self.W_head, self.logits, d, V_, *B["head"])
         return self.logits

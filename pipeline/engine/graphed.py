@@ -16,6 +16,8 @@ each row's blocks gathered from the pool, the positions after its own masked), w
 device: the key/value slot each row writes is looked up from its table on the device, the RoPE rows indexed from
 tables made once for every position. Padding rows, and a row's table past its own blocks, point at the scratch
 block (the pool's last, never handed out): what they write lands there and no row reads it at a position it sees.
+Buckets of up to TRIMMED_MAX_ROWS rows run the trimmed Triton step instead (pipeline.cpu.triton_step: four kernels a
+layer, reading each row's keys and values through its block table), where the kernel choice allows it.
 
 Several greedy steps in one replay (`decode_steps`, the CPU's multi-step in engine.core): each step's argmax is the
 next step's token and the positions advance on the device, so the Python between passes is paid once for all of
@@ -36,7 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
+from pipeline.cpu.fused_weights import fused_model
 from pipeline.cpu.graphs import capture_step
+from pipeline.cpu.kernel_choice import CHOICE
 from pipeline.cpu.layer_call import Steps
 from pipeline.forward.sampling import GreedySummary
 
@@ -44,6 +48,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOP_K = 20  # the candidates a multi-step replay keeps per step (a request reports Sampling.n_top <= this)
 MAX_GATHERED = 1 << 22  # rows x positions a graph may gather (K and V): above, the eager step serves the pass
 MAX_GRAPHS = 48  # graphs kept, least recently replayed dropped first
+TRIMMED_MAX_ROWS = 8  # buckets of up to this many rows run the trimmed Triton step (pipeline.cpu.triton_step, each
+# row's products over the weights again, from L2); larger ones torch's batched products, which read the weights once
 
 
 def pow2(n: int) -> int:
@@ -70,6 +76,7 @@ class _Bucket:
     table: torch.Tensor  # [B, nb] long
     graph: object = None  # the captured torch.cuda.CUDAGraph (None: the body runs eagerly)
     out: tuple | None = None  # the graph's static outputs
+    trimmed: object = None  # its TrimmedStep, where the trimmed kernels serve this bucket (else the torch body)
 
 
 class DecodeGraphs:
@@ -77,7 +84,10 @@ class DecodeGraphs:
     capture that failed: the same body eagerly). The caller holds lm.lock and torch.inference_mode, as for every
     pass."""
 
-    def __init__(self, step, scratch: int, capture: bool | None = None, top_k: int = TOP_K):
+    def __init__(self, step, scratch: int, capture: bool | None = None, top_k: int = TOP_K, trimmed: bool | None = None):
+        """trimmed: run buckets of up to TRIMMED_MAX_ROWS rows as the trimmed Triton step (None: where the kernel
+        choice says, CHOICE.trimmed_step: on a GPU, a Llama-layout model; True on a CPU: Triton's interpreter, the
+        tests). The first such bucket is checked against the torch body; where they differ the torch body serves."""
         lm = step.lm
         self.step, self.kv, self.scratch, self.top_k = step, step.kv, scratch, top_k
         self.capture = (lm.device.type == "cuda") if capture is None else capture
@@ -90,7 +100,10 @@ class DecodeGraphs:
         self.ar = torch.arange(pow2(-(-self.positions // self.bs)) * self.bs, device=lm.device)
         self.embed, self.head = lm.arch.embed(), lm.arch.unembedding()
         self._buckets: OrderedDict[tuple, _Bucket] = OrderedDict()
-        self.problems: list[str] = []  # captures that failed (the body then runs eagerly)
+        self.problems: list[str] = []  # captures that failed (the body then runs eagerly), a trimmed step dropped
+        self.fm = fused_model(lm)
+        self.trimmed = CHOICE.trimmed_step(self.fm) is None if trimmed is None else trimmed
+        self.trimmed_err: float | None = None  # the check's relative difference (None: not checked yet)
         self.captures, self.capture_s, self.replays = 0, 0.0, 0
 
     # -- the engine's side -----------------------------------------------------------------------------------------
@@ -151,6 +164,8 @@ class DecodeGraphs:
             torch.zeros(B, dtype=torch.long, device=dev),
             torch.full((B, nb), self.scratch, dtype=torch.long, device=dev),
         )
+        if self.trimmed and B <= TRIMMED_MAX_ROWS:
+            b.trimmed = self._trimmed(b)
         if self.capture:  # captured over padding (every row the scratch block), then replayed over the real inputs
             g, out, problem, s = capture_step(lambda: self._body(b), contextlib.nullcontext(), dev)
             self.capture_s += s
@@ -163,6 +178,24 @@ class DecodeGraphs:
         while len(self._buckets) > MAX_GRAPHS:
             self._buckets.popitem(last=False)
         return b
+
+    def _trimmed(self, b: _Bucket):
+        """A TrimmedStep for the bucket, checked once against the torch body over its (padding) inputs, or None where
+        the trimmed step failed or differed (then no bucket uses it: `problems` says why)."""
+        from pipeline.cpu.triton_step import TrimmedStep
+
+        try:
+            t = TrimmedStep(self.fm, b.B, self.cos, self.sin)
+            if self.trimmed_err is None:
+                ref = self._one(b, b.tok, b.pos)
+                self.trimmed_err = float((t.body(b.tok, b.pos, b.table, self.kv.K, self.kv.V) - ref).norm() / ref.norm())
+        except Exception as e:  # noqa: BLE001 - a Triton build or launch error: the torch body serves
+            self.trimmed, self.problems = False, self.problems + [f"the trimmed step failed ({type(e).__name__}: {str(e)[:200]})"]
+            return None
+        if self.trimmed_err > self.step.lm.arch.tol:
+            self.trimmed, self.problems = False, self.problems + [f"the trimmed step differs from the torch body by {self.trimmed_err:.2g}"]
+            return None
+        return t
 
     def _run(self, b: _Bucket) -> tuple:
         if b.graph is None:
@@ -178,7 +211,7 @@ class DecodeGraphs:
         tok, pos = b.tok, b.pos
         out = []
         for _ in range(b.steps):
-            logits = self._one(b, tok, pos)
+            logits = b.trimmed.body(tok, pos, b.table, self.kv.K, self.kv.V) if b.trimmed else self._one(b, tok, pos)
             if b.steps == 1:
                 return (logits,)
             s = GreedySummary.of(logits, self.top_k)
@@ -222,4 +255,6 @@ class DecodeGraphs:
             "buckets": sorted(self._buckets),
             "problems": self.problems[-3:],
             "eager": not self.capture,
+            "trimmed_buckets": sorted(k for k, b in self._buckets.items() if b.trimmed),
+            "trimmed_check": self.trimmed_err,
         }

@@ -24,9 +24,10 @@ from pipeline.cpu.triton_step import GPU_BLOCKS as B
 
 d, H, KV, D, FF, V = 576, 9, 3, 64, 1536, 49152  # SmolLM2-135M (bench/assets/smollm2-shape)
 bf, f32, i64, c = "*bf16", "*fp32", "*i64", "constexpr"
+at = dict(table_ptr=i64, NB="i32", BS="i32", stride_blk="i32", stride_h="i32")  # where a row's keys and values lie
 qkv = dict(x_ptr=bf, wn_ptr=bf, eps="fp32", W_ptr=bf, b_ptr=bf, cos_ptr=bf, sin_ptr=bf, pos_ptr=i64, q_ptr=bf, K_ptr=bf, V_ptr=bf,
-           d=c, H=c, KVH=c, D=c, kv_stride_h="i32", HAS_BIAS=c, BK=c)
-att = dict(q_ptr=bf, K_ptr=bf, V_ptr=bf, pos_ptr=i64, Wo_ptr=bf, P_ptr=f32, scale="fp32", WINDOW=c, d=c, H=c, G=c, D=c, kv_stride_h="i32", BT=c, BN=c)
+           **at, d=c, H=c, KVH=c, D=c, HAS_BIAS=c, BK=c)
+att = dict(q_ptr=bf, K_ptr=bf, V_ptr=bf, pos_ptr=i64, Wo_ptr=bf, P_ptr=f32, scale="fp32", **at, WINDOW=c, d=c, H=c, G=c, D=c, BT=c, BN=c)
 cases = [
     (k.qkv_rope, qkv, dict(d=d, H=H, KVH=KV, D=D, HAS_BIAS=False, BK=B["qkv"][1])),
     (k.qkv_rope, qkv, dict(d=d, H=H, KVH=KV, D=D, HAS_BIAS=True, BK=B["qkv"][1])),

@@ -91,7 +91,7 @@ def test_a_wrong_kernel_is_caught_and_the_torch_step_serves(smol, monkeypatch):
     from pipeline.cpu.fused import FusedDecoder, fused_model
 
     body = triton_step.TrimmedStep.body
-    monkeypatch.setattr(triton_step.TrimmedStep, "body", lambda self: body(self) * 1.5)
+    monkeypatch.setattr(triton_step.TrimmedStep, "body", lambda self, *a: body(self, *a) * 1.5)
     dec = FusedDecoder(fused_model(smol), 64, graph=False, trimmed=True)
     assert dec.trimmed is None and dec._run == dec._body
     assert "differs from the torch step" in dec.problems[-1]
