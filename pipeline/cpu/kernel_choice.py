@@ -218,9 +218,9 @@ class KernelChoice:
         trimmed_step allows, else torch.compile'd first with `compile`, else the torch step's kernels); on a CPU the
         row step where `row` (pipeline.cpu.row_step.usable) and not compiled, else eager."""
         if lm.device.type == "cuda":
-            from pipeline.cpu.fused_weights import fused_model
+            from pipeline.cpu.fused_weights import fused_model, supported
 
-            if not compile and self.trimmed_step(fused_model(lm)) is None:
+            if not compile and supported(lm)[0] and self.trimmed_step(fused_model(lm)) is None:
                 return Choice(Path.TORCH, "CUDA graph", "CUDA graph of the trimmed step: 4 Triton kernels a layer (pipeline.cpu.triton_step)")
             return Choice(Path.TORCH, "CUDA graph", ("torch.compile + " if compile else "") + "CUDA graph")
         if row and not compile:
