@@ -240,7 +240,7 @@ def main():
             ref = lm.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, ids.shape[1] :].tolist()
         out = res.setdefault("serving", {})
         for graphs in (True, False):
-            eng = Engine(lm, max_batch=512, max_queue=1024, prefix_cache=False, graphs=graphs)
+            eng = Engine(lm, max_batch=512, max_queue=1024, prefix_cache=False, graphs=graphs, kv_pool_bytes=4 << 30)
             key = "graphs" if graphs else "no_graphs"
             out[f"engine_{key}"] = eng.name
             for N in ns:
@@ -267,6 +267,7 @@ def main():
                 out["graph_step_alone"] = graph_step_alone(eng)
             out[f"iterations_{key}"] = eng.iterations
             del eng  # its pool and graphs freed before the next engine
+            free_device()
         for N in ns:
             row = out[str(N)]
             batch = torch.tensor([ids1] * N, device=lm.device)
@@ -294,6 +295,13 @@ def main():
             lm.model.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
             sync()
             return batch.shape[0] * n / (time.perf_counter() - t)
+
+    def free_device():
+        import gc
+
+        gc.collect()
+        if lm.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def sync():
         if lm.device.type == "cuda":
@@ -348,7 +356,7 @@ def main():
         p = ids[0].tolist()
 
         def steps(n_others: int, prefix: bool, graphs: bool | None = None) -> list:
-            eng = Engine(lm, prefix_cache=prefix, background=False, graphs=graphs)
+            eng = Engine(lm, prefix_cache=prefix, background=False, graphs=graphs, kv_pool_bytes=1 << 30)
             if prefix:  # the prompt's blocks cached by an earlier request
                 eng.submit(p, 2, stop_ids=frozenset())
                 while eng.iterate() is not None:
@@ -359,7 +367,10 @@ def main():
                 eng.submit(p[: max(2, len(p) // 2 + (3 * k) % 40)] + [17 + k] * (k % 50), 32, stop_ids=frozenset())
             while eng.iterate() is not None:
                 pass
-            return [e.logits for e in h]
+            logits = [e.logits for e in h]
+            del eng, h
+            free_device()  # ten engines one after another: each pool freed before the next
+            return logits
 
         out = res["exact"] = {}
         for graphs in (None, False):  # the device's default (graphs on a GPU), then without them
