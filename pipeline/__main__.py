@@ -64,7 +64,7 @@ def cmd_next(args, out):
     lm = _load(args)
     tr = trace(lm, args.prompt, chat=args.chat)
     logits = tr.next_logits
-    if args.ablate:  # those heads' outputs (their slice of o_proj's input) or feed-forward blocks set to zero
+    if args.ablate:  # those heads' outputs (their slice of the output projection's input) or feed-forward blocks set to zero
         from pipeline.forward.attribution import ablate, parse_components
 
         logits = ablate(lm, tr, parse_components(args.ablate)).logits_after

@@ -76,7 +76,7 @@ from pipeline.cpu.matmul import linear, panel, panel_product, panel_rows
 from pipeline.cpu.norms import rms_norm, silu_mul
 from pipeline.cpu.row_kv import view
 from pipeline.cpu.threads import PLAN
-from pipeline.model.arch import NormSpec
+from pipeline.model.arch import NormSpec, is_silu
 from pipeline.model.loaded import LoadedModel
 from pipeline.model.quantised import layer_rows, rows_of
 
@@ -112,7 +112,7 @@ class _RowLayer:
         self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (ly.out.weight, ly.out.bias), "gu": (ly.wgu, None), "down": (ly.down.weight, ly.down.bias)}
         self.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.t.items()}
         self.act = ly.act
-        self.silu = type(ly.act).__name__ in ("SiLU", "SiLUActivation")  # pipeline/cpu/cpu_decode.c's silu_mul applies
+        self.silu = is_silu(ly.act)  # pipeline/cpu/cpu_decode.c's silu_mul applies
         self.scale = np.float32(ly.scale)
         self.window, self.rope = ly.window, ly.rope
         self.norm_in, self.norm_mid = Norm(ly.norm_in), Norm(ly.norm_mid)

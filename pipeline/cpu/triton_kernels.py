@@ -46,6 +46,12 @@ def _normed(x_ptr, w_ptr, c, K: tl.constexpr, rstd):
 
 
 @triton.jit
+def _rows(BN: tl.constexpr):
+    """(this program's batch row, its block of BN output rows): program (i, b) of a product kernel's grid."""
+    return tl.program_id(1), tl.program_id(0) * BN + tl.arange(0, BN)
+
+
+@triton.jit
 def _dot_rows(W_ptr, r, c, N: tl.constexpr, K: tl.constexpr, v):
     """W[r, c] @ v for the rows r (< N) and the chunk c (< K) of a row-major [N, K] weight: [len(r)] fp32."""
     w = tl.load(W_ptr + r[:, None] * K + c[None, :], mask=(r[:, None] < N) & (c[None, :] < K), other=0.0).to(tl.float32)
@@ -163,10 +169,8 @@ def gate_up(
 ):  # fmt: skip
     """Program (i, b): rows i*BN.. of row b's gate and up products over its normed residual; program (0, b) also writes
     the residual (xm) for D. Each program sums the residual itself (d values), so no program waits for another."""
-    i = tl.program_id(0)
-    b = tl.program_id(1)
+    b, r = _rows(BN)
     dt = x_ptr.dtype.element_ty
-    r = i * BN + tl.arange(0, BN)
     x_ptr += b * d
     P_ptr += b * H * d
     xm_ptr += b * d
@@ -176,7 +180,7 @@ def gate_up(
         c = k0 + tl.arange(0, BK)
         xr = _residual(x_ptr, P_ptr, c, d, H)
         ss += xr * xr
-        if i == 0:
+        if tl.program_id(0) == 0:
             tl.store(xm_ptr + c, xr.to(dt), mask=c < d)
     rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / d + eps)
     g = tl.zeros([BN], dtype=tl.float32)
@@ -196,10 +200,8 @@ def gate_up(
 @triton.jit
 def down_add(xm_ptr, W_ptr, h_ptr, x_ptr, d: tl.constexpr, FF: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Program (i, b): row b's x[rows] = xm[rows] + (Wd[rows] @ h rounded), rounded."""
-    i = tl.program_id(0)
-    b = tl.program_id(1)
+    b, r = _rows(BN)
     dt = x_ptr.dtype.element_ty
-    r = i * BN + tl.arange(0, BN)
     xm_ptr += b * d
     h_ptr += b * FF
     x_ptr += b * d
@@ -214,10 +216,8 @@ def down_add(xm_ptr, W_ptr, h_ptr, x_ptr, d: tl.constexpr, FF: tl.constexpr, BN:
 @triton.jit
 def norm_head(x_ptr, wn_ptr, eps, W_ptr, out_ptr, d: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Program (i, b): row b's logits i*BN.. = W[rows] @ norm(x), rounded to the model's dtype, stored fp32."""
-    i = tl.program_id(0)
-    b = tl.program_id(1)
+    b, r = _rows(BN)
     dt = x_ptr.dtype.element_ty
-    r = i * BN + tl.arange(0, BN)
     x_ptr += b * d
     out_ptr += b * V
     rstd = _rstd(x_ptr, d, eps, BK)

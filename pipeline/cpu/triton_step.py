@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from pipeline.model.arch import NormKind, NormSpec
+from pipeline.model.arch import NormKind, NormSpec, is_silu
 
 # (BN rows a program, BK inputs a chunk) per kernel, on a GPU; the interpreter's come from the model's shape
 GPU_BLOCKS = {"attend": (64, 64), "gate_up": (16, 64), "down": (8, 128), "head": (64, 64), "qkv": (0, 64)}
@@ -67,7 +67,7 @@ def unusable(fm) -> str | None:
     for ly in fm.layers:
         if not (_llama_norm(ly.norm_in) and _llama_norm(ly.norm_mid)) or any(n is not None for n in (ly.norm_ff, ly.norm_out, ly.norm_q, ly.norm_k)):
             return "a layer's norms are not Llama's (sandwich or per-head norms)"
-        if type(ly.act).__name__ not in ("SiLU", "SiLUActivation") or any(type(m) is not torch.nn.Linear or m.bias is not None for m in (ly.out, ly.down)):
+        if not is_silu(ly.act) or any(type(m) is not torch.nn.Linear or m.bias is not None for m in (ly.out, ly.down)):
             return "a layer's activation or projections are not Llama's"
     if fm.D % 2 or fm.D & (fm.D - 1):
         return "the head dimension is not a power of two"

@@ -307,15 +307,14 @@ class Engine:
     def _decode_steps(self, plan, rows: list[Request]):
         """The pass's decode tokens in one C call or graph replay, where the scheduler allows several (Plan.steps:
         decode rows only, greedy, nobody waiting; a request arriving meanwhile stops the C call after its current step)
-        and the step can: ONE_CALL_ROWS rows at most (any number with decode graphs), nothing parked. Each step's
+        and the step can (PagedStep.decode_steps says: how many rows), nothing parked. Each step's
         numbers are those of a pass of its own (cpu_decode.c's row_steps runs the same row_layers), so a request's
         tokens and probabilities do not depend on how many steps its passes took (tests/pipeline/test_decode_steps.py).
         A layer_call.Steps, or None: one step, as every other pass."""
-        from pipeline.cpu.row_step import ONE_CALL_ROWS
         from pipeline.engine.paged import Seq
 
-        if plan.steps < 2 or self.step is None or self._parked or (self.step.graphs is None and len(rows) > ONE_CALL_ROWS):
-            return None  # (a decode graph's replay serves any bucket)
+        if plan.steps < 2 or self.step is None or self._parked:
+            return None
         seqs = [Seq([r.generated[-1]], r.context_len - 1, r.blocks) for r in rows]
         left = [r.max_new_tokens - len(r.generated) for r in rows]
         k = max(r.sampling.n_top for r in rows)

@@ -42,7 +42,7 @@ from pipeline.cpu.huge_pages import aligned
 from pipeline.cpu.kernel_choice import CHOICE, DECODE_GRAPH, ROW_STEP
 from pipeline.cpu.kv_layout import block_span, window_start
 from pipeline.cpu.row_kv import PagedRows
-from pipeline.cpu.row_step import row_step
+from pipeline.cpu.row_step import ONE_CALL_ROWS, row_step
 from pipeline.model.loaded import LoadedModel
 
 
@@ -252,6 +252,8 @@ class PagedStep:
         tokens each may still make; flag (a ctypes int): set by another thread, the call stops after its step. With
         decode graphs (a GPU engine), one replay of `steps` steps (DecodeGraphs.decode_steps; it cannot stop early)."""
         if not CHOICE.multi_step(self.row is not None, self.graphs is not None) or not seqs or any(len(s.tokens) != 1 or s.layer for s in seqs):
+            return None
+        if self.graphs is None and len(seqs) > ONE_CALL_ROWS:  # the C call takes this many; a graph's replay any bucket
             return None
         if self.graphs is not None:
             return self.graphs.decode_steps(seqs, left, steps, k)

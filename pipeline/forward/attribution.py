@@ -337,7 +337,7 @@ def patch(lm: LoadedModel, clean: Trace, corrupt: Trace, progress=None, over: Pa
 class Flow:
     """Where the answer's information came from (the LLM Transparency Tool's contribution graph): for every layer and
     position, the share of what enters the next layer there that came from each earlier token through attention
-    (attention weight x the norm of that token's value vector passed through its head's slice of o_proj, summed over
+    (attention weight x the norm of that token's value vector passed through its head's slice of the output projection, summed over
     heads) and from the position's own residual stream. Each row of shares sums to 1."""
 
     tokens: int

@@ -384,7 +384,7 @@ def check_attribution(a) -> Check:
 
 
 def check_ablation(lm: LoadedModel, tr, layer: int, head: int) -> Check:
-    """Switching a head off through hooks = a plain forward of the model with that head's slice of o_proj zeroed."""
+    """Switching a head off through hooks = a plain forward of the model with that head's slice of the attention output projection zeroed."""
     from pipeline.forward.attribution import Component, Kind, ablate
 
     got = ablate(lm, tr, [Component(Kind.HEAD, layer, head)]).after
@@ -401,7 +401,7 @@ def check_ablation(lm: LoadedModel, tr, layer: int, head: int) -> Check:
             W.copy_(saved)
     d = float((got - ref).abs().max())
     return Check(
-        f"switching L{layer} H{head} off = the model with that head's columns of o_proj set to zero (a plain forward)",
+        f"switching L{layer} H{head} off = the model with that head's columns of the attention output projection set to zero (a plain forward)",
         d < 1e-5,
         f"largest difference of the next-token probabilities {d:.1e}",
         d,

@@ -365,6 +365,11 @@ class NormSpec:
         return F.rms_norm(x.float(), (d,), weight=self.scale, eps=self.eps).type_as(x)
 
 
+def is_silu(act) -> bool:
+    """Whether a feed-forward activation (Arch.act) is SiLU, the one our C and Triton kernels apply themselves."""
+    return type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
 def norm_of(mod):
     """The module's norm as our steps run it: its NormSpec (callable), or the module itself where its kind is not
     one our steps implement."""
