@@ -8,7 +8,8 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from views import guard, header, live, live_presenter, live_wake, loading, pages, sidebar, st_private  # noqa: E402  (after set_page_config)
+from appstate.store import StoreDown  # noqa: E402
+from views import guard, header, live, live_presenter, live_wake, loading, pages, session, sidebar, st_private  # noqa: E402  (after set_page_config)
 
 
 def _page(spec: pages.PageSpec) -> st.Page:
@@ -40,8 +41,12 @@ try:
         except Exception as e:  # noqa: BLE001 - st.stop and st.rerun are BaseExceptions and pass through
             guard.fail(e, "draw this page", level="error")
     else:
-        page.run()
+        try:
+            page.run()
+        except StoreDown as e:  # the store (live classes, links, limits) is away: said, and the app keeps serving
+            guard.fail(e, "draw all of this page", level="error")
 finally:
     header.finish()  # the lesson handout, if asked for: after the page, so its results are in it
     live_presenter.publish(spec.slug)  # the view with every widget of the page drawn (the same view: nothing sent)
+    session.save_runs()  # this browser's finished runs to the store: a refresh, another process or a restart has them
 live.shown()  # a student's page drew the presenter's view to its end (not reached when the run stopped or restarted)

@@ -1,6 +1,7 @@
 """A demo server's limits on starting runs, Streamlit-free (the policy that sets them is demo.py): a sliding-window
 rate limit per browser or address, an address's places for runs queued or running at once, and the fair line for heavy
-experiments. Every limit here is an int or None, and "no limit" has one meaning (`unlimited`): None, the one spelling
+experiments. The counters live in the one store (appstate.store), so they hold across every process of the app and
+across restarts; the fair line is each process's own (it shares that process's model and CPU). Every limit here is an int or None, and "no limit" has one meaning (`unlimited`): None, the one spelling
 of it that demo.load_policy writes, and a 0 or a negative number (an operator's 0 in secrets.toml) read the same.
 
     limiter = RateLimiter(per_minute=20); limiter.allow(session_id) -> seconds to wait (0: go)
@@ -10,12 +11,15 @@ of it that demo.load_policy writes, and a 0 or a negative number (an operator's 
 
 from __future__ import annotations
 
+import json
+import secrets
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from appstate.store import Store, StoreDown, open_store
 
 
 def limit_of(value) -> int | None:
@@ -37,12 +41,27 @@ OWN = object()  # RateLimiter: the limit given at construction
 
 class RateLimiter:
     """At most `per_minute` starts per session in any sliding minute (None: no limit); with `window_s`, in any sliding
-    window of that many seconds (the limit's name stays: 5 with window_s=3600 is five an hour)."""
+    window of that many seconds (the limit's name stays: 5 with window_s=3600 is five an hour). The starts are counted
+    in the one store (appstate.store, namespace `ns`), so every process of the app counts them once: a script that
+    lands on several processes does not multiply its quota. Raises StoreDown when the store cannot be reached (the
+    page then refuses the run with the store's message: a limit that cannot be counted is not skipped)."""
 
-    def __init__(self, per_minute: int | None, clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096, window_s: float = 60.0):
+    def __init__(
+        self,
+        per_minute: int | None,
+        clock: Callable[[], float] = time.time,
+        max_sessions: int = 4096,
+        window_s: float = 60.0,
+        store: Store | None = None,
+        ns: str = "rate",
+    ):
         self.per_minute, self.clock, self.max_sessions, self.window_s = per_minute, clock, max_sessions, window_s
-        self._seen: OrderedDict[str, deque] = OrderedDict()
-        self._lock = threading.Lock()
+        self.store = store if store is not None else open_store(":memory:")
+        self.ns = ns
+
+    def _starts(self, session: str, now: float) -> list[float]:
+        raw = self.store.get(self.ns, session)
+        return [t for t in (json.loads(raw) if raw else ()) if now - t < self.window_s]
 
     def wait(self, session: str, per_minute: int | None | object = OWN) -> float:
         """Seconds until `session` may start a run (0: now), recording nothing."""
@@ -50,9 +69,8 @@ class RateLimiter:
         if unlimited(limit):
             return 0.0
         now = self.clock()
-        with self._lock:
-            q = [t for t in self._seen.get(session, ()) if now - t < self.window_s]
-            return self.window_s - (now - q[0]) if len(q) >= limit else 0.0
+        q = self._starts(session, now)
+        return self.window_s - (now - q[-limit]) if len(q) >= limit else 0.0
 
     def allow(self, session: str, per_minute: int | None | object = OWN) -> float:
         """Record a start and return 0, or return the seconds until one is allowed (nothing recorded).
@@ -61,53 +79,74 @@ class RateLimiter:
         if unlimited(limit):
             return 0.0
         now = self.clock()
-        with self._lock:
-            q = self._seen.setdefault(session, deque())
-            self._seen.move_to_end(session)
-            while q and now - q[0] >= self.window_s:
-                q.popleft()
+        with self.store.lock(self.ns):
+            q = self._starts(session, now)
             if len(q) >= limit:
-                return self.window_s - (now - q[0])
+                return self.window_s - (now - q[-limit])
             q.append(now)
-            while len(self._seen) > self.max_sessions:
-                self._seen.popitem(last=False)
+            self.store.put(self.ns, session, json.dumps(q[-max(limit, 1) :]).encode(), ttl_s=self.window_s + 1)
             return 0.0
 
 
 class AddressSlots:
     """At most `limit` runs queued or running at once per client address (None: no limit): a script that opens a new
-    session for every run sheds its cookie and its session, never its address.
+    session for every run sheds its cookie and its session, never its address. Counted in the one store across every
+    process: each run holds a lease (LEASE_S: a process killed mid-run frees its places when its leases run out).
 
         slots = AddressSlots(); with slots.hold(address, limit): ...   # raises Busy when the address is full
     """
 
-    def __init__(self):
-        self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
+    LEASE_S = 900.0
+
+    def __init__(self, store: Store | None = None, ns: str = "slots"):
+        self.store = store if store is not None else open_store(":memory:")
+        self.ns = ns
+
+    def _held(self, address: str, now: float) -> dict[str, float]:
+        raw = self.store.get(self.ns, address)
+        return {k: t for k, t in (json.loads(raw) if raw else {}).items() if t > now}
 
     def count(self, address: str) -> int:
-        with self._lock:
-            return self._held.get(address, 0)
+        return len(self._held(address, time.time()))
 
     @contextmanager
     def hold(self, address: str, limit: int | None):
-        if not unlimited(limit):
-            with self._lock:
-                n = self._held.get(address, 0)
-                if n >= limit:
-                    raise Busy(
-                        f"Refused: your network address already has {n} runs queued or running on this server, the most one address "
-                        "may have at once. Try again in a few seconds, when one of them has finished."
-                    )
-                self._held[address] = n + 1
+        if unlimited(limit):
+            yield
+            return
+        token = secrets.token_hex(8)
+        try:
+            self._take(address, limit, token)
+        except StoreDown as e:  # a limit that cannot be counted is not skipped
+            raise Busy(f"Refused for now: {e}. Try again in a moment.") from e
         try:
             yield
         finally:
-            if not unlimited(limit):
-                with self._lock:
-                    self._held[address] -= 1
-                    if not self._held[address]:
-                        del self._held[address]
+            try:
+                self._give(address, token)
+            except StoreDown:  # the lease runs out by itself
+                pass
+
+    def _take(self, address: str, limit: int, token: str) -> None:
+        with self.store.lock(self.ns):
+            now = time.time()
+            held = self._held(address, now)
+            if len(held) >= limit:
+                raise Busy(
+                    f"Refused: your network address already has {len(held)} runs queued or running on this server, the most one address "
+                    "may have at once. Try again in a few seconds, when one of them has finished."
+                )
+            held[token] = now + self.LEASE_S
+            self.store.put(self.ns, address, json.dumps(held).encode(), ttl_s=self.LEASE_S)
+
+    def _give(self, address: str, token: str) -> None:
+        with self.store.lock(self.ns):
+            held = self._held(address, time.time())
+            held.pop(token, None)
+            if held:
+                self.store.put(self.ns, address, json.dumps(held).encode(), ttl_s=self.LEASE_S)
+            else:
+                self.store.delete(self.ns, address)
 
 
 class Busy(RuntimeError):

@@ -21,6 +21,11 @@ import threading
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the app's store (live classes, links, saved runs, limits' counters) is a file under the state folder: each test process
+# gets a folder of its own (AppTest's pages use it), and each server a test starts another (tests/browser/ui.py), so no
+# run of the tests meets another's classes or counters
+os.environ["LLM_EXPLORER_STATE_DIR"] = __import__("tempfile").mkdtemp(prefix="llmx-state-")
+os.environ.pop("LLM_EXPLORER_STORE", None)
 # the app opens "Local folder" models only under a models root: the tests' model folders live in the temporary folder
 os.environ.setdefault("LLM_EXPLORER_MODELS_ROOT", __import__("tempfile").gettempdir())
 # without a GPU, Triton's interpreter runs the trimmed step's kernels (pipeline.cpu.triton_step); it has to be switched

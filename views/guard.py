@@ -11,6 +11,7 @@ import streamlit as st
 
 import demo
 import pipeline
+from appstate.store import StoreDown, shared
 from pipeline.common import fresh_for
 from pipeline.forward import over_cap
 from views.session import client_address, session_key
@@ -51,12 +52,12 @@ def cap_note(name: str, unit: str = "") -> str:
 
 @st.cache_resource(show_spinner=False)
 def _errors() -> demo.ErrorLog:
-    return demo.ErrorLog()
+    return demo.ErrorLog(store=shared())
 
 
 @st.cache_resource(show_spinner=False)
 def _limiter() -> demo.RateLimiter:
-    return demo.RateLimiter(None)
+    return demo.RateLimiter(None, store=shared(), ns="rate:browser")
 
 
 @st.cache_resource(show_spinner=False)
@@ -66,29 +67,32 @@ def _heavy_line(at_once: int | None) -> demo.FairQueue:
 
 @st.cache_resource(show_spinner=False)
 def _sessions() -> demo.Sessions:
-    return demo.Sessions()
+    return demo.Sessions(store=shared())
 
 
 @st.cache_resource(show_spinner=False)
 def _address_limiter() -> demo.RateLimiter:
-    return demo.RateLimiter(None)
+    return demo.RateLimiter(None, store=shared(), ns="rate:address")
 
 
 @st.cache_resource(show_spinner=False)
 def _address_slots() -> demo.AddressSlots:
-    return demo.AddressSlots()
+    return demo.AddressSlots(store=shared())
 
 
 @st.cache_resource(show_spinner=False)
 def password_guard() -> demo.PasswordGuard:
     """The operator page's guard against guessing: one per server process, its locks per client address."""
-    return demo.PasswordGuard()
+    return demo.PasswordGuard(store=shared())
 
 
 def fail(e: BaseException, what: str, where=None, level: str = "warning") -> None:
     """An unexpected error, said in the page: type and message on one's own machine; on a demo server only a
     request id (the details, paths and traceback are logged on the server, never shown to a visitor)."""
     w = where or st
+    if isinstance(e, StoreDown):  # not a bug to hide behind an id: the operator page says the same
+        getattr(w, level)(f"Could not {what}: {e}. Try again in a moment.")
+        return
     if policy().enabled:
         rid = _errors().record(e, what)
         getattr(w, level)(f"Could not {what}. The server logged the details under request id **{rid}**: quote it to whoever runs this server.")
@@ -104,6 +108,13 @@ def refusal(browser: str, address: str, what: str, record: bool = True) -> str |
     p = policy()
     if not p.enabled:
         return None
+    try:
+        return _refusal(p, browser, address, what, record)
+    except StoreDown as e:  # a limit that cannot be counted is not skipped
+        return f"Refused for now: {e}. The server cannot count runs without it; try {what} again in a moment."
+
+
+def _refusal(p: demo.Policy, browser: str, address: str, what: str, record: bool) -> str | None:
     wait = _limiter().wait(browser, p.caps.requests_per_minute)
     if wait:
         return (
@@ -125,7 +136,7 @@ def refusal(browser: str, address: str, what: str, record: bool = True) -> str |
 
 @st.cache_resource(show_spinner=False)
 def _class_starts() -> demo.RateLimiter:
-    return demo.RateLimiter(None, window_s=3600.0)
+    return demo.RateLimiter(None, window_s=3600.0, store=shared(), ns="rate:classes")
 
 
 def class_start_refusal(browser: str, address: str) -> str | None:
@@ -135,7 +146,10 @@ def class_start_refusal(browser: str, address: str) -> str | None:
     if not p.enabled:
         return None
     n, starts = p.caps.classes_per_hour, _class_starts()
-    wait = max(starts.wait(f"browser:{browser}", n), starts.wait(f"address:{address}", n))
+    try:
+        wait = max(starts.wait(f"browser:{browser}", n), starts.wait(f"address:{address}", n))
+    except StoreDown as e:
+        return f"Refused for now: {e}. Try starting the class again in a moment."
     if wait:
         return (
             f"Refused: this demo server lets one browser or network address start {n} live class{'es' if n != 1 else ''} an hour, "
@@ -144,8 +158,11 @@ def class_start_refusal(browser: str, address: str) -> str | None:
         )
     why = refusal(browser, address, "starting a live class")
     if why is None:
-        starts.allow(f"browser:{browser}", n)
-        starts.allow(f"address:{address}", n)
+        try:
+            starts.allow(f"browser:{browser}", n)
+            starts.allow(f"address:{address}", n)
+        except StoreDown as e:
+            return f"Refused for now: {e}. Try starting the class again in a moment."
     return why
 
 

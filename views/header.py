@@ -9,7 +9,7 @@ import threading
 import streamlit as st
 
 from components import export
-from views import guard, live, live_presenter
+from views import guard, live, live_beat, live_presenter
 from views.exports import PageExports
 from views.loading import model_key
 from views.pages import BY_TITLE, STAGES, PageSpec
@@ -93,7 +93,7 @@ def page_header(spec: PageSpec, prev_page, next_page) -> None:
         if next_page is not None:
             links.page_link(next_page, label=f"{short(next_page)} →")
     _RUN.make, _RUN.slot = make, st.container()  # filled by finish(), once the page has drawn its results
-    live.banner()
+    live_beat.banner()
     if presenting() and spec.takeaway:
         st.container(key="takeaway").info(spec.takeaway, icon=":material/lightbulb:")
     st.title(spec.h1)

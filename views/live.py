@@ -18,12 +18,12 @@ import copy
 import json
 import os
 import secrets
-from urllib.parse import urlsplit
 
 import streamlit as st
 
 from appstate.classes import Classes, Ended, is_code
-from views import guard, live_wake, pages, st_private
+from appstate.store import StoreDown, shared
+from views import guard, live_wake, pages
 from views.session import browser_key, client_address
 
 # the address parameters a follower keeps of its own when the presenter's page is opened for it (the student's own
@@ -33,10 +33,17 @@ NOT_FOLLOWED = {"follow", "present", "view", "p", "s"}
 
 @st.cache_resource(show_spinner=False)
 def classes() -> Classes:
-    """This server's live classes (one store per process): a class whose presenter's page was closed (no heartbeat)
+    """This server's live classes (in the one store: every process of the app sees the same classes): a class whose presenter's page was closed (no heartbeat)
     and showed nothing for LLM_EXPLORER_CLASS_IDLE_MIN minutes (default 60) ends; at most LLM_EXPLORER_MAX_CLASSES
     (default 64) run at once, and a start beyond that is refused."""
-    return Classes(idle_s=60 * float(os.environ.get("LLM_EXPLORER_CLASS_IDLE_MIN", "60")), max_classes=int(os.environ.get("LLM_EXPLORER_MAX_CLASSES", "64")))
+    return Classes(
+        idle_s=60 * float(os.environ.get("LLM_EXPLORER_CLASS_IDLE_MIN", "60")),
+        max_classes=int(os.environ.get("LLM_EXPLORER_MAX_CLASSES", "64")),
+        store=shared(),
+    )
+
+
+STORE_AWAY = "The live class cannot be reached right now ({e}). This page keeps the presenter's last view and follows again as soon as it is back."
 
 
 def _me() -> str:
@@ -88,6 +95,9 @@ def follow(slug: str, page_of) -> None:
             return
     try:
         view = classes().follow(code, _me())
+    except StoreDown as e:  # still following: the heartbeat tries again
+        st.warning(STORE_AWAY.format(e=e), icon=":material/cloud_off:")
+        return
     except Ended as e:
         _stop_following()
         if not e.member:  # a wrong or ended code, tried: one run of the browser's and the address's limits
@@ -112,13 +122,20 @@ def follow(slug: str, page_of) -> None:
             st.switch_page(page_of(view.slug), query_params={"follow": code})
         if st.query_params.get("follow") != code:
             st.query_params["follow"] = code  # a refresh keeps following
-    handed = classes().handed(code)
+    handed = _handed(code)
     if handed is not None and st.session_state.get("_live_handed") != handed[0]:
         # the presenter's results, once: the link's frozen-view parameter, which this run's keep_runs (the sidebar,
         # after this) copies into the student's own runs and takes out of the address, as a shared link's
         st.session_state["_live_handed"] = handed[0]
         st.query_params["view"] = handed[1]
         st.toast("The presenter handed you a copy of their results: they are on your pages now.", icon=":material/content_copy:")
+
+
+def _handed(code: str):
+    try:
+        return classes().handed(code)
+    except StoreDown:
+        return None
 
 
 def _drifted(state: dict) -> bool:
@@ -134,7 +151,10 @@ def shown() -> None:
     code, number = st.session_state.get("_live_code"), st.session_state.get("_live_applied")
     if not code or number is None or st.session_state.get("_live_exploring"):
         return
-    delay = classes().shown(code, _me(), number)
+    try:
+        delay = classes().shown(code, _me(), number)
+    except StoreDown:
+        return
     if delay is not None:
         class_log({"code": code, "view": number, "follower": _me(), "delay_s": round(delay, 4)})
 
@@ -151,98 +171,10 @@ def close_chosen(key: str) -> None:
     """The operator page's button: end the class whose code widget `key` holds; its followers are told now."""
     code = st.session_state.get(key)
     if code:
-        classes().close(code)
-        live_wake.wake(code)
-        live_wake.forget(code)
+        try:
+            classes().close(code)
+        except StoreDown as e:
+            st.session_state[f"{key}_msg"] = f"Class {code} was not ended: {e}"
+            return
+        live_wake.poke()
         st.session_state[f"{key}_msg"] = f"Class {code} ended: its presenter and followers are told."
-
-
-def _explore() -> None:
-    st.session_state["_live_exploring"] = True
-    st.query_params.pop("follow", None)
-    live_wake.forget(st.session_state.get("_live_code") or "", _me())
-    classes().leave(st.session_state.get("_live_code") or "", _me())
-
-
-def _follow_again() -> None:
-    st.session_state.update(_live_exploring=False, _live_applied=None)
-
-
-def _watch(code: str) -> None:
-    """A follower's heartbeat: when the presenter shows something new, the whole page runs again and applies it.
-    Woken by the presenter's run (views.live_wake), it beats every 4 s for what that misses; where waking is not
-    available, every second."""
-    woken = st.session_state.get("_live_woken", False)
-    (_beat_slow if woken else _beat)(code)
-
-
-@st.fragment(run_every="1s")
-def _beat(code: str) -> None:
-    _check(code)
-
-
-@st.fragment(run_every="4s")
-def _beat_slow(code: str) -> None:
-    _check(code)
-
-
-def _check(code: str) -> None:
-    woken = live_wake.register(code, _me())
-    if woken != st.session_state.get("_live_woken", False):
-        st.session_state["_live_woken"] = woken
-        st.rerun(scope="app")  # the other heartbeat
-    try:
-        view = classes().follow(code, _me())
-    except Ended:
-        st.rerun(scope="app")  # follow() says so and stops
-    if view is not None and (view.number != st.session_state.get("_live_applied") or _drifted(pages.view_of(view.slug, view.state))):
-        st.rerun(scope="app")
-    if view is not None and _elsewhere(view):
-        st.rerun(scope="app")  # the page again on the browser's page (follow() switches if that is another), and its address
-    handed = classes().handed(code)
-    if handed is not None and handed[0] != st.session_state.get("_live_handed"):
-        st.rerun(scope="app")
-    if "_live_q_watch" in st.session_state:  # the next-token page shows the presenter's question: asked, or revealed
-        q = classes().question(code)
-        if ((q.number, q.revealed) if q else None) != st.session_state["_live_q_watch"]:
-            st.rerun(scope="app")
-
-
-def _named(address: str) -> str:
-    """The page an address names: its last path segment when that is a page's slug, else the front page ("")."""
-    last = urlsplit(address).path.rstrip("/").rsplit("/", 1)[-1]
-    return last if last and last in pages.BY_SLUG else ""
-
-
-def _elsewhere(view) -> bool:
-    """Whether this browser, as its heartbeat's message reports it, shows another page than the presenter's or has
-    another page in its address bar, on two beats in a row (the first may have left before a wake-up's page arrived).
-    Issue 48: a page drew the attention page under `/tokens?follow=…` for 40 s, and nothing looked at the address until
-    the presenter's next change (not reproduced in ~100 changes in Chromium). A full run sends Streamlit's navigation
-    message, which moves the address bar to the run's page, so the heartbeat asks for one."""
-    if not st_private.fragment_run():  # a whole page's run: a wake-up's carries the browser's older address
-        return False
-    page, address, here = st_private.browser_page(), st_private.browser_address(), live_wake.page_hash(view.slug)
-    if not ((here is not None and page is not None and page != here) or (address is not None and _named(address) != view.slug)):
-        st.session_state.pop("_live_elsewhere", None)
-        return False
-    number, beats = st.session_state.get("_live_elsewhere") or (None, 0)
-    beats = beats + 1 if number == view.number else 1
-    st.session_state["_live_elsewhere"] = (view.number, beats)
-    return beats in (2, 4, 6)  # two beats in a row; twice more at most for one view
-
-
-def banner() -> None:
-    """What a student sees: that the view follows the presenter, with the way out; or the way back in."""
-    code = st.session_state.get("_live_code")
-    if not code:
-        return
-    box = st.container(horizontal=True, vertical_alignment="center", key="live_banner")
-    if st.session_state.get("_live_exploring"):
-        box.caption(f"You left the live class {code} to explore on your own.")
-        box.button("Follow again", key="live_again", on_click=_follow_again, icon=":material/co_present:", width="content")
-        return
-    box.info(f"This view follows the presenter's screen (live class {code}).", icon=":material/co_present:")
-    box.button("Explore on my own", key="live_explore", on_click=_explore, icon=":material/explore:", width="content")
-    with box:
-        _watch(code)

@@ -14,23 +14,32 @@ import streamlit as st
 
 import appstate
 from appstate.classes import Ended, Full
+from appstate.store import StoreDown
 from components.join import join_url, qr_svg
 from views import guard, live_wake
-from views.live import NOT_FOLLOWED, class_log, classes, current_view
+from views.live import class_log, classes, current_view
 from views.session import client_address, freeze_runs, session_key
 
 
 def publish(slug: str) -> None:
-    """A presenter's run: the class (if this browser runs one) gets this view."""
-    c = classes().of_owner(session_key())
+    """A presenter's run: the class (if this browser runs one) gets this view. While the store is away the view waits
+    (`_live_unpublished`): the presenter's heartbeat publishes it when the store is back."""
+    try:
+        c = classes().of_owner(session_key())
+        view = classes().publish(c.code, session_key(), slug, current_view(slug)) if c is not None else None
+    except Ended:  # ended between the two calls (the operator, another tab)
+        return
+    except StoreDown as e:
+        if st.session_state.get("_live_code_presented"):
+            st.session_state["_live_unpublished"] = slug
+            st.toast(f"Your class did not get this view yet: {e}. It gets it as soon as the store is back.", icon=":material/cloud_off:")
+        return
+    st.session_state.pop("_live_unpublished", None)
     if c is not None:
-        try:
-            view = classes().publish(c.code, session_key(), slug, current_view(slug))
-        except Ended:  # ended between the two calls (the operator, another tab)
-            return
+        st.session_state["_live_code_presented"] = c.code
         if st.session_state.get("_live_published") != (c.code, view.number):
             st.session_state["_live_published"] = (c.code, view.number)
-            live_wake.wake(c.code, slug, frozenset(NOT_FOLLOWED))  # the followers' pages now, on this page
+            live_wake.poke()  # this process's followers now; every other process's watcher within its poll
             # the load bench's clock: when the view left the presenter
             class_log({"code": c.code, "view": view.number, "published": time.time(), "slug": slug, "prompt": view.state.get("prompt")})
 
@@ -48,7 +57,11 @@ def join_link(code: str) -> str:
 
 def _hand() -> None:
     """A frozen copy of this browser's finished runs (as "Share this view" makes) handed to the class."""
-    c = classes().of_owner(session_key())
+    try:
+        c = classes().of_owner(session_key())
+    except StoreDown as e:
+        st.session_state["_live_hand_msg"] = f"Not handed over: {e}"
+        return
     if c is None:
         return
     try:
@@ -56,26 +69,40 @@ def _hand() -> None:
     except appstate.Full as e:  # this address or the server keeps as many copies as it may
         st.session_state["_live_hand_msg"] = f"No copy was made: {e}"
         return
-    n = classes().hand(c.code, session_key(), vid)
+    try:
+        n = classes().hand(c.code, session_key(), vid)
+    except (StoreDown, Ended) as e:
+        st.session_state["_live_hand_msg"] = f"Not handed over: {e}"
+        return
+    live_wake.poke()
     st.session_state["_live_hand_msg"] = f"Handed over (copy {n}): each student gets your finished runs as they are now."
 
 
 def _end() -> None:
-    c = classes().of_owner(session_key())
-    if c is not None:
-        classes().end(c.code, session_key())
-        live_wake.wake(c.code)  # they learn it has ended
-        live_wake.forget(c.code)
+    try:
+        c = classes().of_owner(session_key())
+        if c is not None:
+            classes().end(c.code, session_key())
+    except StoreDown as e:
+        st.session_state["_live_hand_msg"] = f"The class was not ended: {e}"
+        return
+    live_wake.poke()  # they learn it has ended
 
 
 @st.fragment(run_every="2s")
 def _count(code: str) -> None:
     """Who follows, every 2 s; and the presenter's heartbeat (this tab is open: the class is not idle). A class that
     ended elsewhere (the operator, another tab of this browser) redraws the page, which says so."""
-    if not classes().beat(code, session_key()):
-        st.session_state["_live_gone"] = code
-        st.rerun(scope="app")
-    n, done, slowest = classes().caught_up(code)
+    try:
+        if not classes().beat(code, session_key()):
+            st.session_state["_live_gone"] = code
+            st.rerun(scope="app")
+        if st.session_state.get("_live_unpublished"):  # a view made while the store was away: the class gets it now
+            publish(st.session_state["_live_unpublished"])
+        n, done, slowest = classes().caught_up(code)
+    except StoreDown as e:
+        st.warning(f"The class's store cannot be reached: {e}. Your students keep your last view; the class goes on when it is back.")
+        return
     st.metric("Following now", n, help="Students whose page followed within the last few seconds")
     if n:
         late = f" (the slowest after {slowest:.1f} s)" if slowest is not None and done else ""
@@ -87,7 +114,11 @@ def controls(bar, short: bool = False) -> None:
     how many follow, and the end."""
     if st.session_state.get("_live_code") and not st.session_state.get("_live_exploring"):
         return  # a follower does not present
-    c = classes().of_owner(session_key())
+    try:
+        c = classes().of_owner(session_key())
+    except StoreDown as e:
+        bar.caption(f"Live classes are unavailable for now: {e}")
+        return
     if c is None:
         gone = st.session_state.pop("_live_gone", None)
         if gone:
@@ -104,7 +135,7 @@ def controls(bar, short: bool = False) -> None:
             if why is None:
                 try:
                     classes().start(session_key())
-                except Full as e:
+                except (Full, StoreDown) as e:
                     why = str(e)
                 else:
                     st.rerun()

@@ -56,7 +56,7 @@ def _ask(code: str, prompt: str, options: list[str]) -> None:
     shuffled = sorted(options, key=str.lower)  # alphabetical: the list gives nothing away
     with _gone():
         live.classes().ask(code, session_key(), prompt, shuffled, choices_only=bool(st.session_state.get("live_choices_only")))
-        live_wake.wake(code)  # the students see the question now
+        live_wake.poke()  # the students see the question now
 
 
 def _hide(code: str) -> None:
@@ -67,7 +67,7 @@ def _hide(code: str) -> None:
 def _reveal(code: str, answer: str) -> None:
     with _gone():
         live.classes().reveal(code, session_key(), answer)
-        live_wake.wake(code)
+        live_wake.poke()
 
 
 @contextlib.contextmanager
@@ -135,7 +135,7 @@ def follower(lm, tr) -> None:
     """On the next-token page of a student who follows: the presenter's question, a guess, then the model's answer."""
     code = st.session_state.get("_live_code")
     q = live.classes().question(code) if code and not st.session_state.get("_live_exploring") else None
-    st.session_state["_live_q_watch"] = (q.number, q.revealed) if q else None  # live._watch reruns the page when it moves
+    st.session_state["_live_q_watch"] = (q.number, q.revealed) if q else None  # live_beat._watch reruns the page when it moves
     if q is None:
         return
     st.subheader("The presenter asks: what comes next?")

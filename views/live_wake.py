@@ -1,11 +1,18 @@
-"""A live class's followers woken the moment the presenter moves on, not at their next heartbeat.
+"""A live class's followers woken the moment the presenter moves on, not at their next heartbeat, on every process.
 
-A follower's heartbeat (views.live._watch, a fragment) is timed by its browser. With 30 browser pages on one 2-core
+A follower's heartbeat (views.live_beat._watch, a fragment) is timed by its browser. With 30 browser pages on one 2-core
 machine the timers fired seconds late, and 30 heartbeats a second were work for the server and every browser. So each
 follower's heartbeat registers its session here, and the presenter's run that publishes a new view asks Streamlit to
 run every follower's page now: the rerun the heartbeat would have asked for (the browser's last address and page, the
 widgets' values as the server holds them), scheduled on the server's event loop, where browser messages are handled.
 The heartbeat stays, slower, for anything this misses.
+
+The presenter may be on another process than its followers (several app processes behind a balancer): so nobody wakes
+followers directly. Each process runs one watcher thread (started with its first follower) that polls the store's
+change number (appstate.classes.CHANGES: one indexed read, four times a second; a presenter's own process is poked to
+look at once) and, when it moved, reads the record of each class this process has followers of and wakes them when
+what they show changed (the view, a hand-over, the question, the end). Polling one number was chosen over Redis pub/sub
+because it works the same on both stores and costs ~20-100 us a look (bench/bench_lecture.py measures it).
 
 This uses Streamlit's runtime internals (the session of a run, its event loop, its last ClientState, request_rerun, the
 fragment's id), all through views.st_private: streamlit is pinned (requirements.txt) and
@@ -19,6 +26,8 @@ import logging
 import threading
 import weakref
 
+from appstate.classes import CHANGES
+from appstate.store import StoreDown
 from views import st_private
 
 log = logging.getLogger(__name__)
@@ -53,6 +62,69 @@ def register(code: str, me: str) -> bool:
             for k in [k for k, ref in known.items() if ref() is None] or list(known)[: len(known) - MAX_PER_CLASS]:
                 del known[k]
     return True
+
+
+POLL_S = 0.25
+_poked = threading.Event()
+_watching: dict = {}  # "thread" -> the watcher; "sigs" -> class code -> what its followers show (the last look)
+
+
+def _sig(c) -> tuple | None:
+    """What a class's followers show, as the watcher compares it (None: the class has ended)."""
+    if c is None:
+        return None
+    q = c.question
+    return (c.view.number if c.view else None, c.handed, (q.number, q.revealed) if q else None)
+
+
+def watch(classes, own: frozenset[str]) -> None:
+    """Start this process's watcher (once): every change in the store's classes reaches this process's followers.
+    `classes`: the app's appstate.classes.Classes; `own`: the address parameters a follower keeps (views.live)."""
+    with _lock:
+        if _watching.get("thread") is not None and _watching["thread"].is_alive():
+            return
+        _watching.setdefault("sigs", {})
+        t = _watching["thread"] = threading.Thread(target=_watch_loop, args=(classes, own), name="live-class watcher", daemon=True)
+        t.start()
+
+
+def poke() -> None:
+    """This process changed a class (a publish, a hand-over, a question, the end): its watcher looks now."""
+    _poked.set()
+
+
+def _watch_loop(classes, own: frozenset[str]) -> None:
+    last = None
+    sigs: dict = _watching["sigs"]
+    while True:
+        _poked.wait(POLL_S)
+        _poked.clear()
+        try:
+            with _lock:
+                codes = [code for code, known in _followers.items() if known]
+            for code in codes:
+                if code not in sigs:  # a class new to this process: what its followers registered on
+                    sigs[code] = _sig(classes.peek(code))
+            n = classes.store.number(CHANGES)
+            if n == last:
+                continue
+            for code in codes:
+                c = classes.peek(code)
+                sig = _sig(c)
+                if sig == sigs.get(code):
+                    continue
+                sigs[code] = sig
+                if c is None:
+                    wake(code)  # they learn it has ended
+                    forget(code)
+                    sigs.pop(code, None)
+                else:
+                    wake(code, c.view.slug if c.view else None, own)
+            last = n
+        except StoreDown:
+            continue
+        except Exception:  # noqa: BLE001 - never let the watcher die: the heartbeats would be all that is left
+            log.exception("the live-class watcher failed a look")
 
 
 def forget(code: str, me: str | None = None) -> None:

@@ -11,13 +11,14 @@ import secrets
 import streamlit as st
 
 import appstate
+from appstate.store import StoreDown, shared
 
 MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat apps cut: shared another way
 
 
 @st.cache_resource(show_spinner=False)
 def _shared_texts() -> appstate.SharedTexts:
-    return appstate.SharedTexts()
+    return appstate.SharedTexts(store=shared())
 
 
 ID12 = re.compile(r"[0-9a-f]{12}")  # a shared prompt's or a frozen view's id: 12 hex digits, nothing else
@@ -52,11 +53,15 @@ def shared_prompt() -> bool:
     the link carries its id (?p=...). Opens a link's stored prompt once; returns whether the prompt is long."""
     pid = link_id("p")
     if pid and st.session_state.get("_shared_id") != pid:
+        try:
+            text = _shared_texts().get(pid)
+        except StoreDown as e:  # the link stays in the address: tried again at the next run
+            st.sidebar.warning(f"This link's prompt cannot be read now: {e}. The page tries again when you rerun it.")
+            return False
         st.session_state["_shared_id"] = pid
-        text = _shared_texts().get(pid)
         if text is None:
             st.sidebar.warning(
-                "This link's prompt is not stored on this server any more (it restarted, or the prompt is old): the prompt below is the default."
+                "This link's prompt is not stored on this server (the link is from another server, or its prompt is older than the store keeps): the prompt below is the default."
             )
         else:
             st.session_state["prompt"] = text
@@ -66,7 +71,7 @@ def shared_prompt() -> bool:
     if long:
         try:
             st.session_state["_shared_id"] = key = _shared_texts().put(prompt, session_key(), client_address())
-        except appstate.Full as e:
+        except (appstate.Full, StoreDown) as e:
             st.session_state["_shared_id"] = None
             st.session_state["_shared_full"] = str(e)
             if "p" in st.query_params:
@@ -89,7 +94,7 @@ def _freeze_view() -> None:
     try:
         st.session_state["_frozen"] = freeze_runs()
         st.session_state["_frozen_full"] = None
-    except appstate.Full as e:
+    except (appstate.Full, StoreDown) as e:
         st.session_state["_frozen"] = None
         st.session_state["_frozen_full"] = str(e)
 
@@ -112,8 +117,8 @@ def share_note(sb, long: bool) -> None:
             st.caption(
                 "This link carries a frozen copy of your finished runs as they are now: whoever opens it gets their own copy "
                 "of that copy. Your own address is unchanged; runs you make later are not in the copy. The copy stays on this "
-                f"server for at least {store.KEEP_VIEW_S / appstate.DAY:.0f} days, whatever other visitors do (until the server "
-                f"restarts); this browser keeps its {store.views_per_browser} most recent copies."
+                f"server for at least {store.KEEP_VIEW_S / appstate.DAY:.0f} days, whatever other visitors do (a restart "
+                f"keeps it too); this browser keeps its {store.views_per_browser} most recent copies."
             )
         elif st.session_state.get("_frozen_full"):
             st.warning(f"No copy was made: {st.session_state['_frozen_full']}. Share the view without results, or try again later.")
@@ -122,7 +127,7 @@ def share_note(sb, long: bool) -> None:
             st.markdown(
                 f"This prompt ({n:,} characters) is too long for a link, so it is kept on this server and the link "
                 f"carries its id (`p={st.session_state['_shared_id']}`) for at least {appstate.SharedTexts.KEEP_S / appstate.DAY:.0f} "
-                "days (until the server restarts). For another server, share the prompt itself:"
+                "days (a restart keeps it too). For another server, share the prompt itself:"
             )
             st.download_button("Download the prompt", st.session_state.get("prompt") or "", "prompt.txt", "text/plain", key="share_dl", on_click="ignore")
         elif long:
@@ -135,7 +140,7 @@ def share_note(sb, long: bool) -> None:
 
 @st.cache_resource(show_spinner=False)
 def _run_store() -> appstate.RunStore:
-    return appstate.RunStore()
+    return appstate.RunStore(store=shared())
 
 
 def _browser_id() -> str | None:
@@ -167,7 +172,11 @@ def keep_runs() -> None:
     A browser that last saw another server process is told, once, that the server restarted and what was lost."""
     cookie = _browser_id()
     first_run = "_sid" not in st.session_state
-    sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8), client_address())
+    try:
+        sid = _run_store().attach(st.session_state, cookie, lambda: secrets.token_hex(8), client_address())
+    except StoreDown as e:  # the session has its id; its runs last as long as the tab until the store is back
+        sid = st.session_state["_sid"]
+        st.sidebar.warning(f"Your saved runs cannot be read now: {e}. What you run lasts as long as this tab until it is back.")
     server, started = _server_start()
     seen = _cookie(SERVER_COOKIE, BROWSER_ID)
     if first_run and cookie and seen and seen != server and not st.session_state.get("_restart_said"):
@@ -175,9 +184,9 @@ def keep_runs() -> None:
 
         st.session_state["_restart_said"] = True
         st.warning(
-            f"This server restarted at {time.strftime('%H:%M', time.localtime(started))} since your last visit: the runs it kept for this "
-            "browser, and any answer that was being generated, were lost. Your link still holds the view (model, prompt, settings): "
-            "press the page's button again to run it.",
+            f"This server restarted at {time.strftime('%H:%M', time.localtime(started))} since your last visit (or another of its "
+            "processes serves you now). Your finished runs, shared links and live classes are kept in its store; an answer that was "
+            "being generated then was lost: press the page's button again to run it.",
             icon=":material/restart_alt:",
         )
     if cookie != sid or seen != server:  # a first visit (or cookies refused), or the first visit to this server process
@@ -191,8 +200,13 @@ def keep_runs() -> None:
         del st.query_params["s"]
     vid = link_id("view")
     if vid and st.session_state.get("_thawed") != vid:
+        try:
+            found = _run_store().thaw(st.session_state, vid)
+        except StoreDown as e:  # the link's copy stays in the address: tried again at the next run
+            st.sidebar.warning(f"This link's copy of someone's results cannot be read now: {e}.")
+            return
         st.session_state["_thawed"] = vid
-        if not _run_store().thaw(st.session_state, vid):
+        if not found:
             st.sidebar.info("This link's copy of someone's results is not on this server any more: the view opens without them.")
         del st.query_params["view"]  # a refresh keeps one's own runs, not the link's copy again
 
@@ -211,3 +225,12 @@ def session_key() -> str:
     """This browser's id (its cookie; a new one for a browser that has none yet): what its runs and its rate limit
     are kept under. Never in the address, so a link hands it to nobody."""
     return st.session_state.get("_sid") or "?"
+
+
+def save_runs() -> None:
+    """The end of every run (app.py): this browser's finished runs to the store when they changed, so a refresh, another
+    process or a restart has them. While the store is away they are tried again at the next run."""
+    try:
+        _run_store().save(st.session_state, client_address())
+    except StoreDown:
+        pass

@@ -230,15 +230,17 @@ def test_runs_of_other_browsers_are_kept_for_the_promised_time_then_make_room():
         st: dict = {}
         store.attach(st, b * 16, lambda: "?", address=f"10.0.0.{ord(b)}")
         remember(st, "gen", "m", b)
+        store.save(st, address=f"10.0.0.{ord(b)}")  # what the app does at the end of every run
     stranger: dict = {}
     store.attach(stranger, "d" * 16, lambda: "?", address="10.9.9.9")
     remember(stranger, "gen", "m", "d")
+    store.save(stranger, address="10.9.9.9")
     assert all(store.sessions.get(b * 16) for b in "abc")  # the store was full of others' runs: d's last as long as its tab
     clock.t += RunStore.KEEP_RUNS_S + 1
     later: dict = {}
     store.attach(later, "e" * 16, lambda: "?", address="10.9.9.9")
     remember(later, "gen", "m", "e")
-    store.attach(later, "e" * 16, lambda: "?", address="10.9.9.9")
+    store.save(later, address="10.9.9.9")
     assert store.sessions.get("a" * 16) is None and recall(later, "gen", "m") == "e"  # the oldest, past its time, made room
 
 

@@ -1,7 +1,7 @@
 """A live class's address bar in real Chromium (issue 48: a student's page drew the attention page under
 `/tokens?follow=…` for 40 s, once in two tries). After each of the presenter's page changes the student's address names
 the presenter's page and keeps the class's code; and an address bar left on another page is mended by the student's
-heartbeat (views/live.py `_elsewhere`). Every check polls the address for a bounded time: none is a fixed sleep."""
+heartbeat (views/live_beat.py `_elsewhere`). Every check polls the address for a bounded time: none is a fixed sleep."""
 
 import re
 

@@ -29,7 +29,7 @@ def test_a_browser_is_told_the_server_restarted(browser):
         page.wait_for_selector("h1", timeout=240_000)
         wait_idle(page, 300_000)
         text = page.locator("body").inner_text()
-        assert SAID in text and "were lost" in text, text[:2000]
+        assert SAID in text and "are kept" in text, text[:2000]
     finally:
         ctx.close()
         stop_server(proc)

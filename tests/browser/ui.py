@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -32,7 +33,12 @@ def free_port():
 
 def start_server(port: int, env: dict | None = None, cwd: Path | None = None):
     """A fresh `streamlit run app.py` on 127.0.0.1:port; returns (process, url) once it answers its health check.
-    `cwd`: the folder it runs in (its .streamlit/secrets.toml is the operator's file; default the project)."""
+    `cwd`: the folder it runs in (its .streamlit/secrets.toml is the operator's file; default the project). Each server
+    has a store of its own (a fresh state folder) unless `env` names one (LLM_EXPLORER_STATE_DIR or LLM_EXPLORER_STORE):
+    a restart test passes the same one to both starts."""
+    env = dict(env or {})
+    if "LLM_EXPLORER_STATE_DIR" not in env and "LLM_EXPLORER_STORE" not in env:
+        env["LLM_EXPLORER_STATE_DIR"] = tempfile.mkdtemp(prefix="llmx-server-")
     proc = subprocess.Popen(
         [
             sys.executable,
