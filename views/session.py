@@ -5,6 +5,7 @@ docs/architecture.md, "Who a visitor is"."""
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 
@@ -27,7 +28,17 @@ BROWSER_ID = re.compile(r"[0-9a-f]{16}")
 
 
 def client_address() -> str:
-    """The connection's address ("local" for localhost, where Streamlit gives none)."""
+    """The connection's address ("local" for localhost, where Streamlit gives none). Behind our own balancer
+    (hosting.launch sets LLM_EXPLORER_TRUST_PROXY for processes that listen on loopback only, so only HAProxy reaches
+    them) the last address of X-Forwarded-For, the one HAProxy appended: a visitor's own header cannot name another."""
+    if os.environ.get("LLM_EXPLORER_TRUST_PROXY") == "1":
+        try:
+            fwd = st.context.headers.get("X-Forwarded-For")
+        except Exception:  # noqa: BLE001 - no client context
+            fwd = None
+        last = fwd.split(",")[-1].strip() if isinstance(fwd, str) and fwd else ""
+        if last:
+            return "local" if last in ("127.0.0.1", "::1") else last
     try:
         ip = st.context.ip_address
     except Exception:  # noqa: BLE001 - no client context (a bare script run)
