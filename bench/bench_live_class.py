@@ -117,6 +117,8 @@ def main():
         help="followers are clients of Streamlit's websocket protocol (bench/socket_follower.py), not Chromium pages: the "
         "server's delivery to students on machines of their own, without 30 browsers on this machine's 2 cores",
     )
+    ap.add_argument("--replicas", type=int, default=1, help="app processes behind HAProxy (hosting/launch.py); 1: one process, no balancer")
+    ap.add_argument("--store", default="", help="the hall's store: '' the SQLite file, 'redis' a redis-server of the launcher's")
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
     import json
@@ -128,7 +130,41 @@ def main():
     from ui import CHROMIUM, FLAGS, free_port, set_prompt, start_server, stop_server, wait_idle
 
     log = Path(tempfile.mkdtemp()) / "class.jsonl"  # the server's own figure: publish -> a follower's page drawn
-    proc, url = start_server(free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log)})
+    state = tempfile.mkdtemp(prefix="llmx-bench-")
+    if args.replicas > 1:
+        import os
+        import subprocess
+        import urllib.request
+
+        port = free_port()
+        env = dict(os.environ, LLM_EXPLORER_CLASS_LOG=str(log), LLM_EXPLORER_STATE_DIR=state)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hosting.launch", f"--replicas={args.replicas}", f"--port={port}", "--address=127.0.0.1", f"--store={args.store}"],
+            cwd=ROOT,
+            env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/_stcore/health", timeout=1)
+                break
+            except Exception:  # noqa: BLE001
+                time.sleep(0.5)
+    else:
+        proc, url = start_server(free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log), "LLM_EXPLORER_STATE_DIR": state})
+    cpu_at: list[float] = []
+
+    def cpu_seconds() -> float:
+        """User + system seconds of the server's processes (every app process, HAProxy, the store's server)."""
+        p = psutil.Process(proc.pid)
+        total = 0.0
+        for k in [p, *p.children(recursive=True)]:
+            try:
+                t = k.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
     cpu, rss, machine, browsers, stop = [], [], [], [], threading.Event()
     me = psutil.Process()
 
@@ -138,7 +174,8 @@ def main():
         psutil.cpu_percent()
         seen: dict[int, psutil.Process] = {}
         while not stop.wait(2):
-            prioritise(proc.pid, args.server_nice)  # threads started since (the script runs') too
+            for k in [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]:
+                prioritise(k, args.server_nice)  # threads started since (the script runs') too
             try:
                 kids = [p, *p.children(recursive=True)]
                 cpu.append(sum(k.cpu_percent() for k in kids))
@@ -191,6 +228,7 @@ def main():
             print(f"{joined} of {len(followers)} followers drew their page in {time.time() - t_join:.0f} s", flush=True)
             t_joined = time.time() - t_join
             warm_rss = rss[-1] if rss else None
+            cpu_at.append(cpu_seconds())
             deadline = time.time() + 60 * args.minutes
             i = 0
             while time.time() < deadline:
@@ -214,6 +252,7 @@ def main():
                 changes.append((f"/{slug}|{prompt}", t0))
                 print(f"change {i}: {slug} | {prompt}", flush=True)
                 time.sleep(args.every)
+            cpu_at.append(cpu_seconds())
             for page in followers:
                 for e in page.locator("[data-testid='stException']").all_inner_texts():
                     errors.append(e[:200])
@@ -247,10 +286,18 @@ def main():
                 delays.append((hit - t0) / 1000)
                 if pub is not None:
                     after_publish.append((hit - pub) / 1000)
+    store_ms = _store_probe(state, args.store) if args.replicas > 1 or not args.store else None
     write(
         args.out,
         {
             "followers": args.followers,
+            "processes": args.replicas,
+            "balancer": "HAProxy (hosting/launch.py)" if args.replicas > 1 else None,
+            "server_cpu_ms_per_student_per_move": (
+                round(1000 * (cpu_at[1] - cpu_at[0]) / max(1, args.followers * len(changes)), 1) if len(cpu_at) == 2 else None
+            ),
+            "server_cpu_ms_per_student_per_move_what": "CPU seconds of every server process (apps, balancer) over the moves, over followers x moves (the presenter's and the heartbeats' share included)",
+            "store_us": store_ms,
             "followers_draw_figures": args.draw,
             "followers_kind": "websocket clients (bench/socket_follower.py)" if args.sockets else "Chromium pages",
             "server_nice": args.server_nice,
@@ -302,6 +349,32 @@ def main():
             "server_rss_mb": {"after_warm_up": round(warm_rss / 2**20) if warm_rss else None, "end": round(end_rss / 2**20) if end_rss else None},
         },
     )
+
+
+def _store_probe(state: str, store: str) -> dict | None:
+    """The store's own time, from this process on the bench's SQLite file: microseconds per operation (median of 200)
+    for what a follower's heartbeat and the watchers do: the change number, a class's record, a heartbeat's write."""
+    import os
+
+    if store:
+        return None
+    os.environ["LLM_EXPLORER_STATE_DIR"] = state
+    from appstate.store import open_store
+
+    s = open_store(None)
+    out = {}
+    for name, fn in (
+        ("number (a watcher's look)", lambda: s.number("classes")),
+        ("get (a heartbeat's read of the class)", lambda: s.get("classes", "x")),
+        ("put (a heartbeat's write)", lambda: s.put("bench", "x", b"{}", ttl_s=60)),
+    ):
+        ts = []
+        for _ in range(200):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        out[name] = round(statistics.median(ts) * 1e6, 1)
+    return out
 
 
 if __name__ == "__main__":

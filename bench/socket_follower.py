@@ -25,7 +25,11 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
 
     ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
     pages, page, query, last = {}, "", f"follow={code}", ""
-    async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None, open_timeout=300) as ws:
+    import secrets
+
+    # each student its own browser: its own id cookie (its runs and its limits), as a Chromium page would have
+    cookie = f"llm_explorer_browser={secrets.token_hex(8)}"
+    async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None, open_timeout=300, additional_headers={"Cookie": cookie}) as ws:
         msg = BackMsg()
         msg.rerun_script.query_string = query
         await ws.send(msg.SerializeToString())

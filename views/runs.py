@@ -229,9 +229,18 @@ def server_status() -> dict:
                     "memory GB": round(ldr.result.footprint_bytes / 2**30, 2),
                 }
             )
-    errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]
+    from appstate.store import StoreDown, shared
+
+    store = shared()
+    try:  # every process's visitors and errors, from the store
+        store.ping()
+        errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]
+        sessions, store_ok = _sessions().active(), None
+    except StoreDown as e:
+        errors, sessions, store_ok = [], None, str(e)
     return {
-        "sessions": _sessions().active(),
+        "store": store.stats() | {"unreachable": store_ok},
+        "sessions": sessions,
         "heavy": _heavy_line(p.caps.heavy_at_once).snapshot(),
         "engines": engines,
         "errors": errors,

@@ -8,6 +8,7 @@ import pandas as pd
 import psutil
 import streamlit as st
 
+from appstate.store import StoreDown
 from views import guard, live, runs
 
 pol = guard.policy()
@@ -49,7 +50,7 @@ def status():
     s = runs.server_status()
     c = st.columns(4) + st.columns(4)  # two rows: each note fits its column
     c[0].metric("Demo mode", "on" if pol.enabled else "off")
-    c[1].metric("Browsers, last 5 min", s["sessions"])
+    c[1].metric("Browsers, last 5 min", "?" if s["sessions"] is None else s["sessions"], help="On every process of this server (from its store)")
     c[2].metric("Heavy experiments", f"{len(s['heavy']['running'])} running", f"{len(s['heavy']['waiting'])} waiting", delta_color="off", delta_arrow="off")
     c[3].metric("Server memory (RSS)", f"{psutil.Process(os.getpid()).memory_info().rss / 2**30:.2f} GiB")
     c[4].metric(
@@ -67,6 +68,17 @@ def status():
         sum(e["cancelled"] for e in s["engines"]),
         help="Since the server started: Stop pressed, a reload or a closed tab. Each frees its KV blocks at the next iteration.",
     )
+    st.subheader("The store (live classes, links, saved runs, limits)")
+    store = s["store"]
+    if store["unreachable"]:
+        st.error(f"{store['unreachable']}. Visitors are told; classes, links and limits go on when it is back.")
+    st.caption(
+        f"{store['backend']} at {store['where']}, shared by every process of this server"
+        f"{' (this one: ' + os.environ['LLM_EXPLORER_PROCESS'] + ')' if os.environ.get('LLM_EXPLORER_PROCESS') else ''}"
+        + (f"; last failure at {store['last_error']['at']}: {store['last_error']['why']}" if store["last_error"] else "")
+        + ". Its own time on this process, by operation:"
+    )
+    st.dataframe(pd.DataFrame([{"operation": k, **v} for k, v in store["ops"].items()]), hide_index=True, width="stretch")
     st.subheader("Engines (one per loaded model)")
     if s["engines"]:
         st.dataframe(pd.DataFrame(s["engines"]), hide_index=True, width="stretch")
@@ -93,7 +105,12 @@ def status():
 def classes() -> None:
     """The running live classes, and the operator's way to end one (drawn again when the page or this part is used:
     not on a timer, so the choice of class stays put)."""
-    rows = live.classes().running()
+    try:
+        rows = live.classes().running()
+    except StoreDown as e:
+        st.subheader("Live classes")
+        st.error(str(e))
+        return
     st.subheader(f"Live classes ({len(rows)} of at most {live.classes().max_classes})")
     if not rows:
         st.caption("None running.")
