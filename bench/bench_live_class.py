@@ -165,6 +165,7 @@ def main():
             except psutil.Error:
                 pass
         return total
+
     cpu, rss, machine, browsers, stop = [], [], [], [], threading.Event()
     me = psutil.Process()
 

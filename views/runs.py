@@ -4,6 +4,7 @@ operator's view of it all. Each new model run counts against the visitor's limit
 
 from __future__ import annotations
 
+import datetime
 from contextlib import contextmanager
 
 import streamlit as st
@@ -11,6 +12,7 @@ import streamlit as st
 import appstate
 import demo
 import pipeline
+from appstate.store import StoreDown, shared
 from components.tokens import lit
 from pipeline import TraceError, text_of
 from pipeline.common import ACTIVITY
@@ -208,9 +210,7 @@ def timed(slot: str | None):
 
 
 def server_status() -> dict:
-    """What the operator page shows: plain numbers from this process's shared state."""
-    import datetime
-
+    """What the operator page shows: plain numbers from this process's shared state and the store (every process's)."""
     p = guard.policy()
     engines = []
     for key in _loaders().keys():
@@ -229,17 +229,14 @@ def server_status() -> dict:
                     "memory GB": round(ldr.result.footprint_bytes / 2**30, 2),
                 }
             )
-    from appstate.store import StoreDown, shared
-
-    store = shared()
     try:  # every process's visitors and errors, from the store
-        store.ping()
+        shared().ping()
         errors = [(datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S"), rid, where, msg) for t, rid, where, msg in reversed(_errors().items)]
         sessions, store_ok = _sessions().active(), None
     except StoreDown as e:
         errors, sessions, store_ok = [], None, str(e)
     return {
-        "store": store.stats() | {"unreachable": store_ok},
+        "store": shared().stats() | {"unreachable": store_ok},
         "sessions": sessions,
         "heavy": _heavy_line(p.caps.heavy_at_once).snapshot(),
         "engines": engines,

@@ -43,7 +43,7 @@ def start_hall(port: int, state: str, store: str):
             return proc
         except Exception:  # noqa: BLE001
             if proc.poll() is not None:
-                raise RuntimeError(f"the launcher exited: see {state}/hall-{port}/")
+                raise RuntimeError(f"the launcher exited: see {state}/hall-{port}/") from None
             time.sleep(0.5)
     raise RuntimeError("the hall did not answer in 5 minutes")
 

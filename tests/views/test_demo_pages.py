@@ -138,7 +138,7 @@ def guard(monkeypatch):
     from views import guard as views_guard
 
     class Quick(demo.PasswordGuard):
-        def __init__(self):
+        def __init__(self, **_):  # a store of its own (in memory): no other test's failures in it
             super().__init__(max_failures=3, window_s=600, lockout_s=600, throttle_s=0.05)
 
     monkeypatch.setattr(demo, "PasswordGuard", Quick)
