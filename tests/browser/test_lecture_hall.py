@@ -131,3 +131,30 @@ def test_a_class_across_two_processes_and_a_restart_that_loses_nothing(browser, 
         prompt_is(student, "Dog bites man.")
     finally:
         stop_hall(hall)
+
+
+def test_a_process_killed_mid_class_leaves_the_class_running_and_its_students_reconnect(browser, opened):
+    if shutil.which("haproxy") is None and not os.path.exists("/usr/sbin/haproxy"):
+        pytest.skip("HAProxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)")
+    import psutil
+
+    port, state = free_port(), tempfile.mkdtemp(prefix="llmx-hall-")
+    base = f"http://127.0.0.1:{port}"
+    hall = start_hall(port, state, "")
+    try:
+        teacher = on(browser, f"{base}/tokens", "app1", opened)
+        teacher.get_by_role("button", name="Start a live class").click()
+        wait_idle(teacher)
+        teacher.get_by_role("button", name="Live class").first.click()
+        code = teacher.locator("[data-testid='stPopoverBody'] code").first.inner_text().strip().split("follow=")[1][:8]
+        teacher.keyboard.press("Escape")
+        student = on(browser, f"{base}/?follow={code}", "app2", opened)
+        student.wait_for_function("() => location.pathname.endsWith('/tokens')", timeout=SOON)
+        app2 = next(p for p in psutil.Process(hall.pid).children() if p.environ().get("LLM_EXPLORER_PROCESS") == "app2")
+        app2.kill()  # the student's process, mid-class
+        set_prompt(teacher, "Dog bites man.")
+        wait_idle(teacher)
+        prompt_is(student, "Dog bites man.", timeout=180_000)  # its page reconnected to a live process and follows
+        assert "follows the presenter" in student.locator("body").inner_text()
+    finally:
+        stop_hall(hall)
