@@ -14,10 +14,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
-from ui import free_port, set_prompt, wait_idle
+from ui import free_port, fresh, set_prompt, wait_idle
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +57,7 @@ def stop_hall(proc):
 
 def on(browser, url, app, opened):
     """A new browser held on app process `app` (the balancer's cookie, as after its first visit there)."""
-    ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
-    u = urlsplit(url)
-    ctx.add_cookies([{"name": "llmx_app", "value": app, "url": f"{u.scheme}://{u.netloc}/"}])
-    opened.append(ctx)
-    page = ctx.new_page()
-    page.goto(url, wait_until="domcontentloaded", timeout=240_000)
-    page.wait_for_selector("h1", timeout=240_000)
-    wait_idle(page, 300_000)
-    return page
+    return fresh(browser, url, opened, cookies={"llmx_app": app})
 
 
 def prompt_is(page, text, timeout=SOON):

@@ -175,9 +175,14 @@ def visit(browser, url, width=1300, height=1400, outside=None):
     return page
 
 
-def fresh(browser, url, opened=None):
-    """A new browser (its own cookies) on `url`, idle; its context added to `opened` (closed by the test's fixture)."""
+def fresh(browser, url, opened=None, cookies=None):
+    """A new browser (its own cookies; `cookies`, {name: value}, set for `url`'s host first) on `url`, idle; its context
+    added to `opened` (closed by the test's fixture)."""
+    from urllib.parse import urlsplit
+
     ctx = browser.new_context(viewport={"width": 1300, "height": 1000})
+    u = urlsplit(url)
+    ctx.add_cookies([{"name": k, "value": v, "url": f"{u.scheme}://{u.netloc}/"} for k, v in (cookies or {}).items()])
     if opened is not None:
         opened.append(ctx)
     page = ctx.new_page()
