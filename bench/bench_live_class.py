@@ -119,6 +119,7 @@ def main():
     )
     ap.add_argument("--replicas", type=int, default=1, help="app processes behind HAProxy (hosting/launch.py); 1: one process, no balancer")
     ap.add_argument("--store", default="", help="the hall's store: '' the SQLite file, 'redis' a redis-server of the launcher's")
+    ap.add_argument("--idle", type=float, default=20, help="seconds measured with every follower joined and no move, before the first")
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
     import json
@@ -229,7 +230,12 @@ def main():
             print(f"{joined} of {len(followers)} followers drew their page in {time.time() - t_join:.0f} s", flush=True)
             t_joined = time.time() - t_join
             warm_rss = rss[-1] if rss else None
+            time.sleep(10)  # each follower's first heartbeat (its page once more, registered to be woken) is over
+            idle_at = (time.time(), cpu_seconds())  # the class between moves: every follower's heartbeat, nothing else
+            time.sleep(args.idle)
+            idle = (time.time() - idle_at[0], cpu_seconds() - idle_at[1])
             cpu_at.append(cpu_seconds())
+            t_moves = time.time()
             deadline = time.time() + 60 * args.minutes
             i = 0
             while time.time() < deadline:
@@ -254,6 +260,7 @@ def main():
                 print(f"change {i}: {slug} | {prompt}", flush=True)
                 time.sleep(args.every)
             cpu_at.append(cpu_seconds())
+            t_moves = time.time() - t_moves
             for page in followers:
                 for e in page.locator("[data-testid='stException']").all_inner_texts():
                     errors.append(e[:200])
@@ -298,6 +305,11 @@ def main():
                 round(1000 * (cpu_at[1] - cpu_at[0]) / max(1, args.followers * len(changes)), 1) if len(cpu_at) == 2 else None
             ),
             "server_cpu_ms_per_student_per_move_what": "CPU seconds of every server process (apps, balancer) over the moves, over followers x moves (the presenter's and the heartbeats' share included)",
+            "server_cpu_ms_per_student_per_s_idle": round(1000 * idle[1] / idle[0] / max(1, args.followers), 2),
+            "server_cpu_ms_per_student_per_s_idle_what": f"the same between moves ({args.idle:.0f} s after joining, no move): what following costs the server with nothing new to show (the heartbeats)",
+            "server_cpu_ms_per_student_per_move_beyond_idle": (
+                round(1000 * (cpu_at[1] - cpu_at[0] - idle[1] / idle[0] * t_moves) / max(1, args.followers * len(changes)), 1) if len(cpu_at) == 2 else None
+            ),
             "store_us": store_ms,
             "followers_draw_figures": args.draw,
             "followers_kind": "websocket clients (bench/socket_follower.py)" if args.sockets else "Chromium pages",

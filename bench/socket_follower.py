@@ -3,7 +3,8 @@
 
 It sends what the browser sends to start a session (a rerun BackMsg with the address's query string) and reads the
 ForwardMsgs: `navigation` and `new_session` say which page runs, `page_info_changed` carries the address's query
-string (the bound prompt is in it unless it is the default). It runs no timers of its own: the follower's heartbeat
+string (the bound prompt is in it unless it is the default), `script_finished` says the page has been drawn to its end
+(a change is recorded then: what the student sees is the whole page, not its first line). It runs no timers of its own: the follower's heartbeat
 fragment runs when the presenter's run wakes it (views.live_wake), so what this measures is the server delivering a
 change to each student, as if each had a machine of their own; the browsers' drawing is left out (bench_live_class's
 browser followers measure that, 31 Chromium pages on 2 cores)."""
@@ -50,6 +51,8 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
                 query = fwd.page_info_changed.query_string
             elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element" and fwd.delta.new_element.WhichOneof("type") == "exception":
                 errors.append(fwd.delta.new_element.exception.message[:200])
+            if kind != "script_finished" or fwd.script_finished != ForwardMsg.FINISHED_SUCCESSFULLY:
+                continue  # a student sees the move when the page's run has drawn it to its end
             prompt = parse_qs(query).get("prompt", [DEFAULTS["prompt"]])[-1]
             now = f"/{page}|{prompt}"
             if now != last:

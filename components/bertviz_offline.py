@@ -26,6 +26,8 @@ import re
 
 import numpy as np
 
+from pipeline.common import shared
+
 _VENDOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor")
 _VENDOR_FILES = ("d3.min.js", "jquery.min.js")
 _vendor_cache: dict[str, str] = {}
@@ -95,6 +97,7 @@ def _compact_json(obj) -> str:
     return s.replace("</", "<\\/")
 
 
+@shared  # a live class's followers draw the same page: its HTML (a MB) made once per server
 def offline_html(kind, attention, tokens, max_layers=None, decimals=3, display_mode="dark", title=None) -> str:
     """Return a standalone HTML document rendering bertviz's head/model view offline.
 

@@ -352,7 +352,27 @@ def copy_figure(fig: go.Figure) -> go.Figure:
     specified for object of type Scatter: 'colorscale'" on two of 30 followers' pages in a live class bench
     (2026-12-04). Every copy of a figure goes through here, one at a time."""
     with _COPYING:
-        return type(fig)(fig)
+        return (go.Figure if isinstance(fig, FrozenFigure) else type(fig))(fig)
+
+
+class FrozenFigure(go.Figure):
+    """A figure nobody changes any more (views.ready's page copy, drawn by every session showing the view): its
+    dictionary (Plotly's to_dict: a deep copy of every trace and the arrays' base64, what st.plotly_chart asks for on
+    every run; a fifth of a follower's run on the attention page) is made once and handed out as it is. Its readers
+    only read it (Streamlit's plotly_chart encodes it); a copy (copy_figure) is a plain go.Figure again."""
+
+    def to_dict(self):
+        got = self.__dict__.get("_frozen_dict")
+        if got is None:
+            got = self.__dict__["_frozen_dict"] = super().to_dict()
+        return got
+
+
+def frozen(fig: go.Figure) -> go.Figure:
+    """`fig` (a plain go.Figure nobody will change again), as a FrozenFigure; any other figure as it is."""
+    if type(fig) is go.Figure:
+        fig.__class__ = FrozenFigure
+    return fig
 
 
 def clickable_cells(fig: go.Figure) -> go.Figure:

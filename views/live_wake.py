@@ -25,6 +25,7 @@ import functools
 import logging
 import threading
 import weakref
+from contextlib import contextmanager
 
 from appstate.classes import CHANGES
 from appstate.store import StoreDown
@@ -156,6 +157,27 @@ def wake(code: str, slug: str | None = None, own: frozenset[str] = frozenset()) 
         except Exception:  # noqa: BLE001 - a session shutting down: its heartbeat (if any) follows
             log.debug("could not wake a follower", exc_info=True)
     return n
+
+
+AT_ONCE = 2  # followers' runs at once in one process (app.py); the others wait their turn, idle
+TURN_WAIT_S = 30.0  # at most this long: a run that never gave its turn back cannot stop the class
+_turns = threading.BoundedSemaphore(AT_ONCE)
+
+
+@contextmanager
+def turn(following: bool):
+    """A follower's whole page run, AT_ONCE of them at a time (anyone else's at once). Woken together, 120 followers
+    were 120 script threads taking the interpreter's lock from each other every 5 ms and queueing on Streamlit's own
+    locks: each student waited for all of them. In turns, the first see the view at once and the last no later."""
+    if not following:
+        yield
+        return
+    got = _turns.acquire(timeout=TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        if got:
+            _turns.release()
 
 
 def _rerun(ref: weakref.ref, page: str | None = None, code: str = "", own: frozenset[str] = frozenset()) -> None:

@@ -5,10 +5,12 @@ an RGB picture its PNG once per pixels. views.render draws them; nothing here ch
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from components import export
-from components.figures import copy_figure
+from components.figures import copy_figure, frozen
 from pipeline.common import LRU, MAX_BYTES, MAX_ENTRIES, digest
 
 PRESENT_MAIN_HEIGHT = 430  # px: in presentation mode the main figure fits a 1280x720 projector's first screen
@@ -30,7 +32,7 @@ def figure(fig, title: str, present: bool, main: bool):
     export.floor_fonts(fig, export.PRESENT_FONT if present else export.MIN_FONT)
     if present and main:
         fig.update_layout(height=min(int(fig.layout.height or 450), PRESENT_MAIN_HEIGHT))
-    out = fig, export.alt_text(fig, title)
+    out = (frozen(fig) if key else fig), export.alt_text(fig, title)
     if key:
         _FIGURES.put(key, out)
     return out
@@ -40,10 +42,23 @@ _PNGS = LRU(64, MAX_BYTES)
 MAX_IMAGE_WIDTH = 2 * 730  # px: streamlit.elements.lib.image_utils.MAXIMUM_CONTENT_WIDTH, the widest it sends
 
 
+_SAME: dict = {}  # id(array) -> (a weak reference to it, its key): a shared builder's picture, hashed once
+
+
 def png(img):
     """An RGB array as PNG bytes, encoded once per server for equal pixels (Streamlit passes PNG bytes no wider than
-    it sends on as they are, where it would encode, shrink and encode again an array on every run)."""
-    key = digest(img)
+    it sends on as they are, where it would encode, shrink and encode again an array on every run). The very array
+    a shared builder returned again (pipeline.common.memo.shared) is not hashed again (2.7 ms a follower's run)."""
+    same = _SAME.get(id(img))
+    known = same is not None and same[0]() is img
+    key = same[1] if known else digest(img)
+    if key and not known:
+        for k in [k for k, (ref, _) in list(_SAME.items()) if ref() is None]:
+            _SAME.pop(k, None)
+        try:
+            _SAME[id(img)] = (weakref.ref(img), key)
+        except TypeError:  # not an array: hashed each time
+            pass
     hit = key and _PNGS.peek(key[0])
     if hit:
         return hit

@@ -112,7 +112,7 @@ def image(img, name: str, caption: str, where=None) -> None:
     """A picture the page computed (an RGB array), shown with its caption as its text alternative, and saved as
     PNG in the page's ZIP export."""
     exports.current().images[name] = img
-    (where or st).image(ready.png(img), caption=caption, width="stretch", alt=f"{name}: {caption}")
+    (where or st).image(ready.png(img), caption=caption, width="stretch", alt=f"{name}: {caption}", output_format="PNG")  # PNG: no sniffing
 
 
 def intro(text: str) -> None:

@@ -132,10 +132,12 @@ class LRU:
         self.bytes = 0
         self.lock = threading.Lock()
         self.hits = self.misses = 0
+        self._making: dict = {}  # key -> an Event set when the one `get` making it is done (single flight)
 
     def __contains__(self, key) -> bool:
+        """Whether the value is kept or being made by another caller's `get` (which this caller's `get` waits for)."""
         with self.lock:
-            return key in self.items
+            return key in self.items or key in self._making
 
     def __len__(self) -> int:
         return len(self.items)
@@ -167,14 +169,28 @@ class LRU:
         if dropped:
             self.evicted(dropped)
 
-    def get(self, key, make):
-        """The value for `key`, made by `make()` (outside the lock) when it is not kept."""
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        value = make()
-        self.put(key, value)
+    def get(self, key, make, size: int = 0):
+        """The value for `key`, made by `make()` (outside the lock) when it is not kept, by one caller at a time: the
+        others asking for the same key meanwhile wait for it (a live class's followers all asked at once for the
+        trace of the presenter's new prompt, and each traced it again). If the maker fails, the next one tries."""
+        while True:
+            with self.lock:
+                if key in self.items:
+                    self.items.move_to_end(key)
+                    self.hits += 1
+                    return self.items[key]
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()
+        try:
+            value = make()
+            self.put(key, value, size)
+        finally:
+            with self.lock:
+                self._making.pop(key, None)
+            making.set()
         return value
 
     def evicted(self, dropped: list) -> None:
@@ -200,15 +216,15 @@ def shared(builder):
         key = digest(name, args, sorted(kwargs.items()))
         if key is None:
             return builder(*args, **kwargs)
-        hit = BUILT.peek(key[0])
-        if hit is not None:
-            return hit
-        out = builder(*args, **kwargs)
-        try:
-            out._shared_key = key[0]  # a Plotly figure takes private attributes; an array does not (and needs none)
-        except AttributeError:
-            pass
-        BUILT.put(key[0], out, key[1])
-        return out
+
+        def build():
+            out = builder(*args, **kwargs)
+            try:
+                out._shared_key = key[0]  # a Plotly figure takes private attributes; an array does not (and needs none)
+            except AttributeError:
+                pass
+            return out
+
+        return BUILT.get(key[0], build, key[1])
 
     return wrapper
