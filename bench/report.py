@@ -126,20 +126,20 @@ ABOUT = {
         "bench/bench_exact.py --reps 7",
     ),
     "exact_gemma3": ("The same on Gemma-3 270M.", "bench/bench_exact.py --reps 7 --model gemma3-270m"),
-    "lecture_120_p1": (
-        "A lecture on one process: 120 students as clients of Streamlit's websocket protocol (each with its own browser "
-        "cookie), one presenter in Chromium moving page or prompt every 15 s, the SQLite store; delays from each move to "
-        "every student's address, the server's CPU per student per move (every server process's CPU seconds over the "
-        "moves, over students x moves) and the store's own time per operation (microseconds, median of 200). The goal is "
-        "p95 <= 3 s; it is not met on this 2-core machine (the page's rerun for each student, not the store, is the cost).",
-        "bench/bench_live_class.py --sockets --followers 120 --minutes 2 --every 15 --out lecture_120_p1",
-    ),
-    "lecture_300_p2": (
-        "A lecture on two processes behind HAProxy (hosting/launch.py, the SQLite store): 300 websocket students with their "
-        "own cookies, a Chromium presenter moving every 15 s. The balancer, both app processes and the 300 clients share this "
-        "machine's 2 cores (the whole machine at 200%): the goal, p95 <= 3 s, is not met here.",
-        "bench/bench_live_class.py --sockets --followers 300 --minutes 2 --every 15 --replicas 2 --out lecture_300_p2",
-    ),
+    **{
+        f"lecture_{n}_p{r}": (
+            f"A lecture: {n} students as clients of Streamlit's websocket protocol (each with its own browser cookie) on "
+            + ("one process" if r == 1 else f"{r} processes behind HAProxy (hosting/launch.py)")
+            + ", the SQLite store, one presenter in Chromium moving page or prompt every 15 s (8 moves). delay_s: from each "
+            "move to each student's page drawn to its end (script_finished). server_cpu_ms_per_student_per_move: every server "
+            "process's CPU seconds over the moves, over students x moves; ..._per_s_idle: the same with nothing new to show "
+            "(the heartbeats); store_us: the store's own time per operation (median of 200). The clients share this 2-core "
+            "machine with the servers. Goal: p95 <= 3 s at 120 on one process and 300 on two.",
+            f"bench/bench_live_class.py --sockets --followers {n} --replicas {r} --minutes 2 --every 15 --out lecture_{n}_p{r}",
+        )
+        for n in (30, 120, 300)
+        for r in (1, 2)
+    },
     "live_class_1": (
         "The same with one follower (a quiet server): how long a student's page takes to follow the presenter to another "
         "page or prompt (the held-out bar: 2 s quiet, 5 s on this 2-core machine). first_follower lists each change; a "
