@@ -36,6 +36,7 @@ the command line's "5.3" and "7.mlp").
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -111,24 +112,47 @@ class Activations:
     n_layers: int
     attn_block: int = 1  # the pooled pattern's block of positions (1: the pattern at full resolution)
     _held: dict[tuple[Site, View], np.ndarray | dict[int, np.ndarray]] = field(default_factory=dict)
+    _making: threading.RLock = field(default_factory=threading.RLock)
 
-    def put(self, name: str | Name, value: np.ndarray | dict[int, np.ndarray]) -> None:
-        """Keep `value` under `name`: a per-layer name with `blocks.*` takes a stack or a {layer: array} dict."""
+    def put(self, name: str | Name, value) -> None:
+        """Keep `value` under `name`: a per-layer name with `blocks.*` takes a stack or a {layer: array} dict. A
+        value (or a layer's, in the dict) may be `Later(fn)`: computed by fn() the first time it is read, then kept
+        (the attention maps, from the kept queries and keys: computed when a page asks for them)."""
         n = Name.parse(name)
         self._held[(n.site, n.view)] = value
+
+    def _made(self, key, layer=None):
+        """The value held under key (and layer), computed now if it was held as Later (once, whoever asks)."""
+        with self._making:
+            held = self._held[key]
+            v = held[layer] if layer is not None else held
+            if isinstance(v, Later):
+                v = v.fn()
+                if layer is not None:
+                    held[layer] = v
+                else:
+                    self._held[key] = v
+            return v
 
     def _get(self, n: Name):
         if n.site is Site.RESID_POST:  # leaving layer l = entering layer l + 1: one tensor, held once
             if n.layer == Name.EVERY:
                 return self._get(Name(Site.RESID_PRE, Name.EVERY, n.view))[1:]
             return self._get(Name(Site.RESID_PRE, n.layer + 1, n.view))
-        held = self._held[self._key(n)]
+        key = self._key(n)
+        held = self._held[key]
         if n.layer is None or n.layer == Name.EVERY:
             if isinstance(held, dict):
                 raise KeyError(f"{n} is kept for layers {sorted(held)} only, not stacked")
-            return held
+            return self._made(key)
         if isinstance(held, dict):
-            return held[n.layer]
+            return self._made(key, n.layer) if n.layer in held else held[n.layer]
+        if isinstance(held, Later):
+            if not 0 <= n.layer < self.n_layers:
+                raise KeyError(f"{n}: this model has {self.n_layers} layers")
+            if held.layer is not None:  # one layer of a stack, computed alone (the whole stack is not needed)
+                return held.layer(n.layer)
+            held = self._made(key)
         if not -len(held) <= n.layer < len(held):
             raise KeyError(f"{n}: this model has {self.n_layers} layers")
         return held[n.layer]
@@ -159,6 +183,8 @@ class Activations:
         held = self._held.get(self._key(n))
         if held is None:
             return []
+        if isinstance(held, Later):
+            return list(range(self.n_layers))
         return sorted(held) if isinstance(held, dict) else list(range(len(held)))
 
     def names(self) -> list[str]:
@@ -174,7 +200,21 @@ class Activations:
 
     @property
     def nbytes(self) -> int:
-        return sum(sum(a.nbytes for a in h.values()) if isinstance(h, dict) else h.nbytes for h in self._held.values())
+        """Bytes held (what is computed later counts from when it is, plus what it is computed from: `Later.nbytes`)."""
+        vals = [x for h in self._held.values() for x in (h.values() if isinstance(h, dict) else [h])]
+        sources = {id(x.source): x.source_bytes for x in vals if isinstance(x, Later) and x.source is not None}
+        return sum(x.nbytes for x in vals if not isinstance(x, Later)) + sum(sources.values())
+
+
+@dataclass(eq=False)
+class Later:
+    """A value computed when first read (Activations.put): `fn()` makes it; `layer(i)`, if given, makes one layer of a
+    stack alone. `source` (what it is computed from, shared by several) is counted once in the trace's bytes."""
+
+    fn: Callable
+    layer: Callable | None = None
+    source: object = None
+    source_bytes: int = 0
 
 
 # --- hooks placed by name -------------------------------------------------------------------------------------

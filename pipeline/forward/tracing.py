@@ -26,6 +26,7 @@ other's numbers.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -35,16 +36,15 @@ import numpy as np
 import torch
 
 from pipeline.common.timing import ACTIVITY, Busy, Samples, interleaved, syncer
-from pipeline.forward.activations import Activations, Name, Site, View, hooking
+from pipeline.forward.activations import Activations, Later, Name, Site, View, hooking
 from pipeline.forward.tokens import Segment, Token, Tokenized, tokenize
 from pipeline.model.capture import Capture, capturing
 from pipeline.model.loaded import LoadedModel, ModelFacts, threads_for
 
 ATTN_FULL_BUDGET = 256 << 20  # bytes of full-resolution float16 attention maps kept per trace
 ATTN_OVERVIEW_MAX = 256  # the all-layers overview is pooled to at most this many positions
-QKV_ALL_LAYERS_MAX_T = 256  # capture Q/K/V for every layer up to this prompt length
 LENS_GRID_MAX = 64  # lens_grid(): at most this many (last) positions
-DEFAULT_MAX_TOKENS = 4096
+DEFAULT_MAX_TOKENS = None  # no limit of the explorer's own: the model's context (and the memory the estimate needs)
 
 
 class TraceError(ValueError):
@@ -62,7 +62,7 @@ class Trace:
     segments: tuple[Segment, ...]
     input_ids: list[int]
     acts: Activations  # every activation kept, by name (see the module's docstring)
-    lens_last_top: list[list[tuple[int, float]]]  # [L+1] x top-5 (id, prob) at the last position; lens_grid() for all
+    lens_at_last: object  # makes lens_last_top when first read (the LM head on every layer's last row: 15% of a short trace)
     next_logits: np.ndarray  # [vocab] float32: the logits for the token after the last position
     timings: dict[str, float]
     device: str
@@ -83,6 +83,18 @@ class Trace:
         return max(0.0, self.timings["forward total"] - self.forward_cpu_s) if self.forward_cpu_s is not None else 0.0
 
     last_prompt_index: int | None = None  # position of the prompt's last token (before any chat-template suffix)
+    _lens: list | None = None
+
+    @property
+    def lens_last_top(self) -> list[list[tuple[int, float]]]:
+        """[L+1] x top-5 (id, prob) at the last position: the final norm and LM head after every layer (the last row:
+        the model's own next-token distribution); computed the first time it is read, its time then in timings
+        ("logit lens"). lens_grid() for every position."""
+        if self._lens is None:
+            t = time.perf_counter()
+            self._lens = self.lens_at_last()
+            self.timings["logit lens"] = time.perf_counter() - t
+        return self._lens
 
     @property
     def T(self) -> int:
@@ -117,16 +129,27 @@ def _as_np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
 
-def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int | None = None, max_tokens: int | None = DEFAULT_MAX_TOKENS) -> None:
     if prompt is None or not str(prompt).strip():
         raise TraceError("The prompt is empty. Type some text (or pick a preset) to see the pipeline run.")
     if n_tokens is not None:
         if max_positions and n_tokens > max_positions:
             raise TraceError(f"The prompt is {n_tokens:,} tokens, longer than this model's context window of {max_positions:,} tokens. Shorten it.")
-        if n_tokens > max_tokens:
-            raise TraceError(
-                f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} tokens at once (every attention map is kept). Shorten it."
-            )
+        if max_tokens is not None and n_tokens > max_tokens:
+            raise TraceError(f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} tokens at once. Shorten it.")
+
+
+def _check_memory(f: ModelFacts, T: int) -> None:
+    """A trace this long must fit the memory this machine has free (with room for the forward's own): said, with the
+    estimate, before anything runs."""
+    import psutil
+
+    need, free = trace_bytes(f, T), psutil.virtual_memory().available
+    if need * 2 > free:
+        raise TraceError(
+            f"A trace of {T:,} tokens keeps about {need / 2**20:,.0f} MB (the residual stream and every layer's queries, keys and values); "
+            f"this machine has {free / 2**20:,.0f} MB free. Shorten the prompt."
+        )
 
 
 def over_cap(n_tokens: int, limit: int, whose: str = "The prompt") -> str:
@@ -162,9 +185,24 @@ def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> t
     return memo[P]
 
 
-def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qkv_layers: list[int] | None = None) -> Capture:
-    """What one trace of T tokens keeps: every layer's attention at full resolution and its Q/K/V when that fits
-    the memory budget, otherwise the pooled overview plus a few full layers (the asked-for ones first)."""
+LONG_T = 4096  # above this many tokens the kept queries, keys and values are float16 (memory: 470 MB at 8k, SmolLM2)
+
+
+@dataclass
+class Plan:
+    """What one trace of T tokens keeps and shows: the attention overview's block, the layers whose [H, T, T] maps
+    are listed at full resolution (computed when read, within ATTN_FULL_BUDGET), and the capture (every layer's
+    queries, keys and values)."""
+
+    block: int
+    full_layers: set[int]
+    capture: Capture
+
+
+def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qkv_layers: list[int] | None = None) -> Plan:
+    """Every layer's Q/K/V kept; every layer's map at full resolution when they fit the memory budget, otherwise the
+    pooled overview plus a few full layers (the asked-for ones first). Nothing here is computed before it is read."""
+    del qkv_layers  # every layer's are kept now (the argument stays for callers that ask for one)
     L, H = f.n_layers, f.n_heads
     block = max(1, -(-T // ATTN_OVERVIEW_MAX))
     per_layer = H * T * T * 2
@@ -173,8 +211,15 @@ def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qk
     else:
         wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))  # asked-for layers first
         full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
-    qkv = set(range(L)) if T <= QKV_ALL_LAYERS_MAX_T else set(qkv_layers or []) | full
-    return Capture(full_layers=full, block=block, qkv_layers=qkv)
+    return Plan(block, full, Capture(store=torch.float16 if T > LONG_T else torch.float32))
+
+
+def trace_bytes(f: ModelFacts, T: int) -> int:
+    """What a trace of T tokens holds before any map is read: the residual stream (L+1 x T x d, float32), every
+    layer's Q/K/V, the last rows and the norms (the estimate said before a long prompt runs)."""
+    per = 2 if T > LONG_T else 4
+    qkv = f.n_layers * (f.n_heads + 2 * f.n_kv_heads) * T * f.head_dim * per
+    return (f.n_layers + 1) * T * f.d_model * 4 + qkv + f.n_layers * f.n_heads * T * 4 + 4 * f.n_layers * T * 4
 
 
 @dataclass
@@ -302,8 +347,10 @@ def trace(
     if T == 0:
         raise TraceError("The prompt produced no tokens.")
     check_prompt(prompt, T, f.max_positions, max_tokens)
+    _check_memory(f, T)
     L = f.n_layers
-    cap = capture_plan(f, T, attn_layers, qkv_layers)
+    plan = capture_plan(f, T, attn_layers, qkv_layers)
+    cap = plan.capture
     rec = _Recorded.empty(L)
     sync = syncer(lm.device)
     ids = torch.tensor([tk.input_ids], device=lm.device)
@@ -316,16 +363,9 @@ def trace(
             sync()
             t_end, c_end = time.perf_counter(), time.thread_time()
         logits = out.logits[0, -1].float().cpu()
-        # logit lens at the last position: final norm + LM head applied after every layer
-        t_l = time.perf_counter()
         hs = torch.stack(rec.h)  # [L+1, T, d] (on device)
-        top5_i, top5_p = logit_lens(lm, hs[:-1, -1, :], top=5)  # after the last layer: the real logits, below
-        final = torch.softmax(logits, -1).topk(5)
-        top5_i = torch.cat([top5_i, final.indices[None]])
-        top5_p = torch.cat([top5_p, final.values[None]])
-        t_lens = time.perf_counter() - t_l
-    timings = {"tokenize": t_tok, **_stage_timings(rec.marks, L, t_fwd, t_end), "logit lens": t_lens}
-    tr = _assemble(lm, prompt, tk, cap, rec, hs, logits, top5_i, top5_p, timings)
+    timings = {"tokenize": t_tok, **_stage_timings(rec.marks, L, t_fwd, t_end)}
+    tr = _assemble(lm, prompt, tk, plan, rec, hs, logits, _lens_at_last(lm, hs[:-1, -1, :].clone(), logits), timings)
     tr.busy = job.busy
     if lm.device.type == "cpu" and threads == 1:  # one thread did all the work: its processor time is the model's own
         tr.forward_cpu_s = c_end - c_fwd
@@ -333,22 +373,62 @@ def trace(
     return tr
 
 
+def _lens_at_last(lm: LoadedModel, last_rows: torch.Tensor, logits: torch.Tensor):
+    """lens_last_top's maker: the logit lens at the last position (final norm + LM head after every layer, the real
+    logits after the last), with the model held weakly (a kept trace never keeps an unloaded model)."""
+    ref = weakref.ref(lm)
+
+    def make():
+        model = ref()
+        if model is None:
+            raise TraceError("the model this trace came from was unloaded: trace the prompt again for the logit lens")
+        with model.lock:
+            top5_i, top5_p = logit_lens(model, last_rows, top=5)
+        final = torch.softmax(logits, -1).topk(5)
+        top5_i, top5_p = torch.cat([top5_i, final.indices[None]]), torch.cat([top5_p, final.values[None]])
+        return [[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)]
+
+    return make
+
+
+def _maps(acts: Activations, cap: Capture, plan: Plan) -> None:
+    """The attention maps, each computed from the kept queries and keys when first read (MapSource: the model's own
+    eager attention, in blocks of rows): the pooled overview (all layers, or one), and the full-resolution layers."""
+    src, block, L = cap.sources, plan.block, len(cap.sources)
+    layer_memo: dict[int, np.ndarray] = {}
+    lock = threading.Lock()
+
+    def pooled_layer(i: int) -> np.ndarray:
+        with lock:
+            if i not in layer_memo:
+                layer_memo[i] = src[i].pooled(block).numpy()
+            return layer_memo[i]
+
+    masks = {id(s.mask): s.mask for s in src.values() if s.mask is not None}
+    acts.put(
+        "blocks.*.attn.hook_pattern|pooled",
+        Later(lambda: np.stack([pooled_layer(i) for i in range(L)]), layer=pooled_layer, source=masks, source_bytes=sum(m.nbytes for m in masks.values())),
+    )
+    if block > 1:  # with a block of 1 the pooled patterns are the full ones, every layer
+        acts.put("blocks.*.attn.hook_pattern", {i: Later(lambda i=i: src[i].full().numpy()) for i in sorted(plan.full_layers)})
+
+
 def _assemble(
     lm: LoadedModel,
     prompt: str,
     tk: Tokenized,
-    cap: Capture,
+    plan: Plan,
     rec: _Recorded,
     hs: torch.Tensor,
     logits: torch.Tensor,
-    top5_i: torch.Tensor,
-    top5_p: torch.Tensor,
+    lens_at_last,
     timings: dict,
 ) -> Trace:
     """The hooks' records as host arrays in one Trace, each activation under its name."""
     L = lm.facts.n_layers
+    cap = plan.capture
     hs_f = hs.float()
-    acts = Activations(L, attn_block=cap.block)
+    acts = Activations(L, attn_block=plan.block)
     acts.put(Name(Site.EMBED), _as_np(rec.emb))
     acts.put("blocks.*.hook_resid_pre", _as_np(hs_f))
     acts.put("blocks.*.hook_resid_pre|norm", _as_np(hs_f.norm(dim=-1)))
@@ -356,12 +436,11 @@ def _assemble(
         acts.put(Name(site, Name.EVERY, View.NORM), _as_np(torch.stack(norms)))
     for site, last in rec.last.items():
         acts.put(Name(site, Name.EVERY, View.LAST), _as_np(torch.stack(last)))
-    acts.put("blocks.*.attn.hook_pattern|pooled", torch.stack([cap.pooled[i] for i in range(L)]).numpy())
-    if cap.block > 1:  # with a block of 1 the pooled patterns are the full ones, every layer
-        acts.put("blocks.*.attn.hook_pattern", {i: cap.full[i].numpy() for i in sorted(cap.full)})
+    _maps(acts, cap, plan)
     acts.put("blocks.*.attn.hook_pattern|last", torch.stack([cap.last_row[i] for i in range(L)]).numpy())
-    for site, key in ((Site.Q, "q"), (Site.K, "k"), (Site.V, "v")):
-        acts.put(Name(site, Name.EVERY), {i: d[key].numpy() for i, d in sorted(cap.qkv.items())})
+    acts.put(Name(Site.Q, Name.EVERY), {i: cap.sources[i].q.numpy() for i in range(L)})
+    acts.put(Name(Site.K, Name.EVERY), {i: cap.sources[i].k.numpy() for i in range(L)})
+    acts.put(Name(Site.V, Name.EVERY), {i: cap.v[i].numpy() for i in range(L)})
     return Trace(
         last_prompt_index=max((i for i, t in enumerate(tk.tokens) if any(t is p for p in tk.prompt_tokens)), default=None),
         model_label=lm.label,
@@ -373,7 +452,7 @@ def _assemble(
         segments=tk.segments,
         input_ids=tk.input_ids,
         acts=acts,
-        lens_last_top=[[(int(a), float(b)) for a, b in zip(ri, rp)] for ri, rp in zip(top5_i, top5_p)],
+        lens_at_last=lens_at_last,
         next_logits=logits.numpy(),
         timings=timings,
         device=lm.device_label,

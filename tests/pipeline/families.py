@@ -22,8 +22,9 @@ FAMILIES = {
 }
 
 
-def family_folders(root, families=FAMILIES) -> dict:
-    """{family: its folder under root}, each a seeded random model of FAMILIES' config."""
+def family_folders(root, families=FAMILIES, long: int | None = None) -> dict:
+    """{family: its folder under root}, each a seeded random model of FAMILIES' config (`long`: that many positions,
+    and the sliding windows 64 wide, for long prompts)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from pipeline.model.store import cached_folder
@@ -31,7 +32,12 @@ def family_folders(root, families=FAMILIES) -> dict:
     tok = cached_folder("smollm2-135m-instruct")
     out = {}
     for family in families:
-        cfg = AutoConfig.for_model(family, **FAMILIES[family])
+        kw = dict(FAMILIES[family])
+        if long:
+            kw.update({"n_positions": long + 64} if family == "gpt2" else {"max_position_embeddings": long + 64})
+            if "sliding_window" in kw:
+                kw["sliding_window"] = 64
+        cfg = AutoConfig.for_model(family, **kw)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
         with torch.no_grad():  # weights large enough that the next token is not a near-uniform guess
