@@ -149,17 +149,28 @@ def place_labels(
     return [s for _, s in sorted(out)]
 
 
+PCA_LABELS = 160  # the PCA's text labels: the reference words and the prompt's last tokens (every point has its hover)
+
+
 @shared
 def pca_figure(coords: np.ndarray, labels: list[str], groups: list[str], dims: int = 2, var: np.ndarray | None = None) -> go.Figure:
     colors = {"prompt": BLUE, "reference": ORANGE}
     fig = go.Figure()
-    spots = place_labels(coords[:, 0], coords[:, 1], labels, drop=True) if dims == 2 else []  # labels that avoid each other
+    spots: list = [None] * len(labels)
+    refs = [i for i, g in enumerate(groups) if g != "prompt"]
+    room = max(0, PCA_LABELS - len(refs))
+    keep = sorted(set(refs) | set([i for i, g in enumerate(groups) if g == "prompt"][len(groups) - len(refs) - room :] if room else []))
+    if dims == 2:  # labels that avoid each other (a greedy placement, quadratic in the labels: at most PCA_LABELS of them)
+        placed = place_labels(coords[keep, 0], coords[keep, 1], [labels[i] for i in keep], drop=True)
+        for i, spot in zip(keep, placed):
+            spots[i] = spot
+    shown = set(keep)
     for g in dict.fromkeys(groups):
         idx = [i for i, x in enumerate(groups) if x == g]
         kw = dict(
             mode="markers+text",
             name=g,
-            text=[labels[i] if dims == 3 or spots[i] else "" for i in idx],
+            text=[labels[i] if (dims == 3 and i in shown) or spots[i] else "" for i in idx],
             hovertext=[labels[i] for i in idx],
             hoverinfo="text",
             textposition=[spots[i] or "top center" for i in idx] if dims == 2 else "top center",

@@ -208,3 +208,16 @@ def busy_note(busy, where=None, noisy: bool = False) -> None:
         w.warning(str(busy), icon=":material/groups:")
     else:
         w.caption(str(busy))
+
+
+def overview(tr):
+    """Every layer's pooled attention map (pipeline.forward.tracing.overview), with a progress bar while it is computed
+    from the trace's kept queries and keys (seconds on a long prompt; once per trace, for every visitor)."""
+    from pipeline.forward.tracing import OVERVIEW, overview
+
+    if tr.acts.ready(OVERVIEW):
+        return tr.acts[OVERVIEW]
+    bar = st.progress(0.0, text="Computing every layer's attention map from the kept queries and keys…")
+    out = overview(tr, lambda f, msg: bar.progress(f, text=f"Attention maps from the kept queries and keys: {msg}"))
+    bar.empty()
+    return out

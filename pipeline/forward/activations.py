@@ -177,6 +177,14 @@ class Activations:
     def __contains__(self, name: str | Name) -> bool:
         return self.get(name) is not None
 
+    def ready(self, name: str | Name) -> bool:
+        """Whether `name` is held as it is (False: it is computed when first read, see Later)."""
+        n = Name.parse(name)
+        held = self._held.get(self._key(n))
+        if isinstance(held, dict) and n.layer not in (None, Name.EVERY):
+            held = held.get(n.layer)
+        return held is not None and not isinstance(held, Later)
+
     def layers(self, name: str | Name) -> list[int]:
         """The layers whose `name` (any layer, e.g. "blocks.*.attn.hook_q") this trace kept."""
         n = Name.parse(name)

@@ -10,10 +10,14 @@ last position, the stage timings, and `tr.acts`, the activations it kept, each u
     blocks.*.ln1.hook_normalized|norm     [L, T]             float32  |the input to attention after the layer's norm|
     blocks.*.hook_attn_out|norm           [L, T]             float32  |what attention adds to the stream|
     blocks.*.hook_mlp_out|norm            [L, T]             float32  |what the feed-forward block adds|
-    blocks.*.attn.hook_pattern|pooled     [L, H, T', T']     float16  T' = ceil(T / acts.attn_block)
-    blocks.l.attn.hook_pattern            [H, T, T]          float16  full resolution (every layer when attn_block == 1)
+    blocks.*.attn.hook_pattern|pooled     [L, H, T', T']     float16  T' = ceil(T / acts.attn_block); computed when read
+    blocks.l.attn.hook_pattern            [H, T, T]          float16  full resolution (every layer when attn_block == 1);
+                                                                      computed when read (capture.MapSource)
     blocks.*.attn.hook_pattern|last       [L, H, T]          float32  every head's attention from the last position
-    blocks.l.attn.hook_q / _k / _v        [H|Hkv, T, D]      float32  after RoPE, for the layers capture_plan keeps
+    blocks.l.attn.hook_q / _k / _v        [H|Hkv, T, D]      float32  after RoPE, every layer (float16 over LONG_T tokens)
+
+The forward runs SDPA (the model's fast attention); the maps are transformers' eager attention's numbers, computed
+from the kept queries and keys when a page asks (bench/bench_long_trace.py: the trace <= 1.15x the forward up to 8k).
     blocks.*.attn.hook_z|last             [L, H*D]           float32  the heads' outputs at the last position
     blocks.*.attn.hook_proj|last          [L, d]             float32  the output projection's output there
     blocks.*.mlp.hook_proj|last           [L, d]             float32  the feed-forward block's output there
@@ -108,6 +112,21 @@ class Trace:
     def attention(self, layer: int) -> np.ndarray | None:
         """[H, T, T] full-resolution attention for `layer`, or None when only the pooled overview was kept."""
         return self.acts.get(Name(Site.PATTERN, layer))
+
+
+OVERVIEW = "blocks.*.attn.hook_pattern|pooled"
+
+
+def overview(tr: Trace, progress=None) -> np.ndarray:
+    """[L, H, T', T'] every layer's pooled attention, computed layer by layer the first time it is read (from the kept
+    queries and keys, the model's own eager attention), with progress(fraction, message): ~25 s at 8k tokens here."""
+    if not tr.acts.ready(OVERVIEW):
+        L = tr.facts.n_layers
+        for i in range(L):
+            tr.acts[f"blocks.{i}.attn.hook_pattern|pooled"]
+            if progress:
+                progress((i + 1) / L, f"layer {i + 1} of {L}")
+    return tr.acts[OVERVIEW]
 
 
 def display_maps(tr: Trace, layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
@@ -414,15 +433,7 @@ def _maps(acts: Activations, cap: Capture, plan: Plan) -> None:
 
 
 def _assemble(
-    lm: LoadedModel,
-    prompt: str,
-    tk: Tokenized,
-    plan: Plan,
-    rec: _Recorded,
-    hs: torch.Tensor,
-    logits: torch.Tensor,
-    lens_at_last,
-    timings: dict,
+    lm: LoadedModel, prompt: str, tk: Tokenized, plan: Plan, rec: _Recorded, hs: torch.Tensor, logits: torch.Tensor, lens_at_last, timings: dict
 ) -> Trace:
     """The hooks' records as host arrays in one Trace, each activation under its name."""
     L = lm.facts.n_layers
@@ -461,7 +472,7 @@ def _assemble(
 
 
 def warm_up(lm: LoadedModel, progress=None) -> None:
-    """Two traced passes on the model's own thread, the pages' way (eager attention, hooks, a chat prompt), so that
+    """Two traced passes on the model's own thread, the pages' way (hooks, the kept activations, a chat prompt), so that
     one-time allocations, kernel choices and the thread's OpenMP team are made before a visitor's first numbers,
     not in them (the app's loader calls it; bench/bench_first_visit.py measures the effect)."""
 

@@ -46,34 +46,45 @@ class MapSource:
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """The weights of query rows start..stop-1: [H, stop - start, T] float32."""
+        w = self._rows(start, stop)
+        T = self.k.shape[-2]
+        return w if w.shape[-1] == T else torch.nn.functional.pad(w, (0, T - w.shape[-1]))
+
+    def _rows(self, start: int, stop: int) -> torch.Tensor:
+        """The weights of query rows start..stop-1 over the keys up to the last one any of them attends ([H, rows, K],
+        K <= T: past a decoder's causal edge every weight is 0, and computing them was half the work)."""
         module = self.module()
         if module is None:
             raise RuntimeError("the model this trace came from was unloaded: trace the prompt again to see this map")
         T = self.k.shape[-2]
-        q = self.q[None, :, start:stop].float()
-        k = self.k[None].float()
         if self.mask is None:
-            allowed = torch.ones(stop - start, T, dtype=torch.bool).tril(start)
+            allowed = torch.ones(stop - start, stop, dtype=torch.bool).tril(start)
         else:
             allowed = self.mask[start:stop]
+            cols = allowed.any(0).nonzero()
+            allowed = allowed[:, : int(cols[-1]) + 1 if len(cols) else T]
+        K = allowed.shape[-1]
+        q = self.q[None, :, start:stop].float()
+        k = self.k[None, :, :K].float()
         bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, torch.finfo(torch.float32).min)
         with torch.inference_mode():
-            _, w = self.eager(module, q, k, k, bias[None, None], **self.kwargs)  # the values do not change the weights
+            # values of width 1: the weights do not depend on them, and the weights-times-values product is then nothing
+            _, w = self.eager(module, q, k, k[..., :1], bias[None, None], **self.kwargs)
         return w[0].float()
 
     def blocks(self, step: int | None = None):
-        """(start, stop, weights) over every query row, in blocks of at most ROWS_AT_ONCE weights."""
+        """(start, stop, weights over the first K keys) over every query row, in blocks of at most ROWS_AT_ONCE weights."""
         H, T = self.q.shape[0], self.q.shape[-2]
         step = step or max(1, ROWS_AT_ONCE // max(1, H * T))
         for a in range(0, T, step):
-            yield a, min(T, a + step), self.rows(a, min(T, a + step))
+            yield a, min(T, a + step), self._rows(a, min(T, a + step))
 
     def full(self) -> torch.Tensor:
         """[H, T, T] float16: every row."""
         H, T = self.q.shape[0], self.q.shape[-2]
-        out = torch.empty(H, T, T, dtype=torch.float16)
+        out = torch.zeros(H, T, T, dtype=torch.float16)
         for a, b, w in self.blocks():
-            out[:, a:b] = w.to(torch.float16)
+            out[:, a:b, : w.shape[-1]] = w.to(torch.float16)
         return out
 
     def pooled(self, block: int) -> torch.Tensor:
@@ -85,7 +96,8 @@ class MapSource:
         out = torch.zeros(H, n, n, dtype=torch.float32)
         step = max(block, (max(1, ROWS_AT_ONCE // max(1, H * T)) // block) * block)  # whole blocks of rows at once
         for a, b, w in self.blocks(step):
-            out[:, a // block : -(-b // block)] = pool_attention(w, block, T)
+            p = pool_attention(w, block)  # the keys past w's last are all 0: their blocks' sums are 0
+            out[:, a // block : -(-b // block), : p.shape[-1]] = p
         return out.to(torch.float16)
 
     @property
@@ -137,19 +149,18 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
         mask = m if m.dtype == torch.bool else m == 0  # an additive float mask: 0 where attended
     args = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, bool, type(None))) or k == "s_aux"}
     args["dropout"] = 0.0
-    src = MapSource(
-        query[0].detach().to("cpu", cap.store).clone(),
-        key[0].detach().to("cpu", cap.store).clone(),
-        None if mask is None else mask.detach().cpu(),
-        _eager_of(module),
-        weakref.ref(module),
-        args,
-    )
+    src = MapSource(_kept(query, cap.store), _kept(key, cap.store), None if mask is None else mask.detach().cpu(), _eager_of(module), weakref.ref(module), args)
     cap.sources[layer] = src
-    cap.v[layer] = value[0].detach().to("cpu", cap.store).clone()
+    cap.v[layer] = _kept(value, cap.store)
     T = query.shape[-2]
     cap.last_row[layer] = src.rows(T - 1, T)[:, 0].clone()
     return out, None
+
+
+def _kept(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x[0] as the trace keeps it: on the CPU in `dtype`, copied once (a conversion is already a copy)."""
+    y = x[0].detach().to("cpu", dtype)
+    return y.clone() if y.data_ptr() == x.data_ptr() else y
 
 
 def _explorer_mask(*args, **kwargs):

@@ -21,6 +21,7 @@ labels = labels_of(tr.tokens)
 L, H = f.n_layers, f.n_heads
 
 tr, layer = runs.layer_with_qkv(tr, "Layer", "attn_layer")
+render.overview(tr)  # every layer's pooled map (computed with progress the first time, a long prompt's seconds)
 maps, block = display_maps(tr, layer)
 sink = analysis.sink_share(tr)
 hide = st.toggle(

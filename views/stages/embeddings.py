@@ -1,6 +1,6 @@
 import streamlit as st
 
-from components.figures import drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap, token_texts, vector_strip
+from components.figures import PCA_LABELS, drift_figure, learned_positions_figure, pca_figure, relative_figure, rope_heatmap, token_texts, vector_strip
 from components.tokens import plot_text, visible
 from pipeline.forward import analysis
 from pipeline.lab import checks
@@ -49,6 +49,8 @@ if emap is not None:
     render.figure(pca_figure(emap.coords, labels, groups, dims=dims, var=emap.variance), "pca", main=True)
     if dims == 2:
         st.caption("A label that would cover another is left off, as is a repeated token at the same point; hover a point for its token.")
+    if tr.T + len(emap.words) > PCA_LABELS:
+        st.caption(f"{tr.T:,} tokens: the reference words and the prompt's last tokens carry labels ({PCA_LABELS} at most); every point has its hover.")
 else:
     st.info("PCA needs at least three vectors: add reference words or a longer prompt.")
 

@@ -90,7 +90,13 @@ st.caption(f"Running on {tr.device}. Loaded{where} in {lm.load_seconds:.1f} s." 
 render.figure(timings_bar(tr.timings), "timings bar", main=True)
 st.caption(
     "Stage times come from forward hooks on this run (device-synchronised on GPU). The logit lens is an "
-    "extra read-out this explorer adds; a plain model does not compute it."
+    "extra read-out this explorer adds when a page shows it; a plain model does not compute it."
+)
+st.caption(
+    f"This trace keeps {tr.nbytes / 2**20:,.1f} MB: the residual stream entering every layer, every layer's queries, keys and "
+    f"values after RoPE ({'float16' if tr.T > pipeline.forward.tracing.LONG_T else 'float32'}), the last token's attention row per head "
+    "and the norms. The model ran its fast attention (SDPA); an attention map is computed from the kept queries and keys "
+    "when a page shows it, with the model's own eager attention (its scaling, mask and window)."
 )
 
 proof.how_do_we_know(lambda: pipeline.lab.checks.all_checks(lm, tr), "overview", tr)
