@@ -62,6 +62,14 @@ ABOUT = {
         "The overview's forward-pass time on a freshly started server against pipeline.trace in a plain process, three visits.",
         "bench/bench_first_visit.py --reps 5",
     ),
+    "long_trace": (
+        "A trace of every stage against the model's own forward at 37, 1,024, 4,096 and ~8,000 tokens (SmolLM2, fp32, "
+        "prose; the same ids, no cache, the LM head on the last position, the same threads; alternated, warm-ups outside, "
+        "median and spread of each side and of the per-pair ratio; goal <= 1.15). The trace runs SDPA and keeps every "
+        "layer's queries, keys and values; trace_kept_mb is what it holds before any map is read; one layer's pooled map "
+        "and the all-layer overview are then computed from them (what the attention page asks for, once per trace).",
+        "bench/bench_long_trace.py",
+    ),
     "trace": ("A trace of every stage against a plain transformers forward of the same prompt, at several prompt lengths.", "bench/bench_trace.py"),
     "memory": ("Peak extra memory while tracing a long prompt, and how fast the attention page answers a layer change.", "bench/bench_memory.py"),
     "generate": ("Our decode loop against transformers' model.generate (greedy), and what the telemetry sampler costs.", "bench/bench_generate.py"),

@@ -211,9 +211,9 @@ def busy_note(busy, where=None, noisy: bool = False) -> None:
 
 
 def overview(tr):
-    """Every layer's pooled attention map (pipeline.forward.tracing.overview), with a progress bar while it is computed
+    """Every layer's pooled attention map (pipeline.forward.overview), with a progress bar while it is computed
     from the trace's kept queries and keys (seconds on a long prompt; once per trace, for every visitor)."""
-    from pipeline.forward.tracing import OVERVIEW, overview
+    from pipeline.forward import OVERVIEW, overview
 
     if tr.acts.ready(OVERVIEW):
         return tr.acts[OVERVIEW]

@@ -30,7 +30,6 @@ other's numbers.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -40,13 +39,12 @@ import numpy as np
 import torch
 
 from pipeline.common.timing import ACTIVITY, Busy, Samples, interleaved, syncer
-from pipeline.forward.activations import Activations, Later, Name, Site, View, hooking
+from pipeline.forward.activations import Activations, Name, Site, View, hooking
+from pipeline.forward.kept import MemoryTooSmall, Plan, capture_plan, check_memory, lazy_maps
 from pipeline.forward.tokens import Segment, Token, Tokenized, tokenize
-from pipeline.model.capture import Capture, capturing
+from pipeline.model.capture import capturing
 from pipeline.model.loaded import LoadedModel, ModelFacts, threads_for
 
-ATTN_FULL_BUDGET = 256 << 20  # bytes of full-resolution float16 attention maps kept per trace
-ATTN_OVERVIEW_MAX = 256  # the all-layers overview is pooled to at most this many positions
 LENS_GRID_MAX = 64  # lens_grid(): at most this many (last) positions
 DEFAULT_MAX_TOKENS = None  # no limit of the explorer's own: the model's context (and the memory the estimate needs)
 
@@ -114,36 +112,6 @@ class Trace:
         return self.acts.get(Name(Site.PATTERN, layer))
 
 
-OVERVIEW = "blocks.*.attn.hook_pattern|pooled"
-
-
-def overview(tr: Trace, progress=None) -> np.ndarray:
-    """[L, H, T', T'] every layer's pooled attention, computed layer by layer the first time it is read (from the kept
-    queries and keys, the model's own eager attention), with progress(fraction, message): ~25 s at 8k tokens here."""
-    if not tr.acts.ready(OVERVIEW):
-        L = tr.facts.n_layers
-        for i in range(L):
-            tr.acts[f"blocks.{i}.attn.hook_pattern|pooled"]
-            if progress:
-                progress((i + 1) / L, f"layer {i + 1} of {L}")
-    return tr.acts[OVERVIEW]
-
-
-def display_maps(tr: Trace, layer: int, max_n: int = 128) -> tuple[np.ndarray, int]:
-    """One layer's attention for drawing: ([H, n, n] float32, block) with n <= max_n. Full resolution when the
-    prompt is short enough, otherwise the stored overview pooled further (rows still sum to 1)."""
-    from pipeline.model.capture import pool_attention
-
-    full = tr.attention(layer)
-    if full is not None and tr.T <= max_n:
-        return full.astype(np.float32), 1
-    src, block = tr.acts[Name(Site.PATTERN, layer, View.POOLED)], tr.acts.attn_block
-    extra = max(1, -(-src.shape[-1] // max_n))
-    if extra > 1:
-        src = pool_attention(torch.from_numpy(src.astype(np.float32)), extra).numpy()
-    return src.astype(np.float32), block * extra
-
-
 def _as_np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
@@ -156,19 +124,6 @@ def check_prompt(prompt: str, n_tokens: int | None = None, max_positions: int | 
             raise TraceError(f"The prompt is {n_tokens:,} tokens, longer than this model's context window of {max_positions:,} tokens. Shorten it.")
         if max_tokens is not None and n_tokens > max_tokens:
             raise TraceError(f"The prompt is {n_tokens:,} tokens; this explorer traces at most {max_tokens:,} tokens at once. Shorten it.")
-
-
-def _check_memory(f: ModelFacts, T: int) -> None:
-    """A trace this long must fit the memory this machine has free (with room for the forward's own): said, with the
-    estimate, before anything runs."""
-    import psutil
-
-    need, free = trace_bytes(f, T), psutil.virtual_memory().available
-    if need * 2 > free:
-        raise TraceError(
-            f"A trace of {T:,} tokens keeps about {need / 2**20:,.0f} MB (the residual stream and every layer's queries, keys and values); "
-            f"this machine has {free / 2**20:,.0f} MB free. Shorten the prompt."
-        )
 
 
 def over_cap(n_tokens: int, limit: int, whose: str = "The prompt") -> str:
@@ -202,43 +157,6 @@ def lens_grid(lm: LoadedModel, tr: Trace, n_positions: int = LENS_GRID_MAX) -> t
             ids, probs = logit_lens(lm, hs)
         memo[P] = (list(range(T - P, T)), ids[..., 0].numpy(), probs[..., 0].numpy())
     return memo[P]
-
-
-LONG_T = 4096  # above this many tokens the kept queries, keys and values are float16 (memory: 470 MB at 8k, SmolLM2)
-
-
-@dataclass
-class Plan:
-    """What one trace of T tokens keeps and shows: the attention overview's block, the layers whose [H, T, T] maps
-    are listed at full resolution (computed when read, within ATTN_FULL_BUDGET), and the capture (every layer's
-    queries, keys and values)."""
-
-    block: int
-    full_layers: set[int]
-    capture: Capture
-
-
-def capture_plan(f: ModelFacts, T: int, attn_layers: list[int] | None = None, qkv_layers: list[int] | None = None) -> Plan:
-    """Every layer's Q/K/V kept; every layer's map at full resolution when they fit the memory budget, otherwise the
-    pooled overview plus a few full layers (the asked-for ones first). Nothing here is computed before it is read."""
-    del qkv_layers  # every layer's are kept now (the argument stays for callers that ask for one)
-    L, H = f.n_layers, f.n_heads
-    block = max(1, -(-T // ATTN_OVERVIEW_MAX))
-    per_layer = H * T * T * 2
-    if block == 1 and per_layer * L <= ATTN_FULL_BUDGET:
-        full = set(range(L))
-    else:
-        wanted = list(dict.fromkeys([*(attn_layers or []), 0, L // 2, L - 1]))  # asked-for layers first
-        full = set(wanted[: max(1, ATTN_FULL_BUDGET // per_layer)])
-    return Plan(block, full, Capture(store=torch.float16 if T > LONG_T else torch.float32))
-
-
-def trace_bytes(f: ModelFacts, T: int) -> int:
-    """What a trace of T tokens holds before any map is read: the residual stream (L+1 x T x d, float32), every
-    layer's Q/K/V, the last rows and the norms (the estimate said before a long prompt runs)."""
-    per = 2 if T > LONG_T else 4
-    qkv = f.n_layers * (f.n_heads + 2 * f.n_kv_heads) * T * f.head_dim * per
-    return (f.n_layers + 1) * T * f.d_model * 4 + qkv + f.n_layers * f.n_heads * T * 4 + 4 * f.n_layers * T * 4
 
 
 @dataclass
@@ -366,7 +284,10 @@ def trace(
     if T == 0:
         raise TraceError("The prompt produced no tokens.")
     check_prompt(prompt, T, f.max_positions, max_tokens)
-    _check_memory(f, T)
+    try:
+        check_memory(f, T)
+    except MemoryTooSmall as e:
+        raise TraceError(str(e)) from None
     L = f.n_layers
     plan = capture_plan(f, T, attn_layers, qkv_layers)
     cap = plan.capture
@@ -410,28 +331,6 @@ def _lens_at_last(lm: LoadedModel, last_rows: torch.Tensor, logits: torch.Tensor
     return make
 
 
-def _maps(acts: Activations, cap: Capture, plan: Plan) -> None:
-    """The attention maps, each computed from the kept queries and keys when first read (MapSource: the model's own
-    eager attention, in blocks of rows): the pooled overview (all layers, or one), and the full-resolution layers."""
-    src, block, L = cap.sources, plan.block, len(cap.sources)
-    layer_memo: dict[int, np.ndarray] = {}
-    lock = threading.Lock()
-
-    def pooled_layer(i: int) -> np.ndarray:
-        with lock:
-            if i not in layer_memo:
-                layer_memo[i] = src[i].pooled(block).numpy()
-            return layer_memo[i]
-
-    masks = {id(s.mask): s.mask for s in src.values() if s.mask is not None}
-    acts.put(
-        "blocks.*.attn.hook_pattern|pooled",
-        Later(lambda: np.stack([pooled_layer(i) for i in range(L)]), layer=pooled_layer, source=masks, source_bytes=sum(m.nbytes for m in masks.values())),
-    )
-    if block > 1:  # with a block of 1 the pooled patterns are the full ones, every layer
-        acts.put("blocks.*.attn.hook_pattern", {i: Later(lambda i=i: src[i].full().numpy()) for i in sorted(plan.full_layers)})
-
-
 def _assemble(
     lm: LoadedModel, prompt: str, tk: Tokenized, plan: Plan, rec: _Recorded, hs: torch.Tensor, logits: torch.Tensor, lens_at_last, timings: dict
 ) -> Trace:
@@ -447,7 +346,7 @@ def _assemble(
         acts.put(Name(site, Name.EVERY, View.NORM), _as_np(torch.stack(norms)))
     for site, last in rec.last.items():
         acts.put(Name(site, Name.EVERY, View.LAST), _as_np(torch.stack(last)))
-    _maps(acts, cap, plan)
+    lazy_maps(acts, cap, plan)
     acts.put("blocks.*.attn.hook_pattern|last", torch.stack([cap.last_row[i] for i in range(L)]).numpy())
     acts.put(Name(Site.Q, Name.EVERY), {i: cap.sources[i].q.numpy() for i in range(L)})
     acts.put(Name(Site.K, Name.EVERY), {i: cap.sources[i].k.numpy() for i in range(L)})

@@ -94,7 +94,7 @@ st.caption(
 )
 st.caption(
     f"This trace keeps {tr.nbytes / 2**20:,.1f} MB: the residual stream entering every layer, every layer's queries, keys and "
-    f"values after RoPE ({'float16' if tr.T > pipeline.forward.tracing.LONG_T else 'float32'}), the last token's attention row per head "
+    f"values after RoPE ({'float16' if tr.T > pipeline.forward.LONG_T else 'float32'}), the last token's attention row per head "
     "and the norms. The model ran its fast attention (SDPA); an attention map is computed from the kept queries and keys "
     "when a page shows it, with the model's own eager attention (its scaling, mask and window)."
 )
