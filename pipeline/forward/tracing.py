@@ -40,7 +40,7 @@ import torch
 
 from pipeline.common.timing import ACTIVITY, Busy, Samples, interleaved, syncer
 from pipeline.forward.activations import Activations, Name, Site, View, hooking
-from pipeline.forward.kept import MemoryTooSmall, Plan, capture_plan, check_memory, lazy_maps
+from pipeline.forward.kept import MemoryTooSmall, Plan, capture_plan, check_memory, lazy_maps, trace_bytes
 from pipeline.forward.tokens import Segment, Token, Tokenized, tokenize
 from pipeline.model.capture import capturing
 from pipeline.model.loaded import LoadedModel, ModelFacts, threads_for
@@ -288,6 +288,8 @@ def trace(
         check_memory(f, T)
     except MemoryTooSmall as e:
         raise TraceError(str(e)) from None
+    if progress:  # said first, before the forward: what this trace will hold
+        progress(0.0, f"{T:,} tokens; the trace will keep about {trace_bytes(f, T) / 2**20:,.0f} MB")
     L = f.n_layers
     plan = capture_plan(f, T, attn_layers, qkv_layers)
     cap = plan.capture
