@@ -1,4 +1,6 @@
-"""Command line: `python -m pipeline tokens|next|trace|generate|explain "prompt" [--json]`, `patch CLEAN CORRUPT`.
+"""Command line: `python -m pipeline tokens|next|trace|generate|explain|steps "prompt" [--json]`, `patch CLEAN CORRUPT`.
+
+`steps` walks the decode loop: every step's newest query over every cached key (`--new N --layer L [--chat]`).
 
 `explain` takes the next token's logit apart (direct logit attribution: the embedding, every head, every
 feed-forward block; their sum is the logit) and, with --ablate, switches components off and shows the distribution
@@ -298,6 +300,40 @@ def _add_why(sub) -> None:
     p.set_defaults(fn=cmd_patch)
 
 
+def cmd_steps(args, out):
+    from pipeline.generation.steps import steps
+
+    lm = _load(args)
+    L = lm.facts.n_layers
+    layer = args.layer if args.layer is not None else L - 1
+    if not -L <= layer < L:
+        raise ValueError(f"--layer {args.layer}: this model has layers 0-{L - 1}")
+    got = steps(lm, args.prompt, new=args.new, chat=args.chat, temperature=args.temperature, seed=args.seed)
+    rows = [
+        {
+            "step": i,
+            "token_id": s.token_id,
+            "token": s.token,
+            "p": round(s.p, 6),
+            "cache_len": s.cache_len,
+            "kv_bytes": s.kv_bytes,
+            "seconds": round(s.seconds, 6),
+            "attention": [[round(float(w), 6) for w in head] for head in s.attention[layer]],
+        }
+        for i, s in enumerate(got.steps)
+    ]
+    if args.json:
+        json.dump({"model": lm.label, "layer": layer % L, "prompt_ids": got.prompt_ids, "steps": rows}, out, ensure_ascii=False)
+        out.write("\n")
+        return
+    out.write(f"{lm.label}, layer {layer % L}: step, token, p, keys attended, KV cache, time, each head's top key\n")
+    for r, s in zip(rows, got.steps):
+        tops = " ".join(f"h{h}:{int(np.argmax(w))}" for h, w in enumerate(s.attention[layer]))
+        out.write(
+            f"{r['step']:>4} {r['token']!r:>12} p={r['p']:.3f} keys={r['cache_len']:>5} kv={r['kv_bytes'] / 1024:,.0f} KiB {r['seconds'] * 1000:7.1f} ms  {tops}\n"
+        )
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate through the serving engine (several prompts: batched)")
     p.add_argument("prompts", nargs="+")
@@ -311,6 +347,15 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=PRECISIONS, default=argparse.SUPPRESS, help="as the option before the command")
     p.set_defaults(fn=cmd_generate)
+    p = sub.add_parser("steps", help="every decode step's newest query over the KV cache: one row per head (step 0: the prompt's last query)")
+    p.add_argument("prompt")
+    p.add_argument("--new", type=int, default=8, help="decode steps (tokens generated)")
+    p.add_argument("--layer", type=int, default=None, help="the layer whose rows are printed (default: the last)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); above 0: sampled with --seed")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_steps)
 
 
 def _parser() -> argparse.ArgumentParser:

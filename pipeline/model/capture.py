@@ -57,8 +57,9 @@ class MapSource:
         if module is None:
             raise RuntimeError("the model this trace came from was unloaded: trace the prompt again to see this map")
         T = self.k.shape[-2]
+        off = T - self.q.shape[-2]  # a decode step's queries come after the cached keys
         if self.mask is None:
-            allowed = torch.ones(stop - start, stop, dtype=torch.bool).tril(start)
+            allowed = torch.ones(stop - start, stop + off, dtype=torch.bool).tril(start + off)
         else:
             allowed = self.mask[start:stop]
             cols = allowed.any(0).nonzero()
