@@ -13,8 +13,8 @@ import demo
 from components.steps_figures import cache_strip_figure, step_attention_figure
 from components.tokens import lit, visible
 from pipeline import text_of
-from pipeline.generation.steps import steps
-from pipeline.lab.checks import Check
+from pipeline.generation import steps
+from pipeline.lab import checks
 from views import proof, render
 from views.guard import address_slot, allowed
 from views.loading import model_key
@@ -85,9 +85,7 @@ def section(lm) -> None:
     m[1].metric("KV cache", f"{s.kv_bytes / 2**10:,.0f} KiB", help="2 (K and V) x KV heads x head dim x bytes x layers x tokens")
     m[2].metric("This step", f"{s.seconds * 1000:.1f} ms", help=f"The prefill (step 0) took {got.steps[0].seconds * 1000:.1f} ms over {P} tokens")
     m[3].metric("Token chosen", lit(repr(visible(s.token))), help=f"p = {s.p:.3f}, id {s.token_id}")
-    render.figure(
-        step_attention_figure(s.attention[layer], labels, P, step, layer), "decode step attention", settings={"step": step, "layer": layer}
-    )
+    render.figure(step_attention_figure(s.attention[layer], labels, P, step, layer), "decode step attention", settings={"step": step, "layer": layer})
     render.figure(cache_strip_figure(P, s.cache_len, step), "kv cache at step")
     st.caption(
         "Prompt tokens are left of the dashed line; the red column is the new token's own key, computed this step; every other column is read from the cache."
@@ -95,7 +93,7 @@ def section(lm) -> None:
     proof.how_do_we_know(lambda: _check(lm, got, step), f"steps-{step}", got, ask=True)
 
 
-def _check(lm, got, step: int) -> list[Check]:
+def _check(lm, got, step: int) -> list[checks.Check]:
     """This step's rows against the last row of a full forward over the same ids with transformers' eager attention."""
     import torch
 
@@ -104,5 +102,7 @@ def _check(lm, got, step: int) -> list[Check]:
         att = lm.model(input_ids=torch.tensor([got.ids[: s.cache_len]], device=lm.device), output_attentions=True, use_cache=False).attentions
     d = max(float(np.abs(s.attention[i] - att[i][0, :, -1].float().cpu().numpy()).max()) for i in range(len(att)))
     return [
-        Check("each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d)
+        checks.Check(
+            "each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d
+        )
     ]

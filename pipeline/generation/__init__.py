@@ -19,6 +19,7 @@ from pipeline.generation.loop import (
     prepare,
 )
 from pipeline.generation.speculative import DraftKind, EarlyExit, compare_with_plain, expected_tokens_per_call
+from pipeline.generation.steps import Step, Steps, steps
 from pipeline.generation.sweeps import (
     CACHE_MODES,
     CacheModeComparison,
@@ -36,7 +37,7 @@ from pipeline.generation.sweeps import (
 )
 
 __all__ = [
-    "Finish", "Phase", "Runner", "StepEvent",
+    "Finish", "Phase", "Runner", "StepEvent", "Step", "Steps", "steps",
     "MAX_NEW_TOKENS", "GenerationRecord", "KVCost", "Metrics", "Prepared", "generate", "kv_bytes_formula", "kv_costs", "kv_window",
     "measured_kv_per_token", "metrics", "prepare", "CACHE_MODES", "CacheModeComparison", "CacheRow", "ModeRun", "SweepRow", "Verdict",
     "cache_off_sweep", "cache_verdict", "compare_cache_modes", "growth", "long_prompt", "prefill_decode_sweep", "sweep_verdict",
