@@ -115,6 +115,7 @@ class Capture:
     last_row: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [H, T] float32
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [Hkv, T, D]
     keep: bool = True  # False: nothing recorded (as_traced)
+    last_only: bool = False  # True: the last query's rows only, nothing copied (a decode step's recording)
 
 
 def pool_attention(w: torch.Tensor, block: int, n_keys: int | None = None) -> torch.Tensor:
@@ -150,6 +151,10 @@ def _explorer_attention(module, query, key, value, attention_mask, **kwargs):
         mask = m if m.dtype == torch.bool else m == 0  # an additive float mask: 0 where attended
     args = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, bool, type(None))) or k == "s_aux"}
     args["dropout"] = 0.0
+    if cap.last_only:  # the live tensors, read once here: copying the whole cache every step would be O(steps^2)
+        src = MapSource(query[0].detach(), key[0].detach(), None if mask is None else mask, _eager_of(module), weakref.ref(module), args)
+        cap.last_row[layer] = src.rows(query.shape[-2] - 1, query.shape[-2])[:, 0].float().cpu().clone()
+        return out, None
     src = MapSource(_kept(query, cap.store), _kept(key, cap.store), None if mask is None else mask.detach().cpu(), _eager_of(module), weakref.ref(module), args)
     cap.sources[layer] = src
     cap.v[layer] = _kept(value, cap.store)
