@@ -89,6 +89,9 @@ SETTING_NAMES = {  # a bound widget's key -> what a slide calls it (a key not he
     "emb_refs": "reference words",
     "emb_dims": "dimensions",
     "layer_pos": "position",
+    "steps_new": "decode steps",
+    "steps_on": "steps recorded",
+    "steps_step": "decode step",
 }
 
 

@@ -17,11 +17,12 @@ from components.attention_figures import attention_heads
 from components.figures import copy_figure, labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
 from components.fmt import prob
 from components.generation import kv_growth_figure, step_times_figure
+from components.steps_figures import cache_strip_figure, step_attention_figure
 from components.tokens import chips_html, plot_text, template_html, visible
 from components.why import largest_figure
 from pipeline import text_of
 from pipeline.forward import Kind, ablate, analysis, attribute, display_maps, sampling
-from pipeline.generation import kv_bytes_formula, metrics
+from pipeline.generation import kv_bytes_formula, metrics, steps
 from pipeline.lab import checks
 
 
@@ -146,9 +147,36 @@ def _stage_next(lm, tr):
     )
 
 
+STEPS_NEW = 6  # decode steps the handout records for the loop seen from the KV cache
+
+
 def _stage_generation(lm, rec):
-    return f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>" + _checks(
-        checks.generation_checks(lm, rec)
+    return (
+        f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>"
+        + _checks(checks.generation_checks(lm, rec))
+        + safely(_decode_steps, lm, rec)
+    )
+
+
+def _decode_steps(lm, rec):
+    """The last of STEPS_NEW recorded decode steps at the last layer: each head's newest query over every cached key."""
+    got = steps(lm, rec.prompt, new=STEPS_NEW, chat=rec.chat)
+    i, layer, P = len(got.steps) - 1, lm.facts.n_layers - 1, len(got.prompt_ids)
+    s = got.steps[i]
+    labels = [text_of(lm.tokenizer, [t]) for t in got.ids[: s.cache_len]]
+    rows = {
+        "keys in the cache": f"{s.cache_len:,} ({P} from the prompt, {s.cache_len - P} generated)",
+        "KV cache": f"{s.kv_bytes / 2**10:,.0f} KiB",
+        "this step": f"{s.seconds * 1000:.1f} ms (the prefill: {got.steps[0].seconds * 1000:.1f} ms over {P} tokens)",
+        "token chosen": f"{visible(s.token)!r} p = {prob(s.p)}",
+    }
+    return (
+        f"<h3>The loop seen from the KV cache: decode step {i}, layer {layer}</h3><p>The new token's query attends over every cached "
+        "key; only its own key and value (the last column) were computed this step, every other one was read from the cache.</p>"
+        + _table(rows)
+        + figure_html(step_attention_figure(s.attention[layer], labels, P, i, layer), f"decode step {i} attention, layer {layer}")
+        + figure_html(cache_strip_figure(P, s.cache_len, i), f"KV cache at step {i}")
+        + _checks([checks.check_step(lm, got, i)])
     )
 
 

@@ -104,7 +104,7 @@ STAGES: tuple[PageSpec, ...] = (
        "The chosen token is appended and the model runs again, one token at a time, until it stops.",
        heading="Generation: the autoregressive loop", handout="run",
        summary="The autoregressive loop",
-       settings=("gen_n", "gen_t", "gen_k", "gen_p", "gen_minp", "gen_seed", "steps_new", "steps_step", "steps_layer")),
+       settings=("gen_n", "gen_t", "gen_k", "gen_p", "gen_minp", "gen_seed", "steps_new", "steps_on", "steps_step", "steps_layer")),
     _p("prefill-decode", 7, "Prefill vs decode", "speed",
        "Prefill reads the whole prompt in one pass; each decode step then pays mostly for reading the weights, for one token.", handout="run",
        settings=("sweep_max",)),

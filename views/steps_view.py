@@ -5,7 +5,6 @@ prefill's, the token chosen; and the check that each row is the last row of a fu
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 import appstate
@@ -51,13 +50,16 @@ def section(lm) -> None:
     n = st.slider("Decode steps to record", 2, MAX_STEPS, 12, key="steps_new", bind="query-params", help="Greedy decoding, as generate does")
     key = (model_key(), prompt, chat, n)
     got = _recorded().peek(key)
+    # a toggle bound to the link, not a button: a shared link and a live class's view carry "recorded", so a follower
+    # (or a link's visitor) gets the presenter's recording (one per process: single flight) and its step
+    on = st.toggle(
+        "Record the decode steps",
+        key="steps_on",
+        bind="query-params",
+        help="One prefill and then one token at a time, every layer's newest query kept",
+    )
     if got is None:
-        if not st.button(
-            "Record the decode steps",
-            key="steps_run",
-            icon=":material/fiber_manual_record:",
-            help="One prefill and then one token at a time, every layer's newest query kept",
-        ):
+        if not on:
             st.caption("Recording keeps one row per head and layer at every step; a generation nobody records keeps nothing.")
             return
         if key not in _recorded() and not allowed("recording the decode steps"):
@@ -68,6 +70,8 @@ def section(lm) -> None:
         except demo.Busy as e:
             st.warning(str(e))
             return
+    elif not on:
+        return
     st.session_state["_steps_n"] = len(got.steps)
     L, P = lm.facts.n_layers, len(got.prompt_ids)
     c = st.columns([3, 2, 1])
@@ -90,19 +94,5 @@ def section(lm) -> None:
     st.caption(
         "Prompt tokens are left of the dashed line; the red column is the new token's own key, computed this step; every other column is read from the cache."
     )
-    proof.how_do_we_know(lambda: _check(lm, got, step), f"steps-{step}", got, ask=True)
+    proof.how_do_we_know(lambda: [checks.check_step(lm, got, step)], f"steps-{step}", got, ask=True)
 
-
-def _check(lm, got, step: int) -> list[checks.Check]:
-    """This step's rows against the last row of a full forward over the same ids with transformers' eager attention."""
-    import torch
-
-    s = got.steps[step]
-    with lm.lock, torch.inference_mode(), lm.arch.attention_as("eager"):
-        att = lm.model(input_ids=torch.tensor([got.ids[: s.cache_len]], device=lm.device), output_attentions=True, use_cache=False).attentions
-    d = max(float(np.abs(s.attention[i] - att[i][0, :, -1].float().cpu().numpy()).max()) for i in range(len(att)))
-    return [
-        checks.Check(
-            "each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d
-        )
-    ]

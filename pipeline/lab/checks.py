@@ -406,3 +406,13 @@ def check_ablation(lm: LoadedModel, tr, layer: int, head: int) -> Check:
         f"largest difference of the next-token probabilities {d:.1e}",
         d,
     )
+
+
+def check_step(lm: LoadedModel, got, step: int) -> Check:
+    """A recorded decode step's rows (pipeline.generation.steps) against the last row of a full forward over the same
+    ids with transformers' eager attention, at every layer."""
+    s = got.steps[step]
+    with lm.lock, torch.inference_mode(), lm.arch.attention_as("eager"):
+        att = lm.model(input_ids=torch.tensor([got.ids[: s.cache_len]], device=lm.device), output_attentions=True, use_cache=False).attentions
+    d = max(float(np.abs(s.attention[i] - att[i][0, :, -1].float().cpu().numpy()).max()) for i in range(len(att)))
+    return Check("each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d)

@@ -23,6 +23,7 @@ def test_handout_opens_offline_with_every_stage(tmp_path, smol, browser):
     titles = re.findall(r"<h2>(.*?)</h2>", body)
     assert [t.replace("&amp;", "&") for t in titles] == [s.title for s in STAGES]  # every stage, in the article's order
     assert "Could not be drawn" not in body
+    assert "The loop seen from the KV cache" in body  # the decode steps (issue 57), recorded for the handout
     assert body.count("class='pass'") >= 5 and "class='fail'" not in body  # the cross-checks, run and passed
     path = tmp_path / "handout.html"
     path.write_text(body, encoding="utf-8")

@@ -20,7 +20,7 @@ def test_the_decode_steps_recorded_stepped_and_checked():
     assert not at.exception, at.exception
     assert not [s for s in at.slider if s.key == "steps_step"], "nothing recorded before the click"
     at.slider(key="steps_new").set_value(4).run()
-    at.button(key="steps_run").click().run()
+    at.toggle(key="steps_on").set_value(True).run()
     assert not at.exception, at.exception
     step = at.slider(key="steps_step")
     assert step.max == 3 and step.value == 0
