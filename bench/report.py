@@ -70,6 +70,13 @@ ABOUT = {
         "and the all-layer overview are then computed from them (what the attention page asks for, once per trace).",
         "bench/bench_long_trace.py",
     ),
+    "steps_off": (
+        "A generation nobody records (our decode loop, greedy, 48 tokens of the chat \"Why is the sky blue?\") in this "
+        "checkout against the commit before the decode-step recording landed (a git worktree), each side in its own process, "
+        "alternated pair by pair; the median tokens/s ratio (goal ~1.0) and its spread; and, for scale, recording every "
+        "layer's newest query (pipeline.generation.steps) beside it.",
+        "bench/bench_steps_off.py --pairs 6",
+    ),
     "trace": ("A trace of every stage against a plain transformers forward of the same prompt, at several prompt lengths.", "bench/bench_trace.py"),
     "memory": ("Peak extra memory while tracing a long prompt, and how fast the attention page answers a layer change.", "bench/bench_memory.py"),
     "generate": ("Our decode loop against transformers' model.generate (greedy), and what the telemetry sampler costs.", "bench/bench_generate.py"),

@@ -25,6 +25,15 @@ def folders(tmp_path_factory):
     return family_folders(tmp_path_factory.mktemp("families_steps"))
 
 
+def _cache_bytes(model, ids) -> int:
+    """The bytes of K and V in transformers' own DynamicCache after a forward over `ids` (every layer)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
 def _check(lm, folder=None):
     from transformers import AutoModelForCausalLM
 
@@ -46,6 +55,9 @@ def _check(lm, folder=None):
             assert step.cache_len == P + s
             with torch.no_grad():
                 att = model(torch.tensor([got.ids[: P + s]]), output_attentions=True, use_cache=False).attentions
+                real = _cache_bytes(model, got.ids[: P + s])
+            # what the model's own cache holds after this step (a sliding layer keeps only its window less one)
+            assert step.kv_bytes == real, (s, step.kv_bytes, real)
             for layer in range(f.n_layers):
                 mine = step.attention[layer]
                 assert mine.shape == (f.n_heads, P + s)
