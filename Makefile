@@ -60,7 +60,7 @@ demo: $(STAMP)
 	@if [ "$(REPLICAS)" -gt 1 ] || [ "$(STORE)" = redis ]; then \
 	  LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m hosting.launch --demo --replicas $(REPLICAS) --port $(PORT) --address $(ADDRESS) --store "$(STORE)"; \
 	else \
-	  LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m demo && \
+	  LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) $(BIN)/python -m hosting.demo && \
 	  LLM_EXPLORER_DEMO=1 LLM_EXPLORER_PRECISION=$(PRECISION) LLM_EXPLORER_STORE="$(STORE)" $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) --client.showErrorDetails none; \
 	fi
 

@@ -8,7 +8,7 @@ import streamlit as st
 # a favicon of our own: a :material/...: icon is fetched from fonts.gstatic.com, and no page may reach another host
 st.set_page_config(page_title="LLM pipeline explorer", page_icon=str(Path(__file__).parent / "components" / "favicon.png"), layout="wide")
 
-from appstate.store import StoreDown  # noqa: E402
+from hosting.store import StoreDown  # noqa: E402
 from views import guard, header, live, live_presenter, live_wake, loading, pages, session, sidebar, st_private  # noqa: E402  (after set_page_config)
 
 

@@ -13,7 +13,7 @@ model, prompt, chat mode, the page's settings) is published as a numbered View; 
 
 Who can end a class: its presenter, the operator, or time (no presenter heartbeat and nothing published for `idle_s`).
 Nobody else: at the limit a new class is refused, never made room for. Every class lives in the one store
-(appstate.store): a presenter on one app process and students on others are one class, and a restart loses none. Codes are 8 characters from 31 without
+(hosting.store): a presenter on one app process and students on others are one class, and a restart loses none. Codes are 8 characters from 31 without
 look-alikes (no 0/o, 1/l/i): 31^8 = 8.5e11 codes; a code that names no running class gets one message whether it never
 existed or has ended (only a follower who was in the class learns why it ended), and the page counts it against the
 visitor's limits (views.live). A follower learns the view, never the owner's browser id; a published view never holds a
@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from appstate.store import Store, open_store
+from hosting.store import Store, open_store
 
 ALPHABET = "23456789abcdefghjkmnpqrstuvwxyz"  # 31 characters: no 0, 1, i, l, o
 CODE_LEN = 8

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from appstate.store import Store, open_store
+from hosting.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class OwnedStore:
         do, an entry stays for at least `keep_s` unless its own browser replaces it.
     Entries for which `expendable(value)` is true (a browser that has no runs yet) go first, whoever made them.
 
-    The entries live in the one store (appstate.store: SQLite by default, Redis by URL) under namespace `ns`, pickled,
+    The entries live in the one store (hosting.store: SQLite by default, Redis by URL) under namespace `ns`, pickled,
     with their owner, time and size beside them (`ns#meta`): every process of the app sees the same entries, and they
     survive a restart. Each put is one locked read-modify-write of the owners' list, so the bounds hold across
     processes. Without a `store`, a private in-memory one (a test's)."""

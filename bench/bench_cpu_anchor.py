@@ -6,9 +6,9 @@ What it measures, each configuration in its own fresh process, the configuration
 repeat (interleaved: a slow minute on a shared machine hits every configuration, not one), medians with min-max:
 
   * row-step-split  one row step's time: as it runs (a layer per C call), with a call per operation, and that
-                 without its matrix products (pipeline.cpu.row_step's docstring);
+                 without its matrix products (pipeline.decode_step.cpu.row_step's docstring);
   * probe        the machine's read bandwidth: a buffer as large as the model's weights (the bytes a decode step
-                 must read) read by pipeline/cpu/cpu_decode.c's read_sum (AVX2, both threads, four streams each),
+                 must read) read by pipeline/decode_step/cpu/cpu_decode.c's read_sum (AVX2, both threads, four streams each),
                  best of 15; the limit is bandwidth / weight bytes = tokens/s one request cannot beat in fp32 (torch
                  summing every weight tensor, the first probe, is reported beside it: it read 12-22 GB/s where this
                  read 31-54 as one stream a thread, and reads more as four). The single-request configurations
@@ -31,11 +31,11 @@ repeat (interleaved: a slow minute on a shared machine hits every configuration,
                  CTranslate2 (a bench-only dependency: `pip install ctranslate2`; skipped when absent) on the
                  same weights converted from our cached safetensors: alone (decode tokens/s, by its token
                  stream) and static batches (generated tokens / wall time);
-  * *-fallback   the engine without pipeline/cpu/cpu_decode.c (LLM_EXPLORER_PANEL=0: OpenBLAS for one row, oneDNN
+  * *-fallback   the engine without pipeline/decode_step/cpu/cpu_decode.c (LLM_EXPLORER_PANEL=0: OpenBLAS for one row, oneDNN
                  for several, numpy/torch attention; what a machine without a C compiler or AVX2 runs);
   * *-loaded     engine-1 (native and fallback) and ct2-float32-1 again while a second process keeps both cores
                  busy (two threads of matrix products): what a busy server leaves of one visitor's decode speed;
-                 -noplan: the fallback without pipeline.cpu.threads' plan (every step on both threads,
+                 -noplan: the fallback without pipeline.decode_step.cpu.threads' plan (every step on both threads,
                  LLM_EXPLORER_THREAD_PLAN=0; the native kernels run without it); the first 2 prompts only;
   * hf-generate  transformers' model.generate, greedy: the tokens every configuration is checked against.
 
@@ -108,11 +108,11 @@ def weight_bytes(lm) -> int:
 
 
 def probe(lm) -> dict:
-    """The memory's read speed: a buffer as large as the weights read by pipeline/cpu/cpu_decode.c's read_sum (AVX2,
+    """The memory's read speed: a buffer as large as the weights read by pipeline/decode_step/cpu/cpu_decode.c's read_sum (AVX2,
     the process's threads), best of 15; the limit is one such read per token. The torch-sum probe beside it."""
     import torch
 
-    from pipeline.cpu.bandwidth import Reader
+    from pipeline.decode_step.cpu.bandwidth import Reader
 
     nbytes = weight_bytes(lm)
     reader = Reader(nbytes)
@@ -131,12 +131,12 @@ def probe(lm) -> dict:
 
 class ReadClock:
     """The read probe taken in the same process, between the requests being measured (3 reads of a buffer as large
-    as the weights before each, pipeline.cpu.bandwidth.Reader): the limit at the same minutes as the decode it is
+    as the weights before each, pipeline.decode_step.cpu.bandwidth.Reader): the limit at the same minutes as the decode it is
     compared with, the fastest of those reads (the memory did that much). On a shared machine the read speed moves
     between minutes, so a limit measured in another process at another time is ~±15% off."""
 
     def __init__(self, lm):
-        from pipeline.cpu.bandwidth import Reader
+        from pipeline.decode_step.cpu.bandwidth import Reader
 
         self.reader, self.times, self.pairs = Reader(weight_bytes(lm)), [], []
 
@@ -273,12 +273,13 @@ def hf_generate(lm, ps, tokens: int) -> dict:
 
 def split(lm) -> dict:
     """Where one row step's time goes, three ways interleaved (30 each, positions 40-130): the step as it runs (each
-    layer one C call, where it applies), the step with a Python call per operation (pipeline.cpu.row_step's
+    layer one C call, where it applies), the step with a Python call per operation (pipeline.decode_step.cpu.row_step's
     WHOLE_LAYERS off), and that step with its matrix products replaced by returning zeros: products = the difference
     of the last two, the rest = the last."""
     import numpy as np
 
-    from pipeline.cpu import fused, row_kv, row_step
+    from pipeline.decode_step import fused
+    from pipeline.decode_step.cpu import row_kv, row_step
 
     st = row_step.row_step(fused.fused_model(lm))
     dec = fused.acquire_decoder(fused.fused_model(lm), 160)
@@ -466,7 +467,7 @@ def summarise(results: dict) -> dict:
     one = med("engine-1", "decode_tokens_per_s")
     one_wall = med("engine-1", "tokens_per_s")
     out = {
-        "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),  # the C read probe (pipeline.cpu.bandwidth)
+        "read_bandwidth_gb_per_s": med("probe", "gb_per_s"),  # the C read probe (pipeline.decode_step.cpu.bandwidth)
         "torch_sum_read_gb_per_s": med("probe", "torch_sum_gb_per_s"),  # the first probe, for contrast
         "limit_tokens_per_s": limit,
         "ours_alone_decode_tokens_per_s": one,

@@ -1,4 +1,4 @@
-"""What exactness costs (issue 34): with pipeline/cpu/cpu_decode.c every pass of the CPU engine goes through the row
+"""What exactness costs (issue 34): with pipeline/decode_step/cpu/cpu_decode.c every pass of the CPU engine goes through the row
 step, whose products run in a fixed order for any number of rows (the panel kernel), so a request's numbers do not
 depend on what shares its passes. Decode passes took that path already; prompt chunks used torch (MKL above 64 rows,
 SDPA), which is faster for many rows but sums in an order that depends on the pass. Measured here: one prompt's
@@ -26,13 +26,13 @@ def main():
     ap.add_argument("--lengths", default="16,64,256")
     args = ap.parse_args()
     import pipeline
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
     from pipeline.engine.paged import PagedKV, PagedStep, Seq
     from pipeline.generation import long_prompt
     from pipeline.model import load_model
 
     if not CHOICE.c_kernels():
-        raise SystemExit("pipeline/cpu/cpu_decode.c is not built here: there is no exact path to measure")
+        raise SystemExit("pipeline/decode_step/cpu/cpu_decode.c is not built here: there is no exact path to measure")
     lm = load_model(args.model or pipeline.EMBEDDED)
     kv = PagedKV(lm, 512, 8)
     step = PagedStep(lm, kv)

@@ -1,6 +1,6 @@
-"""What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.cpu.matmul's
-kernel per row count: pipeline/cpu/cpu_decode.c for 1-64 rows where it is built; decode-only passes through
-pipeline.cpu.row_step), the torch step with cpu_matmul's kernels, and the torch step with F.linear everywhere, on the
+"""What the engine's CPU kernels give: the batched step (pipeline.engine.paged) as it runs (pipeline.decode_step.cpu.matmul's
+kernel per row count: pipeline/decode_step/cpu/cpu_decode.c for 1-64 rows where it is built; decode-only passes through
+pipeline.decode_step.cpu.row_step), the torch step with cpu_matmul's kernels, and the torch step with F.linear everywhere, on the
 loaded model, interleaved repeats. (The fallback kernels, without cpu_decode.c, are measured in their own
 processes by bench/bench_cpu_anchor.py: switching OpenMP and OpenBLAS thread pools within one process slows both.)
 
@@ -26,7 +26,7 @@ def main():
     import torch
 
     import pipeline
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
     from pipeline.engine import Engine
     from pipeline.engine.paged import Seq
 

@@ -372,7 +372,7 @@ def _store_probe(state: str, store: str) -> dict | None:
     if store:
         return None
     os.environ["LLM_EXPLORER_STATE_DIR"] = state
-    from appstate.store import open_store
+    from hosting.store import open_store
 
     s = open_store(None)
     out = {}

@@ -20,7 +20,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also torch.compile the fused step (about a minute)")
     args = ap.parse_args()
     import pipeline
-    from pipeline.cpu import fused_measures as fused
+    from pipeline.decode_step import fused_measures as fused
     from pipeline.generation import compare_cache_modes, metrics
 
     lm = pipeline.load_model()

@@ -7,7 +7,7 @@ section that fails records its error and the rest go on; the issue's figures com
   1. production mode: greedy tokens/s of the dynamic-cache loop, transformers' static cache, our fused step
      (a CUDA graph on CUDA) and the fused step compiled by torch.compile and then captured; same-token checks;
      the fused step alone back to back (the device floor per token, so loop minus floor = host work: the batch-1
-     step, goal >= 2,000 tok/s; the plain graph is of the trimmed Triton kernels, pipeline.cpu.triton_step, where
+     step, goal >= 2,000 tok/s; the plain graph is of the trimmed Triton kernels, pipeline.decode_step.gpu.triton_step, where
      they serve, and the torch step's graph is measured beside it); operators and kernels per step; graph capture and compile times; the fused step's
      logits against a plain forward;
   2. the serving sweep: N = 1 ... 256 requests at once through our engine (continuous batching, paged KV) with its
@@ -23,7 +23,7 @@ section that fails records its error and the rest go on; the issue's figures com
      greedy agreement, the telemetry timeline at batch 1 (NVML utilisation over time);
   5. the attention kernels sweep (time, peak memory, agreement);
   6. speculative decoding with prompt lookup on a copy-style prompt (random weights: speed only);
-  7. the CPU decode path (pipeline.cpu.row_step) on the machine's own processors, fp32: the C read probe's limit and
+  7. the CPU decode path (pipeline.decode_step.cpu.row_step) on the machine's own processors, fp32: the C read probe's limit and
      one request's decode tokens/s (its share of the limit), the row step against transformers' loop.
 Writes JSON to $OUT (device machine) or bench/results/.
 
@@ -97,7 +97,7 @@ def main():
         print(f"[{name}] {res['section_seconds'][name]:.1f} s", flush=True)
 
     def production():
-        from pipeline.cpu import fused, fused_measures
+        from pipeline.decode_step import fused, fused_measures
         from pipeline.generation import compare_cache_modes
 
         cuda = lm.device.type == "cuda"
@@ -392,13 +392,13 @@ def main():
                 save()
 
     def cpu():
-        """The CPU decode path (pipeline.cpu.row_step, with pipeline/cpu/cpu_decode.c where it builds) on this machine's own
-        processors, fp32: the memory's read speed (pipeline.cpu.bandwidth's C probe over a buffer as large as the
+        """The CPU decode path (pipeline.decode_step.cpu.row_step, with pipeline/decode_step/cpu/cpu_decode.c where it builds) on this machine's own
+        processors, fp32: the memory's read speed (pipeline.decode_step.cpu.bandwidth's C probe over a buffer as large as the
         weights; torch summing every weight beside it, which under-reads) and one request's decode tokens/s, the row
         step against transformers' loop, with its share of that limit."""
-        from pipeline.cpu import row_step
-        from pipeline.cpu.bandwidth import read_probe
-        from pipeline.cpu.kernel_choice import CHOICE
+        from pipeline.decode_step.choice import CHOICE
+        from pipeline.decode_step.cpu import row_step
+        from pipeline.decode_step.cpu.bandwidth import read_probe
 
         cpu_lm = random_model(ROOT / "bench" / "assets" / "smollm2-shape", device="cpu")
         ws = [p.detach() for p in cpu_lm.model.parameters()]
@@ -414,7 +414,7 @@ def main():
             "threads": torch.get_num_threads(),
             "dtype": str(cpu_lm.dtype),
             "row_step": row_step.usable(cpu_lm),
-            "native_kernels": CHOICE.c_kernels(),  # pipeline/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
+            "native_kernels": CHOICE.c_kernels(),  # pipeline/decode_step/cpu/cpu_decode.c built (gcc, AVX2) or the fallback
             "read_gb_per_s": probe.gb_per_s,
             "read_kernel": probe.kernel,
             "limit_tokens_per_s": probe.gb_per_s * 1e9 / nbytes,

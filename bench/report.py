@@ -20,7 +20,7 @@ ABOUT = {
         "One request's CPU decode against the machine's read-bandwidth limit and CTranslate2 (float32, int8), the engine "
         "(passes of up to 8 greedy decode steps where nobody waits; engine-1-onestep: a token a pass, for contrast) "
         "at 1, 8 and 32 requests against CTranslate2's static batches, the same on the fallback kernels (without "
-        "pipeline/cpu/cpu_decode.c), one request under a second busy process (the fallback with and without its thread plan); "
+        "pipeline/decode_step/cpu/cpu_decode.c), one request under a second busy process (the fallback with and without its thread plan); "
         "a fresh process per configuration, rotated repeats, greedy agreement with transformers.",
         "bench/bench_cpu_anchor.py --reps 3",
     ),
@@ -71,7 +71,7 @@ ABOUT = {
         "bench/bench_long_trace.py",
     ),
     "steps_off": (
-        "A generation nobody records (our decode loop, greedy, 48 tokens of the chat \"Why is the sky blue?\") in this "
+        'A generation nobody records (our decode loop, greedy, 48 tokens of the chat "Why is the sky blue?") in this '
         "checkout against the commit before the decode-step recording landed (a git worktree), each side in its own process, "
         "alternated pair by pair; the median tokens/s ratio (goal ~1.0) and its spread; and, for scale, recording every "
         "layer's newest query (pipeline.generation.steps) beside it.",
@@ -83,8 +83,8 @@ ABOUT = {
     "production": ("The same greedy request with the dynamic cache, the static cache and the fused step, interleaved repeats.", "bench/bench_production.py"),
     "faster": ("Attention kernels (eager vs SDPA backends), and speculative decoding with each draft, in one run.", "bench/bench_faster.py --reps 1"),
     "linear": (
-        "The engine's batched step on a CPU by case (decode rows, prompt chunks): the row step with pipeline.cpu.matmul's kernels "
-        "(pipeline/cpu/cpu_decode.c), the torch step with them, and the torch step with F.linear; each layout's logits against F.linear's.",
+        "The engine's batched step on a CPU by case (decode rows, prompt chunks): the row step with pipeline.decode_step.cpu.matmul's kernels "
+        "(pipeline/decode_step/cpu/cpu_decode.c), the torch step with them, and the torch step with F.linear; each layout's logits against F.linear's.",
         "bench/bench_linear.py",
     ),
     "serving": (

@@ -35,6 +35,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from hosting import balancer
+
 HERE = Path(__file__).resolve().parents[1]
 TRUST_PROXY_ENV = "LLM_EXPLORER_TRUST_PROXY"  # set for processes behind our HAProxy: the client's address from X-Forwarded-For
 
@@ -43,53 +45,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def haproxy_config(address: str, port: int, backends: list[int], stats_port: int | None = None) -> str:
-    """The balancer's configuration: sticky cookies, websockets, health checks, a long tunnel timeout."""
-    servers = "\n".join(f"    server app{i} 127.0.0.1:{p} check cookie app{i} inter 2s fall 2 rise 1 maxconn 2000" for i, p in enumerate(backends, 1))
-    stats = (
-        f"""
-frontend stats
-    bind 127.0.0.1:{stats_port}
-    stats enable
-    stats uri /
-    stats refresh 5s
-"""
-        if stats_port
-        else ""
-    )
-    return f"""# written by hosting/launch.py: N Streamlit processes of the explorer behind one address
-global
-    maxconn 8000
-
-defaults
-    mode http
-    option http-server-close
-    option forwardfor
-    option redispatch
-    retries 2
-    timeout connect 5s
-    timeout client 120s
-    timeout server 120s
-    timeout http-request 30s
-    timeout queue 60s
-    # a websocket (a student's session) is a tunnel: idle for long stretches between the presenter's moves
-    timeout tunnel 4h
-    timeout client-fin 10s
-
-frontend explorer
-    bind {address}:{port}
-    default_backend apps
-
-backend apps
-    balance leastconn
-    # one browser, one process: its websocket and its page's requests meet its session there
-    cookie llmx_app insert indirect nocache httponly
-    option httpchk GET /_stcore/health
-    http-check expect status 200
-{servers}
-{stats}"""
 
 
 def _healthy(port: int) -> bool:
@@ -148,19 +103,7 @@ class Hall:
             if time.time() > end:
                 raise SystemExit(f"the app processes did not answer within {wait_s:.0f} s (logs under {self.log_dir})")
             time.sleep(0.5)
-        exe = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
-        if exe is None:
-            raise SystemExit("REPLICAS > 1 needs HAProxy (Debian: apt-get install haproxy)")
-        cfg = self.log_dir / "haproxy.cfg"
-        cfg.write_text(haproxy_config(self.address, self.port, self.ports))
-        self.balancer = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=open(self.log_dir / "haproxy.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        for _ in range(100):
-            if self.balancer.poll() is not None:
-                raise SystemExit(f"HAProxy exited (log: {self.log_dir / 'haproxy.log'})")
-            if _healthy(self.port):
-                return
-            time.sleep(0.1)
-        raise SystemExit(f"HAProxy did not answer on port {self.port}")
+        self.balancer = balancer.start(self.address, self.port, self.ports, self.log_dir, lambda: _healthy(self.port))
 
     def supervise(self, stop) -> None:
         """Start again an app process that exited (a crash, a kill), until `stop()`."""
@@ -186,7 +129,7 @@ class Hall:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from appstate.store import STORE_ENV, state_dir
+    from hosting.store import STORE_ENV, state_dir
 
     ap = argparse.ArgumentParser(prog="python -m hosting.launch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS", 2)))
@@ -209,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         env[STORE_ENV] = a.store
     if a.demo:
         env["LLM_EXPLORER_DEMO"] = "1"
-        subprocess.run([sys.executable, "-m", "demo"], env=env, check=True, cwd=HERE)
-    from explorer import SETTINGS
+        subprocess.run([sys.executable, "-m", "hosting.demo"], env=env, check=True, cwd=HERE)
+    from hosting.explorer import SETTINGS
 
     flags = [f"--{k}={v}" for k, v in SETTINGS.items()] + (["--client.showErrorDetails=none"] if a.demo else [])
     if a.replicas <= 1:

@@ -24,7 +24,7 @@ The rooms, from the ground up, in the order a prompt meets them (docs/architectu
 `pipeline.tracing`, `pipeline.sampling`, `pipeline.generation`, `pipeline.checks` name the modules as before.
 (Imported by their path, the modules live in their rooms: `pipeline.forward.tracing`, `pipeline.lab.checks`.)
 
-Each room's `__init__` is its face: the app's side (views, components, appstate, app.py, demo.py) imports `pipeline`
+Each room's `__init__` is its face: the app's side (views, components, appstate, app.py, hosting/demo.py) imports `pipeline`
 or `pipeline.<room>` and the names in its `__all__`, never a module by its path (tests/app/test_faces.py). This
 module carries the forward room's most used names too (tokens, the trace, sampling); the rest of that room (the
 activation names, attribution, the readouts) is `pipeline.forward`'s face.

@@ -28,7 +28,7 @@ os.environ["LLM_EXPLORER_STATE_DIR"] = __import__("tempfile").mkdtemp(prefix="ll
 os.environ.pop("LLM_EXPLORER_STORE", None)
 # the app opens "Local folder" models only under a models root: the tests' model folders live in the temporary folder
 os.environ.setdefault("LLM_EXPLORER_MODELS_ROOT", __import__("tempfile").gettempdir())
-# without a GPU, Triton's interpreter runs the trimmed step's kernels (pipeline.cpu.triton_step); it has to be switched
+# without a GPU, Triton's interpreter runs the trimmed step's kernels (pipeline.decode_step.gpu.triton_step); it has to be switched
 # on before anything imports Triton (transformers does)
 if not __import__("shutil").which("nvidia-smi"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 import appstate
-import demo
 import pipeline
 from components.tokens import visible
+from hosting import demo
 from pipeline import DEFAULTS, Sampling, TraceError, serving, text_of
-from pipeline.cpu import precision
+from pipeline.decode_step import precision
 from pipeline.generation import MAX_NEW_TOKENS, GenerationRecord, Phase, prepare
 from pipeline.serving import Route
 from views import loading, render
@@ -160,7 +160,7 @@ PRECISION_NOTES = precision.PRECISION_NOTES
 def beside_fp32(lm, rec: GenerationRecord, slot: str) -> None:
     """Where a model in another precision than fp32 (an int8 model) served `rec`: the precision that served, and on
     request (a button: it may load the fp32 model) its answer beside fp32's: the same prompt and answer through both
-    models' forward (pipeline.cpu.precision.beside_fp32), the positions whose greedy choice differs and the largest
+    models' forward (pipeline.decode_step.cpu.precision.beside_fp32), the positions whose greedy choice differs and the largest
     logit difference."""
     if lm.precision == "fp32":
         return

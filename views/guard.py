@@ -1,7 +1,7 @@
 """A demo server's policy, in the page: caps on controls, the limits on starting a run (per browser, per client
 address, the fair line for heavy experiments), the operator's password guard, and errors said without details.
 Outside demo mode every check passes and every run just runs (timed, so other times measured meanwhile say so).
-The policy itself and its data structures live in demo.py, which knows nothing of Streamlit."""
+The policy itself and its data structures live in hosting/demo.py, which knows nothing of Streamlit."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 
 import streamlit as st
 
-import demo
 import pipeline
-from appstate.store import StoreDown, shared
+from hosting import demo
+from hosting.store import StoreDown, shared
 from pipeline.common import fresh_for
 from pipeline.forward import over_cap
 from views.session import client_address, session_key

@@ -17,8 +17,26 @@ from plotly.offline import get_plotlyjs
 
 import pipeline
 from pipeline import sampling
-from views.handout_sections import SECTIONS, prose_html, recalled_html, safely
+from views import handout_loop as loop
+from views import handout_sections as hs
+from views.handout_sections import prose_html, recalled_html, safely
 from views.pages import PageSpec
+
+# the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
+# handout="trace", fn(lm, generation record) for "run" (tests/views/test_page_registry.py: one for every such row)
+SECTIONS = {
+    "tokens": hs.stage_tokens,
+    "embeddings": hs.stage_embeddings,
+    "attention": hs.stage_attention,
+    "layer": hs.stage_layer,
+    "next-token": hs.stage_next,
+    "generation": loop.stage_generation,
+    "prefill-decode": loop.stage_prefill,
+    "kv-cache": loop.stage_kv,
+    "streaming-sharding": hs.stage_sharding,
+    "why": hs.stage_why,
+    "misconceptions": hs.stage_myths,
+}
 
 N_NEW = 16  # greedy tokens the handout generates for the loop's stages
 

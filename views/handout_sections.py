@@ -16,21 +16,18 @@ from components import export
 from components.attention_figures import attention_heads
 from components.figures import copy_figure, labels_of, residual_figure, rope_heatmap, sampling_figure, vector_strip
 from components.fmt import prob
-from components.generation import kv_growth_figure, step_times_figure
-from components.steps_figures import cache_strip_figure, step_attention_figure
 from components.tokens import chips_html, plot_text, template_html, visible
 from components.why import largest_figure
 from pipeline import text_of
 from pipeline.forward import Kind, ablate, analysis, attribute, display_maps, sampling
-from pipeline.generation import kv_bytes_formula, metrics, steps
 from pipeline.lab import checks
 
 
-def _table(rows: dict) -> str:
+def table_html(rows: dict) -> str:
     return "<table>" + "".join(f"<tr><th scope='row'>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items()) + "</table>"
 
 
-def _checks(found) -> str:
+def checks_html(found) -> str:
     if not found:
         return ""
     items = []
@@ -77,20 +74,20 @@ def safely(fn, *a, **k):
         return f"<p class='note'>Could not be drawn here: {html.escape(type(e).__name__)}: {html.escape(str(e)[:200])}</p>"
 
 
-def _stage_tokens(lm, tr):
+def stage_tokens(lm, tr):
     tk = pipeline.tokenize(lm.tokenizer, tr.prompt, chat=tr.chat)
-    out = [_table({"tokens the model reads": len(tk.tokens), "tokens from the prompt": len(tk.prompt_tokens), "characters": len(tk.prompt)})]
+    out = [table_html({"tokens the model reads": len(tk.tokens), "tokens from the prompt": len(tk.prompt_tokens), "characters": len(tk.prompt)})]
     out.append(chips_html(tk.tokens, tk.segments, max_segments=600))
     if tk.chat:
         out.append("<p>The chat template: exactly the text the model reads (dark: special tokens).</p>" + template_html(tk.tokens))
-    return "".join(out) + _checks(checks.token_checks(lm.tokenizer, tk))
+    return "".join(out) + checks_html(checks.token_checks(lm.tokenizer, tk))
 
 
-def _stage_embeddings(lm, tr):
+def stage_embeddings(lm, tr):
     i = tr.last_prompt_index if tr.last_prompt_index is not None else tr.T - 1
     tok, f = tr.tokens[i], lm.facts
     out = [
-        _table(
+        table_html(
             {
                 "embedding matrix": f"{f.vocab:,} × {f.d_model}",
                 "token": f"{visible(tok.text)!r} (id {tok.id})",
@@ -107,27 +104,27 @@ def _stage_embeddings(lm, tr):
     return "".join(out)
 
 
-def _stage_attention(lm, tr):
+def stage_attention(lm, tr):
     layer = lm.facts.n_layers // 2
     maps, block = display_maps(tr, layer)
     fig = attention_heads(maps, labels_of(tr.tokens), block=block, layer=layer, scale="log" if tr.T > 64 else "linear")
     return (
         f"<p>Layer {layer}: {analysis.sink_share(tr):.0%} of all attention goes to the first token (the attention sink).</p>"
         + figure_html(fig, f"attention heads, layer {layer}")
-        + _checks(checks.check_attention(lm, tr))
+        + checks_html(checks.check_attention(lm, tr))
     )
 
 
-def _stage_layer(lm, tr):
+def stage_layer(lm, tr):
     pos = tr.T - 1
     labels = labels_of(tr.tokens)
     fig = residual_figure(*(tr.acts[f"blocks.*.{s}|norm"][:, pos] for s in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")), labels[pos])
     lens = [(i, text_of(lm.tokenizer, [t[0][0]]), t[0][1]) for i, t in enumerate(tr.lens_last_top)]
     rows = {("embeddings" if i == 0 else f"after layer {i - 1}"): f"{visible(t)!r} p={prob(p)}" for i, t, p in lens[:: max(1, len(lens) // 8)]}
-    return figure_html(fig, "residual stream") + "<p>The logit lens at the last position: the top token if the model stopped there.</p>" + _table(rows)
+    return figure_html(fig, "residual stream") + "<p>The logit lens at the last position: the top token if the model stopped there.</p>" + table_html(rows)
 
 
-def _stage_next(lm, tr):
+def stage_next(lm, tr):
     d = sampling.DEFAULTS
     steps = sampling.filter_steps(tr.next_logits, d)
     order = np.argsort(-steps[0].probs)[:12]
@@ -141,71 +138,13 @@ def _stage_next(lm, tr):
         "candidates left": f"{steps[-1].kept:,}",
     }
     return (
-        _table(numbers)
+        table_html(numbers)
         + figure_html(fig, "softmax, temperature, top-k, top-p")
-        + _checks([checks.check_filters(tr.next_logits, d), *checks.check_logits(lm, tr)[:1]])
+        + checks_html([checks.check_filters(tr.next_logits, d), *checks.check_logits(lm, tr)[:1]])
     )
 
 
-STEPS_NEW = 6  # decode steps the handout records for the loop seen from the KV cache
-
-
-def _stage_generation(lm, rec):
-    return (
-        f"<p>{len(rec.events)} greedy tokens, our own loop, one forward pass per token:</p><pre class='verbatim'>{html.escape(rec.text())}</pre>"
-        + _checks(checks.generation_checks(lm, rec))
-        + safely(_decode_steps, lm, rec)
-    )
-
-
-def _decode_steps(lm, rec):
-    """The last of STEPS_NEW recorded decode steps at the last layer: each head's newest query over every cached key."""
-    got = steps(lm, rec.prompt, new=STEPS_NEW, chat=rec.chat)
-    i, layer, P = len(got.steps) - 1, lm.facts.n_layers - 1, len(got.prompt_ids)
-    s = got.steps[i]
-    labels = [text_of(lm.tokenizer, [t]) for t in got.ids[: s.cache_len]]
-    rows = {
-        "keys in the cache": f"{s.cache_len:,} ({P} from the prompt, {s.cache_len - P} generated)",
-        "KV cache": f"{s.kv_bytes / 2**10:,.0f} KiB",
-        "this step": f"{s.seconds * 1000:.1f} ms (the prefill: {got.steps[0].seconds * 1000:.1f} ms over {P} tokens)",
-        "token chosen": f"{visible(s.token)!r} p = {prob(s.p)}",
-    }
-    return (
-        f"<h3>The loop seen from the KV cache: decode step {i}, layer {layer}</h3><p>The new token's query attends over every cached "
-        "key; only its own key and value (the last column) were computed this step, every other one was read from the cache.</p>"
-        + _table(rows)
-        + figure_html(step_attention_figure(s.attention[layer], labels, P, i, layer), f"decode step {i} attention, layer {layer}")
-        + figure_html(cache_strip_figure(P, s.cache_len, i), f"KV cache at step {i}")
-        + _checks([checks.check_step(lm, got, i)])
-    )
-
-
-def _stage_prefill(lm, rec):
-    m = metrics(rec.events)
-    rows = {
-        "time to first token (prefill)": f"{m.ttft_s * 1000:.0f} ms",
-        "mean decode step": f"{m.tpot_s * 1000:.0f} ms" if m.tpot_s else "—",
-        "prompt tokens": rec.prompt_tokens,
-    }
-    return _table(rows) + figure_html(step_times_figure(rec.events), "time per generated token")
-
-
-def _stage_kv(lm, rec):
-    last = rec.events[-1]
-    L = lm.facts.n_layers
-    rows = {
-        f"formula, per token (all {L} layers)": f"{kv_bytes_formula(lm, 1):,} B",
-        "… of which one layer": f"{lm.kv_token_bytes:,} B (2 × {lm.facts.n_kv_heads} KV heads × {lm.facts.head_dim} × {lm.arch.bytes_per_value} B)",
-        "cache at the end": f"{last.kv_bytes / 2**20:.2f} MiB ({last.context_len} tokens)",
-    }
-    return (
-        _table(rows)
-        + figure_html(kv_growth_figure(rec.events, lambda n: kv_bytes_formula(lm, n)), "KV cache size")
-        + _checks([checks.check_kv_bytes(lm, rec.events)])
-    )
-
-
-def _stage_sharding(lm, _rec):
+def stage_sharding(lm, _rec):
     from pipeline.lab import tensor_parallel_plan
 
     rows = {}
@@ -214,10 +153,10 @@ def _stage_sharding(lm, _rec):
         rows[f"{n} device{'s' if n > 1 else ''}"] = (
             f"{tp.weights_mb_per_device:,.1f} MiB of weights each, {tp.allreduce_bytes_per_token / 1024:,.1f} KiB all-reduced per token"
         )
-    return "<p class='note'>A plan computed on paper for this model, not a measurement.</p>" + _table(rows)
+    return "<p class='note'>A plan computed on paper for this model, not a measurement.</p>" + table_html(rows)
 
 
-def _stage_myths(lm, tr):
+def stage_myths(lm, tr):
     from pipeline.lab import misconceptions as mc
 
     temps = mc.temperature_sweep(tr.next_logits)
@@ -227,12 +166,12 @@ def _stage_myths(lm, tr):
     }
     return (
         "<p>“A higher temperature makes the model smarter”: the same token leads at every temperature; only the spread changes.</p>"
-        + _table(rows)
-        + _checks(temps.checks)
+        + table_html(rows)
+        + checks_html(temps.checks)
     )
 
 
-def _stage_why(lm, tr):
+def stage_why(lm, tr):
     a = attribute(lm, tr)
     tok = visible(text_of(lm.tokenizer, [a.target]))
     heads = [c for c, _ in a.largest(None) if c.kind is Kind.HEAD][:5]
@@ -241,7 +180,7 @@ def _stage_why(lm, tr):
         f"<p>The logit of {html.escape(repr(tok))} is the sum of one share per component: the embedding, every attention head, every "
         "feed-forward block (the final norm's scale frozen at this run's value). A large share is a claim; switching the component "
         "off tests it.</p>"
-        + _table(
+        + table_html(
             {
                 f"logit({tok!r})": f"{a.logit:.3f}",
                 "sum of the shares": f"{a.total:.3f}",
@@ -250,22 +189,5 @@ def _stage_why(lm, tr):
             }
         )
         + figure_html(largest_figure([(str(c), v) for c, v in a.largest(12)], f"The 12 largest shares of logit({tok!r})"), "largest shares")
-        + _checks([checks.check_attribution(a), checks.check_ablation(lm, tr, heads[0].layer, heads[0].head)])
+        + checks_html([checks.check_attribution(a), checks.check_ablation(lm, tr, heads[0].layer, heads[0].head)])
     )
-
-
-# the stages the handout computes from the prompt, by slug: fn(lm, trace) for a page whose views.pages row says
-# handout="trace", fn(lm, generation record) for "run" (tests/views/test_page_registry.py: one for every such row)
-SECTIONS = {
-    "tokens": _stage_tokens,
-    "embeddings": _stage_embeddings,
-    "attention": _stage_attention,
-    "layer": _stage_layer,
-    "next-token": _stage_next,
-    "generation": _stage_generation,
-    "prefill-decode": _stage_prefill,
-    "kv-cache": _stage_kv,
-    "streaming-sharding": _stage_sharding,
-    "why": _stage_why,
-    "misconceptions": _stage_myths,
-}

@@ -22,7 +22,7 @@ import secrets
 import streamlit as st
 
 from appstate.classes import Classes, Ended, is_code
-from appstate.store import StoreDown, shared
+from hosting.store import StoreDown, shared
 from views import guard, live_wake, pages
 from views.session import browser_key, client_address
 

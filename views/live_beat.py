@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import streamlit as st
 
 from appstate.classes import Ended
-from appstate.store import StoreDown
+from hosting.store import StoreDown
 from views import live_wake, pages, st_private
 from views.live import NOT_FOLLOWED, STORE_AWAY, _drifted, _handed, _me, classes
 

@@ -14,8 +14,8 @@ import streamlit as st
 
 import appstate
 from appstate.classes import Ended, Full
-from appstate.store import StoreDown
 from components.join import join_url, qr_svg
+from hosting.store import StoreDown
 from views import guard, live_wake
 from views.live import class_log, classes, current_view
 from views.session import client_address, freeze_runs, session_key

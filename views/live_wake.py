@@ -28,7 +28,7 @@ import weakref
 from contextlib import contextmanager
 
 from appstate.classes import CHANGES
-from appstate.store import StoreDown
+from hosting.store import StoreDown
 from views import st_private
 
 log = logging.getLogger(__name__)

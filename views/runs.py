@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import streamlit as st
 
 import appstate
-import demo
 import pipeline
-from appstate.store import StoreDown, shared
 from components.tokens import lit
+from hosting import demo
+from hosting.store import StoreDown, shared
 from pipeline import TraceError, text_of
 from pipeline.common import ACTIVITY
 from pipeline.engine import ordinal

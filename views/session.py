@@ -12,7 +12,7 @@ import secrets
 import streamlit as st
 
 import appstate
-from appstate.store import StoreDown, shared
+from hosting.store import StoreDown, shared
 
 MAX_URL_PROMPT_CHARS = 2000  # longer prompts make links that browsers and chat apps cut: shared another way
 

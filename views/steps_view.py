@@ -8,9 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 import appstate
-import demo
 from components.steps_figures import cache_strip_figure, step_attention_figure
 from components.tokens import lit, visible
+from hosting import demo
 from pipeline import text_of
 from pipeline.generation import steps
 from pipeline.lab import checks
@@ -53,10 +53,7 @@ def section(lm) -> None:
     # a toggle bound to the link, not a button: a shared link and a live class's view carry "recorded", so a follower
     # (or a link's visitor) gets the presenter's recording (one per process: single flight) and its step
     on = st.toggle(
-        "Record the decode steps",
-        key="steps_on",
-        bind="query-params",
-        help="One prefill and then one token at a time, every layer's newest query kept",
+        "Record the decode steps", key="steps_on", bind="query-params", help="One prefill and then one token at a time, every layer's newest query kept"
     )
     if got is None:
         if not on:
@@ -95,4 +92,3 @@ def section(lm) -> None:
         "Prompt tokens are left of the dashed line; the red column is the new token's own key, computed this step; every other column is read from the cache."
     )
     proof.how_do_we_know(lambda: [checks.check_step(lm, got, step)], f"steps-{step}", got, ask=True)
-

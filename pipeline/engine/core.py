@@ -37,8 +37,8 @@ from dataclasses import asdict, replace
 import torch
 
 from pipeline.common.timing import ACTIVITY
-from pipeline.cpu.greedy import greedy_summary
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.greedy import greedy_summary
 from pipeline.engine import worker
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.config import BLOCK_SIZE, EngineConfig  # noqa: F401 - BLOCK_SIZE: the engine's name for it
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, lm: LoadedModel, config: EngineConfig | None = None, **settings):
         """`config` (or its fields as keywords: Engine(lm, max_batch=4, background=False))."""
-        from pipeline.cpu.fused import supported
+        from pipeline.decode_step.fused import supported
         from pipeline.engine.graphed import DecodeGraphs
         from pipeline.engine.paged import PagedKV, PagedStep
 
@@ -161,7 +161,7 @@ class Engine:
     def _step_time(self, rows: int) -> float | None:
         """The recent time of an iteration with about `rows` rows (an average per power-of-two bucket). A bucket not
         measured yet is scaled from the nearest one by (rows ratio)^0.25: a CPU decode step of 1, 8 and 12 rows took
-        28.8, 40.6 and 45.0 ms (pipeline/cpu/kernel_choice.py), a GPU's grows less."""
+        28.8, 40.6 and 45.0 ms (pipeline/decode_step/choice.py), a GPU's grows less."""
         if not self._step_s:
             return None
         b = rows.bit_length()

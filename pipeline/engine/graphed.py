@@ -11,12 +11,12 @@ engine served one request at 26.5 tok/s, 2026-12-04). A CUDA graph replays every
 How. A graph replays fixed shapes reading fixed tensors, so a pass's inputs are copied into static tensors of its
 bucket: B rows (the next power of two at least the pass's rows: 1, 2, 4 ... 256), each row's token, position and
 block table cut or padded to `nb` blocks (the next power of two that holds its positions). The body is the engine's
-batched step for decode tokens (pipeline.cpu.fused's layer functions, the gathered attention of engine.paged:
+batched step for decode tokens (pipeline.decode_step.fused's layer functions, the gathered attention of engine.paged:
 each row's blocks gathered from the pool, the positions after its own masked), with everything it reads on the
 device: the key/value slot each row writes is looked up from its table on the device, the RoPE rows indexed from
 tables made once for every position. Padding rows, and a row's table past its own blocks, point at the scratch
 block (the pool's last, never handed out): what they write lands there and no row reads it at a position it sees.
-Buckets of up to TRIMMED_MAX_ROWS rows run the trimmed Triton step instead (pipeline.cpu.triton_step: four kernels a
+Buckets of up to TRIMMED_MAX_ROWS rows run the trimmed Triton step instead (pipeline.decode_step.gpu.triton_step: four kernels a
 layer, reading each row's keys and values through its block table), where the kernel choice allows it.
 
 Several greedy steps in one replay (`decode_steps`, the CPU's multi-step in engine.core): each step's argmax is the
@@ -38,18 +38,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
-from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.graphs import capture_step
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.layer_call import Steps
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.layer_call import Steps
+from pipeline.decode_step.fused import finish_layer, project, project_qkv, window_masks
+from pipeline.decode_step.fused_weights import fused_model
+from pipeline.decode_step.gpu.graphs import capture_step
 from pipeline.forward.sampling import GreedySummary
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOP_K = 20  # the candidates a multi-step replay keeps per step (a request reports Sampling.n_top <= this)
 MAX_GATHERED = 1 << 22  # rows x positions a graph may gather (K and V): above, the eager step serves the pass
 MAX_GRAPHS = 48  # graphs kept, least recently replayed dropped first
-TRIMMED_MAX_ROWS = 8  # buckets of up to this many rows run the trimmed Triton step (pipeline.cpu.triton_step, each
+TRIMMED_MAX_ROWS = 8  # buckets of up to this many rows run the trimmed Triton step (pipeline.decode_step.gpu.triton_step, each
 # row's products over the weights again, from L2); larger ones torch's batched products, which read the weights once
 
 
@@ -181,7 +181,7 @@ class DecodeGraphs:
     def _trimmed(self, b: _Bucket):
         """A TrimmedStep for the bucket, checked once against the torch body over its (padding) inputs, or None where
         the trimmed step failed or differed (then no bucket uses it: `problems` says why)."""
-        from pipeline.cpu.triton_step import TrimmedStep
+        from pipeline.decode_step.gpu.triton_step import TrimmedStep
 
         try:
             t = TrimmedStep(self.fm, b.B, self.cos, self.sin)

@@ -7,14 +7,14 @@
 A Seq is a run of tokens of one request at positions start, start+1, ...: a decode step is one token, a chunk
 of a prompt is many. Every token of every request goes through the layers together, so each matrix
 multiplication reads the weights once per iteration for all of them (the layer math is the fused step's,
-pipeline.cpu.fused, with the token dimension as batch: fused Q/K/V and gate/up, the model's own norms and RoPE
+pipeline.decode_step.fused, with the token dimension as batch: fused Q/K/V and gate/up, the model's own norms and RoPE
 tables). Keys and values are written into each request's blocks first, then attention reads them back:
   * a prompt chunk: one causal attention call over its request's blocks (its queries see the earlier prompt
     and each other up to themselves, a sliding-window layer only its window);
   * decode tokens: one masked call for all of them when their lengths are close (blocks gathered, padded to
     the longest, the padding masked), otherwise one call per request over exactly its own tokens.
 
-On a CPU with pipeline/cpu/cpu_decode.c built, every pass goes through pipeline.cpu.row_step instead (`_rows`: one row
+On a CPU with pipeline/decode_step/cpu/cpu_decode.c built, every pass goes through pipeline.decode_step.cpu.row_step instead (`_rows`: one row
 per token, fixed-order kernels; CHOICE.engine_pass decides), so a request's logits are bit for bit the same whatever shares its passes; the torch
 path above serves GPUs, and CPUs without the C kernels.
 
@@ -36,13 +36,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused import finish_layer, project, project_qkv, window_masks
-from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.huge_pages import aligned
-from pipeline.cpu.kernel_choice import CHOICE, DECODE_GRAPH, ROW_STEP
-from pipeline.cpu.kv_layout import block_span, window_start
-from pipeline.cpu.row_kv import PagedRows
-from pipeline.cpu.row_step import ONE_CALL_ROWS, row_step
+from pipeline.decode_step.choice import CHOICE, DECODE_GRAPH, ROW_STEP
+from pipeline.decode_step.cpu.huge_pages import aligned
+from pipeline.decode_step.cpu.row_kv import PagedRows
+from pipeline.decode_step.cpu.row_step import ONE_CALL_ROWS, row_step
+from pipeline.decode_step.fused import finish_layer, project, project_qkv, window_masks
+from pipeline.decode_step.fused_weights import fused_model
+from pipeline.decode_step.kv_layout import block_span, window_start
 from pipeline.model.loaded import LoadedModel
 
 
@@ -237,7 +237,7 @@ class PagedStep:
         keep = [j for j in range(len(seqs)) if j not in parked]  # the LM head only for seqs that went through
         last = torch.tensor([rows[j] + len(seqs[j].tokens) - 1 for j in keep], device=dev, dtype=torch.long)
         h = self.final_norm(x.index_select(0, last)).view(len(keep), x.shape[-1])
-        out = project(lm.arch.unembedding(), h)  # on a CPU: the kernel pipeline.cpu.kernel_choice names for this many rows
+        out = project(lm.arch.unembedding(), h)  # on a CPU: the kernel pipeline.decode_step.choice names for this many rows
         out = lm.arch.apply_softcap(out.float())  # on the device: the engine brings back what it needs
         if not parked:
             return out
@@ -267,7 +267,7 @@ class PagedStep:
         return self.row.decode_steps([s.tokens[0] for s in seqs], [s.start for s in seqs], rows, room, stop, left, flag, steps, k)
 
     def _rows(self, seqs: list[Seq], logits: bool, interrupt) -> torch.Tensor | None:
-        """A pass through pipeline.cpu.row_step: every token of every seq one row (numpy for the small work, each
+        """A pass through pipeline.decode_step.cpu.row_step: every token of every seq one row (numpy for the small work, each
         row's attention over exactly its request's positions, the weights read once for all rows). With the native
         kernels every pass goes this way, so a request's numbers never depend on what shares its passes; without
         them only passes of decode tokens do. Parked as forward parks: a parkable seq stops at the layer where

@@ -4,7 +4,7 @@ Two implementations of `DecodeStep`, driven by `generation.generate()` (and by t
 
     TransformersStep   transformers' own forward with a dynamic or static cache (or none: every step feeds
                        the whole context again)
-    FusedStep          our static-shape step (pipeline.cpu.fused): fused matrices, static KV buffers, a CUDA graph
+    FusedStep          our static-shape step (pipeline.decode_step.fused): fused matrices, static KV buffers, a CUDA graph
                        replay per token on a GPU
 
     step = open_step(lm, "dynamic", n_positions)   # or "static", "fused", "fused+compile", use_cache=False
@@ -87,12 +87,12 @@ class TransformersStep:
 
 
 class FusedStep:
-    """Our static-shape step (pipeline.cpu.fused). With `on_device` (greedy, few candidates) only a summary of the
+    """Our static-shape step (pipeline.decode_step.fused). With `on_device` (greedy, few candidates) only a summary of the
     logits comes back to the host: argmax, log-sum-exp and the top candidates."""
 
     def __init__(self, lm: LoadedModel, n_positions: int, compile: bool = False, on_device: bool = False, n_top: int = 10):
-        from pipeline.cpu.fused import acquire_decoder
-        from pipeline.cpu.fused_weights import fused_model
+        from pipeline.decode_step.fused import acquire_decoder
+        from pipeline.decode_step.fused_weights import fused_model
 
         fm = fused_model(lm)  # the model's fused weights, shared by every decoder of it
         self.lm = lm
@@ -126,7 +126,7 @@ class CacheMode(StrEnum):
 
     DYNAMIC = "dynamic"  # transformers' cache, grown by concatenation each step
     STATIC = "static"  # transformers' preallocated cache, written in place
-    FUSED = "fused"  # our static-shape step (pipeline.cpu.fused): a CUDA graph replay per step on a GPU
+    FUSED = "fused"  # our static-shape step (pipeline.decode_step.fused): a CUDA graph replay per step on a GPU
     FUSED_COMPILE = "fused+compile"  # the same step compiled by torch.compile first
 
     @property

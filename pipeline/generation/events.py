@@ -28,7 +28,7 @@ class Finish(StrEnum):
 
 
 class Runner(StrEnum):
-    """What ran a step: transformers' own forward, our fused step (pipeline.cpu.fused) in one of its modes (the
+    """What ran a step: transformers' own forward, our fused step (pipeline.decode_step.fused) in one of its modes (the
     value is "fused step, " + the decoder's `mode`), or the shared engine (pipeline.engine)."""
 
     TRANSFORMERS = "transformers"

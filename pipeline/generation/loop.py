@@ -147,7 +147,7 @@ def generate(
     Raises TraceError on bad prompts. (The shared engine is pipeline.serving.stream's other route.)
 
     cache: "dynamic" (grows by concatenation each step), "static" (transformers' preallocated cache, written in
-    place), "fused" (our own static-shape decode step, pipeline.cpu.fused: a CUDA graph replay per step on a GPU;
+    place), "fused" (our own static-shape decode step, pipeline.decode_step.fused: a CUDA graph replay per step on a GPU;
     greedy steps then bring only the top candidates back to the host, not the whole vocabulary) or
     "fused+compile" (the same step compiled by torch.compile first); the step itself is pipeline.generation.decode's.
     stop_ids: tokens that end the answer (default: the model's end-of-sequence tokens; an empty set generates

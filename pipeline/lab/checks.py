@@ -415,4 +415,6 @@ def check_step(lm: LoadedModel, got, step: int) -> Check:
     with lm.lock, torch.inference_mode(), lm.arch.attention_as("eager"):
         att = lm.model(input_ids=torch.tensor([got.ids[: s.cache_len]], device=lm.device), output_attentions=True, use_cache=False).attentions
     d = max(float(np.abs(s.attention[i] - att[i][0, :, -1].float().cpu().numpy()).max()) for i in range(len(att)))
-    return Check("each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d)
+    return Check(
+        "each head's row = the last row of a full eager forward over the same ids", d <= 2e-3, f"step {step}, every layer: max |difference| {d:.1e}", d
+    )

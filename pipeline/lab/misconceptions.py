@@ -234,7 +234,7 @@ def no_memory(lm: LoadedModel, prompt: str, other: str) -> NoMemory:
 @dataclass
 class SameInEngine:
     rows: list[dict]  # one per run: what shared its passes, the logits compared, how many differ
-    exact_kernels: bool  # pipeline/cpu/cpu_decode.c built: every pass sums in a fixed order, row by row
+    exact_kernels: bool  # pipeline/decode_step/cpu/cpu_decode.c built: every pass sums in a fixed order, row by row
     checks: list[Check]
 
 
@@ -299,7 +299,7 @@ def same_in_engine(lm: LoadedModel, engine, prompt_ids: list[int], n: int = 8) -
     (three this experiment sends once its first token is out: two long prompts prefilled in chunks beside its
     decode rows, a short question that parks them for a layer or so, and whoever else is on the server), then again
     with its prompt's blocks from the prefix cache."""
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
     from pipeline.engine import Engine
     from pipeline.generation.sweeps import long_prompt
 

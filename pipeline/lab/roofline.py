@@ -153,7 +153,7 @@ def roofline(lm: LoadedModel, prompt_tokens: int = 512, context: int = 512) -> R
     (prompt_tokens) and decode (1 token over `context`), and the batch-1 decode ceiling."""
     mm = matmul_probe(lm.device, lm.dtype)
     if lm.device.type == "cpu":  # the memory's read speed, streamed as fast as this CPU allows (a decode step reads)
-        from pipeline.cpu.bandwidth import read_probe
+        from pipeline.decode_step.cpu.bandwidth import read_probe
 
         rp = read_probe(min(lm.facts.n_params * lm.arch.bytes_per_value, 1 << 30))
         bw = CopyProbe(rp.bytes >> 20, rp.seconds, rp.gb_per_s * 1e9, f"a read as large as the weights ({rp.kernel}, best of {rp.reps})")

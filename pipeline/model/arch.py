@@ -336,7 +336,7 @@ class NormKind(Enum):
 
 
 # The RMSNorms our own steps re-implement (the row step, the fused step), by module type. Another norm: the
-# steps are not offered (pipeline.cpu.fused.supported), the model runs through transformers' forward.
+# steps are not offered (pipeline.decode_step.fused.supported), the model runs through transformers' forward.
 NORM_KINDS: dict[str, NormKind] = {
     "LlamaRMSNorm": NormKind.WEIGHT,
     "MistralRMSNorm": NormKind.WEIGHT,

@@ -1,5 +1,5 @@
 """int8 weight-only models (issue 49): each projection matrix quantised per output row, symmetric, one fp32 scale per
-row, the one quantiser the precision lesson (pipeline.cpu.precision) and an int8 model (`load_model(precision="int8")`)
+row, the one quantiser the precision lesson (pipeline.decode_step.cpu.precision) and an int8 model (`load_model(precision="int8")`)
 share.
 
     w8, scale = quantise_rows(w)       # w [N, K] fp32 -> int8 [N, K], scale [N]: w ~ w8 * scale[:, None]
@@ -7,7 +7,7 @@ share.
 
 An int8 model keeps both: each module's weight becomes the dequantised matrix (w8 * scale, fp32), so transformers'
 own forward (the trace, the pages, `generate`) computes with exactly the weights the engine serves, and the module
-keeps (w8, scale) as `INT8` for the CPU decode's int8 panels (pipeline.cpu.row_step), read 1 byte a weight. A tied LM
+keeps (w8, scale) as `INT8` for the CPU decode's int8 panels (pipeline.decode_step.cpu.row_step), read 1 byte a weight. A tied LM
 head is untied: the embedding stays fp32 (as norms, RoPE, attention and the KV cache do)."""
 
 from __future__ import annotations

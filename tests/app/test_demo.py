@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-import demo
 import pipeline
+from hosting import demo
 from pipeline.model import FairLock, ModelLoadError, cache_ok, check_weights
 
 pytestmark = pytest.mark.unit

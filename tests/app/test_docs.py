@@ -1,6 +1,6 @@
 """The docs name what exists, and the README is a first screen.
 
-Every file path (`pipeline/cpu/matmul.py`, `docs/img/house.png`), source file (`cpu_decode.c`, `trusted.py` in the
+Every file path (`pipeline/decode_step/cpu/matmul.py`, `docs/img/house.png`), source file (`cpu_decode.c`, `trusted.py` in the
 house plan's room listing), module (`pipeline.forward.tracing`) and module's name (`pipeline.model.thread_safe`,
 `views/session.keep_runs`, `memo.shared`, `LoadedModel.run`) that README.md, CONTRIBUTING.md or docs/*.md mention
 must exist in the repository as the code stands: a rename or a move that forgets a doc fails here, naming the doc,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-PACKAGES = ("pipeline", "appstate", "views", "components", "demo", "explorer", "app")  # the repo's importable roots
+PACKAGES = ("pipeline", "appstate", "views", "components", "hosting", "app")  # the repo's importable roots
 FILE_EXT = ("py", "md", "c", "txt", "toml", "json", "png", "js", "sh", "html", "yml", "yaml", "cfg")
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "artifacts", "build", "dist"}
 # named in a doc on purpose, never in the repository
@@ -126,7 +126,7 @@ def module_file(parts: list[str]) -> Path | None:
 
 # ---- what a doc names ----
 def names_module(dotted: str) -> bool:
-    """`pipeline.forward.tracing`, `pipeline.model.thread_safe`, `pipeline.cpu.fused.supported`: the longest
+    """`pipeline.forward.tracing`, `pipeline.model.thread_safe`, `pipeline.decode_step.fused.supported`: the longest
     prefix that is a module, then one name it defines (what follows may be a method or an attribute)."""
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
@@ -180,8 +180,8 @@ def names_path(doc: Path, path: str) -> bool | None:
 
 
 def room_of(line: str, room: str) -> str:
-    """In a fenced listing of the house, a line that opens with a folder (`pipeline/cpu/    ...`) is that room's; its
-    continuation lines (indented) stay in it; a line that opens with a root file (`demo.py ...`) is the root's."""
+    """In a fenced listing of the house, a line that opens with a folder (`pipeline/decode_step/    ...`) is that room's; its
+    continuation lines (indented) stay in it; a line that opens with a root file (`hosting/demo.py ...`) is the root's."""
     if not line.strip() or line[0].isspace():
         return room
     head = line.split()[0]
@@ -204,7 +204,7 @@ def stale_names(doc: Path) -> list[str]:
     for m in DOTTED.finditer(clean):
         name = m[1]
         if name.rsplit(".", 1)[-1] in FILE_EXT:
-            continue  # demo.py: a file, checked below
+            continue  # hosting/demo.py: a file, checked below
         if not names_module(name):
             say(m.start(), name, "no such module or name")
     fenced = [(f.start(), f.end()) for f in FENCE.finditer(clean)]
@@ -249,7 +249,7 @@ def test_a_stale_name_is_caught(tmp_path):
     missing member and a source file in the wrong room fails, and the same doc with true names passes."""
     doc = tmp_path / "planted.md"
     stale = (
-        "The split lives in pipeline/cpu/kernels_gone.py, see `pipeline.forward.tokens.thread_safe`, `cpu_matmul`,\n"
+        "The split lives in pipeline/decode_step/kernels_gone.py, see `pipeline.forward.tokens.thread_safe`, `cpu_matmul`,\n"
         "`models.threads_for`, `LoadedModel.no_such_member`, and tests/views/test_handout.py.\n"
         "```\npipeline/engine/    core.py, trusted.py\n```\n"
     )
@@ -266,7 +266,7 @@ def test_a_stale_name_is_caught(tmp_path):
     ):
         assert name in said
     assert "core.py" not in said
-    doc.write_text("pipeline/cpu/matmul.py, `pipeline.model.thread_safe`, `pipeline.forward.tracing`, `memo.shared`, views/session.keep_runs.\n")
+    doc.write_text("pipeline/decode_step/cpu/matmul.py, `pipeline.model.thread_safe`, `pipeline.forward.tracing`, `memo.shared`, views/session.keep_runs.\n")
     assert stale_names(doc) == []
 
 

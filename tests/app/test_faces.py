@@ -1,6 +1,6 @@
 """The app's side imports only the faces of pipeline's rooms: `pipeline` and `pipeline.<room>` (each room's
 `__init__`, its `__all__`), never a module by its path (`pipeline.engine.scene`). Parsed, not imported: every module
-of views/, components/, appstate/, app.py, demo*.py and explorer.py."""
+of views/, components/, appstate/, app.py, demo*.py and hosting/explorer.py."""
 
 import ast
 from pathlib import Path
@@ -30,7 +30,7 @@ ALLOWED = {
 
 def scanned() -> list[Path]:
     files = [*ROOT.glob("views/**/*.py"), *ROOT.glob("components/**/*.py"), *ROOT.glob("appstate/**/*.py"), *ROOT.glob("demo*.py")]
-    return sorted(files + [p for p in (ROOT / "app.py", ROOT / "explorer.py") if p.exists()])
+    return sorted(files + [p for p in (ROOT / "app.py", ROOT / "hosting/explorer.py") if p.exists()])
 
 
 def _bound(tree: ast.Module) -> set[str]:
@@ -109,5 +109,7 @@ def test_the_app_imports_only_the_faces_of_pipelines_rooms():
 def test_a_deep_import_is_caught():
     """The control: the check fails on a module imported by its path and on a name a face does not offer."""
     face = faces()
-    tree = ast.parse("from pipeline.engine.scene import X\nimport pipeline.cpu.matmul\nfrom pipeline.lab import not_in_the_face\nfrom pipeline import text_of")
-    assert [m for _, m, _ in reaches(tree, face)] == ["pipeline.engine.scene", "pipeline.cpu.matmul", "pipeline.lab"]
+    tree = ast.parse(
+        "from pipeline.engine.scene import X\nimport pipeline.decode_step.cpu.matmul\nfrom pipeline.lab import not_in_the_face\nfrom pipeline import text_of"
+    )
+    assert [m for _, m, _ in reaches(tree, face)] == ["pipeline.engine.scene", "pipeline.decode_step.cpu.matmul", "pipeline.lab"]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-import explorer
+from hosting import explorer
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipeline", "components", "views", "appstate")
+PACKAGES = ("pipeline", "components", "views", "appstate", "hosting")
 
 
 def free_port() -> int:
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def project_files() -> set[str]:
     """Every file the app needs at run time, as paths inside the wheel."""
-    files = {p.name for p in ROOT.glob("*.py")}  # the top-level modules: app, demo and its parts, explorer
+    files = {p.name for p in ROOT.glob("*.py")}  # the one top-level module: app.py
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix in (".py", ".c", ".js", ".png"):
@@ -63,13 +63,13 @@ def test_the_wheel_carries_every_file_and_imports_from_where_it_is_installed(tmp
     missing = project_files() - names
     assert not missing, f"the wheel leaves out {sorted(missing)[:10]}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "llm-explorer = explorer:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "llm-explorer = hosting.explorer:main" in zipfile.ZipFile(wheel).read(entry).decode()
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)], check=True, timeout=600)
     modules = sorted(
         ".".join(Path(n).with_suffix("").parts).removesuffix(".__init__")
         for n in names
         if n.endswith(".py") and n.split("/")[0] in PACKAGES and "/stages/" not in n and not n.endswith("__main__.py")
-    ) + ["demo", "explorer"]
+    )
     code = (
         "import importlib, sys\n"
         f"site = {str(site)!r}\n"
@@ -80,12 +80,14 @@ def test_the_wheel_carries_every_file_and_imports_from_where_it_is_installed(tmp
     env = dict(os.environ, PYTHONPATH=str(site))
     r = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    assert (site / "pipeline" / "cpu" / "cpu_decode.c").is_file() and (site / "components" / "vendor" / "d3.min.js").is_file()
-    r = subprocess.run([sys.executable, "-m", "explorer", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert (site / "pipeline" / "decode_step" / "cpu" / "cpu_decode.c").is_file() and (site / "components" / "vendor" / "d3.min.js").is_file()
+    r = subprocess.run([sys.executable, "-m", "hosting.explorer", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--demo" in r.stdout
     # the installed entry point serves: the installed app.py answers its health check on localhost
     port, answered = free_port(), True
-    proc = subprocess.Popen([sys.executable, "-m", "explorer", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hosting.explorer", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         for _ in range(240):
             try:

@@ -11,7 +11,9 @@ from pipeline.model import registry
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-APP = [p for d in ("pipeline", "views", "components", "appstate") for p in (ROOT / d).rglob("*.py")] + [ROOT / f for f in ("app.py", "demo.py", "explorer.py")]
+APP = [p for d in ("pipeline", "views", "components", "appstate") for p in (ROOT / d).rglob("*.py")] + [
+    ROOT / f for f in ("app.py", "hosting/demo.py", "hosting/explorer.py")
+]
 FACES = {ROOT / "pipeline" / "__init__.py", ROOT / "pipeline" / "model" / "__init__.py", ROOT / "pipeline" / "model" / "registry.py"}
 
 

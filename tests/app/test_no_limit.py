@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-import demo
+from hosting import demo
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The one store (appstate.store) on both backends: the SQLite file the processes of one machine share, and a real
+"""The one store (hosting.store) on both backends: the SQLite file the processes of one machine share, and a real
 redis-server (Debian's package, started here; skipped with the reason when it is absent). What each entry's lifetime
 promises holds across two "processes" (two store objects on the same file or server) and across a restart (the
 store closed and opened again); an unreachable store says so (StoreDown, with the store named) and everything goes on
@@ -13,8 +13,8 @@ import pytest
 
 from appstate import RunStore, SharedTexts, recall, remember
 from appstate.classes import Classes, Ended
-from appstate.store import SQLiteStore, StoreDown, open_store
-from demo_limits import AddressSlots, Busy, RateLimiter
+from hosting.limits import AddressSlots, Busy, RateLimiter
+from hosting.store import SQLiteStore, StoreDown, open_store
 
 pytestmark = pytest.mark.unit
 

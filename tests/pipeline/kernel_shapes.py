@@ -1,4 +1,4 @@
-"""Every C entry point of pipeline/cpu/cpu_decode.c (through its checked wrappers) driven with random shapes
+"""Every C entry point of pipeline/decode_step/cpu/cpu_decode.c (through its checked wrappers) driven with random shapes
 (1-129 rows, odd sizes, empty) against numpy in float64. Imported by test_kernels_c.py, and run as a script by its
 sanitizer test (`python tests/pipeline/kernel_shapes.py [SEED] [CASES]` in a process with the library built with
 -fsanitize=address,undefined): prints "ok N" when every case agrees."""
@@ -21,11 +21,11 @@ def _close(a, b, tol=2e-4):
 def run(seed: int = 0, cases: int = 40) -> int:
     import torch
 
-    from pipeline.cpu import greedy, norms, paged_attention
-    from pipeline.cpu import matmul as cm
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
+    from pipeline.decode_step.cpu import greedy, norms, paged_attention
+    from pipeline.decode_step.cpu import matmul as cm
 
-    assert CHOICE.c_kernels(), "pipeline/cpu/cpu_decode.c is not built"
+    assert CHOICE.c_kernels(), "pipeline/decode_step/cpu/cpu_decode.c is not built"
     rng = np.random.default_rng(seed)
     n = 0
     # 300 and 520 outputs: enough panels (19, 33) for one row's units of four panels over the product's quarters
@@ -103,9 +103,9 @@ def _layers_case(rng) -> None:
     handed out to the threads as they finish, the head runs in the same call)."""
     import torch
 
-    from pipeline.cpu import layer_call as lc
-    from pipeline.cpu import matmul as cm
-    from pipeline.cpu import norms
+    from pipeline.decode_step.cpu import layer_call as lc
+    from pipeline.decode_step.cpu import matmul as cm
+    from pipeline.decode_step.cpu import norms
 
     L, KV, G, D, bs = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([2, 8, 16])), 4
     H, d, inner, vocab, M = (

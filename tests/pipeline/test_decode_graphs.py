@@ -7,7 +7,7 @@ when others pad its bucket."""
 import pytest
 import torch
 
-from pipeline.cpu.kernel_choice import CHOICE, DECODE_GRAPH, ROW_STEP
+from pipeline.decode_step.choice import CHOICE, DECODE_GRAPH, ROW_STEP
 from pipeline.engine import Engine, graphed
 from pipeline.engine.paged import Seq
 from pipeline.generation import generate, prepare

@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.choice import CHOICE
 from pipeline.engine import Engine
 from pipeline.engine.blocks import BlockPool
 from pipeline.engine.paged import Seq
@@ -58,7 +58,7 @@ def _after_prefill(smol, n: int = 30):
 
 def test_the_call_stops_at_a_stop_token_the_length_and_news(smol):
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     eng, r, seq = _after_prefill(smol)
     run = lambda stops=frozenset(), left=8, news=0: eng.step.decode_steps([seq], [stops], [left], ctypes.c_int(news), 8, 5)  # noqa: E731
     free = run()
@@ -76,7 +76,7 @@ def test_the_call_stops_at_a_stop_token_the_length_and_news(smol):
 
 def test_the_call_never_passes_a_rows_blocks(smol):
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     eng, r, seq = _after_prefill(smol)
     bs = eng.kv.block_size
     short = Seq(seq.tokens, seq.start, seq.table[: seq.start // bs + 1])  # room up to the end of its current block

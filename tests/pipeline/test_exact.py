@@ -1,4 +1,4 @@
-"""Exact whatever shares the server (issue 34): with pipeline/cpu/cpu_decode.c every pass of the CPU engine goes through
+"""Exact whatever shares the server (issue 34): with pipeline/decode_step/cpu/cpu_decode.c every pass of the CPU engine goes through
 the row step, whose sums run in the same order for any number of rows, so a request's logits at every step are bit
 for bit the same as the request served alone: among other requests' decode rows and prompt chunks, parked and
 resumed for a newcomer, with its prompt from the prefix cache, while others are cancelled."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.cpu import row_step
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu import row_step
 from pipeline.engine import Engine
 from pipeline.generation import long_prompt, prepare
 
@@ -40,7 +40,7 @@ def _alone(lm, prompt: list[int], n: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_step_of_every_request_is_bit_for_bit_the_request_alone(lm, seed, monkeypatch):
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine: the torch passes sum in other orders")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine: the torch passes sum in other orders")
     # one-row passes run every layer in one call (row_layers); passes of more rows a call a layer, so they can park
     monkeypatch.setattr(row_step, "ONE_CALL_ROWS", 1)
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""Production-mode decode (pipeline.cpu.fused): our static-shape step against plain transformers forwards, on the
+"""Production-mode decode (pipeline.decode_step.fused): our static-shape step against plain transformers forwards, on the
 real models and on small seeded models of every architecture it claims, sliding windows included."""
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from pipeline.cpu.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, fused_model, linear, supported
-from pipeline.cpu.fused_measures import check_against_forward, launches_per_step
+from pipeline.decode_step.fused import FusedDecoder, FusedUnsupported, acquire_decoder, bucket, fused_model, linear, supported
+from pipeline.decode_step.fused_measures import check_against_forward, launches_per_step
 from pipeline.forward.sampling import Sampling
 from pipeline.generation import Runner, generate
 from pipeline.model import LoadedModel, facts_of

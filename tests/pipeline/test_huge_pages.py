@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.cpu.bandwidth import Reader
-from pipeline.cpu.huge_pages import HUGE_PAGE, aligned
+from pipeline.decode_step.cpu.bandwidth import Reader
+from pipeline.decode_step.cpu.huge_pages import HUGE_PAGE, aligned
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.cpu import row_step
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu import row_step
 from pipeline.engine import Engine
 from pipeline.generation import generate, prepare
 from pipeline.generation.events import StepEvent
@@ -69,7 +69,7 @@ def test_the_weights_are_each_rows_int8_times_its_scale_and_the_engine_reads_int
         assert torch.equal(kept_w8.float(), w8) and torch.equal(kept_scale, scale)
         assert torch.equal(q.weight.detach(), w8 * scale[:, None])
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built here: the engine serves the dequantised fp32 weights")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built here: the engine serves the dequantised fp32 weights")
     step = row_step.row_step(row_step.fused_model(int8))
     stack = step.stack()
     assert stack is not None and all(p.dtype == np.int8 for w in stack.layers for p in w.panels)
@@ -99,7 +99,7 @@ def test_a_requests_int8_logits_are_bit_for_bit_the_same_alone_and_beside_three_
     """Decode passes of 4 rows in one call for every layer (row_layers, ONE_CALL_ROWS 8) or a call a layer (row_layer,
     ONE_CALL_ROWS 1); prompts a call a layer; the same int8 sums in the same order for any number of rows."""
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine: the torch passes sum in other orders")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine: the torch passes sum in other orders")
     monkeypatch.setattr(row_step, "ONE_CALL_ROWS", one_call_rows)
     prompts = [prepare(int8, t, 1, chat=i % 2 == 0).prompt_ids for i, t in enumerate(TEXTS)]
     together = _served(int8, prompts, 6)
@@ -151,7 +151,7 @@ def test_an_int8_answer_beside_fp32_equals_an_independent_teacher_forced_compari
     """precision.beside_fp32 (what the generation page shows for an int8 model's answer) against the same comparison
     written out here: both models' full transformers forward over prompt + answer, without logits_to_keep, positions
     sliced by hand, then argmax and the largest absolute difference."""
-    from pipeline.cpu import precision
+    from pipeline.decode_step import precision
 
     req = prepare(int8, TEXTS[0], 16, chat=True)
     answer = [e.token_id for e in generate(int8, "", request=req, cache="dynamic") if isinstance(e, StepEvent)]

@@ -1,11 +1,11 @@
-"""pipeline.cpu.kernel_choice: the one place that says which path serves a product, a pass or a step, and why. Each
+"""pipeline.decode_step.choice: the one place that says which path serves a product, a pass or a step, and why. Each
 answer with the C kernels built, without them (no compiler, no AVX2) and with the choice switched off (the bench)."""
 
 import pytest
 import torch
 
-from pipeline.cpu import kernel_choice as kc
-from pipeline.cpu import library
+from pipeline.decode_step import choice as kc
+from pipeline.decode_step.cpu import library
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +35,7 @@ def test_without_the_c_kernels_the_measured_fallbacks_serve(without_c):
 def test_with_the_c_kernels_every_row_step_product_and_pass_is_theirs():
     c = kc.CHOICE
     if not c.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built here")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built here")
     assert c.product(1).kernel == c.product(64).kernel == kc.PANEL and c.product(65).kernel == kc.TALL
     assert c.row_product(500).kernel == kc.PANEL  # any number of rows: a row's sums never depend on what shares it
     assert c.engine_pass(True, False).kernel == kc.ROW_STEP and c.engine_pass(True, False).c

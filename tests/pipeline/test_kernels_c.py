@@ -1,4 +1,4 @@
-"""pipeline/cpu/cpu_decode.c through its checked entry points (pipeline.cpu.matmul, norms, paged_attention, greedy): random shapes against numpy, every argument
+"""pipeline/decode_step/cpu/cpu_decode.c through its checked entry points (pipeline.decode_step.cpu.matmul, norms, paged_attention, greedy): random shapes against numpy, every argument
 mismatch a ValueError naming the argument (never a read out of bounds), and the same random shapes once more with
 the library built with -fsanitize=address,undefined, reporting nothing (with a control that shows the sanitizer
 does catch an out-of-bounds read). Needs gcc and an AVX2 CPU (skipped otherwise); model tier: the first build takes
@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cpu import matmul as cm
-from pipeline.cpu import norms
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.paged_attention import paged_attend
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu import matmul as cm
+from pipeline.decode_step.cpu import norms
+from pipeline.decode_step.cpu.paged_attention import paged_attend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_shapes import run  # noqa: E402
 
-pytestmark = [pytest.mark.model, pytest.mark.skipif(not CHOICE.c_kernels(), reason="pipeline/cpu/cpu_decode.c is not built here")]
+pytestmark = [pytest.mark.model, pytest.mark.skipif(not CHOICE.c_kernels(), reason="pipeline/decode_step/cpu/cpu_decode.c is not built here")]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -118,7 +118,7 @@ def test_sanitizers_find_nothing(tmp_path):
 def test_sanitizers_do_catch_a_read_out_of_bounds(tmp_path):
     """The control: the raw C function called past the end of an array (what the wrappers refuse) is reported."""
     code = (
-        "import numpy as np; from pipeline.cpu import library; lib = library.loaded(); assert lib is not None; "
+        "import numpy as np; from pipeline.decode_step.cpu import library; lib = library.loaded(); assert lib is not None; "
         "x = np.ones((1, 8), np.float32); s = np.ones(8, np.float32); y = np.empty((1, 8), np.float32); "
         "lib.rms_norm(library.ptr(x), library.ptr(s), library.ptr(y), 1, 4096, 1e-6)"
     )
@@ -138,8 +138,8 @@ import logging, os, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 import pipeline
 from pipeline import serving
-from pipeline.cpu import library
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.cpu import library
+from pipeline.decode_step.choice import CHOICE
 from pipeline import generation
 lm = pipeline.load_model()
 for round in (1, 2):
@@ -161,7 +161,11 @@ def test_a_planted_kernel_library_never_runs_and_decoding_still_answers(tmp_path
     env = {**os.environ, "LLM_EXPLORER_KERNELS": str(kernels), "LLM_EXPLORER_STATE": str(tmp_path / "state"), "PLANT_MARK": str(mark)}
     env.pop("LLM_EXPLORER_KERNEL_SANITIZE", None)
     name = subprocess.run(
-        [sys.executable, "-c", "from pipeline.cpu import native_build; print(native_build.library_name())"], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", "from pipeline.decode_step.cpu import native_build; print(native_build.library_name())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
     ).stdout.strip()
     cmd = f"{shutil.which('gcc')} -shared -fPIC {src} -o {kernels / name}"
     subprocess.run(cmd, shell=True, check=True)
@@ -175,7 +179,7 @@ def test_a_planted_kernel_library_never_runs_and_decoding_still_answers(tmp_path
 def test_the_read_probe_reads_every_float_once_and_refuses_a_cache_sized_buffer():
     """read_sum over lengths that are not a multiple of its 32-float stride or its 65,536-float chunk equals numpy's
     sum; the probe checks its own read and says what read it."""
-    from pipeline.cpu.bandwidth import read_probe
+    from pipeline.decode_step.cpu.bandwidth import read_probe
 
     rng = np.random.default_rng(3)
     for n in (1, 31, 33, 65_535, 65_536 + 17, 300_001):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cpu import fused, layer_call, row_kv, row_step
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step import fused
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu import layer_call, row_kv, row_step
 
 pytestmark = pytest.mark.model
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def step(smol):
     if not CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     st = row_step.row_step(fused.fused_model(smol))
     assert all(ly.whole() is not None for ly in st.layers), "SmolLM2's layers run as one call each"
     return st

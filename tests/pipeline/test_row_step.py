@@ -1,14 +1,16 @@
-"""The CPU decode path (pipeline.cpu.row_step, kernel_choice, matmul, cpu_threads, precision): the same tokens as transformers'
+"""The CPU decode path (pipeline.decode_step.cpu.row_step, kernel_choice, matmul, cpu_threads, precision): the same tokens as transformers'
 generate, each row its own whatever shares its pass, the kernels' accuracy, the thread plan's decisions."""
 
 import numpy as np
 import pytest
 import torch
 
-from pipeline.cpu import kernel_choice, library, precision, row_kv, row_step
-from pipeline.cpu import matmul as cpu_matmul
-from pipeline.cpu import threads as cpu_threads
-from pipeline.cpu.fused_weights import fused_model
+from pipeline.decode_step import choice as kernel_choice
+from pipeline.decode_step import precision
+from pipeline.decode_step.cpu import library, row_kv, row_step
+from pipeline.decode_step.cpu import matmul as cpu_matmul
+from pipeline.decode_step.cpu import threads as cpu_threads
+from pipeline.decode_step.fused_weights import fused_model
 from pipeline.engine import Engine
 from pipeline.engine.paged import Seq
 from pipeline.generation import generate, prepare
@@ -61,9 +63,9 @@ def _alone_and_together(lm):
 
 @pytest.mark.model
 def test_a_row_gives_the_same_logits_alone_or_among_others(smol):
-    """With pipeline/cpu/cpu_decode.c every row's logits are bit for bit the same alone and among 2 or 11 others."""
+    """With pipeline/decode_step/cpu/cpu_decode.c every row's logits are bit for bit the same alone and among 2 or 11 others."""
     if not kernel_choice.CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine (no C compiler or no AVX2/FMA)")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine (no C compiler or no AVX2/FMA)")
     for together, alone in _alone_and_together(smol):
         assert torch.equal(together, alone)
 
@@ -97,7 +99,7 @@ def _reference(K, V, table, pos, q, window, scale):
 @pytest.mark.parametrize("D", [16, 64, 72])
 def test_native_attention_reads_each_rows_blocks_where_they_lie(D):
     if not kernel_choice.CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     rng = np.random.default_rng(0)
     K, V, tables, pos = _paged(rng, D)
     q = rng.standard_normal((3, 3, 2, D)).astype(np.float32)
@@ -152,11 +154,11 @@ def _kernels_against_float64():
 
 @pytest.mark.unit
 def test_cpu_kernels_are_accurate_and_each_row_is_its_own():
-    """The kernel the choice picks for each row count (1-64 pipeline/cpu/cpu_decode.c, 65-128 W @ xT, above F.linear)
+    """The kernel the choice picks for each row count (1-64 pipeline/decode_step/cpu/cpu_decode.c, 65-128 W @ xT, above F.linear)
     against float64; a row gives the same numbers alone as among 31 others, bit for bit; odd sizes too."""
     w, b = _kernels_against_float64()
     if not kernel_choice.CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     x = torch.randn(32, 96)
     many = cpu_matmul.linear(x, w, b)
     for lo, hi in ((3, 4), (3, 5), (0, 6), (0, 7), (9, 17), (0, 32)):
@@ -224,10 +226,10 @@ def test_lower_precision_lesson(smol):
 
 @pytest.mark.unit
 def test_lower_precision_kernels_against_their_references():
-    """Page 12's bf16 and int8 products through pipeline/cpu/cpu_decode.c: against float64 of the same rounded weights
+    """Page 12's bf16 and int8 products through pipeline/decode_step/cpu/cpu_decode.c: against float64 of the same rounded weights
     (and int8 against torch's own int8 kernel), each row the same alone as among others."""
     if not kernel_choice.CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     torch.manual_seed(0)
     w, b = torch.randn(200, 96) * 0.05, torch.randn(200)
     x = torch.randn(5, 96).numpy()
@@ -249,7 +251,7 @@ def test_lower_precision_kernels_against_their_references():
 def test_panels_of_a_strided_weight_are_its_own():
     """A weight given as a transposed view is copied contiguous first, and that copy lives through the packing."""
     if not kernel_choice.CHOICE.c_kernels():
-        pytest.skip("pipeline/cpu/cpu_decode.c is not built on this machine")
+        pytest.skip("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     w = np.random.default_rng(1).standard_normal((64, 40)).astype(np.float32)
     assert np.array_equal(cpu_matmul.packed_panels(w.T.copy().T), cpu_matmul.packed_panels(w))
     strided = cpu_matmul.packed_panels(np.asfortranarray(w))

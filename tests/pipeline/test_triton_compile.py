@@ -1,6 +1,6 @@
 """The trimmed step's Triton kernels compiled ahead of time for the GPUs a demo is lent (sm_90: H100, H200), without a
 GPU: Triton's own compiler down to a cubin (ptxas), over SmolLM2's shape in bf16 with the block sizes a GPU launches
-(pipeline.cpu.triton_step.GPU_BLOCKS), with and without a q/k/v bias and a sliding window. The interpreter (test_triton_step)
+(pipeline.decode_step.gpu.triton_step.GPU_BLOCKS), with and without a q/k/v bias and a sliding window. The interpreter (test_triton_step)
 checks what the kernels compute; this checks that the GPU's compiler takes them, which the interpreter does not."""
 
 import json
@@ -19,8 +19,8 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from pipeline.cpu import triton_kernels as k
-from pipeline.cpu.triton_step import GPU_BLOCKS as B
+from pipeline.decode_step.gpu import triton_kernels as k
+from pipeline.decode_step.gpu.triton_step import GPU_BLOCKS as B
 
 d, H, KV, D, FF, V = 576, 9, 3, 64, 1536, 49152  # SmolLM2-135M (bench/assets/smollm2-shape)
 bf, f32, i64, c = "*bf16", "*fp32", "*i64", "constexpr"

@@ -1,4 +1,4 @@
-"""The engine's decode graphs on the trimmed Triton kernels (pipeline.engine.graphed, pipeline.cpu.triton_step), run by
+"""The engine's decode graphs on the trimmed Triton kernels (pipeline.engine.graphed, pipeline.decode_step.gpu.triton_step), run by
 Triton's interpreter on the CPU: the kernels read each row's keys and values through its block table in the paged pool.
 (test_triton_step checks the kernels in the fused step; bench/gpu_check.py times both on a lent GPU.)"""
 

@@ -1,4 +1,4 @@
-"""The fused step trimmed to four Triton kernels a layer (pipeline.cpu.triton_step), run here by Triton's interpreter
+"""The fused step trimmed to four Triton kernels a layer (pipeline.decode_step.gpu.triton_step), run here by Triton's interpreter
 on the CPU (tests/conftest.py switches it on where no GPU is): the kernels a CUDA graph replays on a GPU, checked
 against `generate` and the torch step on SmolLM2 and on the Llama-layout families (q/k/v biases, a sliding window);
 the families it does not serve said why. bench/gpu_check.py times them on a lent GPU."""
@@ -26,7 +26,7 @@ def folders(tmp_path_factory):
 
 def _tokens(lm, n: int, steps: int):
     """The trimmed decoder's greedy tokens after PROMPT (prefill, then `steps` steps), generate's, and the decoder."""
-    from pipeline.cpu.fused import FusedDecoder, fused_model
+    from pipeline.decode_step.fused import FusedDecoder, fused_model
     from pipeline.forward.tokens import tokenize
 
     dec = FusedDecoder(fused_model(lm), n, graph=False, trimmed=True)
@@ -46,7 +46,7 @@ def test_interpreter_is_on_here():
 
 
 def test_smollm2_through_the_trimmed_kernels_gives_generates_tokens(smol):
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
 
     toks, ref, dec = _tokens(smol, 64, 1)
     assert dec.trimmed is not None and dec.mode == "Triton kernels + eager", dec.problems
@@ -59,8 +59,8 @@ def test_smollm2_through_the_trimmed_kernels_gives_generates_tokens(smol):
 def test_llama_layout_families_through_the_trimmed_kernels(folders, family):
     """Eight tokens: past the window of 4 (mistral), with q/k/v biases (qwen2); the logits of each step within
     the fp32 tolerance of the torch step's."""
-    from pipeline.cpu.fused import fused_model
-    from pipeline.cpu.triton_step import unusable
+    from pipeline.decode_step.fused import fused_model
+    from pipeline.decode_step.gpu.triton_step import unusable
     from pipeline.model.loaded import load_model
 
     lm = load_model(str(folders[family]))
@@ -77,8 +77,8 @@ def test_llama_layout_families_through_the_trimmed_kernels(folders, family):
 
 @pytest.mark.parametrize("family", NOT_SERVED)
 def test_other_families_keep_the_torch_step_and_say_why(folders, family):
-    from pipeline.cpu.fused import fused_model
-    from pipeline.cpu.triton_step import unusable
+    from pipeline.decode_step.fused import fused_model
+    from pipeline.decode_step.gpu.triton_step import unusable
     from pipeline.model.loaded import load_model
 
     why = unusable(fused_model(load_model(str(folders[family]))))
@@ -87,8 +87,8 @@ def test_other_families_keep_the_torch_step_and_say_why(folders, family):
 
 def test_a_wrong_kernel_is_caught_and_the_torch_step_serves(smol, monkeypatch):
     """The decoder's own check: a trimmed step whose logits differ is dropped, the torch step runs, problems say so."""
-    from pipeline.cpu import triton_step
-    from pipeline.cpu.fused import FusedDecoder, fused_model
+    from pipeline.decode_step.fused import FusedDecoder, fused_model
+    from pipeline.decode_step.gpu import triton_step
 
     body = triton_step.TrimmedStep.body
     monkeypatch.setattr(triton_step.TrimmedStep, "body", lambda self, *a: body(self, *a) * 1.5)

@@ -1,4 +1,4 @@
-"""Only code this server's user built is loaded (pipeline/cpu/trusted.py): a planted, cut-short or damaged library is
+"""Only code this server's user built is loaded (pipeline/decode_step/trusted.py): a planted, cut-short or damaged library is
 rebuilt, never loaded; a folder others can write is refused; a failed build says gcc's message and leaves nothing
 behind. Unit tier: a tiny C source, each test with its own cache and state folders."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cpu import trusted
+from pipeline.decode_step import trusted
 
 pytestmark = pytest.mark.unit
 
@@ -171,7 +171,7 @@ def test_two_processes_building_at_once_build_once(dirs):
     cc.write_text(f'#!/bin/sh\necho x >> {log}\nsleep 1\nexec {CC} "$@"\n')
     cc.chmod(0o755)
     code = (
-        "import sys; from pathlib import Path; from pipeline.cpu import trusted; "
+        "import sys; from pathlib import Path; from pipeline.decode_step import trusted; "
         f"lib = trusted.library(Path({str(src)!r}), ['-O1', '-shared', '-fPIC'], Path({str(folder)!r}), 'k.so', {str(cc)!r}); "
         "print(lib.answer())"
     )
@@ -183,13 +183,13 @@ def test_two_processes_building_at_once_build_once(dirs):
 
 @pytest.mark.unit
 def test_the_native_kernel_is_built_wherever_it_can_be():
-    """A machine with gcc and AVX2 + FMA must run pipeline/cpu/cpu_decode.c, not the fallback: the kernel tests that
+    """A machine with gcc and AVX2 + FMA must run pipeline/decode_step/cpu/cpu_decode.c, not the fallback: the kernel tests that
     skip without it would otherwise pass silently over a failed build (CI runs this on its machine)."""
     import shutil
 
-    from pipeline.cpu import library, native_build
+    from pipeline.decode_step.cpu import library, native_build
 
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None or not native_build.cpu_has_avx2_fma() or os.environ.get("LLM_EXPLORER_PANEL", "1") == "0":
         pytest.skip(f"no C compiler or no AVX2/FMA here: the fallback kernels serve (cc={cc})")
-    assert library.loaded() is not None, "gcc and AVX2 are here, but pipeline/cpu/cpu_decode.c did not build or load: see the log"
+    assert library.loaded() is not None, "gcc and AVX2 are here, but pipeline/decode_step/cpu/cpu_decode.c did not build or load: see the log"

@@ -95,7 +95,7 @@ def caps(monkeypatch):
     """caps(name=value, ...): the demo policy with these caps for the rest of the test."""
     import dataclasses
 
-    import demo
+    from hosting import demo
 
     real = demo.load_policy
 
@@ -134,7 +134,7 @@ def test_an_unexpected_error_shows_a_request_id_not_the_details(demo_env, monkey
 @pytest.fixture
 def guard(monkeypatch):
     """A fresh server-wide password guard for this test (one per process otherwise), with short waits."""
-    import demo
+    from hosting import demo
     from views import guard as views_guard
 
     class Quick(demo.PasswordGuard):

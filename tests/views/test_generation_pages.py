@@ -18,7 +18,7 @@ def two_repeats(monkeypatch):
     reads them): the pages' own repeat count comes through views.guard.cap, as a demo server's cap would."""
     from dataclasses import replace
 
-    import demo
+    from hosting import demo
     from views import guard
 
     monkeypatch.setattr(guard, "policy", lambda: demo.Policy(caps=replace(demo.UNCAPPED, repeats=2)))
@@ -244,7 +244,7 @@ def test_misconceptions_page_tests_each_myth():
 def test_misconceptions_page_compares_the_shared_engines_logits_bit_for_bit():
     """Issue 34: the same prompt in the engine every visitor shares, beside other requests and from the prefix cache,
     every step's logits compared with the request alone: 0 differing values (with the C kernels built)."""
-    from pipeline.cpu.kernel_choice import CHOICE
+    from pipeline.decode_step.choice import CHOICE
 
     at = page("views/stages/misconceptions.py", prompt="Why is the sky blue? Explain it to a child in two sentences.")  # 2 KV blocks and more
     button(at, "myth_shared").click().run(timeout=300)
@@ -299,7 +299,7 @@ def test_an_int8_model_picked_in_the_sidebar_says_its_precision_and_its_answer_b
     rec = at.session_state["_runs"]["gen"][1]
     assert rec.model == "SmolLM2-135M-Instruct (int8)" and len(rec.events) == 12
     served = next(c.value for c in at.caption if "served this answer in int8 weight-only" in c.value)
-    from pipeline.cpu import CHOICE
+    from pipeline.decode_step import CHOICE
 
     assert ("int8 panels" in served) == CHOICE.c_kernels()  # the kernel choice's reason for an int8 model's pass
     button(at, "gen_fp32").click().run()

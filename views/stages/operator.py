@@ -8,7 +8,7 @@ import pandas as pd
 import psutil
 import streamlit as st
 
-from appstate.store import StoreDown
+from hosting.store import StoreDown
 from views import guard, live, runs
 
 pol = guard.policy()

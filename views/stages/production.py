@@ -3,7 +3,7 @@ import streamlit as st
 
 from components.generation import MODE_LABELS, cache_modes_figure, cache_modes_table, launches_figure
 from pipeline import text_of
-from pipeline.cpu import MIN_BUCKET, check_against_forward, launches_per_step, mode_label, precision, supported
+from pipeline.decode_step import MIN_BUCKET, check_against_forward, launches_per_step, mode_label, precision, supported
 from pipeline.generation import CacheMode, compare_cache_modes, prepare
 from pipeline.lab import checks
 from views import generating, guard, loading, proof, render, runs
@@ -56,7 +56,7 @@ st.caption(
     + (
         ""
         if gpu
-        else ". On a CPU there is no graph: the fused mode runs pipeline.cpu.row_step, the same maths with the small work "
+        else ". On a CPU there is no graph: the fused mode runs pipeline.decode_step.cpu.row_step, the same maths with the small work "
         "in numpy (a torch operator costs 4-7 µs to dispatch here, ~600 of them a token) and each matrix read once, "
         "in one stream, by a kernel written for it, so the step is bounded by how fast memory streams the weights."
     )
@@ -76,7 +76,7 @@ if st.button("Run all modes", type="primary", key="prod_go") and guard.prompt_fi
 
 
 def _precision():
-    """The lower-precision lesson: fp32, bf16 and int8 row steps on this prompt (pipeline.cpu.precision)."""
+    """The lower-precision lesson: fp32, bf16 and int8 row steps on this prompt (pipeline.decode_step.cpu.precision)."""
     st.subheader("Lower precision: what production engines trade")
     st.markdown(
         "A decode token reads every weight once, so fewer bytes per weight can mean more tokens per second. Production "

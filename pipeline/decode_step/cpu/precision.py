@@ -1,4 +1,4 @@
-"""Lower precision as a lesson: the CPU row step (pipeline.cpu.row_step) with its matrices in bf16 or in int8
+"""Lower precision as a lesson: the CPU row step (pipeline.decode_step.cpu.row_step) with its matrices in bf16 or in int8
 (weight-only), beside the fp32 default, on one request.
 
 Production engines serve in bf16 and often quantise weights to int8 or fewer bits: a decode step reads every
@@ -10,7 +10,7 @@ candidates were close the greedy choice can flip. This module measures both on t
   * int8 weight-only: each output row of each matrix scaled to [-127, 127] and rounded (symmetric, one fp32
     scale per row), activations stay fp32; 1 byte per weight plus the scales;
   * fp32: the default, the reference.
-Where pipeline/cpu/cpu_decode.c is built, every precision runs the same kernel design over the same panel layout,
+Where pipeline/decode_step/cpu/cpu_decode.c is built, every precision runs the same kernel design over the same panel layout,
 the smaller weights widened to fp32 in registers and summed in fp32: the speed difference is the bytes read.
 On "Why is the sky blue?" (chat, 24 tokens, the 2-core build machine): fp32 39.9 tok/s, bf16 58.2, int8 91.6;
 bf16 flips no token, int8 2 of 24. Without it, torch's bf16 linear (oneDNN) and `_weight_int8pack_mm`, which on
@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.common.memo import give_back_freed_memory
-from pipeline.cpu.fused import bucket
-from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.matmul import packed_panels, panel_product
-from pipeline.cpu.row_kv import BufferKV
-from pipeline.cpu.row_step import RowStep, usable
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.matmul import packed_panels, panel_product
+from pipeline.decode_step.cpu.row_kv import BufferKV
+from pipeline.decode_step.cpu.row_step import RowStep, usable
+from pipeline.decode_step.fused import bucket
+from pipeline.decode_step.fused_weights import fused_model
 from pipeline.model.loaded import LoadedModel
 from pipeline.model.quantised import quantise_rows
 from pipeline.model.registry import split_precision
@@ -56,7 +56,7 @@ N_NEW = 24  # answer tokens compared
 def _bf16(w: torch.Tensor, b: torch.Tensor | None):
     wb = w.detach().to(torch.bfloat16)
     bb = None if b is None else b.detach().to(torch.bfloat16)
-    if CHOICE.precision().c:  # pipeline/cpu/cpu_decode.c: bf16 weights widened to fp32 in registers, fp32 sums
+    if CHOICE.precision().c:  # pipeline/decode_step/cpu/cpu_decode.c: bf16 weights widened to fp32 in registers, fp32 sums
         p = packed_panels(wb.view(torch.int16).numpy().view(np.uint16))
         bias = None if bb is None else bb.float().contiguous().numpy()
 
@@ -74,7 +74,7 @@ def _bf16(w: torch.Tensor, b: torch.Tensor | None):
 
 def _int8(w: torch.Tensor, b: torch.Tensor | None):
     w8, scale = quantise_rows(w)  # the one quantiser, an int8 model's too (pipeline.model.quantised)
-    if CHOICE.precision().c:  # pipeline/cpu/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
+    if CHOICE.precision().c:  # pipeline/decode_step/cpu/cpu_decode.c: int8 weights widened to fp32 in registers, scaled per row
         p = packed_panels(w8.numpy())
         sc = scale.float().contiguous().numpy()
         bias = None if b is None else np.ascontiguousarray(b.detach().float().numpy())

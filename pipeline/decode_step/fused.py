@@ -14,7 +14,7 @@ the CPU. This module writes the step the way serving engines do:
   * no Python-visible data dependence: the token and the position live in device tensors, so on CUDA the
     step is captured once with `torch.cuda.CUDAGraph` and each decode step is one `replay()`; optionally the
     step is first compiled by `torch.compile` (fewer, fused kernels) and the compiled kernels are captured;
-  * trimmed on a GPU: for Llama-layout models the step is four Triton kernels a layer (pipeline.cpu.triton_step),
+  * trimmed on a GPU: for Llama-layout models the step is four Triton kernels a layer (pipeline.decode_step.gpu.triton_step),
     checked against the torch step once when the decoder is built, and that is what the graph captures.
 
 The activation, the embedding and the LM head are the model's own modules, called inside the step; each
@@ -22,7 +22,7 @@ RMSNorm is one `F.rms_norm` with the module's own weight, epsilon and formula (L
 The prefill is transformers' own forward (one pass over the prompt); its K/V are copied into the buffers.
 Supported: Llama-style decoders (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and Gemma 3; `supported(lm)` says why
 not otherwise. What the production page measures of this step (its check against a plain transformers forward, its
-launches, its floor) is pipeline.cpu.fused_measures.
+launches, its floor) is pipeline.decode_step.fused_measures.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
-from pipeline.cpu.graphs import capture_step, compile_step
-from pipeline.cpu.greedy import greedy_summary
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.kv_layout import visible
-from pipeline.cpu.matmul import linear
-from pipeline.cpu.row_kv import BufferKV
-from pipeline.cpu.row_step import row_step
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.greedy import greedy_summary
+from pipeline.decode_step.cpu.matmul import linear
+from pipeline.decode_step.cpu.row_kv import BufferKV
+from pipeline.decode_step.cpu.row_step import row_step
+from pipeline.decode_step.fused_weights import SUPPORTED_TYPES, FusedModel, FusedUnsupported, _Layer, fuse_weights, fused_model, supported  # noqa: F401 - re-exported
+from pipeline.decode_step.gpu.graphs import capture_step, compile_step
+from pipeline.decode_step.kv_layout import visible
 from pipeline.forward.sampling import GreedySummary
 
 MIN_BUCKET = 256
@@ -133,14 +133,14 @@ class FusedDecoder:
             self._run = compiled or self._body
             self.problems += [problem] if problem else []
         self.compiled = self._run != self._body
-        self.trimmed = None  # pipeline.cpu.triton_step's kernels where they serve (None: the torch step's)
+        self.trimmed = None  # pipeline.decode_step.gpu.triton_step's kernels where they serve (None: the torch step's)
         if CHOICE.trimmed_step(fm, compile) is None if trimmed is None else trimmed:
             self._trim()
         if use_graph:
             self.graph, outputs, problem, self.capture_s = capture_step(self._run, fm.lm.lock, dev)
             self.out_logits, self.out_summary = outputs or (None, None)
             self.problems += [problem] if problem else []
-        # on a CPU in fp32 (and not compiled) each step is pipeline.cpu.row_step's: the same maths over numpy views
+        # on a CPU in fp32 (and not compiled) each step is pipeline.decode_step.cpu.row_step's: the same maths over numpy views
         self.row = None if (self.compiled or self.trimmed or self.graph is not None) else row_step(fm)
         self._row_kv = BufferKV(self.K, self.V) if self.row is not None else None
         first = "torch.compile + " if self.compiled else ("Triton kernels + " if self.trimmed else "")
@@ -171,9 +171,9 @@ class FusedDecoder:
         return logits, self._summary(logits)
 
     def _trim(self):
-        """Run the step as pipeline.cpu.triton_step's kernels (4 a layer), where one token's logits through them agree
+        """Run the step as pipeline.decode_step.gpu.triton_step's kernels (4 a layer), where one token's logits through them agree
         with the torch step's within the dtype's tolerance (written at the warm-up slot); else say why in `problems`."""
-        from pipeline.cpu.triton_step import TrimmedStep
+        from pipeline.decode_step.gpu.triton_step import TrimmedStep
 
         try:
             with self.lm.lock, torch.inference_mode():

@@ -4,7 +4,7 @@ is measured against (bench/bench_cpu_anchor.py, the roofline page).
     r = read_probe(nbytes)     # a buffer of nbytes (default: 512 MiB) summed front to back, best of `reps`
     r.gb_per_s, r.kernel
 
-With pipeline/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
+With pipeline/decode_step/cpu/cpu_decode.c built, the read is its `read_sum` (AVX2 loads, every thread its own contiguous share
 read as four streams side by side: a STREAM-style read; one stream a thread, as until 2026-12-04, read 13-17% less
 here, and the limit should be the best read we can write); without it, numpy's sum on one thread, which reads slower
 and says so in `kernel`. The buffer is in transparent huge pages (huge_pages.aligned), as the
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.cpu.huge_pages import aligned
-from pipeline.cpu.kernel_choice import CHOICE
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.huge_pages import aligned
 
 
 @dataclass

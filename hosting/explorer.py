@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # the project (or site-packages): app.py beside hosting/
 LOCAL = ("localhost", "127.0.0.1", "::1")
 SETTINGS = {
     "server.headless": "true",
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execve(cmd[0], cmd, env)
     if a.demo:
         env["LLM_EXPLORER_DEMO"] = "1"
-        subprocess.run([sys.executable, "-m", "demo"], env=env, check=True)  # the operator's models, warmed first
+        subprocess.run([sys.executable, "-m", "hosting.demo"], env=env, check=True)  # the operator's models, warmed first
     if warning := open_warning(a.host, a.demo):
         print(f"==> {warning}", file=sys.stderr)
     print(f"==> starting the explorer on http://{'localhost' if a.host in LOCAL else a.host}:{a.port} (Ctrl-C stops it)", file=sys.stderr)

@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from appstate.store import Store, StoreDown, open_store
+from hosting.store import Store, StoreDown, open_store
 
 log = logging.getLogger("llm_explorer")
 

@@ -1,13 +1,13 @@
-"""Matrix products on a CPU, each through the kernel pipeline.cpu.kernel_choice says reads its weight fastest.
+"""Matrix products on a CPU, each through the kernel pipeline.decode_step.choice says reads its weight fastest.
 
     y = linear(x, w, b)                 # F.linear(x, w, b), by the kernel CHOICE.linear(x, w) names
-    y = panel_rows(x, w, b)             # x (numpy) @ w.T through pipeline/cpu/cpu_decode.c, any number of rows
+    y = panel_rows(x, w, b)             # x (numpy) @ w.T through pipeline/decode_step/cpu/cpu_decode.c, any number of rows
     p = packed_panels(w); panel_product(x, p, N, K, b, scale)   # any panels: fp32, bf16 bits, int8 with scales
 
-The kernels: pipeline/cpu/cpu_decode.c's panel product over a copy of the weight in its panel layout (made once, kept
+The kernels: pipeline/decode_step/cpu/cpu_decode.c's panel product over a copy of the weight in its panel layout (made once, kept
 on the weight), OpenBLAS's matrix-vector product for one row (numpy views, nothing copied; also an operator
 torch.compile calls as it is), oneDNN over the weight packed once in its blocked layout, MKL as W @ xᵀ, and F.linear.
-Why each, measured: pipeline.cpu.kernel_choice.
+Why each, measured: pipeline.decode_step.choice.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.cpu.huge_pages import aligned
-from pipeline.cpu.kernel_choice import CHOICE, ONEDNN_KERNEL, PANEL, SGEMV, TALL
-from pipeline.cpu.library import F32, I8, U16, dim, library, lock, need, ptr
+from pipeline.decode_step.choice import CHOICE, ONEDNN_KERNEL, PANEL, SGEMV, TALL
+from pipeline.decode_step.cpu.huge_pages import aligned
+from pipeline.decode_step.cpu.library import F32, I8, U16, dim, library, lock, need, ptr
 
 PACK_HINT = 16  # the batch size oneDNN lays the weight out for (8-32 rows within 5% of their own hint)
 _PACKED = "_onednn_packed"  # the attribute under which a weight keeps its oneDNN copy
@@ -92,7 +92,7 @@ def panel(w: torch.Tensor) -> np.ndarray:
 
 
 def panel_rows(x: np.ndarray, w: torch.Tensor, b: torch.Tensor | None = None) -> np.ndarray:
-    """x [M, K] float32 (numpy) @ w.T (+ b) through pipeline/cpu/cpu_decode.c -> a new [M, N] array. The C kernels
+    """x [M, K] float32 (numpy) @ w.T (+ b) through pipeline/decode_step/cpu/cpu_decode.c -> a new [M, N] array. The C kernels
     must be built (CHOICE.c_kernels())."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu":
         raise ValueError(f"w: a 2-D float32 CPU tensor is needed, not {getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")

@@ -1,7 +1,7 @@
-"""Building and loading pipeline/cpu/cpu_decode.c: the compiler's flags, the library's name in the cache (the source's
-and the flags' hash), the processor check, and each exported function's C signature for ctypes. pipeline.cpu.library's
+"""Building and loading pipeline/decode_step/cpu/cpu_decode.c: the compiler's flags, the library's name in the cache (the source's
+and the flags' hash), the processor check, and each exported function's C signature for ctypes. pipeline.decode_step.cpu.library's
 `loaded()` builds it once per process through `build()`; every call into it goes through a checked entry point
-(pipeline.cpu.matmul, norms, paged_attention, greedy, layer_call), and pipeline.cpu.kernel_choice decides where it serves."""
+(pipeline.decode_step.cpu.matmul, norms, paged_attention, greedy, layer_call), and pipeline.decode_step.choice decides where it serves."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ SANITIZE_ENV = "LLM_EXPLORER_KERNEL_SANITIZE"  # =1: built with -fsanitize=addre
 
 
 def flags() -> list[str]:
-    """gcc's flags for pipeline/cpu/cpu_decode.c (with the sanitizers when LLM_EXPLORER_KERNEL_SANITIZE=1)."""
+    """gcc's flags for pipeline/decode_step/cpu/cpu_decode.c (with the sanitizers when LLM_EXPLORER_KERNEL_SANITIZE=1)."""
     if os.environ.get(SANITIZE_ENV, "") == "1":
         return [*_CFLAGS[:1], "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", *_CFLAGS[1:]]
     return list(_CFLAGS)
@@ -56,14 +56,14 @@ def kernels_dir() -> Path:
 
 def build() -> ctypes.CDLL | None:
     """The kernel's shared library, compiled once per source and machine into the cache and loaded only when
-    verified (pipeline/cpu/trusted.py); None where it cannot be built or trusted (the reason is logged)."""
+    verified (pipeline/decode_step/trusted.py); None where it cannot be built or trusted (the reason is logged)."""
     if os.environ.get("LLM_EXPLORER_PANEL", "1") == "0" or not cpu_has_avx2_fma():
         return None
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         log.info("no C compiler: CPU decode uses OpenBLAS and oneDNN")
         return None
-    from pipeline.cpu.trusted import library
+    from pipeline.decode_step.trusted import library
 
     lib = library(NATIVE_SOURCE, flags(), kernels_dir(), library_name(), cc)
     if lib is None:

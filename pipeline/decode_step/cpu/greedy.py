@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.library import dim, ptr
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.library import dim, ptr
 from pipeline.forward.sampling import GreedySummary
 
 
 def greedy_summary(logits: torch.Tensor, k: int) -> GreedySummary:
     """GreedySummary.of(logits, k) for float32 logits [V] or [rows, V] on a CPU, in one C call where
-    pipeline.cpu.kernel_choice says it serves (CHOICE.greedy); torch's elsewhere and inside torch.compile (a traced
+    pipeline.decode_step.choice says it serves (CHOICE.greedy); torch's elsewhere and inside torch.compile (a traced
     step has no call out to C)."""
     if not CHOICE.greedy(logits).c:
         return GreedySummary.of(logits, k)

@@ -7,16 +7,16 @@
      row_layer      a whole Llama-family decoder layer for any number of rows in one call (the above, one OpenMP region);
      row_layers     every layer (and the final norm and LM head) in one region; row_steps: several greedy decode
                     steps of it in one call (the engine's EngineConfig.decode_steps);
-     read_sum       the read probe (pipeline.cpu.bandwidth): the limit the products are held against.
+     read_sum       the read probe (pipeline.decode_step.cpu.bandwidth): the limit the products are held against.
 
-   Built by pipeline/cpu/native_build.py, loaded by pipeline/cpu/matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
+   Built by pipeline/decode_step/cpu/native_build.py, loaded by pipeline/decode_step/cpu/matmul.py (gcc -O3 -mavx2 -mfma -fopenmp, once per machine, into the cache,
    loaded only when its digest matches the one recorded at build time: pipeline/trusted.py). These functions trust
    their arguments: every call goes through matmul.py's checked wrappers, which validate shapes, dtypes,
    contiguity, alignment and index ranges in Python first.
    Why it exists: at 2-64 rows no library kernel on the project's build machine streamed the weights anywhere near
    the memory's speed (every SmolLM2 weight at 8 rows: oneDNN packed 74-91 ms, OpenBLAS 81-93, MKL 155, where
    reading them takes ~30-45 ms, depending on the hour); panel_linear runs 1 row as fast as OpenBLAS's sgemv,
-   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in pipeline/cpu/matmul.py).
+   8 rows in about the time of 1, and 32 rows at the speed of a large MKL GEMM (the table in pipeline/decode_step/cpu/matmul.py).
 
    How: W is copied once into panels of 16 outputs stored k by k (`pack`), so a thread reads its panels forward
    (one row: four panels side by side, four streams, k1x4_f32), each 64-byte line once, and every multiply-add of a
@@ -418,7 +418,7 @@ void paged_attend(const float *q, const float *K, const float *V, long s_blk, lo
                   const int *tables, int max_blocks, const int *lo, const int *hi, int B, int KV, int G, int D,
                   int bs, float scale, float *out, int threads, int *failed) {
     /* failed: set to 1 when a row's score buffer could not be allocated (that row's output is then NaN); the
-       caller (pipeline/cpu/matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
+       caller (pipeline/decode_step/cpu/matmul.py) raises MemoryError. Shapes, strides and tables are checked there first. */
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int task = 0; task < B * KV; task++) {
         int b = task / KV, kv = task % KV;
@@ -496,7 +496,7 @@ void greedy_summary(const float *x, int rows, int V, int k, long long *argmax, f
 /* read_sum: the sum of n floats, each read once, with AVX2 loads: the range split in `threads` contiguous shares
    (OpenMP), each thread reading its share as four forward streams at once (its four quarters side by side, an
    accumulator each): a STREAM-style read, the most a decode step's weight reads can reach on this machine
-   (pipeline.cpu.bandwidth times it over a buffer as large as a model's weights). Four streams, because one stream a
+   (pipeline.decode_step.cpu.bandwidth times it over a buffer as large as a model's weights). Four streams, because one stream a
    thread (this probe until 2026-12-04) read 13-17% less on this project's machines, measured interleaved: the limit
    is what the memory gives to the best reader we can write, and the products read that way too (k1x4_f32). The sum
    is returned so the reads cannot be optimised away. */
@@ -522,7 +522,7 @@ double read_sum(const float *a, long n, int threads) {
 }
 
 /* ------------------------------------------------------------------------------------------------------------
-   A whole decoder layer of the Llama family for M rows in one call and one OpenMP parallel region (pipeline/cpu/
+   A whole decoder layer of the Llama family for M rows in one call and one OpenMP parallel region (pipeline/decode_step/
    row_step.py's `_RowLayer.native` where the layer has no other norms and a SiLU MLP: SmolLM2, Llama, Qwen2):
 
        h = rms_norm(x) * n_in;  qkv = h @ Wqkv.T (+ b);  RoPE on q and k;  K[pos], V[pos] = k, v;

@@ -6,7 +6,7 @@
 
 Why. The torch step launches ~15 kernels a layer (norms as several, the products, RoPE's halves, the KV writes,
 SDPA, SiLU, the adds); on an H200 SmolLM2's step took 2.18 ms as a CUDA graph where its weights' read takes ~60 µs:
-the time is in the launches, not the bytes. pipeline.cpu.triton_kernels fuses a layer into four: the input norm,
+the time is in the launches, not the bytes. pipeline.decode_step.gpu.triton_kernels fuses a layer into four: the input norm,
 Q/K/V, RoPE and the KV write; attention with the output projection; the residual, norm and gate/up with SiLU; the
 down projection into the residual. About 125 kernels a step instead of ~450.
 
@@ -88,7 +88,7 @@ class TrimmedStep:
     BS, D] (table: each row's blocks, [rows, nb], padding pointing at a block nobody reads)."""
 
     def __init__(self, fm, rows: int, cos: dict, sin: dict):
-        from pipeline.cpu import triton_kernels
+        from pipeline.decode_step.gpu import triton_kernels
 
         lm = fm.lm
         self.k, self.fm, self.rows, self.cos, self.sin = triton_kernels, fm, rows, cos, sin

@@ -1,11 +1,11 @@
-"""The built pipeline/cpu/cpu_decode.c, loaded once per process, and what every call into it checks first.
+"""The built pipeline/decode_step/cpu/cpu_decode.c, loaded once per process, and what every call into it checks first.
 
     lib = loaded()             # the library (built by native_build, verified by trusted), or None where it cannot be
     lib = library()            # the same, or a RuntimeError: for the checked entry points, which run only where it is
 
-Which path serves a product, a norm or a pass (these kernels or torch's) is not decided here: pipeline.cpu.kernel_choice
+Which path serves a product, a norm or a pass (these kernels or torch's) is not decided here: pipeline.decode_step.choice
 is the one place that asks `loaded()` and says why. The C functions trust their arguments; every call goes through
-one of the checked entry points (pipeline.cpu.matmul, norms, paged_attention, greedy, layer_call), which check in
+one of the checked entry points (pipeline.decode_step.cpu.matmul, norms, paged_attention, greedy, layer_call), which check in
 Python, with `need` and `dim`, what the C would otherwise read or write out of bounds (shapes, dtypes, contiguity,
 alignment, index ranges) and raise a ValueError naming the argument. Measured cost: ~1-2 µs a call, ~0.5 ms of a
 25-40 ms decode step.
@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from pipeline.cpu.native_build import build
+from pipeline.decode_step.cpu.native_build import build
 
 # re-entrant: matmul.panel() packs under it, and packing builds the library first where nothing has yet (a plain Lock
 # deadlocked a process whose first kernel call was panel())
@@ -40,7 +40,7 @@ def library() -> ctypes.CDLL:
     """The built kernels, for a checked entry point: a RuntimeError where they are not built."""
     lib = loaded()
     if lib is None:
-        raise RuntimeError("pipeline/cpu/cpu_decode.c is not built on this machine")
+        raise RuntimeError("pipeline/decode_step/cpu/cpu_decode.c is not built on this machine")
     return lib
 
 

@@ -2,7 +2,7 @@
 
 Decoding one token multiplies one row of activations by every weight matrix: for SmolLM2 in fp32 that is
 538 MB read from memory per token and only 0.27 GFLOP of arithmetic, so the step cannot be faster than the
-memory streams those bytes (bench/bench_cpu_anchor.py measures that limit, the C read probe pipeline.cpu.bandwidth,
+memory streams those bytes (bench/bench_cpu_anchor.py measures that limit, the C read probe pipeline.decode_step.cpu.bandwidth,
 and this step side by side). Where one token's time goes now, measured in the engine, one request, each thread's
 products, waits and attention timed inside the C call (an instrumented build, 2026-12-05, the project's 2-core
 machine; the panels, the KV pool and the probe's buffer in huge pages, `huge_pages.aligned`):
@@ -10,7 +10,7 @@ machine; the panels, the KV pool and the probe's buffer in huge pages, `huge_pag
   * the 121 matrix products (Q/K/V fused, output, gate/up fused, down, per layer; then the LM head over 49,152
     rows): 14.1-14.7 ms in a quiet minute, the probe's read taking 14.5-15.0 (they read as fast as it); in a fast
     minute (the probe at ~8.1 ms, ~66 GB/s) 8.4 ms, 0.97 of it (0.92 with the panels in 4 KiB pages, 0.83 with
-    the last panels of each product read one at a time). pipeline/cpu/cpu_decode.c's kernel streams the weights'
+    the last panels of each product read one at a time). pipeline/decode_step/cpu/cpu_decode.c's kernel streams the weights'
     panel copy, one row as four long streams a thread (`panels_for`);
   * the threads' waits at the layer's meeting points: 0.3-0.4 ms a token on the thread with more small work, 0.6-0.8
     on the other, which waits for it (it has two of the three KV heads' attention and the RoPE);
@@ -27,11 +27,11 @@ cold-cache Python, the fast minutes, huge pages, what was tried and not kept) ar
 decode at the weights' read speed".
 
 Why not torch for the small work: the same step written with torch
-operators (pipeline.cpu.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
+operators (pipeline.decode_step.fused, what a GPU runs as one CUDA graph) spent 18-24 ms a token on the small work alone:
 each of its ~600 operators costs 4-7 µs of dispatch on this CPU (F.rms_norm 34 µs, SDPA 69 µs for one query).
 So the small work here is numpy on views of the model's own tensors (nothing copied: the arrays ARE the torch
 parameters' memory), where an operation costs 1-2 µs, and four things are one C call each in
-pipeline/cpu/cpu_decode.c (built where gcc and AVX2 exist; else numpy, OpenBLAS and oneDNN do the same maths): the
+pipeline/decode_step/cpu/cpu_decode.c (built where gcc and AVX2 exist; else numpy, OpenBLAS and oneDNN do the same maths): the
 matrix products, attention over the request's KV blocks where they lie, RMSNorm, and SiLU(gate) * up. The
 model's own embedding module (and its activation, when it is not SiLU) are called as they are. The maths is the
 model's, written out:
@@ -51,12 +51,12 @@ model's, written out:
 
 With B tokens (one per request, each at its own position) the same code runs on [B, d] rows: each weight is read
 once for all B, and attention reads each request's own keys. A prompt chunk is one row per token (`run`), each at its
-position, attending up to itself. With pipeline/cpu/cpu_decode.c a row's numbers do not depend on what shares its
+position, attending up to itself. With pipeline/decode_step/cpu/cpu_decode.c a row's numbers do not depend on what shares its
 step (every sum runs in the same order for any number of rows): a request's logits are bit for bit the same alone,
 among 31 others, beside prompt chunks, resumed after parking, from the prefix cache (tests/pipeline/test_exact.py).
 Every product is the model's own, in another summation order: logits within 1e-4 of transformers' forward and greedy
 tokens identical to `generate` (tests/pipeline/test_row_step.py, test_fused.py). Used on a CPU in fp32: our own
-loop's "fused" mode (pipeline.cpu.fused) and every engine pass (engine.paged; without the C kernels, passes of
+loop's "fused" mode (pipeline.decode_step.fused) and every engine pass (engine.paged; without the C kernels, passes of
 decode tokens only).
 """
 
@@ -69,13 +69,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from pipeline.cpu import layer_call
-from pipeline.cpu.fused_weights import FusedModel, fused_model, supported
-from pipeline.cpu.kernel_choice import CHOICE, PANEL, SGEMV
-from pipeline.cpu.matmul import linear, panel, panel_product, panel_rows
-from pipeline.cpu.norms import rms_norm, silu_mul
-from pipeline.cpu.row_kv import view
-from pipeline.cpu.threads import PLAN
+from pipeline.decode_step.choice import CHOICE, PANEL, SGEMV
+from pipeline.decode_step.cpu import layer_call
+from pipeline.decode_step.cpu.matmul import linear, panel, panel_product, panel_rows
+from pipeline.decode_step.cpu.norms import rms_norm, silu_mul
+from pipeline.decode_step.cpu.row_kv import view
+from pipeline.decode_step.cpu.threads import PLAN
+from pipeline.decode_step.fused_weights import FusedModel, fused_model, supported
 from pipeline.model.arch import NormSpec, is_silu
 from pipeline.model.loaded import LoadedModel
 from pipeline.model.quantised import layer_rows, rows_of
@@ -91,7 +91,7 @@ class Norm:
         self.eps, self.scale = spec.eps, view(spec.scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [..., d]: each row divided by its root mean square, then scaled (pipeline/cpu/cpu_decode.c's rms_norm
+        """x [..., d]: each row divided by its root mean square, then scaled (pipeline/decode_step/cpu/cpu_decode.c's rms_norm
         where it is built: one call instead of six numpy operations)."""
         if CHOICE.c_kernels() and x.flags.c_contiguous and x.dtype == np.float32:
             return rms_norm(x, self.scale, self.eps)
@@ -108,11 +108,11 @@ ONE_CALL_ROWS = 8  # a pass of at most this many rows runs every layer in one C 
 
 class _RowLayer:
     def __init__(self, ly):
-        # torch weights (for several rows: pipeline.cpu.matmul.linear) and numpy views of the same memory (for one)
+        # torch weights (for several rows: pipeline.decode_step.cpu.matmul.linear) and numpy views of the same memory (for one)
         self.t = {"qkv": (ly.wqkv, ly.bqkv), "o": (ly.out.weight, ly.out.bias), "gu": (ly.wgu, None), "down": (ly.down.weight, ly.down.bias)}
         self.n = {k: (view(w), None if b is None else view(b)) for k, (w, b) in self.t.items()}
         self.act = ly.act
-        self.silu = is_silu(ly.act)  # pipeline/cpu/cpu_decode.c's silu_mul applies
+        self.silu = is_silu(ly.act)  # pipeline/decode_step/cpu/cpu_decode.c's silu_mul applies
         self.scale = np.float32(ly.scale)
         self.window, self.rope = ly.window, ly.rope
         self.norm_in, self.norm_mid = Norm(ly.norm_in), Norm(ly.norm_mid)
@@ -120,21 +120,21 @@ class _RowLayer:
 
     def act_mul(self, gu: np.ndarray) -> np.ndarray:
         """act(g) * u for gu = [g | u] [B, 2I]: the model's own activation module, or (SiLU, where
-        pipeline/cpu/cpu_decode.c is built) its silu_mul, the same formula in one call."""
+        pipeline/decode_step/cpu/cpu_decode.c is built) its silu_mul, the same formula in one call."""
         half = gu.shape[1] // 2
         g, u = gu[:, :half], gu[:, half:]
         if self.silu and CHOICE.c_kernels() and gu.flags.c_contiguous and gu.dtype == np.float32:
             return silu_mul(gu)
         return view(self.act(torch.from_numpy(g))) * u
 
-    custom: dict | None = None  # name -> its own product (pipeline.cpu.precision's bf16 and int8 variants)
+    custom: dict | None = None  # name -> its own product (pipeline.decode_step.cpu.precision's bf16 and int8 variants)
     int8: dict | None = None  # name -> (w8, scale): an int8 model's products (pipeline.model.quantised), else None
     _whole: layer_call.LayerWeights | None | bool = False  # False: not asked yet
 
     def whole(self) -> layer_call.LayerWeights | None:
         """The layer's weights for cpu_decode.c's one-call layer (`row_layer`), where it applies: the C kernels built,
         a Llama-family layer (no norms but the two, SiLU, no per-head norms) and the model's own fp32 products."""
-        if self.custom is not None:  # set after the step was built (pipeline.cpu.precision): its own products
+        if self.custom is not None:  # set after the step was built (pipeline.decode_step.cpu.precision): its own products
             return None
         if self._whole is False:
             ok = CHOICE.c_kernels() and self.silu
@@ -152,8 +152,8 @@ class _RowLayer:
         return self._whole
 
     def project(self, name: str, x: np.ndarray) -> np.ndarray:
-        """x [B, in] times the layer's weight `name`: pipeline/cpu/cpu_decode.c for any number of rows (the same numbers
-        for a row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.cpu.matmul.linear for more."""
+        """x [B, in] times the layer's weight `name`: pipeline/decode_step/cpu/cpu_decode.c for any number of rows (the same numbers
+        for a row whatever shares it); without it, OpenBLAS's sgemv for one row and pipeline.decode_step.cpu.matmul.linear for more."""
         if self.custom is not None:
             return self.custom[name](x)
         w, b = self.t[name]
@@ -162,7 +162,7 @@ class _RowLayer:
             bias = None if b is None else np.ascontiguousarray(b.detach().numpy())
             return panel_product(np.ascontiguousarray(x, dtype=np.float32), panel(w8), *w8.shape, bias, scale=view(sc))
         # an int8 model without the C kernels: the dequantised fp32 weights (the model's own) below
-        # the one choice (pipeline.cpu.kernel_choice), over numpy views here; a prompt's rows too stay on the panel
+        # the one choice (pipeline.decode_step.choice), over numpy views here; a prompt's rows too stay on the panel
         # kernel (its sums run in the same order for any number of rows: a row's numbers never depend on what shares it)
         kernel = CHOICE.row_product(x.shape[0]).kernel
         if kernel == PANEL:
@@ -242,7 +242,7 @@ class RowStep:
         """The logits [B, vocab] (float32 torch) after each token at its position; their K/V written. None when
         `interrupt` stopped the pass (see the class)."""
         self.parked = None
-        # one row on the fallback kernels: its threads as many as the last steps got (pipeline.cpu.threads); the
+        # one row on the fallback kernels: its threads as many as the last steps got (pipeline.decode_step.cpu.threads); the
         # C kernels and several rows keep torch's (CHOICE.one_row_threads)
         with torch.no_grad(), PLAN.step() if CHOICE.one_row_threads(len(tokens)) else nullcontext():
             r = self.run(tokens, positions, kv, interrupt=interrupt)

@@ -1,12 +1,12 @@
-"""The per-row kernels between a layer's products, in pipeline/cpu/cpu_decode.c (checked entry points): RMSNorm and
-the SwiGLU gate, silu(g) * u. Each is one C call where numpy needed six operations (pipeline.cpu.row_step asks
-pipeline.cpu.kernel_choice whether they serve, else computes the same formula in numpy)."""
+"""The per-row kernels between a layer's products, in pipeline/decode_step/cpu/cpu_decode.c (checked entry points): RMSNorm and
+the SwiGLU gate, silu(g) * u. Each is one C call where numpy needed six operations (pipeline.decode_step.cpu.row_step asks
+pipeline.decode_step.choice whether they serve, else computes the same formula in numpy)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.cpu.library import F32, dim, library, need, ptr
+from pipeline.decode_step.cpu.library import F32, dim, library, need, ptr
 
 
 def rms_norm(x: np.ndarray, scale: np.ndarray, eps: float) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Two ways a fixed-shape step costs the host less per call on a GPU, for any step that is a function without
 arguments (its inputs live in device tensors it reads): torch.compile (fewer, fused kernels; no Python between
-them) and a CUDA graph (every kernel of the step replayed with one launch). pipeline.cpu.fused's decoder uses
+them) and a CUDA graph (every kernel of the step replayed with one launch). pipeline.decode_step.fused's decoder uses
 both; each says what failed rather than raising, so the caller runs the plain step instead."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeline.common.timing import sync
 def compile_step(body, lock) -> tuple[object | None, str | None, float]:
     """torch.compile `body` (fullgraph, static shapes) and run it once under `lock` (the model's), which compiles.
     Returns (the compiled step, or None and what failed; seconds spent)."""
-    from pipeline.cpu.trusted import inductor_cache
+    from pipeline.decode_step.trusted import inductor_cache
 
     t = time.perf_counter()
     inductor_cache()  # the code inductor writes and loads back lives in a private folder of ours, not in /tmp

@@ -1,7 +1,7 @@
 """How many threads a CPU decode step uses, decided from what the last steps actually got: for the fallback
-kernels only (OpenBLAS for one row), where pipeline/cpu/cpu_decode.c is not built.
+kernels only (OpenBLAS for one row), where pipeline/decode_step/cpu/cpu_decode.c is not built.
 
-With pipeline/cpu/cpu_decode.c (every product and attention call on torch's OpenMP pool) a lone request under a
+With pipeline/decode_step/cpu/cpu_decode.c (every product and attention call on torch's OpenMP pool) a lone request under a
 second process keeping both cores busy kept 24 tok/s of its 38 quiet with both threads (bench/bench_cpu_anchor.py, engine-1-loaded, 2026-12-02),
 where two runs with this plan had kept 12.5-14.3: there, both threads always. What follows is the
 fallback's story, still measured in the bench (engine-1-fallback-loaded, with and without the plan).
@@ -14,7 +14,7 @@ again: measured on the 2-core build machine with a second process keeping both c
 fell from 18 to 1.5 tok/s with two threads, where one thread keeps going at the share of a core it is given.
 
 Several rows (oneDNN on torch's OpenMP pool) degrade gracefully instead: 8 decode rows took 113 ms quiet and
-146-167 ms under the same load with both threads, so the plan is for one-row steps only (pipeline.cpu.row_step).
+146-167 ms under the same load with both threads, so the plan is for one-row steps only (pipeline.decode_step.cpu.row_step).
 Measured per step with both threads (processor seconds per wall second, involuntary context switches): one row
 quiet 1.9-2.0 and 1-4, loaded 1.0 and 146-184 (594-736 ms a step instead of 55-59).
 

@@ -1,6 +1,6 @@
 """Code the server runs from disk: only what this server's user built, verified before it is loaded.
 
-pipeline/cpu/cpu_decode.c is compiled by gcc (8-9 s on the 2-core build machine, -O3) once per source and machine
+pipeline/decode_step/cpu/cpu_decode.c is compiled by gcc (8-9 s on the 2-core build machine, -O3) once per source and machine
 into the model cache, `<cache>/kernels/<name>-<hash of source and flags>.so`. A library found there is loaded
 only when
 

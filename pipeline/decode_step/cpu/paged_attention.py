@@ -1,6 +1,6 @@
-"""Decode attention over paged keys and values where they lie, in pipeline/cpu/cpu_decode.c (`paged_attend`, a checked
-entry point): each row attends over its own request's blocks, nothing gathered or padded (pipeline.cpu.row_kv calls
-it where pipeline.cpu.kernel_choice says the C kernels serve)."""
+"""Decode attention over paged keys and values where they lie, in pipeline/decode_step/cpu/cpu_decode.c (`paged_attend`, a checked
+entry point): each row attends over its own request's blocks, nothing gathered or padded (pipeline.decode_step.cpu.row_kv calls
+it where pipeline.decode_step.choice says the C kernels serve)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ctypes
 
 import numpy as np
 
-from pipeline.cpu.library import F32, I32, dim, library, need, ptr
+from pipeline.decode_step.cpu.library import F32, I32, dim, library, need, ptr
 
 
 def paged_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale, threads: int) -> np.ndarray:

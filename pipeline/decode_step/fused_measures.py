@@ -1,6 +1,6 @@
-"""What the production page measures of the fused step (pipeline.cpu.fused): its logits against a plain transformers
+"""What the production page measures of the fused step (pipeline.decode_step.fused): its logits against a plain transformers
 forward (check_against_forward), what one step asks of the host (launches_per_step), the device's time per token
-with nothing else in the loop (step_floor), and how it runs on this device (mode_label, from pipeline.cpu.kernel_choice).
+with nothing else in the loop (step_floor), and how it runs on this device (mode_label, from pipeline.decode_step.choice).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.common.timing import ids_of_length, syncer
-from pipeline.cpu.fused import FusedDecoder, acquire_decoder, bucket
-from pipeline.cpu.fused_weights import fused_model
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.row_step import usable
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu.row_step import usable
+from pipeline.decode_step.fused import FusedDecoder, acquire_decoder, bucket
+from pipeline.decode_step.fused_weights import fused_model
 from pipeline.model.loaded import LoadedModel
 
 # operators that only make a new view of existing memory (no kernel on a GPU)

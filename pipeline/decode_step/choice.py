@@ -1,4 +1,4 @@
-"""THE choice of what computes a CPU step: our C kernels (pipeline/cpu/cpu_decode.c), torch's (with numpy, OpenBLAS
+"""THE choice of what computes a CPU step: our C kernels (pipeline/decode_step/cpu/cpu_decode.c), torch's (with numpy, OpenBLAS
 and oneDNN), or transformers' own forward. Every caller asks the one object here, `CHOICE`, and each answer is a
 `Choice`: the path, the kernel or step that runs, and a sentence saying why (what the pages print).
 
@@ -17,13 +17,13 @@ read); at 8 rows a kernel must still stream the weight at the memory's speed whi
 32, arithmetic starts to decide. Every weight of the model, back to back, on the project's 2-core build machine (AMD
 EPYC, AVX2; medians of 5, one session each; the column on the right from the session that wrote it):
 
-  rows  torch F.linear (MKL)   W @ xᵀ (MKL)   OpenBLAS (numpy)   oneDNN, packed once   pipeline/cpu/cpu_decode.c
+  rows  torch F.linear (MKL)   W @ xᵀ (MKL)   OpenBLAS (numpy)   oneDNN, packed once   pipeline/decode_step/cpu/cpu_decode.c
      1        73-82 ms            72 ms           36-45 ms            40-68 ms              36-42 ms
      8          174 ms           155 ms           81-93 ms            74-91 ms              37-46 ms
     32          257 ms           139 ms          155-168 ms          129-155 ms             86-95 ms
 
 No library kernel does 2-64 rows well on this processor, so 1 to PANEL_MAX_ROWS rows go to our own kernel,
-pipeline/cpu/cpu_decode.c (C, AVX2 + FMA; its comment says how it works). gcc builds it once per machine into the
+pipeline/decode_step/cpu/cpu_decode.c (C, AVX2 + FMA; its comment says how it works). gcc builds it once per machine into the
 model cache (about a second, on the first decode step); the weight is copied once into the kernel's panel layout and
 kept beside it (a second copy of the weights: +538 MB for SmolLM2). Each output is one sum over k in order, so a
 row's numbers do not depend on how many rows share the call, or which thread computes them: a request gets the same
@@ -53,9 +53,9 @@ from enum import StrEnum
 
 import torch
 
-from pipeline.cpu import library as _library
+from pipeline.decode_step.cpu import library as _library
 
-PANEL_MAX_ROWS = 64  # 1..64 rows: pipeline/cpu/cpu_decode.c (or, without it, 1 row OpenBLAS and 2..64 oneDNN)
+PANEL_MAX_ROWS = 64  # 1..64 rows: pipeline/decode_step/cpu/cpu_decode.c (or, without it, 1 row OpenBLAS and 2..64 oneDNN)
 TALL_MAX_ROWS = 128  # 65..128 rows: MKL's W @ xᵀ; above: F.linear (252 prompt rows: W @ xᵀ ran 0.89x as fast)
 
 # what runs, in a Choice's `kernel`: the products' kernels, then the steps
@@ -76,7 +76,7 @@ ONEDNN = _onednn()
 class Path(StrEnum):
     """Who computes: our C kernels, torch's (and numpy's, OpenBLAS's, oneDNN's), or the model's own forward."""
 
-    C = "our C kernels (pipeline/cpu/cpu_decode.c)"
+    C = "our C kernels (pipeline/decode_step/cpu/cpu_decode.c)"
     TORCH = "torch's kernels"
     TRANSFORMERS = "transformers' forward"
 
@@ -115,7 +115,7 @@ class KernelChoice:
 
     def why_not_c(self) -> str:
         """Why the C kernels do not serve here (asked only where they do not)."""
-        from pipeline.cpu.native_build import cpu_has_avx2_fma
+        from pipeline.decode_step.cpu.native_build import cpu_has_avx2_fma
 
         if not self.enabled:
             return "the kernel choice is switched off (a bench's comparison)"
@@ -130,7 +130,7 @@ class KernelChoice:
     # -- a product -------------------------------------------------------------------------------------------------
     def product(self, rows: int) -> Choice:
         """THE choice of kernel for `rows` rows times a weight on this CPU, measured fastest (the module's table):
-        PANEL (pipeline/cpu/cpu_decode.c, 1-64 rows), else SGEMV (one row, OpenBLAS), ONEDNN_KERNEL (2-64 rows,
+        PANEL (pipeline/decode_step/cpu/cpu_decode.c, 1-64 rows), else SGEMV (one row, OpenBLAS), ONEDNN_KERNEL (2-64 rows,
         packed once), TALL (65-128 rows, MKL's W @ xᵀ) or TORCH_LINEAR (F.linear). Inside torch.compile, never C.
         (Every answer is a constant: torch.compile traces through this.)"""
         if rows <= PANEL_MAX_ROWS and not torch.compiler.is_compiling() and self.c_kernels():
@@ -169,7 +169,7 @@ class KernelChoice:
         return _SUMMARY_C
 
     def one_row_threads(self, rows: int) -> bool:
-        """Whether a row-step pass of `rows` rows runs under the thread plan (pipeline.cpu.threads): one row on the
+        """Whether a row-step pass of `rows` rows runs under the thread plan (pipeline.decode_step.cpu.threads): one row on the
         fallback kernels only; the C kernels and several rows keep torch's threads (they degrade with the load,
         measured in bench_cpu_anchor)."""
         return rows == 1 and not self.c_kernels()
@@ -216,43 +216,43 @@ class KernelChoice:
     def fused_step(self, lm, row: bool, compile: bool = False) -> Choice:
         """How our loop's fused step runs on `lm`'s device: a CUDA graph on a GPU (of the trimmed Triton step where
         trimmed_step allows, else torch.compile'd first with `compile`, else the torch step's kernels); on a CPU the
-        row step where `row` (pipeline.cpu.row_step.usable) and not compiled, else eager."""
+        row step where `row` (pipeline.decode_step.cpu.row_step.usable) and not compiled, else eager."""
         if lm.device.type == "cuda":
-            from pipeline.cpu.fused_weights import fused_model, supported
+            from pipeline.decode_step.fused_weights import fused_model, supported
 
             if not compile and supported(lm)[0] and self.trimmed_step(fused_model(lm)) is None:
-                return Choice(Path.TORCH, "CUDA graph", "CUDA graph of the trimmed step: 4 Triton kernels a layer (pipeline.cpu.triton_step)")
+                return Choice(Path.TORCH, "CUDA graph", "CUDA graph of the trimmed step: 4 Triton kernels a layer (pipeline.decode_step.gpu.triton_step)")
             return Choice(Path.TORCH, "CUDA graph", ("torch.compile + " if compile else "") + "CUDA graph")
         if row and not compile:
             c = self.c_kernels()
-            kernel = "our AVX2 kernels, pipeline/cpu/cpu_decode.c" if c else "OpenBLAS's sgemv"
+            kernel = "our AVX2 kernels, pipeline/decode_step/cpu/cpu_decode.c" if c else "OpenBLAS's sgemv"
             if c and getattr(lm, "precision", "fp32") == "int8":
                 kernel += " as int8 panels with one fp32 scale per row"
-            reason = f"CPU row step (pipeline.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
+            reason = f"CPU row step (pipeline.decode_step.cpu.row_step, every matrix read by {kernel}; no CUDA device, so no graph)"
             return Choice(Path.C if c else Path.TORCH, ROW_STEP, reason)
         return Choice(Path.TORCH, "eager", ("torch.compile + " if compile else "") + "eager: no CUDA device, so no graph")
 
     def trimmed_step(self, fm, compile: bool = False) -> str | None:
-        """Why the fused step on `fm`'s model (pipeline.cpu.fused_weights.FusedModel) does not run as the trimmed
-        Triton kernels, 4 a layer (pipeline.cpu.triton_step), or None where it does: on a CUDA device, not compiled
+        """Why the fused step on `fm`'s model (pipeline.decode_step.fused_weights.FusedModel) does not run as the trimmed
+        Triton kernels, 4 a layer (pipeline.decode_step.gpu.triton_step), or None where it does: on a CUDA device, not compiled
         (torch.compile makes kernels of its own), a Llama-layout model. FusedDecoder(trimmed=True) runs them anyway
         (Triton's interpreter on a CPU: the tests)."""
         if fm.lm.device.type != "cuda":
             return "no CUDA device"
         if compile:
             return "torch.compile's kernels asked for"
-        from pipeline.cpu.triton_step import unusable
+        from pipeline.decode_step.gpu.triton_step import unusable
 
         return unusable(fm)
 
     # -- the lessons and probes ------------------------------------------------------------------------------------
     def precision(self) -> Choice:
-        """What computes page 12's bf16 and int8 products (pipeline.cpu.precision), with the page's caption."""
+        """What computes page 12's bf16 and int8 products (pipeline.decode_step.cpu.precision), with the page's caption."""
         if self.c_kernels():
             return Choice(
                 Path.C,
                 PANEL,
-                "All three run our kernel (pipeline/cpu/cpu_decode.c) over the same panel layout, the smaller weights widened to fp32 "
+                "All three run our kernel (pipeline/decode_step/cpu/cpu_decode.c) over the same panel layout, the smaller weights widened to fp32 "
                 "in registers: the difference in speed is the bytes each token reads.",
             )
         return Choice(
@@ -268,12 +268,14 @@ class KernelChoice:
         whatever shares its passes): only with the C kernels."""
         if self.c_kernels():
             return Choice(Path.C, ROW_STEP, "the C kernels sum every row in a fixed order, whatever shares its pass")
-        return Choice(Path.TORCH, TORCH_STEP, "without pipeline/cpu/cpu_decode.c the passes sum in torch's order, which depends on what else is in them")
+        return Choice(
+            Path.TORCH, TORCH_STEP, "without pipeline/decode_step/cpu/cpu_decode.c the passes sum in torch's order, which depends on what else is in them"
+        )
 
     def read(self, threads: int) -> Choice:
-        """What the read probe (pipeline.cpu.bandwidth) reads its buffer with."""
+        """What the read probe (pipeline.decode_step.cpu.bandwidth) reads its buffer with."""
         if self.c_kernels():
-            return Choice(Path.C, "read_sum", f"pipeline/cpu/cpu_decode.c read_sum, AVX2, {threads} threads x 4 streams")
+            return Choice(Path.C, "read_sum", f"pipeline/decode_step/cpu/cpu_decode.c read_sum, AVX2, {threads} threads x 4 streams")
         return Choice(Path.TORCH, "numpy sum", "numpy sum, 1 thread (cpu_decode.c not built here)")
 
 

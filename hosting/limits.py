@@ -1,6 +1,6 @@
-"""A demo server's limits on starting runs, Streamlit-free (the policy that sets them is demo.py): a sliding-window
+"""A demo server's limits on starting runs, Streamlit-free (the policy that sets them is hosting/demo.py): a sliding-window
 rate limit per browser or address, an address's places for runs queued or running at once, and the fair line for heavy
-experiments. The counters live in the one store (appstate.store), so they hold across every process of the app and
+experiments. The counters live in the one store (hosting.store), so they hold across every process of the app and
 across restarts; the fair line is each process's own (it shares that process's model and CPU). Every limit here is an int or None, and "no limit" has one meaning (`unlimited`): None, the one spelling
 of it that demo.load_policy writes, and a 0 or a negative number (an operator's 0 in secrets.toml) read the same.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from appstate.store import Store, StoreDown, open_store
+from hosting.store import Store, StoreDown, open_store
 
 
 def limit_of(value) -> int | None:
@@ -42,7 +42,7 @@ OWN = object()  # RateLimiter: the limit given at construction
 class RateLimiter:
     """At most `per_minute` starts per session in any sliding minute (None: no limit); with `window_s`, in any sliding
     window of that many seconds (the limit's name stays: 5 with window_s=3600 is five an hour). The starts are counted
-    in the one store (appstate.store, namespace `ns`), so every process of the app counts them once: a script that
+    in the one store (hosting.store, namespace `ns`), so every process of the app counts them once: a script that
     lands on several processes does not multiply its quota. Raises StoreDown when the store cannot be reached (the
     page then refuses the run with the store's message: a limit that cannot be counted is not skipped)."""
 

@@ -1,4 +1,4 @@
-"""The trimmed step's layer as four Triton kernels (pipeline.cpu.triton_step runs them), for B rows of one token each.
+"""The trimmed step's layer as four Triton kernels (pipeline.decode_step.gpu.triton_step runs them), for B rows of one token each.
 
     A  qkv_rope     the input norm, the fused Q/K/V product, RoPE on queries and keys, K and V written at the row's
                     position

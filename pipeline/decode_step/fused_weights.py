@@ -1,6 +1,6 @@
 """The fused layer weights every decode step shares: Q/K/V and gate/up concatenated once per model (views of the
 model's own parameters), each layer's norms, window and RoPE type, and the model's RoPE tables. Used by the torch
-step (pipeline.cpu.fused), the engine's batched step (engine.paged) and the CPU row step (pipeline.cpu.row_step)."""
+step (pipeline.decode_step.fused), the engine's batched step (engine.paged) and the CPU row step (pipeline.decode_step.cpu.row_step)."""
 
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def fuse_weights(lm: LoadedModel) -> list[_Layer]:
 
 class FusedModel:
     """Everything our decode steps share for one model, built once (`fused_model`) and kept on the model: its fused
-    layers, final norm and RoPE tables, its shape, and the steps built over them (pipeline.cpu.fused's decoders by
-    buffer size, pipeline.cpu.row_step's RowStep). The torch step, the engine's batched step and the CPU row step
+    layers, final norm and RoPE tables, its shape, and the steps built over them (pipeline.decode_step.fused's decoders by
+    buffer size, pipeline.decode_step.cpu.row_step's RowStep). The torch step, the engine's batched step and the CPU row step
     all start from it."""
 
     def __init__(self, lm: LoadedModel):
@@ -118,8 +118,8 @@ class FusedModel:
         self.H, self.KV, self.D = f.n_heads, f.n_kv_heads, f.head_dim
         self.G = self.H // self.KV
         self.windows = sorted({ly.window for ly in self.layers if ly.window})
-        self.decoders: dict = {}  # pipeline.cpu.fused: FusedDecoders by (size, graph, compile, trimmed)
-        self.row = None  # pipeline.cpu.row_step: the RowStep, built on first use
+        self.decoders: dict = {}  # pipeline.decode_step.fused: FusedDecoders by (size, graph, compile, trimmed)
+        self.row = None  # pipeline.decode_step.cpu.row_step: the RowStep, built on first use
         self.final_norm = lm.arch.final_norm()
 
 

@@ -1,4 +1,4 @@
-"""Where the row step's rows keep their keys and values, and attention over them (pipeline.cpu.row_step uses both
+"""Where the row step's rows keep their keys and values, and attention over them (pipeline.decode_step.cpu.row_step uses both
 through one interface: write(layer, k, v), attend(layer, q, window, scale), rows(act) for cpu_decode.c's one-call
 layer). BufferKV: one request's static buffers (our own loop's fused mode); PagedRows: the engine's KV blocks, each
 row over its own block table."""
@@ -10,10 +10,10 @@ import copy
 import numpy as np
 import torch
 
-from pipeline.cpu import layer_call
-from pipeline.cpu.kernel_choice import CHOICE
-from pipeline.cpu.kv_layout import block_span, visible, window_start
-from pipeline.cpu.paged_attention import paged_attend
+from pipeline.decode_step.choice import CHOICE
+from pipeline.decode_step.cpu import layer_call
+from pipeline.decode_step.cpu.paged_attention import paged_attend
+from pipeline.decode_step.kv_layout import block_span, visible, window_start
 
 
 def view(t: torch.Tensor) -> np.ndarray:
@@ -32,7 +32,7 @@ def attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, scale: np.float32) -> np
 
 
 def native_attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray, bs: int, scale) -> np.ndarray:
-    """Decode attention in pipeline/cpu/cpu_decode.c (`paged_attend`, through its checked call, pipeline.cpu.paged_attention), over the keys
+    """Decode attention in pipeline/decode_step/cpu/cpu_decode.c (`paged_attend`, through its checked call, pipeline.decode_step.cpu.paged_attention), over the keys
     and values where they lie: q [B, KV, G, D], K and V one layer's blocks [blocks, KV, bs, D] (or a static buffer
     [KV, max_len, D], one block), tables [B, blocks] int32, each row attending to positions lo[b] <= p < hi[b].
     -> [B, KV * G * D]."""
@@ -50,7 +50,7 @@ _ONE_BLOCK = np.zeros((1, 1), dtype=np.int32)
 
 
 class BufferKV:
-    """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.cpu.fused's), at `pos`."""
+    """One request's K/V in static buffers [layers, KV, max_len, D] (pipeline.decode_step.fused's), at `pos`."""
 
     def __init__(self, K: torch.Tensor, V: torch.Tensor):
         self.K, self.V = view(K), view(V)
@@ -76,7 +76,7 @@ class BufferKV:
 
 class PagedRows:
     """The engine's KV blocks [layers, blocks, KV, block_size, D] for B decode tokens (one per request, each with
-    its block table and position). With pipeline/cpu/cpu_decode.c each row's attention reads its own blocks where they
+    its block table and position). With pipeline/decode_step/cpu/cpu_decode.c each row's attention reads its own blocks where they
     lie (native_attend: nothing gathered or padded). Without it, attention gathers all rows' blocks into one
     padded, masked call when their lengths are close (`gathered`: the engine's PagedStep.gather decides, by
     default the same rule), else goes row by row over exactly its positions (always for a lone request)."""
@@ -119,7 +119,7 @@ class PagedRows:
         """The same memory for the rows `idx` only (a pass where some rows are parked or not yet resumed): with the
         native kernels."""
         if not CHOICE.c_kernels():
-            raise RuntimeError("PagedRows.select needs pipeline/cpu/cpu_decode.c (the fallback passes go through torch)")
+            raise RuntimeError("PagedRows.select needs pipeline/decode_step/cpu/cpu_decode.c (the fallback passes go through torch)")
         r = copy.copy(self)
         r.pos, r.blk, r.off, r.table_arr, r.hi = self.pos[idx], self.blk[idx], self.off[idx], self.table_arr[idx], self.hi[idx]
         r.tables = [self.tables[j] for j in idx]

@@ -18,8 +18,8 @@ controls through views.guard, the rate limits and the queues all read it so). Ou
 anything (caps are the pages' own maxima, no queue, no rate limit).
 
 demo is the face of three modules, by concern: this file holds the policy (Caps, Policy, load_policy, the operator's secrets
-file) and `python -m demo`, the warm-up `make demo` runs; demo_limits the limits on starting runs (RateLimiter,
-AddressSlots, FairQueue, Busy, unlimited); demo_operator what the operator page keeps and guards (ErrorLog,
+file) and `python -m demo`, the warm-up `make demo` runs; hosting.limits the limits on starting runs (RateLimiter,
+AddressSlots, FairQueue, Busy, unlimited); hosting.operator_state what the operator page keeps and guards (ErrorLog,
 PasswordGuard, Sessions). Their names are importable from here (`demo.RateLimiter`).
 """
 
@@ -30,8 +30,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-from demo_limits import AddressSlots, Busy, FairQueue, RateLimiter, limit_of, unlimited
-from demo_operator import ErrorLog, PasswordGuard, Sessions
+from hosting.limits import AddressSlots, Busy, FairQueue, RateLimiter, limit_of, unlimited
+from hosting.operator_state import ErrorLog, PasswordGuard, Sessions
 
 __all__ = [
     "UNCAPPED",
@@ -72,7 +72,7 @@ class Caps:
     draft_folders: bool = False  # speculative decoding with a draft model from a typed folder
 
     def __post_init__(self):
-        """Each limit in its one spelling (demo_limits.limit_of): a positive int, or None for no limit, however this
+        """Each limit in its one spelling (hosting.limits.limit_of): a positive int, or None for no limit, however this
         Caps was made (the loader, a test's dataclasses.replace): an operator's 0 is None here, never a cap of 0."""
         for name in LIMITS:
             object.__setattr__(self, name, limit_of(getattr(self, name)))

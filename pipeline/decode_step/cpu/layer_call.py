@@ -1,7 +1,7 @@
-"""A Llama-family decoder layer in one call of pipeline/cpu/cpu_decode.c (`row_layer`), through checked arguments as
-every kernel (pipeline.cpu.library's checks): the layer's weights checked once (LayerWeights), a pass's rows and their KV
+"""A Llama-family decoder layer in one call of pipeline/decode_step/cpu/cpu_decode.c (`row_layer`), through checked arguments as
+every kernel (pipeline.decode_step.cpu.library's checks): the layer's weights checked once (LayerWeights), a pass's rows and their KV
 slots checked once for all its layers (LayerRows), then one call a layer (row_layer), or one call for every layer
-(LayerStack, row_layers: a pass nothing interrupts between layers). pipeline.cpu.row_step uses it where the layer fits
+(LayerStack, row_layers: a pass nothing interrupts between layers). pipeline.decode_step.cpu.row_step uses it where the layer fits
 (_RowLayer.whole)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from pipeline.cpu.library import F32, I32, dim, library, need, ptr
-from pipeline.cpu.matmul import panel
+from pipeline.decode_step.cpu.library import F32, I32, dim, library, need, ptr
+from pipeline.decode_step.cpu.matmul import panel
 
 
 def _scales(w: torch.Tensor, scale, name: str) -> np.ndarray | None:
@@ -101,7 +101,7 @@ class LayerRows:
         """Where each row's attention starts: 0, or its sliding window's first position."""
         lo = self._lo.get(window)
         if lo is None:
-            from pipeline.cpu.kv_layout import window_start
+            from pipeline.decode_step.kv_layout import window_start
 
             lo = self._lo[window] = np.ascontiguousarray(window_start(self.hi, window), dtype=I32)
         return lo

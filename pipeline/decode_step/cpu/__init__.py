@@ -1,0 +1,1 @@
+"""The decode step's CPU sub-room: our C kernels (cpu_decode.c) and what builds, trusts, loads and calls them; the row step over numpy views; the thread plan, huge pages, the read probe and the lower-precision lesson."""
