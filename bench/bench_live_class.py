@@ -52,7 +52,7 @@ WATCH = """() => { window.__seen = []; let last = '';
 class SocketFollowers:
     """n students as websocket clients (bench/socket_follower.py) on one event loop in a thread of their own."""
 
-    def __init__(self, url: str, code: str, n: int):
+    def __init__(self, url: str, code: str, n: int, timers: bool = False):
         import asyncio
 
         import socket_follower
@@ -61,7 +61,7 @@ class SocketFollowers:
         self.stop = asyncio.Event()
 
         async def all_of_them():
-            await asyncio.gather(*(socket_follower.follow(url, code, s, self.stop, self.errors) for s in self.seen), return_exceptions=True)
+            await asyncio.gather(*(socket_follower.follow(url, code, s, self.stop, self.errors, timers) for s in self.seen), return_exceptions=True)
 
         self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(all_of_them()), daemon=True)
         self.thread.start()
@@ -120,6 +120,12 @@ def main():
     ap.add_argument("--replicas", type=int, default=1, help="app processes behind HAProxy (hosting/launch.py); 1: one process, no balancer")
     ap.add_argument("--store", default="", help="the hall's store: '' the SQLite file, 'redis' a redis-server of the launcher's")
     ap.add_argument("--idle", type=float, default=20, help="seconds measured with every follower joined and no move, before the first")
+    ap.add_argument(
+        "--public-wake",
+        action="store_true",
+        help="followers woken by public Streamlit only: the server with LLM_EXPLORER_LIVE_WAKE=0 (each follower's "
+        "st.fragment(run_every='1s') heartbeat finds the move), the socket followers running the fragments' timers as a browser does",
+    )
     ap.add_argument("--draw", action="store_true", help="followers draw their figures too (30 Chromium pages on this machine's 2 cores)")
     args = ap.parse_args()
     import json
@@ -138,7 +144,7 @@ def main():
         import urllib.request
 
         port = free_port()
-        env = dict(os.environ, LLM_EXPLORER_CLASS_LOG=str(log), LLM_EXPLORER_STATE_DIR=state)
+        env = dict(os.environ, LLM_EXPLORER_CLASS_LOG=str(log), LLM_EXPLORER_STATE_DIR=state, LLM_EXPLORER_LIVE_WAKE="0" if args.public_wake else "1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "hosting.launch", f"--replicas={args.replicas}", f"--port={port}", "--address=127.0.0.1", f"--store={args.store}"],
             cwd=ROOT,
@@ -152,7 +158,9 @@ def main():
             except Exception:  # noqa: BLE001
                 time.sleep(0.5)
     else:
-        proc, url = start_server(free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log), "LLM_EXPLORER_STATE_DIR": state})
+        proc, url = start_server(
+            free_port(), env={"LLM_EXPLORER_CLASS_LOG": str(log), "LLM_EXPLORER_STATE_DIR": state, "LLM_EXPLORER_LIVE_WAKE": "0" if args.public_wake else "1"}
+        )
     cpu_at: list[float] = []
 
     def cpu_seconds() -> float:
@@ -208,7 +216,7 @@ def main():
             link = teacher.locator("[data-testid='stPopoverBody'] code").first.inner_text().strip()
             teacher.keyboard.press("Escape")
             followers = []
-            sockets = SocketFollowers(url, link.split("follow=")[1][:8], args.followers) if args.sockets else None
+            sockets = SocketFollowers(url, link.split("follow=")[1][:8], args.followers, timers=args.public_wake) if args.sockets else None
             for _ in range(0 if sockets else args.followers):
                 ctx = b.new_context(viewport={"width": 1024, "height": 700})
                 ctx.add_init_script(f"({WATCH})()")
@@ -313,6 +321,9 @@ def main():
             "store_us": store_ms,
             "followers_draw_figures": args.draw,
             "followers_kind": "websocket clients (bench/socket_follower.py)" if args.sockets else "Chromium pages",
+            "wake": "public: each follower's st.fragment(run_every=1s) heartbeat (LLM_EXPLORER_LIVE_WAKE=0)"
+            if args.public_wake
+            else "the watcher wakes each follower's session (views.live_wake, private runtime)",
             "server_nice": args.server_nice,
             "followers_joined": joined,
             "join_s": round(t_joined, 1),

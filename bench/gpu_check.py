@@ -350,7 +350,7 @@ def main():
         that arrive after its first token (their prompt chunks and decode rows in its passes), and with its prompt
         served from the prefix cache (alone and beside 31), compared bit for bit: 0 differing values on a CPU with the
         C kernels; on a GPU the torch path's count (cuBLAS and SDPA may choose their reduction order by shape:
-        docs/architecture.md, "Exact on a GPU")."""
+        docs/findings.md, "Exact on a GPU")."""
         from pipeline.engine import Engine
 
         p = ids[0].tolist()

@@ -155,6 +155,20 @@ ABOUT = {
         for n in (30, 120, 300)
         for r in (1, 2)
     },
+    **{
+        f"wake_{m}_30": (
+            "How a live class's 30 followers learn of a move, on one process (websocket clients, moves every 15 s, 1.5 min): "
+            + (
+                "public Streamlit only, each follower's st.fragment(run_every='1s') heartbeat reading the class "
+                "(LLM_EXPLORER_LIVE_WAKE=0; the clients run the fragments' timers as a browser does)"
+                if m == "public"
+                else "the watcher waking each follower's session through Streamlit's private runtime (views.live_wake)"
+            )
+            + ". Compare server_cpu_ms_per_student_per_s_idle (what following costs with nothing to show) and delay_s.",
+            f"bench/bench_live_class.py --sockets {'--public-wake ' if m == 'public' else ''}--followers 30 --minutes 1.5 --every 15 --idle 15 --out wake_{m}_30",
+        )
+        for m in ("public", "wake")
+    },
     "live_class_1": (
         "The same with one follower (a quiet server): how long a student's page takes to follow the presenter to another "
         "page or prompt (the held-out bar: 2 s quiet, 5 s on this 2-core machine). first_follower lists each change; a "

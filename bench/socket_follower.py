@@ -16,8 +16,10 @@ import time
 from urllib.parse import parse_qs
 
 
-async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: list) -> None:
-    """Follow class `code` on the server at `url` until `stop`; append (path|prompt, ms) to `seen` on each change."""
+async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: list, timers: bool = False) -> None:
+    """Follow class `code` on the server at `url` until `stop`; append (path|prompt, ms) to `seen` on each change.
+    `timers`: run the fragments' auto-reruns as a browser does (an `auto_rerun` message's interval: a rerun of that
+    fragment every interval, until the next full run), for the public heartbeat path (LLM_EXPLORER_LIVE_WAKE=0)."""
     import websockets
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
@@ -26,6 +28,7 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
 
     ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
     pages, page, query, last = {}, "", f"follow={code}", ""
+    page_hash, due = "", {}  # the running page's hash; fragment id -> [interval s, next rerun at]
     import secrets
 
     # each student its own browser: its own id cookie (its runs and its limits), as a Chromium page would have
@@ -35,8 +38,16 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
         msg.rerun_script.query_string = query
         await ws.send(msg.SerializeToString())
         while not stop.is_set():
+            now_s = time.monotonic()
+            for fid, t in list(due.items()):
+                if timers and now_s >= t[1] and page_hash:
+                    t[1] = now_s + t[0]
+                    rerun = BackMsg()
+                    rerun.rerun_script.query_string, rerun.rerun_script.page_script_hash = query, page_hash
+                    rerun.rerun_script.fragment_id, rerun.rerun_script.is_auto_rerun = fid, True
+                    await ws.send(rerun.SerializeToString())
             try:
-                data = await asyncio.wait_for(ws.recv(), timeout=0.5)
+                data = await asyncio.wait_for(ws.recv(), timeout=0.1 if timers else 0.5)
             except TimeoutError:
                 continue
             fwd = ForwardMsg()
@@ -46,7 +57,15 @@ async def follow(url: str, code: str, seen: list, stop: asyncio.Event, errors: l
                 pages.update({p.page_script_hash: p.url_pathname for p in fwd.navigation.app_pages})
                 page = pages.get(fwd.navigation.page_script_hash, page)
             elif kind == "new_session":  # the page by its hash (the navigation message names the pages)
+                if fwd.new_session.page_script_hash and fwd.new_session.page_script_hash != page_hash:
+                    due.clear()  # another page: its fragments register their own timers
+                page_hash = fwd.new_session.page_script_hash or page_hash
                 page = pages.get(fwd.new_session.page_script_hash, page)
+            elif kind == "auto_rerun":
+                due[fwd.auto_rerun.fragment_id] = [fwd.auto_rerun.interval, time.monotonic() + fwd.auto_rerun.interval]
+            elif kind == "stop_auto_rerun":
+                for fid in fwd.stop_auto_rerun.fragment_ids:
+                    due.pop(fid, None)
             elif kind == "page_info_changed":
                 query = fwd.page_info_changed.query_string
             elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element" and fwd.delta.new_element.WhichOneof("type") == "exception":

@@ -18,9 +18,9 @@ controls through views.guard, the rate limits and the queues all read it so). Ou
 anything (caps are the pages' own maxima, no queue, no rate limit).
 
 demo is the face of three modules, by concern: this file holds the policy (Caps, Policy, load_policy, the operator's secrets
-file) and `python -m demo`, the warm-up `make demo` runs; hosting.limits the limits on starting runs (RateLimiter,
+file) and `python -m hosting.demo`, the warm-up `make demo` runs; hosting.limits the limits on starting runs (RateLimiter,
 AddressSlots, FairQueue, Busy, unlimited); hosting.operator_state what the operator page keeps and guards (ErrorLog,
-PasswordGuard, Sessions). Their names are importable from here (`demo.RateLimiter`).
+PasswordGuard, Sessions). Their names are importable from here (`hosting.demo.RateLimiter`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def secrets_file(root: str = ".") -> dict:
 
 
 def warm(out=None) -> int:
-    """`python -m demo`: build each allowlisted model's cache and load it once, before the server opens (so no
+    """`python -m hosting.demo`: build each allowlisted model's cache and load it once, before the server opens (so no
     visitor waits for the one-time conversion). Exit status 1 if a model cannot load."""
     import sys
 

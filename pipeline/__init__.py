@@ -14,7 +14,7 @@ The rooms, from the ground up, in the order a prompt meets them (docs/architectu
     common/      memo, timing, telemetry: what every floor measures with
     model/       the registry, the weight store (GGUF conversion, cache integrity), the loaded model, the adapter
     forward/     one forward pass: tokens, the hooked trace, sampling, the readouts (analysis)
-    cpu/         our CPU decode: the C kernels and their trusted loader, threads, the row and fused steps
+    decode_step/ the fast decode step on every device: THE kernel choice, the fused step; cpu/ the C kernels, gpu/ Triton and CUDA graphs
     generation/  the autoregressive loop: events, decode steps, our loop, sweeps, speculative decoding
     engine/      the continuous-batching engine that serves every visitor (scheduler, paged KV, Ray Serve)
     lab/         the measuring lab: roofline, hardware, attention kernels, sharding plans, misconceptions, checks

@@ -12,7 +12,7 @@ followers directly. Each process runs one watcher thread (started with its first
 change number (appstate.classes.CHANGES: one indexed read, four times a second; a presenter's own process is poked to
 look at once) and, when it moved, reads the record of each class this process has followers of and wakes them when
 what they show changed (the view, a hand-over, the question, the end). Polling one number was chosen over Redis pub/sub
-because it works the same on both stores and costs ~20-100 us a look (bench/bench_lecture.py measures it).
+because it works the same on both stores and costs ~20-100 us a look (bench/bench_live_class.py measures it, store_us).
 
 This uses Streamlit's runtime internals (the session of a run, its event loop, its last ClientState, request_rerun, the
 fragment's id), all through views.st_private: streamlit is pinned (requirements.txt) and
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import weakref
 from contextlib import contextmanager
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _followers: dict[str, dict[str, weakref.ref]] = {}  # class code -> follower id -> its session
 MAX_PER_CLASS = 512
+# LLM_EXPLORER_LIVE_WAKE=0: the public path only (each follower's st.fragment(run_every="1s") heartbeat reads the
+# class and reruns its page when the view moved); bench/bench_live_class.py --public-wake measures it against waking
+WAKE = os.environ.get("LLM_EXPLORER_LIVE_WAKE", "1").strip() != "0"
 _pages: dict[str, str] = {}  # page slug -> Streamlit's page hash (know_pages)
 
 
@@ -53,6 +57,8 @@ def page_hash(slug: str) -> str | None:
 def register(code: str, me: str) -> bool:
     """From a follower's heartbeat fragment (only there: a page that follows): this session, to be woken when class
     `code` shows something new."""
+    if not WAKE:
+        return False
     session, fragment = st_private.this_session(), st_private.fragment_id()
     if session is None or not fragment:  # another Streamlit, bare mode, AppTest: the heartbeat alone
         return False

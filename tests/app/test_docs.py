@@ -287,6 +287,18 @@ def test_the_makefile_points_at_sections_that_exist():
         assert section in re.findall(r"^#+ (.+)$", (ROOT / doc).read_text(), re.M), (doc, section)
 
 
+# ---- the house plan: a plan, not a diary ----
+def test_the_house_plan_reads_in_ten_minutes_and_findings_live_apart():
+    plan = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(plan.split()) <= 5000, f"{len(plan.split())} words"
+    for room in ("pipeline/decode_step", "hosting/", "appstate/", "views/", "components/"):
+        assert room in plan, room
+    findings = (ROOT / "docs" / "findings.md").read_text()
+    dated = re.findall(r"^- \*\*.+?\((\d{4}-\d{2}-\d{2})[;,)]", findings, re.M)
+    bullets = re.findall(r"^- \*\*", findings, re.M)
+    assert bullets and len(dated) == len(bullets), f"{len(bullets) - len(dated)} findings without a date"
+
+
 # ---- the README's first screen ----
 def test_the_readme_is_a_first_screen():
     text = README.read_text()

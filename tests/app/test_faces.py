@@ -1,6 +1,6 @@
 """The app's side imports only the faces of pipeline's rooms: `pipeline` and `pipeline.<room>` (each room's
 `__init__`, its `__all__`), never a module by its path (`pipeline.engine.scene`). Parsed, not imported: every module
-of views/, components/, appstate/, app.py, demo*.py and hosting/explorer.py."""
+of views/, components/, appstate/, app.py and hosting/."""
 
 import ast
 from pathlib import Path
@@ -29,7 +29,7 @@ ALLOWED = {
 
 
 def scanned() -> list[Path]:
-    files = [*ROOT.glob("views/**/*.py"), *ROOT.glob("components/**/*.py"), *ROOT.glob("appstate/**/*.py"), *ROOT.glob("demo*.py")]
+    files = [*ROOT.glob("views/**/*.py"), *ROOT.glob("components/**/*.py"), *ROOT.glob("appstate/**/*.py"), *ROOT.glob("hosting/**/*.py")]
     return sorted(files + [p for p in (ROOT / "app.py", ROOT / "hosting/explorer.py") if p.exists()])
 
 

@@ -34,7 +34,7 @@ def test_no_function_over_60_lines_in_pipeline_and_components():
 def test_module_sizes():
     assert not too_long(py("pipeline/**/*.py", "components/**/*.py", "appstate/**/*.py", "views/**/*.py", "hosting/**/*.py", "*.py"), 450)
     assert not too_long(py("views/**/*.py"), 250)
-    assert not too_long(py("demo*.py"), 300)
+    assert not too_long(py("hosting/demo.py", "hosting/limits.py", "hosting/operator_state.py"), 300)
 
 
 def test_a_long_function_is_caught(tmp_path):

@@ -23,7 +23,7 @@ machine; the panels, the KV pool and the probe's buffer in huge pages, `huge_pag
 So one request reads at 0.94-0.96 of the probe in a quiet minute (token 15.1-15.7 ms), and at ~0.855 in a fast
 one (token 9.5 ms), where the fixed ~1 ms of waits and small work weighs 12% of an 8 ms read. Each of these was measured before it was built; the findings
 (OpenMP's slow wake-ups on these virtual CPUs, one stream a thread keeping too few reads in flight, fixed halves,
-cold-cache Python, the fast minutes, huge pages, what was tried and not kept) are in docs/architecture.md, "CPU
+cold-cache Python, the fast minutes, huge pages, what was tried and not kept) are in docs/findings.md, "CPU
 decode at the weights' read speed".
 
 Why not torch for the small work: the same step written with torch
