@@ -60,6 +60,14 @@ def test_a_follower_sees_the_presenters_decode_step(server, browser, opened):
     assert student.locator(".js-plotly-plot", has_text="head 0").count() >= 1  # the heads' rows drawn
 
     SHOTS.mkdir(parents=True, exist_ok=True)
+    # play walks the steps on its own (one every 1.5 s), and the follower walks with it
+    teacher.locator(".st-key-steps_play").get_by_text("Play").click()
+    teacher.wait_for_function("() => document.querySelector('.st-key-steps_step [data-testid=stSliderThumbValue]')?.innerText.trim() === '5'", timeout=SOON)
+    teacher.locator(".st-key-steps_play").get_by_text("Play").click()
+    wait_idle(teacher)
+    student.wait_for_function(
+        "(s) => document.querySelector('.st-key-steps_step [data-testid=stSliderThumbValue]')?.innerText.trim() === s", arg=step_of(teacher), timeout=SOON
+    )
     for name, page in (("presenter", teacher), ("follower", student)):
         page.locator(".st-key-steps_step").scroll_into_view_if_needed()
         settled(page)
