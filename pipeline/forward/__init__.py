@@ -5,7 +5,7 @@ min-p (sampling). The face: what the app's side uses of them (tests/app/test_fac
 
 from pipeline.forward import analysis, kept, sampling, tracing
 from pipeline.forward.activations import Component, Kind, Name, Site, View
-from pipeline.forward.attribution import FLOW_MAX_TOKENS, Ablation, PatchOver, ablate, attribute, flow, patch
+from pipeline.forward.attribution import FLOW_MAX_TOKENS, Ablation, PatchOver, UnknownNorm, ablate, attribute, flow, patch
 from pipeline.forward.kept import LONG_T, OVERVIEW, display_maps, overview
 from pipeline.forward.tokens import text_of
 from pipeline.forward.tracing import LENS_GRID_MAX, TraceError, check_prompt, forward_repeats, lens_grid, over_cap
@@ -16,6 +16,7 @@ __all__ = [
     "LONG_T",
     "OVERVIEW",
     "Ablation",
+    "UnknownNorm",
     "Component",
     "Kind",
     "Name",

@@ -86,10 +86,14 @@ class Attribution:
         return [{"name": str(c), "kind": c.kind.value, "layer": c.layer, "head": c.head, "contribution": v} for c, v in self.largest(None)]
 
 
+class UnknownNorm(ValueError):
+    """A norm whose formula attribution does not know (its class is not in pipeline.model.arch.NORM_KINDS)."""
+
+
 def _frozen(mod, x: torch.Tensor, what: str):
     fn = frozen_norm(mod, x)
     if fn is None:
-        raise ValueError(f"{type(mod).__name__}: no known formula for the {what} of this architecture")
+        raise UnknownNorm(f"{type(mod).__name__}: no known formula for the {what} of this architecture")
     return fn
 
 
